@@ -1,0 +1,84 @@
+//! Splits frames off a receive buffer, by reference.
+
+use super::{Frame, Header, HEADER_LEN};
+use crate::error::{ErrorCode, ProtocolError};
+use bytes::{Buf, BytesMut};
+
+/// Cuts complete frames off the front of a receive buffer without copying their payloads.
+///
+/// The length check happens on the header alone, so a hostile length never causes a large
+/// allocation: [`FrameDecoder::bytes_needed`] tells the caller how much to read next.
+///
+/// ```
+/// use bytes::BytesMut;
+/// use topspin_proto::frame::{Frame, FrameDecoder};
+/// use topspin_proto::CallId;
+///
+/// let mut wire = BytesMut::new();
+/// Frame::Credit { call_id: CallId(3), increment: 4096 }.encode(&mut wire);
+/// let mut dec = FrameDecoder::new(16 * 1024 * 1024);
+/// let frame = dec.decode(&mut wire).unwrap().unwrap();
+/// assert_eq!(frame, Frame::Credit { call_id: CallId(3), increment: 4096 });
+/// assert!(wire.is_empty());
+/// ```
+#[derive(Clone, Debug)]
+pub struct FrameDecoder {
+    max_frame_size: u32,
+}
+
+impl FrameDecoder {
+    /// A decoder that refuses frames with payloads above `max_frame_size`.
+    pub fn new(max_frame_size: u32) -> FrameDecoder {
+        FrameDecoder { max_frame_size }
+    }
+
+    /// The payload limit in force.
+    pub fn max_frame_size(&self) -> u32 {
+        self.max_frame_size
+    }
+
+    /// Parses and checks the header at the front of `src`, if 12 bytes are there.
+    #[inline]
+    pub fn peek_header(&self, src: &[u8]) -> Result<Option<Header>, ProtocolError> {
+        let Some(h) = src.first_chunk::<HEADER_LEN>() else {
+            return Ok(None);
+        };
+        let header = Header::parse(h);
+        if header.length > self.max_frame_size {
+            return Err(ProtocolError::new(
+                ErrorCode::FrameTooLarge,
+                format!(
+                    "frame of type 0x{:02x} declares a {}-byte payload, above this side's MAX_FRAME_SIZE of {}",
+                    header.ty, header.length, self.max_frame_size
+                ),
+            ));
+        }
+        Ok(Some(header))
+    }
+
+    /// How many bytes `src` must hold before the next [`FrameDecoder::decode`] can return a
+    /// frame (0 if one is complete already). A reader uses it to read a large frame into one
+    /// exactly sized buffer.
+    pub fn bytes_needed(&self, src: &[u8]) -> Result<usize, ProtocolError> {
+        match self.peek_header(src)? {
+            None => Ok(HEADER_LEN - src.len()),
+            Some(h) => Ok((HEADER_LEN + h.length as usize).saturating_sub(src.len())),
+        }
+    }
+
+    /// Removes one complete frame from the front of `src` and decodes it; `Ok(None)` when more
+    /// bytes are needed. Payload slices share `src`'s memory.
+    #[inline]
+    pub fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, ProtocolError> {
+        let Some(header) = self.peek_header(src)? else {
+            return Ok(None);
+        };
+        let total = HEADER_LEN + header.length as usize;
+        if src.len() < total {
+            return Ok(None);
+        }
+        src.advance(HEADER_LEN);
+        let payload = src.split_to(header.length as usize).freeze();
+        Frame::decode(&header, payload).map(Some)
+    }
+}

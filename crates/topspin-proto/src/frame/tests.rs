@@ -1,0 +1,156 @@
+use super::*;
+
+fn round_trip(f: Frame) -> Bytes {
+    let wire = f.to_bytes();
+    assert_eq!(wire.len(), HEADER_LEN + f.payload_len());
+    let mut buf = BytesMut::from(&wire[..]);
+    let mut dec = FrameDecoder::new(crate::Settings::default().max_frame_size);
+    let back = dec.decode(&mut buf).unwrap().unwrap();
+    assert_eq!(back, f);
+    assert!(buf.is_empty());
+    wire
+}
+
+fn decode_err(bytes: &[u8]) -> ProtocolError {
+    let mut buf = BytesMut::from(bytes);
+    FrameDecoder::new(1 << 20).decode(&mut buf).unwrap_err()
+}
+
+#[test]
+fn settings() {
+    round_trip(Frame::Settings(crate::Settings::default()));
+}
+
+#[test]
+fn call_named_and_interned() {
+    let md = Metadata::builder().text("k", "v").unwrap().build();
+    let named = round_trip(Frame::Call(CallFrame {
+        call_id: CallId(1),
+        method_id: 1,
+        method_name: Some(ByteString::from_static("/echo.Echo/Say")),
+        codec: 0,
+        timeout_us: 1_500_000,
+        metadata: md.clone(),
+    }));
+    assert_eq!(named[5], FLAG_NAMED);
+    let interned = round_trip(Frame::Call(CallFrame {
+        call_id: CallId(3),
+        method_id: 1,
+        method_name: None,
+        codec: 1,
+        timeout_us: 0,
+        metadata: Metadata::new(),
+    }));
+    assert_eq!(interned.len(), HEADER_LEN + CALL_FIXED_LEN + 2);
+}
+
+#[test]
+fn message_whole_and_split() {
+    round_trip(Frame::Message(MessageFrame {
+        call_id: CallId(9),
+        end_stream: true,
+        total_len: None,
+        chunk: Bytes::new(),
+    }));
+    let w = round_trip(Frame::Message(MessageFrame {
+        call_id: CallId(9),
+        end_stream: false,
+        total_len: Some(100),
+        chunk: Bytes::from_static(b"abc"),
+    }));
+    assert_eq!(w[5], FLAG_SPLIT);
+    round_trip(Frame::Continuation {
+        call_id: CallId(9),
+        chunk: Bytes::from_static(b"def"),
+    });
+}
+
+#[test]
+fn headers_end_cancel_credit_halfclose() {
+    round_trip(Frame::Headers {
+        call_id: CallId(2),
+        metadata: Metadata::builder().binary("x-bin", &[0, 255]).unwrap().build(),
+    });
+    round_trip(Frame::HalfClose { call_id: CallId(2) });
+    round_trip(Frame::End(EndFrame {
+        call_id: CallId(2),
+        code: Code::NotFound,
+        message: ByteString::from_static("no such key"),
+        trailers: Metadata::new(),
+    }));
+    round_trip(Frame::Cancel {
+        call_id: CallId(2),
+        code: Code::DeadlineExceeded,
+    });
+    round_trip(Frame::Credit {
+        call_id: CallId(2),
+        increment: MAX_WINDOW_U32,
+    });
+}
+
+const MAX_WINDOW_U32: u32 = crate::settings::MAX_WINDOW;
+
+#[test]
+fn connection_frames() {
+    let w = round_trip(Frame::Ping {
+        ack: true,
+        data: *b"12345678",
+    });
+    assert_eq!(w[5], FLAG_ACK);
+    round_trip(Frame::GoAway {
+        last_call_id: CallId(41),
+        code: ErrorCode::NoError,
+        reason: ByteString::from_static("server shutting down"),
+    });
+    round_trip(Frame::Error {
+        code: ErrorCode::FlowControl,
+        reason: ByteString::from_static("no credit"),
+    });
+    round_trip(Frame::Extension {
+        ty: 0x80,
+        flags: 3,
+        call_id: CallId(0),
+        payload: Bytes::from_static(b"future"),
+    });
+}
+
+#[test]
+fn partial_input_waits_and_reports_bytes_needed() {
+    let wire = Frame::Credit {
+        call_id: CallId(1),
+        increment: 5,
+    }
+    .to_bytes();
+    let dec = FrameDecoder::new(1 << 20);
+    for cut in 0..wire.len() {
+        let mut buf = BytesMut::from(&wire[..cut]);
+        let want = if cut < HEADER_LEN { HEADER_LEN - cut } else { wire.len() - cut };
+        assert_eq!(dec.bytes_needed(&buf).unwrap(), want);
+        assert_eq!(dec.clone().decode(&mut buf).unwrap(), None);
+        assert_eq!(buf.len(), cut, "nothing consumed from a partial frame");
+    }
+}
+
+#[test]
+fn errors_are_specific() {
+    // 4 GB length prefix: refused from the header alone.
+    let e = decode_err(&[0xff, 0xff, 0xff, 0xff, 0x03, 0, 0, 0, 1, 0, 0, 0]);
+    assert_eq!(e.code, ErrorCode::FrameTooLarge);
+    assert!(e.reason.contains("MAX_FRAME_SIZE"), "{e}");
+    // Unknown strict type.
+    assert_eq!(decode_err(&[0, 0, 0, 0, 0x0d, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::UnknownFrameType);
+    assert_eq!(decode_err(&[0, 0, 0, 0, 0x00, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::UnknownFrameType);
+    // Connection frame on a call, call frame on the connection.
+    assert_eq!(decode_err(&[8, 0, 0, 0, 0x0a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::IllegalFrame);
+    assert_eq!(decode_err(&[0, 0, 0, 0, 0x06, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::IllegalFrame);
+    // Wrong fixed sizes.
+    assert_eq!(decode_err(&[1, 0, 0, 0, 0x06, 0, 0, 0, 1, 0, 0, 0, 0]).code, ErrorCode::MalformedFrame);
+    assert_eq!(decode_err(&[4, 0, 0, 0, 0x09, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::MalformedFrame);
+    // Truncated CALL.
+    assert_eq!(decode_err(&[3, 0, 0, 0, 0x02, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0]).code, ErrorCode::MalformedFrame);
+    // END with trailing garbage.
+    assert_eq!(
+        decode_err(&[7, 0, 0, 0, 0x07, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]).code,
+        ErrorCode::MalformedFrame
+    );
+}

@@ -1,0 +1,207 @@
+//! Call status: the 17 gRPC status codes and a [`Status`] (code + message).
+
+use bytestring::ByteString;
+use std::fmt;
+
+/// A call's status code, with gRPC's numbers and meanings (protocol.md §11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u16)]
+pub enum Code {
+    /// Success.
+    Ok = 0,
+    /// The call was cancelled, typically by the caller.
+    Cancelled = 1,
+    /// Unknown error, or a code this implementation does not know.
+    Unknown = 2,
+    /// The client specified an invalid argument.
+    InvalidArgument = 3,
+    /// The deadline passed before the call completed.
+    DeadlineExceeded = 4,
+    /// Some requested entity was not found.
+    NotFound = 5,
+    /// The entity the client tried to create already exists.
+    AlreadyExists = 6,
+    /// The caller may not execute the operation.
+    PermissionDenied = 7,
+    /// A resource or limit is exhausted (message size, concurrency …).
+    ResourceExhausted = 8,
+    /// The system is not in a state required for the operation.
+    FailedPrecondition = 9,
+    /// The operation was aborted.
+    Aborted = 10,
+    /// Operation attempted past the valid range.
+    OutOfRange = 11,
+    /// The method (or codec) is not implemented by the server.
+    Unimplemented = 12,
+    /// An invariant of the system is broken.
+    Internal = 13,
+    /// The service is unavailable; a retry may succeed.
+    Unavailable = 14,
+    /// Unrecoverable data loss or corruption.
+    DataLoss = 15,
+    /// The request lacks valid authentication credentials.
+    Unauthenticated = 16,
+}
+
+impl Code {
+    /// Every code, in numeric order.
+    pub const ALL: [Code; 17] = [
+        Code::Ok,
+        Code::Cancelled,
+        Code::Unknown,
+        Code::InvalidArgument,
+        Code::DeadlineExceeded,
+        Code::NotFound,
+        Code::AlreadyExists,
+        Code::PermissionDenied,
+        Code::ResourceExhausted,
+        Code::FailedPrecondition,
+        Code::Aborted,
+        Code::OutOfRange,
+        Code::Unimplemented,
+        Code::Internal,
+        Code::Unavailable,
+        Code::DataLoss,
+        Code::Unauthenticated,
+    ];
+
+    /// The code for a wire value; values above 16 map to [`Code::Unknown`].
+    ///
+    /// ```
+    /// use topspin_proto::Code;
+    /// assert_eq!(Code::from_u16(4), Code::DeadlineExceeded);
+    /// assert_eq!(Code::from_u16(99), Code::Unknown);
+    /// ```
+    pub fn from_u16(v: u16) -> Code {
+        Code::ALL.get(usize::from(v)).copied().unwrap_or(Code::Unknown)
+    }
+
+    /// The wire value.
+    pub fn as_u16(self) -> u16 {
+        self as u16
+    }
+
+    /// The upper-case name used by gRPC and in the protocol documents, e.g. `DEADLINE_EXCEEDED`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Code::Ok => "OK",
+            Code::Cancelled => "CANCELLED",
+            Code::Unknown => "UNKNOWN",
+            Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            Code::NotFound => "NOT_FOUND",
+            Code::AlreadyExists => "ALREADY_EXISTS",
+            Code::PermissionDenied => "PERMISSION_DENIED",
+            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Code::FailedPrecondition => "FAILED_PRECONDITION",
+            Code::Aborted => "ABORTED",
+            Code::OutOfRange => "OUT_OF_RANGE",
+            Code::Unimplemented => "UNIMPLEMENTED",
+            Code::Internal => "INTERNAL",
+            Code::Unavailable => "UNAVAILABLE",
+            Code::DataLoss => "DATA_LOSS",
+            Code::Unauthenticated => "UNAUTHENTICATED",
+        }
+    }
+
+    /// The code with this upper-case name, if any.
+    pub fn from_name(name: &str) -> Option<Code> {
+        Code::ALL.iter().copied().find(|c| c.name() == name)
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A status: a [`Code`] and a message for people.
+///
+/// ```
+/// use topspin_proto::{Code, Status};
+/// let s = Status::new(Code::NotFound, "no such key: 'apple'");
+/// assert_eq!(s.code(), Code::NotFound);
+/// assert_eq!(s.to_string(), "NOT_FOUND: no such key: 'apple'");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    code: Code,
+    message: ByteString,
+}
+
+impl Status {
+    /// A status with a code and a message.
+    pub fn new(code: Code, message: impl Into<ByteString>) -> Status {
+        Status {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// `OK` with an empty message (allocates nothing).
+    pub fn ok() -> Status {
+        Status {
+            code: Code::Ok,
+            message: ByteString::new(),
+        }
+    }
+
+    /// The code.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The message as shared bytes (no copy).
+    pub fn message_bytes(&self) -> &ByteString {
+        &self.message
+    }
+
+    /// Whether the code is `OK`.
+    pub fn is_ok(&self) -> bool {
+        self.code == Code::Ok
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.message.is_empty() {
+            write!(f, "{}", self.code)
+        } else {
+            write!(f, "{}: {}", self.code, &*self.message)
+        }
+    }
+}
+
+impl std::error::Error for Status {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_by_value_and_name() {
+        for (i, c) in Code::ALL.iter().enumerate() {
+            assert_eq!(c.as_u16() as usize, i);
+            assert_eq!(Code::from_u16(c.as_u16()), *c);
+            assert_eq!(Code::from_name(c.name()), Some(*c));
+        }
+        assert_eq!(Code::from_u16(17), Code::Unknown);
+        assert_eq!(Code::from_u16(u16::MAX), Code::Unknown);
+        assert_eq!(Code::from_name("NOPE"), None);
+    }
+
+    #[test]
+    fn display() {
+        assert_eq!(Status::ok().to_string(), "OK");
+        assert_eq!(
+            Status::new(Code::Internal, "boom").to_string(),
+            "INTERNAL: boom"
+        );
+    }
+}

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod connection;
 mod error;
 pub mod frame;
 mod metadata;
@@ -19,6 +20,7 @@ pub mod preface;
 pub mod settings;
 mod status;
 
+pub use connection::{CallError, Connection, Event, Side};
 pub use error::{ErrorCode, ProtocolError};
 pub use frame::CallId;
 pub use metadata::{is_binary_key, is_valid_key, InvalidMetadata, Metadata, MetadataBuilder};

@@ -223,7 +223,8 @@ impl MetadataBuilder {
         if is_binary_key(key.as_bytes()) != binary {
             return Err(InvalidMetadata::Kind(key.to_owned()));
         }
-        let vlen = u16::try_from(value.len()).map_err(|_| InvalidMetadata::ValueTooLong(key.to_owned()))?;
+        let vlen = u16::try_from(value.len())
+            .map_err(|_| InvalidMetadata::ValueTooLong(key.to_owned()))?;
         self.count = self.count.checked_add(1).ok_or(InvalidMetadata::TooMany)?;
         if self.buf.is_empty() {
             self.buf.put_u16_le(0);

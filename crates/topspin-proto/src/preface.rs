@@ -31,7 +31,10 @@ pub fn check(b: &[u8; PREFACE_LEN]) -> Result<(), ProtocolError> {
     if b[7] != VERSION {
         return Err(ProtocolError::new(
             ErrorCode::UnsupportedVersion,
-            format!("peer speaks topspin protocol version {}, this side speaks version {VERSION}", b[7]),
+            format!(
+                "peer speaks topspin protocol version {}, this side speaks version {VERSION}",
+                b[7]
+            ),
         ));
     }
     Ok(())

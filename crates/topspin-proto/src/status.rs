@@ -73,7 +73,10 @@ impl Code {
     /// assert_eq!(Code::from_u16(99), Code::Unknown);
     /// ```
     pub fn from_u16(v: u16) -> Code {
-        Code::ALL.get(usize::from(v)).copied().unwrap_or(Code::Unknown)
+        Code::ALL
+            .get(usize::from(v))
+            .copied()
+            .unwrap_or(Code::Unknown)
     }
 
     /// The wire value.

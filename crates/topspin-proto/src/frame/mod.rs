@@ -218,9 +218,15 @@ fn text(payload: &Bytes, what: &'static str) -> Result<ByteString, ProtocolError
 }
 
 /// A length-prefixed (u16) text at `at`; returns it and the offset after it.
-fn text_u16(payload: &Bytes, at: usize, what: &'static str) -> Result<(ByteString, usize), ProtocolError> {
+fn text_u16(
+    payload: &Bytes,
+    at: usize,
+    what: &'static str,
+) -> Result<(ByteString, usize), ProtocolError> {
     if payload.len() < at + 2 {
-        return Err(ProtocolError::malformed(format!("{what} length is truncated")));
+        return Err(ProtocolError::malformed(format!(
+            "{what} length is truncated"
+        )));
     }
     let len = usize::from(u16_at(payload, at));
     let end = at + 2 + len;
@@ -259,9 +265,10 @@ impl Frame {
     /// The frame's call id (`CallId(0)` for connection frames).
     pub fn call_id(&self) -> CallId {
         match self {
-            Frame::Settings(_) | Frame::Ping { .. } | Frame::GoAway { .. } | Frame::Error { .. } => {
-                CallId::CONNECTION
-            }
+            Frame::Settings(_)
+            | Frame::Ping { .. }
+            | Frame::GoAway { .. }
+            | Frame::Error { .. } => CallId::CONNECTION,
             Frame::Call(c) => c.call_id,
             Frame::Message(m) => m.call_id,
             Frame::End(e) => e.call_id,

@@ -69,7 +69,10 @@ fn message_whole_and_split() {
 fn headers_end_cancel_credit_halfclose() {
     round_trip(Frame::Headers {
         call_id: CallId(2),
-        metadata: Metadata::builder().binary("x-bin", &[0, 255]).unwrap().build(),
+        metadata: Metadata::builder()
+            .binary("x-bin", &[0, 255])
+            .unwrap()
+            .build(),
     });
     round_trip(Frame::HalfClose { call_id: CallId(2) });
     round_trip(Frame::End(EndFrame {
@@ -124,7 +127,11 @@ fn partial_input_waits_and_reports_bytes_needed() {
     let dec = FrameDecoder::new(1 << 20);
     for cut in 0..wire.len() {
         let mut buf = BytesMut::from(&wire[..cut]);
-        let want = if cut < HEADER_LEN { HEADER_LEN - cut } else { wire.len() - cut };
+        let want = if cut < HEADER_LEN {
+            HEADER_LEN - cut
+        } else {
+            wire.len() - cut
+        };
         assert_eq!(dec.bytes_needed(&buf).unwrap(), want);
         assert_eq!(dec.clone().decode(&mut buf).unwrap(), None);
         assert_eq!(buf.len(), cut, "nothing consumed from a partial frame");
@@ -138,16 +145,37 @@ fn errors_are_specific() {
     assert_eq!(e.code, ErrorCode::FrameTooLarge);
     assert!(e.reason.contains("MAX_FRAME_SIZE"), "{e}");
     // Unknown strict type.
-    assert_eq!(decode_err(&[0, 0, 0, 0, 0x0d, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::UnknownFrameType);
-    assert_eq!(decode_err(&[0, 0, 0, 0, 0x00, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::UnknownFrameType);
+    assert_eq!(
+        decode_err(&[0, 0, 0, 0, 0x0d, 0, 0, 0, 0, 0, 0, 0]).code,
+        ErrorCode::UnknownFrameType
+    );
+    assert_eq!(
+        decode_err(&[0, 0, 0, 0, 0x00, 0, 0, 0, 0, 0, 0, 0]).code,
+        ErrorCode::UnknownFrameType
+    );
     // Connection frame on a call, call frame on the connection.
-    assert_eq!(decode_err(&[8, 0, 0, 0, 0x0a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::IllegalFrame);
-    assert_eq!(decode_err(&[0, 0, 0, 0, 0x06, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::IllegalFrame);
+    assert_eq!(
+        decode_err(&[8, 0, 0, 0, 0x0a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).code,
+        ErrorCode::IllegalFrame
+    );
+    assert_eq!(
+        decode_err(&[0, 0, 0, 0, 0x06, 0, 0, 0, 0, 0, 0, 0]).code,
+        ErrorCode::IllegalFrame
+    );
     // Wrong fixed sizes.
-    assert_eq!(decode_err(&[1, 0, 0, 0, 0x06, 0, 0, 0, 1, 0, 0, 0, 0]).code, ErrorCode::MalformedFrame);
-    assert_eq!(decode_err(&[4, 0, 0, 0, 0x09, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]).code, ErrorCode::MalformedFrame);
+    assert_eq!(
+        decode_err(&[1, 0, 0, 0, 0x06, 0, 0, 0, 1, 0, 0, 0, 0]).code,
+        ErrorCode::MalformedFrame
+    );
+    assert_eq!(
+        decode_err(&[4, 0, 0, 0, 0x09, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]).code,
+        ErrorCode::MalformedFrame
+    );
     // Truncated CALL.
-    assert_eq!(decode_err(&[3, 0, 0, 0, 0x02, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0]).code, ErrorCode::MalformedFrame);
+    assert_eq!(
+        decode_err(&[3, 0, 0, 0, 0x02, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0]).code,
+        ErrorCode::MalformedFrame
+    );
     // END with trailing garbage.
     assert_eq!(
         decode_err(&[7, 0, 0, 0, 0x07, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]).code,

@@ -1,0 +1,200 @@
+//! Where a server listens and a channel connects: `tcp://host:port` or `unix:///path`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// A transport address.
+///
+/// ```
+/// use topspin::Address;
+/// let a: Address = "tcp://[::1]:50051".parse().unwrap();
+/// assert_eq!(a, Address::Tcp("[::1]:50051".into()));
+/// let u: Address = "unix:///run/kv.sock".parse().unwrap();
+/// assert_eq!(u.to_string(), "unix:///run/kv.sock");
+/// // A bare host:port is TCP.
+/// assert_eq!("127.0.0.1:80".parse::<Address>().unwrap(), Address::Tcp("127.0.0.1:80".into()));
+/// assert!("http://x".parse::<Address>().is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Address {
+    /// TCP to `host:port` (a name, an IPv4 address, or an IPv6 address in brackets).
+    Tcp(String),
+    /// A Unix domain socket at a path.
+    Unix(PathBuf),
+}
+
+/// Why an address string could not be parsed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid address {input:?}: {reason} (expected tcp://host:port or unix:///path)")]
+pub struct AddressError {
+    input: String,
+    reason: &'static str,
+}
+
+impl FromStr for Address {
+    type Err = AddressError;
+
+    fn from_str(s: &str) -> Result<Address, AddressError> {
+        let err = |reason| AddressError {
+            input: s.to_owned(),
+            reason,
+        };
+        if let Some(path) = s.strip_prefix("unix://") {
+            if path.is_empty() {
+                return Err(err("empty socket path"));
+            }
+            return Ok(Address::Unix(PathBuf::from(path)));
+        }
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(err("empty socket path"));
+            }
+            return Ok(Address::Unix(PathBuf::from(path)));
+        }
+        let hostport = match s.strip_prefix("tcp://") {
+            Some(rest) => rest,
+            None if s.contains("://") => return Err(err("unknown scheme")),
+            None => s,
+        };
+        let hostport = hostport.trim_end_matches('/');
+        let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
+            let Some((v6, after)) = rest.split_once(']') else {
+                return Err(err("unclosed '[' in IPv6 address"));
+            };
+            if v6.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(err("invalid IPv6 address"));
+            }
+            let Some(port) = after.strip_prefix(':') else {
+                return Err(err("missing :port"));
+            };
+            (v6, port)
+        } else {
+            match hostport.rsplit_once(':') {
+                Some((h, p)) if !h.contains(':') => (h, p),
+                Some(_) => return Err(err("IPv6 addresses go in brackets, e.g. [::1]:50051")),
+                None => return Err(err("missing :port")),
+            }
+        };
+        if host.is_empty() {
+            return Err(err("empty host"));
+        }
+        if port.parse::<u16>().is_err() {
+            return Err(err("port must be a number 0..=65535"));
+        }
+        Ok(Address::Tcp(hostport.to_owned()))
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Tcp(hp) => write!(f, "tcp://{hp}"),
+            Address::Unix(p) => write!(f, "unix://{}", p.display()),
+        }
+    }
+}
+
+/// Anything that names an [`Address`]: a string such as `"tcp://127.0.0.1:50051"`, an
+/// `Address`, or a `SocketAddr`.
+pub trait IntoAddress {
+    /// The address, or why the string is not one.
+    fn into_address(self) -> Result<Address, AddressError>;
+}
+
+impl IntoAddress for Address {
+    fn into_address(self) -> Result<Address, AddressError> {
+        Ok(self)
+    }
+}
+
+impl IntoAddress for &Address {
+    fn into_address(self) -> Result<Address, AddressError> {
+        Ok(self.clone())
+    }
+}
+
+impl IntoAddress for &str {
+    fn into_address(self) -> Result<Address, AddressError> {
+        self.parse()
+    }
+}
+
+impl IntoAddress for String {
+    fn into_address(self) -> Result<Address, AddressError> {
+        self.parse()
+    }
+}
+
+impl IntoAddress for &String {
+    fn into_address(self) -> Result<Address, AddressError> {
+        self.parse()
+    }
+}
+
+impl IntoAddress for std::net::SocketAddr {
+    fn into_address(self) -> Result<Address, AddressError> {
+        Ok(Address::from(self))
+    }
+}
+
+impl TryFrom<&str> for Address {
+    type Error = AddressError;
+    fn try_from(s: &str) -> Result<Address, AddressError> {
+        s.parse()
+    }
+}
+
+impl TryFrom<String> for Address {
+    type Error = AddressError;
+    fn try_from(s: String) -> Result<Address, AddressError> {
+        s.parse()
+    }
+}
+
+impl TryFrom<&String> for Address {
+    type Error = AddressError;
+    fn try_from(s: &String) -> Result<Address, AddressError> {
+        s.parse()
+    }
+}
+
+impl From<std::net::SocketAddr> for Address {
+    fn from(a: std::net::SocketAddr) -> Address {
+        Address::Tcp(a.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses() {
+        for (s, want) in [
+            ("tcp://localhost:1", Address::Tcp("localhost:1".into())),
+            ("tcp://127.0.0.1:0/", Address::Tcp("127.0.0.1:0".into())),
+            ("[::1]:9", Address::Tcp("[::1]:9".into())),
+            ("unix:rel.sock", Address::Unix("rel.sock".into())),
+            (
+                "unix:///tmp/a b.sock",
+                Address::Unix("/tmp/a b.sock".into()),
+            ),
+        ] {
+            assert_eq!(s.parse::<Address>().unwrap(), want, "{s}");
+        }
+        for bad in [
+            "tcp://:80",
+            "tcp://host",
+            "tcp://host:99999",
+            "::1:80",
+            "[::1:80",
+            "[zz]:80",
+            "unix://",
+            "http://x:1",
+        ] {
+            let e = bad.parse::<Address>().unwrap_err();
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+    }
+}

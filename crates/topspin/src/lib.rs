@@ -1,0 +1,54 @@
+//! The topspin RPC runtime: a [`Channel`] to call servers and a [`Server`] to serve them, over
+//! TCP and Unix sockets, on tokio.
+//!
+//! Calls are unary, server-streaming, client-streaming or bidirectional, with deadlines,
+//! metadata both ways, cancellation (drop the future), flow control and typed [`Status`]
+//! errors. The wire protocol is `topspin-proto`'s; this crate does the I/O.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use topspin::{codec::RawCodec, Channel, Request, Response, Server};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let server = Server::builder()
+//!     .unary("/echo.Echo/Echo", RawCodec, |req: Request<Bytes>| async move {
+//!         Ok(Response::new(req.into_inner()))
+//!     })
+//!     .bind("tcp://127.0.0.1:0")
+//!     .await?;
+//! let address = server.local_addr().clone();
+//! let shutdown = server.shutdown_handle();
+//! tokio::spawn(server.serve());
+//!
+//! let channel = Channel::connect(address).await?;
+//! let reply = channel
+//!     .unary(RawCodec, "/echo.Echo/Echo", Request::new(Bytes::from_static(b"hello")))
+//!     .await?;
+//! assert_eq!(reply.into_inner(), Bytes::from_static(b"hello"));
+//! shutdown.shutdown(std::time::Duration::from_secs(1)).await;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod address;
+mod client;
+pub mod codec;
+mod config;
+mod io;
+mod request;
+mod server;
+mod status;
+mod streaming;
+mod transport;
+
+pub use address::{Address, AddressError, IntoAddress};
+pub use client::{Channel, Endpoint, MethodName};
+pub use config::Config;
+pub use request::{Cancellation, Request, Response};
+pub use server::{CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle};
+pub use status::{Code, Status, DETAILS_KEY};
+pub use streaming::Streaming;
+pub use topspin_proto::{Metadata, MetadataBuilder};
+pub use transport::PeerAddr;

@@ -1,0 +1,275 @@
+//! [`Request`] and [`Response`]: a message with its metadata, and on the server the call's
+//! context (deadline, cancellation, peer).
+
+use crate::transport::PeerAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use topspin_proto::Metadata;
+
+/// A request: a message (or a stream of them) with metadata and, on the client, a timeout.
+///
+/// ```
+/// use std::time::Duration;
+/// use topspin::{Metadata, Request};
+/// let req = Request::new("hello")
+///     .with_timeout(Duration::from_millis(250))
+///     .with_metadata(Metadata::builder().text("user", "ann").unwrap().build());
+/// assert_eq!(req.metadata().get_str("user"), Some("ann"));
+/// assert_eq!(*req.get_ref(), "hello");
+/// ```
+#[derive(Debug)]
+pub struct Request<T> {
+    message: T,
+    metadata: Metadata,
+    timeout: Option<Duration>,
+    ctx: Option<ServerContext>,
+}
+
+impl<T> Request<T> {
+    /// A request with no metadata and no timeout.
+    pub fn new(message: T) -> Request<T> {
+        Request {
+            message,
+            metadata: Metadata::new(),
+            timeout: None,
+            ctx: None,
+        }
+    }
+
+    /// Sets the request metadata (headers).
+    pub fn with_metadata(mut self, metadata: Metadata) -> Request<T> {
+        self.metadata = metadata;
+        self
+    }
+
+    /// Sets the call's timeout: sent to the server as its deadline; the client fails the call
+    /// with `DEADLINE_EXCEEDED` when it passes.
+    pub fn with_timeout(mut self, timeout: Duration) -> Request<T> {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The message.
+    pub fn get_ref(&self) -> &T {
+        &self.message
+    }
+
+    /// The message, mutably.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.message
+    }
+
+    /// Takes the message.
+    pub fn into_inner(self) -> T {
+        self.message
+    }
+
+    /// The request metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// The timeout set by the client, if any.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Server: the time left before the call's deadline (`None` if it has none).
+    pub fn remaining(&self) -> Option<Duration> {
+        let d = self.ctx.as_ref()?.deadline?;
+        Some(d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Server: the call's deadline, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.ctx.as_ref()?.deadline
+    }
+
+    /// Server: the address of the client.
+    pub fn peer_addr(&self) -> Option<&PeerAddr> {
+        self.ctx.as_ref().map(|c| &c.peer)
+    }
+
+    /// Server: the full method name, e.g. `/kv.Store/Get`.
+    pub fn method(&self) -> Option<&str> {
+        self.ctx.as_ref().map(|c| &*c.method)
+    }
+
+    /// Server: a handle that tells whether the call was cancelled (client cancel, deadline,
+    /// connection loss, shutdown). The handler's future is also dropped promptly when that
+    /// happens; the handle lets work spawned elsewhere stop too.
+    pub fn cancellation(&self) -> Option<Cancellation> {
+        self.ctx.as_ref().map(|c| c.cancel.clone())
+    }
+
+    /// Maps the message, keeping metadata and context.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Request<U> {
+        Request {
+            message: f(self.message),
+            metadata: self.metadata,
+            timeout: self.timeout,
+            ctx: self.ctx,
+        }
+    }
+
+    pub(crate) fn into_parts(self) -> (T, Metadata, Option<Duration>) {
+        (self.message, self.metadata, self.timeout)
+    }
+
+    pub(crate) fn from_server(message: T, metadata: Metadata, ctx: ServerContext) -> Request<T> {
+        let timeout = ctx
+            .deadline
+            .map(|d| d.saturating_duration_since(Instant::now()));
+        Request {
+            message,
+            metadata,
+            timeout,
+            ctx: Some(ctx),
+        }
+    }
+}
+
+/// What the server knows about a call besides its message.
+#[derive(Clone, Debug)]
+pub(crate) struct ServerContext {
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) peer: PeerAddr,
+    pub(crate) method: bytestring::ByteString,
+    pub(crate) cancel: Cancellation,
+}
+
+/// Tells a server handler whether its call was cancelled.
+#[derive(Clone, Debug, Default)]
+pub struct Cancellation {
+    inner: Arc<CancelInner>,
+}
+
+#[derive(Debug, Default)]
+struct CancelInner {
+    cancelled: std::sync::atomic::AtomicBool,
+    notify: Notify,
+    /// The connection task's wrapper around the handler, woken to drop it.
+    waker: futures_util::task::AtomicWaker,
+}
+
+impl Cancellation {
+    /// Whether the call was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner
+            .cancelled
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Completes when the call is cancelled.
+    pub async fn cancelled(&self) {
+        loop {
+            let notified = self.inner.notify.notified();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub(crate) fn cancel(&self) {
+        self.inner
+            .cancelled
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.inner.notify.notify_waiters();
+        self.inner.waker.wake();
+    }
+
+    /// Registers `cx` to be woken on cancellation; returns whether it is cancelled.
+    pub(crate) fn poll_cancelled(&self, cx: &mut std::task::Context<'_>) -> bool {
+        if self.is_cancelled() {
+            return true;
+        }
+        self.inner.waker.register(cx.waker());
+        self.is_cancelled()
+    }
+}
+
+/// A response: a message (or stream), response headers and, for unary calls, trailers.
+///
+/// ```
+/// use topspin::{Metadata, Response};
+/// let r = Response::new(42).with_metadata(Metadata::builder().text("server", "a").unwrap().build());
+/// assert_eq!(*r.get_ref(), 42);
+/// ```
+#[derive(Debug)]
+pub struct Response<T> {
+    message: T,
+    metadata: Metadata,
+    trailers: Metadata,
+}
+
+impl<T> Response<T> {
+    /// A response with no metadata.
+    pub fn new(message: T) -> Response<T> {
+        Response {
+            message,
+            metadata: Metadata::new(),
+            trailers: Metadata::new(),
+        }
+    }
+
+    /// Sets the response headers.
+    pub fn with_metadata(mut self, metadata: Metadata) -> Response<T> {
+        self.metadata = metadata;
+        self
+    }
+
+    /// Sets the trailers (sent with the final status).
+    pub fn with_trailers(mut self, trailers: Metadata) -> Response<T> {
+        self.trailers = trailers;
+        self
+    }
+
+    /// The message.
+    pub fn get_ref(&self) -> &T {
+        &self.message
+    }
+
+    /// The message, mutably.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.message
+    }
+
+    /// Takes the message.
+    pub fn into_inner(self) -> T {
+        self.message
+    }
+
+    /// Response headers.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Trailers (unary and client-streaming calls; for streams see
+    /// [`Streaming::trailers`](crate::Streaming::trailers)).
+    pub fn trailers(&self) -> &Metadata {
+        &self.trailers
+    }
+
+    /// Maps the message.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Response<U> {
+        Response {
+            message: f(self.message),
+            metadata: self.metadata,
+            trailers: self.trailers,
+        }
+    }
+
+    pub(crate) fn into_parts(self) -> (T, Metadata, Metadata) {
+        (self.message, self.metadata, self.trailers)
+    }
+
+    pub(crate) fn from_parts(message: T, metadata: Metadata, trailers: Metadata) -> Response<T> {
+        Response {
+            message,
+            metadata,
+            trailers,
+        }
+    }
+}

@@ -1,0 +1,606 @@
+//! The server's connection task: owns the engine and the socket, and polls the connection's
+//! handlers itself, so a call is answered without a hand-off to another thread.
+
+use super::handler::{CallIo, Input, Outcome, Running, SCmd, ServerCredit};
+use super::Registry;
+use crate::io::{Io, ReadError};
+use crate::request::{Cancellation, ServerContext};
+use crate::streaming::Item;
+use crate::transport::{PeerAddr, Stream};
+use crate::{Config, Status};
+use bytes::Bytes;
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt;
+use rustc_hash::FxHashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot, watch};
+use topspin_proto::{
+    CallError, CallId, Code, Connection, ErrorCode, Event, Metadata, ProtocolError, Side,
+};
+
+enum Call {
+    /// Unary and server-streaming calls wait for their one request message.
+    Awaiting {
+        handler: super::handler::HandlerRef,
+        metadata: Metadata,
+        ctx: ServerContext,
+        message: Option<Bytes>,
+    },
+    Running {
+        cancel: Cancellation,
+        inbound: Option<mpsc::UnboundedSender<Item>>,
+        blocked: Option<(Bytes, oneshot::Sender<Result<(), Status>>)>,
+        /// The handler finished while a message was still being sent.
+        end: Option<(Status, Metadata)>,
+    },
+}
+
+pub(crate) struct ServerConn {
+    conn: Connection,
+    io: Io,
+    registry: Arc<Registry>,
+    config: Config,
+    peer: PeerAddr,
+    calls: FxHashMap<u32, Call>,
+    handlers: FuturesUnordered<Running>,
+    tx: mpsc::UnboundedSender<SCmd>,
+    rx: mpsc::UnboundedReceiver<SCmd>,
+    shutdown: watch::Receiver<Option<Instant>>,
+    grace_deadline: Option<Instant>,
+    started: Instant,
+    ping_sent: Option<Instant>,
+}
+
+fn to_tokio(t: Instant) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(t)
+}
+
+impl ServerConn {
+    pub(crate) fn new(
+        stream: Stream,
+        registry: Arc<Registry>,
+        config: Config,
+        shutdown: watch::Receiver<Option<Instant>>,
+    ) -> ServerConn {
+        let peer = stream.peer_addr();
+        let (tx, rx) = mpsc::unbounded_channel();
+        ServerConn {
+            conn: Connection::new(Side::Server, config.settings()),
+            io: Io::new(stream),
+            registry,
+            config,
+            peer,
+            calls: FxHashMap::default(),
+            handlers: FuturesUnordered::new(),
+            tx,
+            rx,
+            shutdown,
+            grace_deadline: None,
+            started: Instant::now(),
+            ping_sent: None,
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        // A shutdown that began before this connection was accepted applies at once.
+        let pending = *self.shutdown.borrow_and_update();
+        if let Some(d) = pending {
+            self.begin_shutdown(d);
+        }
+        let why = loop {
+            let all_written = match self.io.flush(&mut self.conn) {
+                Ok(w) => w,
+                Err(e) => break format!("write failed: {e}"),
+            };
+            if self.conn.is_closed() {
+                break "connection closed".to_string();
+            }
+            if self.conn.is_drained() && all_written {
+                break "drained after go-away".to_string();
+            }
+            let timer = self.next_timer();
+            tokio::select! {
+                biased;
+                Some((id, outcome)) = self.handlers.next(), if !self.handlers.is_empty() => {
+                    if let Some(o) = outcome {
+                        self.finish(id, o);
+                    }
+                }
+                r = self.io.stream.readable() => {
+                    if let Err(e) = r {
+                        break format!("read failed: {e}");
+                    }
+                    match self.io.read(&mut self.conn) {
+                        Ok(true) => {}
+                        Ok(false) => self.conn.handle_eof(),
+                        Err(ReadError::Io(e)) => self.conn.close(ProtocolError::new(
+                            ErrorCode::InternalError,
+                            format!("read failed: {e}"),
+                        )),
+                        Err(ReadError::Protocol(e)) => {
+                            tracing::debug!(peer = %self.peer, "protocol error: {e}");
+                        }
+                    }
+                    self.ping_sent = None;
+                }
+                Some(cmd) = self.rx.recv() => {
+                    self.apply(cmd);
+                    for _ in 0..256 {
+                        match self.rx.try_recv() {
+                            Ok(cmd) => self.apply(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                r = self.io.stream.writable(), if !all_written => {
+                    if let Err(e) = r {
+                        break format!("write failed: {e}");
+                    }
+                }
+                r = self.shutdown.changed(), if self.grace_deadline.is_none() => {
+                    match r {
+                        Ok(()) => {
+                            let deadline = *self.shutdown.borrow_and_update();
+                            if let Some(d) = deadline {
+                                self.begin_shutdown(d);
+                            }
+                        }
+                        // The server is gone: finish like a shutdown with no grace.
+                        Err(_) => self.begin_shutdown(Instant::now()),
+                    }
+                }
+                _ = tokio::time::sleep_until(to_tokio(timer.unwrap_or_else(Instant::now))), if timer.is_some() => {
+                    self.on_timer();
+                }
+            }
+            self.process_events();
+        };
+        tracing::debug!(peer = %self.peer, "server connection ends: {why}");
+        if !self.conn.is_closed() {
+            self.conn.handle_eof();
+        }
+        self.process_events();
+        self.io.close(&mut self.conn, Duration::from_secs(1)).await;
+    }
+
+    fn begin_shutdown(&mut self, grace_deadline: Instant) {
+        self.grace_deadline = Some(grace_deadline);
+        self.conn
+            .go_away(ErrorCode::NoError, "server shutting down");
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        let mut t = self.conn.poll_timeout();
+        let mut consider = |x: Instant| t = Some(t.map_or(x, |t| t.min(x)));
+        if let Some(d) = self.grace_deadline {
+            consider(d);
+        }
+        if !self.conn.is_established() {
+            consider(self.started + self.config.handshake_timeout);
+        }
+        if let Some(since) = self.io.partial_since {
+            consider(since + self.config.frame_timeout);
+        }
+        if let Some(iv) = self.config.keepalive_interval {
+            match self.ping_sent {
+                Some(sent) => consider(sent + self.config.keepalive_timeout),
+                None => consider(self.io.last_read + iv),
+            }
+        }
+        if let (Some(idle), true) = (self.config.idle_timeout, self.calls.is_empty()) {
+            consider(self.io.last_read + idle);
+        }
+        t
+    }
+
+    fn on_timer(&mut self) {
+        let now = Instant::now();
+        self.conn.handle_timeout(now);
+        let timeout = |what: String| ProtocolError::new(ErrorCode::Timeout, what);
+        if !self.conn.is_established() && now >= self.started + self.config.handshake_timeout {
+            self.conn.close(timeout(format!(
+                "no topspin handshake within {:?} (handshake_timeout)",
+                self.config.handshake_timeout
+            )));
+            return;
+        }
+        if let Some(since) = self.io.partial_since {
+            if now >= since + self.config.frame_timeout {
+                self.conn.close(timeout(format!(
+                    "a frame stayed incomplete for {:?} (frame_timeout)",
+                    self.config.frame_timeout
+                )));
+                return;
+            }
+        }
+        if let Some(iv) = self.config.keepalive_interval {
+            match self.ping_sent {
+                Some(sent) if now >= sent + self.config.keepalive_timeout => {
+                    self.conn.close(timeout(format!(
+                        "keep-alive PING unanswered for {:?}",
+                        self.config.keepalive_timeout
+                    )));
+                    return;
+                }
+                None if now >= self.io.last_read + iv => {
+                    self.conn.ping(*b"keepaliv");
+                    self.ping_sent = Some(now);
+                }
+                _ => {}
+            }
+        }
+        if let (Some(idle), true) = (self.config.idle_timeout, self.calls.is_empty()) {
+            if now >= self.io.last_read + idle && !self.conn.is_going_away() {
+                self.conn.go_away(ErrorCode::NoError, "idle timeout");
+            }
+        }
+        if self.grace_deadline.is_some_and(|d| now >= d) {
+            // The grace period is over: end what is left.
+            let ids: Vec<u32> = self.calls.keys().copied().collect();
+            for id in ids {
+                self.end(
+                    id,
+                    Status::unavailable("the server shut down before the call finished"),
+                    Metadata::new(),
+                );
+            }
+        }
+    }
+
+    fn ctx(&self, method: bytestring::ByteString, deadline: Option<Instant>) -> ServerContext {
+        ServerContext {
+            deadline,
+            peer: self.peer.clone(),
+            method,
+            cancel: Cancellation::default(),
+        }
+    }
+
+    fn process_events(&mut self) {
+        while let Some(ev) = self.conn.poll_event() {
+            match ev {
+                Event::CallStarted {
+                    id,
+                    method,
+                    codec,
+                    deadline,
+                    metadata,
+                } => self.on_call(id.0, method, codec, deadline, metadata),
+                Event::Message {
+                    id,
+                    message,
+                    credit,
+                } => match self.calls.get_mut(&id.0) {
+                    Some(Call::Awaiting {
+                        message: slot, ctx, ..
+                    }) => {
+                        let _ = self.conn.grant_credit(id, credit);
+                        if slot.is_some() {
+                            let st = Status::invalid_argument(format!(
+                                "{} takes one request message, got more",
+                                &*ctx.method
+                            ));
+                            self.end(id.0, st, Metadata::new());
+                        } else {
+                            *slot = Some(message);
+                        }
+                    }
+                    Some(Call::Running {
+                        inbound: Some(tx), ..
+                    }) => {
+                        let _ = tx.send(Item::Message(message, credit));
+                    }
+                    _ => {
+                        let _ = self.conn.grant_credit(id, credit);
+                    }
+                },
+                Event::HalfClosed { id } => match self.calls.remove(&id.0) {
+                    Some(Call::Awaiting {
+                        handler,
+                        metadata,
+                        ctx,
+                        message,
+                    }) => match message {
+                        Some(m) => self.spawn(id.0, handler, Input::One(m), metadata, ctx),
+                        None => {
+                            let st = Status::invalid_argument(format!(
+                                "{} takes one request message, got none",
+                                &*ctx.method
+                            ));
+                            self.calls.insert(id.0, placeholder());
+                            self.end(id.0, st, Metadata::new());
+                        }
+                    },
+                    Some(Call::Running {
+                        cancel,
+                        inbound,
+                        blocked,
+                        end,
+                    }) => {
+                        if let Some(tx) = &inbound {
+                            let _ = tx.send(Item::End(Ok(Metadata::new())));
+                        }
+                        self.calls.insert(
+                            id.0,
+                            Call::Running {
+                                cancel,
+                                inbound: None,
+                                blocked,
+                                end,
+                            },
+                        );
+                    }
+                    None => {}
+                },
+                Event::Cancelled { id, status } => {
+                    if let Some(call) = self.calls.remove(&id.0) {
+                        if let Call::Running {
+                            cancel,
+                            inbound,
+                            blocked,
+                            ..
+                        } = call
+                        {
+                            cancel.cancel();
+                            let st = Status::new(status.code(), status.message().to_owned());
+                            if let Some(tx) = inbound {
+                                let _ = tx.send(Item::End(Err(st.clone())));
+                            }
+                            if let Some((_, ack)) = blocked {
+                                let _ = ack.send(Err(st));
+                            }
+                        }
+                    }
+                }
+                Event::Writable { id } => self.on_writable(id.0),
+                Event::Pong { .. } => self.ping_sent = None,
+                Event::Established
+                | Event::Headers { .. }
+                | Event::Ended { .. }
+                | Event::GoAway { .. }
+                | Event::Closed { .. } => {}
+            }
+        }
+    }
+
+    fn on_call(
+        &mut self,
+        id: u32,
+        method: bytestring::ByteString,
+        codec: u8,
+        deadline: Option<Instant>,
+        metadata: Metadata,
+    ) {
+        let Some(handler) = self.registry.get(&method) else {
+            let st = Status::unimplemented(format!(
+                "method {} is not implemented by this server",
+                &*method
+            ));
+            self.calls.insert(id, placeholder());
+            self.end(id, st, Metadata::new());
+            return;
+        };
+        if handler.codec() != codec {
+            let st = Status::unimplemented(format!(
+                "method {} takes codec {} (0 protobuf, 1 raw bytes, 2 JSON), the call used codec {codec}",
+                &*method,
+                handler.codec()
+            ));
+            self.calls.insert(id, placeholder());
+            self.end(id, st, Metadata::new());
+            return;
+        }
+        let ctx = self.ctx(method, deadline);
+        if handler.kind().client_streams() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let credit = Box::new(ServerCredit {
+                tx: self.tx.clone(),
+                id,
+            });
+            let cancel = ctx.cancel.clone();
+            self.calls.insert(
+                id,
+                Call::Running {
+                    cancel: cancel.clone(),
+                    inbound: Some(tx),
+                    blocked: None,
+                    end: None,
+                },
+            );
+            let io = CallIo {
+                tx: self.tx.clone(),
+                id,
+            };
+            let fut = handler.call(Input::Stream { rx, credit }, metadata, ctx, io);
+            self.handlers.push(Running { id, cancel, fut });
+        } else {
+            self.calls.insert(
+                id,
+                Call::Awaiting {
+                    handler,
+                    metadata,
+                    ctx,
+                    message: None,
+                },
+            );
+        }
+    }
+
+    fn spawn(
+        &mut self,
+        id: u32,
+        handler: super::handler::HandlerRef,
+        input: Input,
+        metadata: Metadata,
+        ctx: ServerContext,
+    ) {
+        let cancel = ctx.cancel.clone();
+        self.calls.insert(
+            id,
+            Call::Running {
+                cancel: cancel.clone(),
+                inbound: None,
+                blocked: None,
+                end: None,
+            },
+        );
+        let io = CallIo {
+            tx: self.tx.clone(),
+            id,
+        };
+        let mut running = Running {
+            id,
+            cancel,
+            fut: handler.call(input, metadata, ctx, io),
+        };
+        // Most handlers answer at once: poll once now, so the answer leaves in the same write
+        // as everything else this turn, without a trip through the scheduler.
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        match std::pin::Pin::new(&mut running).poll(&mut cx) {
+            std::task::Poll::Ready((id, outcome)) => {
+                if let Some(o) = outcome {
+                    self.finish(id, o);
+                }
+            }
+            // Polled again by the set, which registers a real waker.
+            std::task::Poll::Pending => self.handlers.push(running),
+        }
+    }
+
+    /// A handler returned.
+    fn finish(&mut self, id: u32, outcome: Outcome) {
+        match outcome {
+            Outcome::Reply(Ok((message, headers, trailers))) => {
+                if !self.calls.contains_key(&id) {
+                    return;
+                }
+                if !headers.is_empty() {
+                    if let Err(e) = self.conn.send_headers(CallId(id), &headers) {
+                        self.end(id, self.local_error(e, "response headers"), Metadata::new());
+                        return;
+                    }
+                }
+                match self.conn.send_message(CallId(id), message, false) {
+                    Ok(()) => self.end(id, Status::new(Code::Ok, ""), trailers),
+                    Err(e) => {
+                        self.end(id, self.local_error(e, "response message"), Metadata::new())
+                    }
+                }
+            }
+            Outcome::Reply(Err(status)) | Outcome::Finished(Err(status)) => {
+                let trailers = status.wire_trailers();
+                self.end(id, status, trailers);
+            }
+            Outcome::Finished(Ok(trailers)) => self.end(id, Status::new(Code::Ok, ""), trailers),
+        }
+    }
+
+    fn local_error(&self, e: CallError, what: &str) -> Status {
+        match e {
+            CallError::MessageTooLarge { size, limit } => Status::resource_exhausted(format!(
+                "{what} of {size} bytes exceeds the client's max_message_size of {limit} bytes (raise it in the client's Config)"
+            )),
+            CallError::MetadataTooLarge { size, limit } => Status::resource_exhausted(format!(
+                "{what}: metadata of {size} bytes exceeds the client's max_metadata_size of {limit} bytes"
+            )),
+            other => Status::internal(format!("{what}: {other}")),
+        }
+    }
+
+    /// Ends a call with a status (waiting for a message still being sent, if any).
+    fn end(&mut self, id: u32, status: Status, trailers: Metadata) {
+        let st = topspin_proto::Status::new(status.code(), status.message().to_owned());
+        match self.conn.end_call(CallId(id), &st, &trailers) {
+            Ok(()) => {}
+            Err(CallError::WouldBlock) => {
+                if let Some(Call::Running { end, .. }) = self.calls.get_mut(&id) {
+                    *end = Some((status, trailers));
+                    return;
+                }
+            }
+            Err(CallError::MetadataTooLarge { size, limit }) => {
+                let st = topspin_proto::Status::new(
+                    Code::Internal,
+                    format!("the status message and trailers ({size} bytes) exceed the client's max_metadata_size of {limit} bytes"),
+                );
+                let _ = self.conn.end_call(CallId(id), &st, &Metadata::new());
+            }
+            Err(_) => {} // already over
+        }
+        if let Some(Call::Running {
+            cancel, blocked, ..
+        }) = self.calls.remove(&id)
+        {
+            cancel.cancel();
+            if let Some((_, ack)) = blocked {
+                let _ = ack.send(Err(Status::cancelled("the call ended")));
+            }
+        }
+    }
+
+    fn apply(&mut self, cmd: SCmd) {
+        match cmd {
+            SCmd::Headers { id, metadata } => {
+                if let Err(e) = self.conn.send_headers(CallId(id), &metadata) {
+                    if !matches!(e, CallError::NotOpen(_) | CallError::NotAllowed(_)) {
+                        self.end(id, self.local_error(e, "response headers"), Metadata::new());
+                    }
+                }
+            }
+            SCmd::Send { id, message, ack } => self.send(id, message, ack),
+            SCmd::Credit { id, bytes } => {
+                let _ = self.conn.grant_credit(CallId(id), bytes);
+            }
+        }
+    }
+
+    fn send(&mut self, id: u32, message: Bytes, ack: oneshot::Sender<Result<(), Status>>) {
+        match self.conn.send_message(CallId(id), message.clone(), false) {
+            Ok(()) => {
+                let _ = ack.send(Ok(()));
+            }
+            Err(CallError::WouldBlock) => {
+                if let Some(Call::Running { blocked, .. }) = self.calls.get_mut(&id) {
+                    *blocked = Some((message, ack));
+                } else {
+                    let _ = ack.send(Err(Status::cancelled("the call is over")));
+                }
+            }
+            Err(CallError::NotOpen(_)) => {
+                let _ = ack.send(Err(Status::cancelled("the call is over")));
+            }
+            Err(e) => {
+                let st = self.local_error(e, "response message");
+                let _ = ack.send(Err(st.clone()));
+                self.end(id, st, Metadata::new());
+            }
+        }
+    }
+
+    fn on_writable(&mut self, id: u32) {
+        let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let blocked = blocked.take();
+        let end = end.take();
+        if let Some((message, ack)) = blocked {
+            self.send(id, message, ack);
+        }
+        if let Some((status, trailers)) = end {
+            self.end(id, status, trailers);
+        }
+    }
+}
+
+/// A call that is being refused: it only exists until its END is queued.
+fn placeholder() -> Call {
+    Call::Running {
+        cancel: Cancellation::default(),
+        inbound: None,
+        blocked: None,
+        end: None,
+    }
+}

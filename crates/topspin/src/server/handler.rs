@@ -1,0 +1,320 @@
+//! Type-erased method handlers for the four call kinds, and the wrapper that drops a handler
+//! promptly when its call is cancelled.
+
+use crate::codec::Codec;
+use crate::request::{Cancellation, ServerContext};
+use crate::streaming::{CreditReturn, Item, Streaming};
+use crate::{Request, Response, Status};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::sync::{mpsc, oneshot};
+use topspin_proto::Metadata;
+
+/// The four call kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CallKind {
+    /// One request, one response.
+    Unary,
+    /// One request, a stream of responses.
+    ServerStreaming,
+    /// A stream of requests, one response.
+    ClientStreaming,
+    /// Streams both ways.
+    Bidirectional,
+}
+
+impl CallKind {
+    /// Whether the client sends a stream.
+    pub fn client_streams(self) -> bool {
+        matches!(self, CallKind::ClientStreaming | CallKind::Bidirectional)
+    }
+
+    /// Whether the server sends a stream.
+    pub fn server_streams(self) -> bool {
+        matches!(self, CallKind::ServerStreaming | CallKind::Bidirectional)
+    }
+}
+
+/// Commands from running handlers to their connection task.
+#[derive(Debug)]
+pub(crate) enum SCmd {
+    Headers {
+        id: u32,
+        metadata: Metadata,
+    },
+    Send {
+        id: u32,
+        message: Bytes,
+        ack: oneshot::Sender<Result<(), Status>>,
+    },
+    Credit {
+        id: u32,
+        bytes: u32,
+    },
+}
+
+/// How a handler's call is to be answered.
+pub(crate) enum Outcome {
+    /// One response (unary, client streaming): message, headers, trailers.
+    Reply(Result<(Bytes, Metadata, Metadata), Status>),
+    /// A response stream finished (its messages were already sent): trailers or error.
+    Finished(Result<Metadata, Status>),
+}
+
+pub(crate) type BoxFut = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+
+/// What a handler receives.
+pub(crate) enum Input {
+    One(Bytes),
+    Stream {
+        rx: mpsc::UnboundedReceiver<Item>,
+        credit: Box<dyn CreditReturn>,
+    },
+}
+
+/// Sends a streaming handler's output through its connection task.
+#[derive(Clone, Debug)]
+pub(crate) struct CallIo {
+    pub(crate) tx: mpsc::UnboundedSender<SCmd>,
+    pub(crate) id: u32,
+}
+
+impl CallIo {
+    fn headers(&self, metadata: Metadata) {
+        let _ = self.tx.send(SCmd::Headers {
+            id: self.id,
+            metadata,
+        });
+    }
+
+    /// Sends one message, waiting for flow-control credit.
+    async fn send(&self, message: Bytes) -> Result<(), Status> {
+        let (ack, done) = oneshot::channel();
+        self.tx
+            .send(SCmd::Send {
+                id: self.id,
+                message,
+                ack,
+            })
+            .map_err(|_| Status::unavailable("connection closed"))?;
+        done.await
+            .map_err(|_| Status::unavailable("connection closed"))?
+    }
+}
+
+pub(crate) trait Handler: Send + Sync + 'static {
+    fn kind(&self) -> CallKind;
+    fn codec(&self) -> u8;
+    fn call(&self, input: Input, metadata: Metadata, ctx: ServerContext, io: CallIo) -> BoxFut;
+}
+
+fn wrong_input() -> BoxFut {
+    Box::pin(std::future::ready(Outcome::Reply(Err(Status::internal(
+        "handler received the wrong kind of input",
+    )))))
+}
+
+fn typed_stream<C: Codec>(codec: C, input: Input) -> Option<Streaming<C::Decode>> {
+    match input {
+        Input::Stream { rx, credit } => Some(Streaming::new(
+            rx,
+            Box::new(move |b| codec.decode(b)),
+            credit,
+        )),
+        Input::One(_) => None,
+    }
+}
+
+async fn reply<C: Codec>(
+    codec: C,
+    fut: impl Future<Output = Result<Response<C::Encode>, Status>>,
+) -> Outcome {
+    Outcome::Reply(match fut.await {
+        Ok(r) => {
+            let (m, h, t) = r.into_parts();
+            codec.encode(m).map(|b| (b, h, t))
+        }
+        Err(s) => Err(s),
+    })
+}
+
+async fn stream_out<C, S>(
+    codec: C,
+    io: CallIo,
+    fut: impl Future<Output = Result<Response<S>, Status>>,
+) -> Outcome
+where
+    C: Codec,
+    S: Stream<Item = Result<C::Encode, Status>> + Send,
+{
+    let resp = match fut.await {
+        Ok(r) => r,
+        Err(s) => return Outcome::Finished(Err(s)),
+    };
+    let (stream, headers, trailers) = resp.into_parts();
+    // Headers go at once, so a client waiting for the stream to open is not held up until the
+    // first message.
+    io.headers(headers);
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        let msg = match item.and_then(|m| codec.encode(m)) {
+            Ok(b) => b,
+            Err(s) => return Outcome::Finished(Err(s)),
+        };
+        if let Err(s) = io.send(msg).await {
+            return Outcome::Finished(Err(s));
+        }
+    }
+    Outcome::Finished(Ok(trailers))
+}
+
+pub(crate) struct Unary<C, F>(pub(crate) C, pub(crate) F);
+pub(crate) struct ServerStreaming<C, F>(pub(crate) C, pub(crate) F);
+pub(crate) struct ClientStreaming<C, F>(pub(crate) C, pub(crate) F);
+pub(crate) struct Bidi<C, F>(pub(crate) C, pub(crate) F);
+
+impl<C, F, Fut> Handler for Unary<C, F>
+where
+    C: Codec,
+    F: Fn(Request<C::Decode>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<C::Encode>, Status>> + Send + 'static,
+{
+    fn kind(&self) -> CallKind {
+        CallKind::Unary
+    }
+    fn codec(&self) -> u8 {
+        C::ID
+    }
+    fn call(&self, input: Input, md: Metadata, ctx: ServerContext, _io: CallIo) -> BoxFut {
+        let Input::One(b) = input else {
+            return wrong_input();
+        };
+        let codec = self.0.clone();
+        match codec.decode(b) {
+            Ok(m) => Box::pin(reply(codec, (self.1)(Request::from_server(m, md, ctx)))),
+            Err(s) => Box::pin(std::future::ready(Outcome::Reply(Err(s)))),
+        }
+    }
+}
+
+impl<C, F, Fut, S> Handler for ServerStreaming<C, F>
+where
+    C: Codec,
+    F: Fn(Request<C::Decode>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<S>, Status>> + Send + 'static,
+    S: Stream<Item = Result<C::Encode, Status>> + Send + 'static,
+{
+    fn kind(&self) -> CallKind {
+        CallKind::ServerStreaming
+    }
+    fn codec(&self) -> u8 {
+        C::ID
+    }
+    fn call(&self, input: Input, md: Metadata, ctx: ServerContext, io: CallIo) -> BoxFut {
+        let Input::One(b) = input else {
+            return wrong_input();
+        };
+        let codec = self.0.clone();
+        match codec.decode(b) {
+            Ok(m) => Box::pin(stream_out(
+                codec,
+                io,
+                (self.1)(Request::from_server(m, md, ctx)),
+            )),
+            Err(s) => Box::pin(std::future::ready(Outcome::Finished(Err(s)))),
+        }
+    }
+}
+
+impl<C, F, Fut> Handler for ClientStreaming<C, F>
+where
+    C: Codec,
+    F: Fn(Request<Streaming<C::Decode>>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<C::Encode>, Status>> + Send + 'static,
+{
+    fn kind(&self) -> CallKind {
+        CallKind::ClientStreaming
+    }
+    fn codec(&self) -> u8 {
+        C::ID
+    }
+    fn call(&self, input: Input, md: Metadata, ctx: ServerContext, _io: CallIo) -> BoxFut {
+        let codec = self.0.clone();
+        let Some(stream) = typed_stream(codec.clone(), input) else {
+            return wrong_input();
+        };
+        Box::pin(reply(
+            codec,
+            (self.1)(Request::from_server(stream, md, ctx)),
+        ))
+    }
+}
+
+impl<C, F, Fut, S> Handler for Bidi<C, F>
+where
+    C: Codec,
+    F: Fn(Request<Streaming<C::Decode>>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<S>, Status>> + Send + 'static,
+    S: Stream<Item = Result<C::Encode, Status>> + Send + 'static,
+{
+    fn kind(&self) -> CallKind {
+        CallKind::Bidirectional
+    }
+    fn codec(&self) -> u8 {
+        C::ID
+    }
+    fn call(&self, input: Input, md: Metadata, ctx: ServerContext, io: CallIo) -> BoxFut {
+        let codec = self.0.clone();
+        let Some(stream) = typed_stream(codec.clone(), input) else {
+            return wrong_input();
+        };
+        Box::pin(stream_out(
+            codec,
+            io,
+            (self.1)(Request::from_server(stream, md, ctx)),
+        ))
+    }
+}
+
+/// A running handler, dropped as soon as its call is cancelled.
+pub(crate) struct Running {
+    pub(crate) id: u32,
+    pub(crate) cancel: Cancellation,
+    pub(crate) fut: BoxFut,
+}
+
+impl Future for Running {
+    type Output = (u32, Option<Outcome>);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.cancel.poll_cancelled(cx) {
+            return Poll::Ready((self.id, None));
+        }
+        match self.fut.as_mut().poll(cx) {
+            Poll::Ready(o) => Poll::Ready((self.id, Some(o))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Credit for a server-side request stream goes back through the connection task.
+pub(crate) struct ServerCredit {
+    pub(crate) tx: mpsc::UnboundedSender<SCmd>,
+    pub(crate) id: u32,
+}
+
+impl CreditReturn for ServerCredit {
+    fn give_back(&self, credit: u32) {
+        let _ = self.tx.send(SCmd::Credit {
+            id: self.id,
+            bytes: credit,
+        });
+    }
+    fn abandon(&self) {}
+}
+
+pub(crate) type HandlerRef = Arc<dyn Handler>;

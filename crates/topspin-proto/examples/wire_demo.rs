@@ -21,7 +21,11 @@ fn describe(f: &Frame) -> String {
     match f {
         Frame::Settings(s) => format!(
             "max_frame={} max_calls={} window={} max_message={} max_metadata={}",
-            s.max_frame_size, s.max_concurrent_calls, s.initial_call_window, s.max_message_size, s.max_metadata_size
+            s.max_frame_size,
+            s.max_concurrent_calls,
+            s.initial_call_window,
+            s.max_message_size,
+            s.max_metadata_size
         ),
         Frame::Call(c) => format!(
             "method_id={} name={:?} codec={} timeout_us={} metadata={:?}",
@@ -35,7 +39,9 @@ fn describe(f: &Frame) -> String {
             "{:?}{}{}",
             String::from_utf8_lossy(&m.chunk),
             if m.end_stream { " END_STREAM" } else { "" },
-            m.total_len.map(|t| format!(" SPLIT total={t}")).unwrap_or_default()
+            m.total_len
+                .map(|t| format!(" SPLIT total={t}"))
+                .unwrap_or_default()
         ),
         Frame::Headers { metadata, .. } => format!("{metadata:?}"),
         Frame::End(e) => format!("{} {:?} trailers={:?}", e.code, &*e.message, e.trailers),
@@ -82,7 +88,8 @@ impl Wire {
                         describe(&f)
                     );
                 }
-                to.handle_input(&mut wire, self.now).expect("valid protocol");
+                to.handle_input(&mut wire, self.now)
+                    .expect("valid protocol");
             }
             if !moved {
                 break;
@@ -114,14 +121,21 @@ fn main() {
 
     println!("— unary call: /kv.Store/Get —");
     let md = Metadata::builder().text("user", "ann").unwrap().build();
-    let id = w.client.start_call("/kv.Store/Get", 1, None, &md, w.now).unwrap();
-    w.client.send_message(id, Bytes::from_static(b"apple"), true).unwrap();
+    let id = w
+        .client
+        .start_call("/kv.Store/Get", 1, None, &md, w.now)
+        .unwrap();
+    w.client
+        .send_message(id, Bytes::from_static(b"apple"), true)
+        .unwrap();
     let (_, server_events) = w.pump();
     for e in server_events {
         if let Event::Message { id, message, .. } = e {
             let reply = Bytes::from(format!("{} is red", String::from_utf8_lossy(&message)));
             w.server.send_message(id, reply, false).unwrap();
-            w.server.end_call(id, &Status::ok(), &Metadata::new()).unwrap();
+            w.server
+                .end_call(id, &Status::ok(), &Metadata::new())
+                .unwrap();
         }
     }
     let (client_events, _) = w.pump();
@@ -131,18 +145,29 @@ fn main() {
 
     println!("— bidirectional stream: /chat.Chat/Talk (same method twice: interned id) —");
     for round in 0..2 {
-        let id = w.client.start_call("/chat.Chat/Talk", 1, None, &Metadata::new(), w.now).unwrap();
-        w.client.send_message(id, Bytes::from(format!("hello {round}")), false).unwrap();
-        w.client.send_message(id, Bytes::from(format!("bye {round}")), false).unwrap();
+        let id = w
+            .client
+            .start_call("/chat.Chat/Talk", 1, None, &Metadata::new(), w.now)
+            .unwrap();
+        w.client
+            .send_message(id, Bytes::from(format!("hello {round}")), false)
+            .unwrap();
+        w.client
+            .send_message(id, Bytes::from(format!("bye {round}")), false)
+            .unwrap();
         w.client.half_close(id).unwrap();
         let (_, events) = w.pump();
         for e in events {
             match e {
                 Event::Message { id, message, .. } => {
-                    w.server.send_message(id, Bytes::from([b"echo: ", &message[..]].concat()), false).unwrap();
+                    w.server
+                        .send_message(id, Bytes::from([b"echo: ", &message[..]].concat()), false)
+                        .unwrap();
                 }
                 Event::HalfClosed { id } => {
-                    w.server.end_call(id, &Status::new(Code::Ok, "bye"), &Metadata::new()).unwrap();
+                    w.server
+                        .end_call(id, &Status::new(Code::Ok, "bye"), &Metadata::new())
+                        .unwrap();
                 }
                 _ => {}
             }

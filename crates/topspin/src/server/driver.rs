@@ -335,22 +335,20 @@ impl ServerConn {
                     None => {}
                 },
                 Event::Cancelled { id, status } => {
-                    if let Some(call) = self.calls.remove(&id.0) {
-                        if let Call::Running {
-                            cancel,
-                            inbound,
-                            blocked,
-                            ..
-                        } = call
-                        {
-                            cancel.cancel();
-                            let st = Status::new(status.code(), status.message().to_owned());
-                            if let Some(tx) = inbound {
-                                let _ = tx.send(Item::End(Err(st.clone())));
-                            }
-                            if let Some((_, ack)) = blocked {
-                                let _ = ack.send(Err(st));
-                            }
+                    if let Some(Call::Running {
+                        cancel,
+                        inbound,
+                        blocked,
+                        ..
+                    }) = self.calls.remove(&id.0)
+                    {
+                        cancel.cancel();
+                        let st = Status::new(status.code(), status.message().to_owned());
+                        if let Some(tx) = inbound {
+                            let _ = tx.send(Item::End(Err(st.clone())));
+                        }
+                        if let Some((_, ack)) = blocked {
+                            let _ = ack.send(Err(st));
                         }
                     }
                 }

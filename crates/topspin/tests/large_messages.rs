@@ -1,0 +1,57 @@
+//! Messages from 1 B to the 64 MiB default limit; 64 MiB + 1 is refused cleanly.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use topspin::codec::RawCodec;
+use topspin::{Code, Request};
+
+fn pattern(n: usize) -> Bytes {
+    (0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_from_one_byte_to_the_limit() {
+    for t in BOTH {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server.channel().await;
+        for n in [
+            1usize,
+            1000,
+            65_536,
+            1 << 20,
+            16 << 20,
+            (16 << 20) + 1,
+            64 << 20,
+        ] {
+            let body = pattern(n);
+            let r = within(60, ch.unary(RawCodec, UNARY, Request::new(body.clone())))
+                .await
+                .unwrap();
+            assert!(
+                r.into_inner() == body,
+                "{t:?}: {n} bytes came back different"
+            );
+        }
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_byte_over_the_default_limit_is_refused() {
+    let server = serve(builder(Probe::default()), Transport::Tcp).await;
+    let ch = server.channel().await;
+    let err = ch
+        .unary(RawCodec, UNARY, Request::new(pattern((64 << 20) + 1)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(
+        err.message().contains("67108865") && err.message().contains("67108864"),
+        "{err}"
+    );
+    assert!(err.message().contains("max_message_size"), "{err}");
+    assert_eq!(unary(&ch, UNARY, "after").await.unwrap(), bytes("after"));
+    server.stop().await;
+}

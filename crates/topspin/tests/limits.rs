@@ -1,0 +1,106 @@
+//! Limits: message size, concurrency, metadata — each a clear status, the connection survives.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use topspin::codec::RawCodec;
+use topspin::{Code, Config, Endpoint, Metadata, Request};
+
+#[tokio::test]
+async fn request_over_the_servers_limit_is_resource_exhausted() {
+    let server = serve(
+        builder(Probe::default()).max_message_size(1000),
+        Transport::Tcp,
+    )
+    .await;
+    let ch = server.channel().await;
+    let err = unary(&ch, UNARY, &"x".repeat(1001)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(
+        err.message().contains("1001") && err.message().contains("1000"),
+        "{err}"
+    );
+    assert!(
+        err.message().contains("max_message_size"),
+        "names the option: {err}"
+    );
+    // Exactly at the limit is fine, and the connection survives.
+    assert_eq!(
+        unary(&ch, UNARY, &"x".repeat(1000)).await.unwrap().len(),
+        1000
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn response_over_the_clients_limit_is_resource_exhausted() {
+    let server = serve(builder(Probe::default()), Transport::Unix).await;
+    let ch = Endpoint::new(server.addr.clone())
+        .unwrap()
+        .max_message_size(100)
+        .connect()
+        .await
+        .unwrap();
+    let err = ch
+        .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("3:200")))
+        .await;
+    let err = match err {
+        Err(e) => e,
+        Ok(r) => {
+            let mut s = r.into_inner();
+            loop {
+                match s.message().await {
+                    Err(e) => break e,
+                    Ok(Some(_)) => continue,
+                    Ok(None) => panic!("stream ended without the limit error"),
+                }
+            }
+        }
+    };
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains("max_message_size"), "{err}");
+    assert_eq!(unary(&ch, UNARY, "fine").await.unwrap(), bytes("fine"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn calls_over_the_concurrency_limit_wait_their_turn() {
+    let server = serve(
+        builder(Probe::default()).max_concurrent_calls(4),
+        Transport::Tcp,
+    )
+    .await;
+    let ch = server.channel().await;
+    let calls = (0..50).map(|i| {
+        let ch = ch.clone();
+        async move { unary(&ch, UNARY, &format!("c{i}")).await }
+    });
+    let out = within(20, futures_util::future::join_all(calls)).await;
+    for (i, r) in out.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), Bytes::from(format!("c{i}")));
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn metadata_over_the_limit_is_refused() {
+    let config = Config {
+        max_metadata_size: 64,
+        ..Config::default()
+    };
+    let server = serve(builder(Probe::default()).config(config), Transport::Tcp).await;
+    let ch = server.channel().await;
+    let md = Metadata::builder()
+        .text("big", &"v".repeat(200))
+        .unwrap()
+        .build();
+    let err = ch
+        .unary(RawCodec, UNARY, Request::new(bytes("x")).with_metadata(md))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains("max_metadata_size"), "{err}");
+    assert_eq!(unary(&ch, UNARY, "ok").await.unwrap(), bytes("ok"));
+    server.stop().await;
+}

@@ -1,0 +1,173 @@
+//! Streaming calls in all three shapes, and flow control bounding a slow reader.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use futures_util::{stream, StreamExt};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use topspin::codec::RawCodec;
+use topspin::{Code, Config, Request, Response, Server};
+
+#[tokio::test]
+async fn server_streaming_over_both_transports() {
+    for t in BOTH {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server.channel().await;
+        let mut s = ch
+            .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("100")))
+            .await
+            .unwrap()
+            .into_inner();
+        for i in 0..100 {
+            assert_eq!(
+                s.message().await.unwrap().unwrap(),
+                Bytes::from(i.to_string())
+            );
+        }
+        assert_eq!(s.message().await.unwrap(), None);
+        assert!(s.trailers().is_some());
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn client_streaming() {
+    let server = serve(builder(Probe::default()), Transport::Tcp).await;
+    let ch = server.channel().await;
+    let parts = stream::iter(["a", "bc", "", "def"].map(bytes));
+    let r = ch
+        .client_streaming(RawCodec, CLIENT_STREAM, Request::new(parts))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), bytes("abcdef"));
+    // An empty request stream.
+    let r = ch
+        .client_streaming(RawCodec, CLIENT_STREAM, Request::new(stream::empty()))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), Bytes::new());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bidirectional_ping_pong() {
+    for t in BOTH {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server.channel().await;
+        let (tx, requests) = feed();
+        let mut replies = ch
+            .streaming(RawCodec, BIDI, Request::new(requests))
+            .await
+            .unwrap()
+            .into_inner();
+        for i in 0..50 {
+            tx.send(Bytes::from(format!("m{i}"))).unwrap();
+            let got = within(5, replies.message()).await.unwrap().unwrap();
+            assert_eq!(got, Bytes::from(format!("echo:m{i}")));
+        }
+        drop(tx); // half-close
+        assert_eq!(within(5, replies.message()).await.unwrap(), None);
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn stream_error_status_reaches_the_client() {
+    let server = serve(
+        Server::builder().server_streaming(
+            "/t.S/Fail",
+            RawCodec,
+            |_req: Request<Bytes>| async move {
+                let s = stream::iter(vec![
+                    Ok(bytes("one")),
+                    Err(topspin::Status::data_loss("disk on fire")),
+                ]);
+                Ok(Response::new(s))
+            },
+        ),
+        Transport::Unix,
+    )
+    .await;
+    let ch = server.channel().await;
+    let mut s = ch
+        .server_streaming(RawCodec, "/t.S/Fail", Request::new(Bytes::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.message().await.unwrap(), Some(bytes("one")));
+    let err = s.message().await.unwrap_err();
+    assert_eq!(err.code(), Code::DataLoss);
+    assert_eq!(err.message(), "disk on fire");
+    server.stop().await;
+}
+
+/// A server streaming 1 GiB to a client that reads slowly keeps what it has produced but the
+/// client has not consumed under the flow-control window (plus one message and what sits in
+/// socket buffers, which the kernel bounds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_reader_bounds_the_writer() {
+    const MSG: usize = 64 * 1024;
+    const COUNT: usize = 16 * 1024; // 1 GiB
+    let window: u32 = 1024 * 1024;
+    let produced = Arc::new(AtomicUsize::new(0));
+    let p = produced.clone();
+    let chunk = Bytes::from(vec![3u8; MSG]);
+    let server = serve(
+        Server::builder().server_streaming(
+            "/t.S/Firehose",
+            RawCodec,
+            move |_req: Request<Bytes>| {
+                let p = p.clone();
+                let chunk = chunk.clone();
+                async move {
+                    let s = stream::iter(0..COUNT).map(move |_| {
+                        p.fetch_add(1, Ordering::SeqCst);
+                        Ok(chunk.clone())
+                    });
+                    Ok(Response::new(s))
+                }
+            },
+        ),
+        Transport::Tcp,
+    )
+    .await;
+    let config = Config {
+        initial_call_window: window,
+        ..Config::default()
+    };
+    let ch = topspin::Endpoint::new(server.addr.clone())
+        .unwrap()
+        .config(config)
+        .connect()
+        .await
+        .unwrap();
+    let mut s = ch
+        .server_streaming(RawCodec, "/t.S/Firehose", Request::new(Bytes::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    // Credit bounds everything in flight — the engine's queue, kernel buffers, the client's
+    // queue — to the window plus the one frame the overdraft rule allows (and one being read).
+    let bound = window as usize + 2 * MSG;
+    let mut consumed = 0usize;
+    let mut max_outstanding = 0usize;
+    while let Some(m) = within(120, s.message()).await.unwrap() {
+        assert_eq!(m.len(), MSG);
+        consumed += 1;
+        let outstanding = (produced.load(Ordering::SeqCst) - consumed) * MSG;
+        max_outstanding = max_outstanding.max(outstanding);
+        assert!(
+            outstanding <= bound,
+            "{outstanding} bytes outstanding, bound {bound}"
+        );
+        if consumed % 1024 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await; // the slow part
+        }
+    }
+    assert_eq!(consumed, COUNT);
+    eprintln!("max outstanding: {max_outstanding} bytes (window {window})");
+    server.stop().await;
+}

@@ -12,6 +12,8 @@ use topspin_proto::{Connection, ProtocolError};
 const MAX_IOV: usize = 64;
 /// Usual read size; a larger frame gets a buffer of exactly its size.
 const READ_CHUNK: usize = 64 * 1024;
+/// Below this much free room, the read buffer is grown (or reclaimed) before reading.
+const MIN_READ_ROOM: usize = 4 * 1024;
 /// Reads per readiness before other work gets a turn.
 const MAX_READS: usize = 16;
 
@@ -86,10 +88,12 @@ impl Io {
         for _ in 0..MAX_READS {
             let need = conn.bytes_needed(&self.rbuf);
             // A large frame gets exactly the room it needs, so it lands in one buffer that is
-            // then handed out by reference.
-            let want = need.max(READ_CHUNK);
-            if self.rbuf.capacity() - self.rbuf.len() < want {
-                self.rbuf.reserve(want);
+            // then handed out by reference. Otherwise only grow when little room is left:
+            // `reserve` then reclaims the buffer in place once the frames handed out earlier
+            // are dropped, so steady state allocates nothing.
+            let room = self.rbuf.capacity() - self.rbuf.len();
+            if room < need || room < MIN_READ_ROOM {
+                self.rbuf.reserve(need.max(READ_CHUNK));
             }
             let spare = self.rbuf.capacity() - self.rbuf.len();
             match self.stream.try_read_buf(&mut self.rbuf) {

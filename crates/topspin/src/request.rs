@@ -180,6 +180,17 @@ impl Cancellation {
         self.inner.waker.wake();
     }
 
+    /// Takes this handle back for another call if nothing else holds it (no allocation for the
+    /// next call's handle).
+    pub(crate) fn recycle(self, pool: &mut Vec<Cancellation>) {
+        if Arc::strong_count(&self.inner) == 1 && pool.len() < 1024 {
+            self.inner
+                .cancelled
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            pool.push(self);
+        }
+    }
+
     /// Registers `cx` to be woken on cancellation; returns whether it is cancelled.
     pub(crate) fn poll_cancelled(&self, cx: &mut std::task::Context<'_>) -> bool {
         if self.is_cancelled() {

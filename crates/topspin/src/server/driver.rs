@@ -51,6 +51,8 @@ pub(crate) struct ServerConn {
     grace_deadline: Option<Instant>,
     started: Instant,
     ping_sent: Option<Instant>,
+    /// Cancellation handles of finished calls, reused.
+    cancel_pool: Vec<Cancellation>,
 }
 
 fn to_tokio(t: Instant) -> tokio::time::Instant {
@@ -80,6 +82,7 @@ impl ServerConn {
             grace_deadline: None,
             started: Instant::now(),
             ping_sent: None,
+            cancel_pool: Vec::new(),
         }
     }
 
@@ -249,12 +252,12 @@ impl ServerConn {
         }
     }
 
-    fn ctx(&self, method: bytestring::ByteString, deadline: Option<Instant>) -> ServerContext {
+    fn ctx(&mut self, method: bytestring::ByteString, deadline: Option<Instant>) -> ServerContext {
         ServerContext {
             deadline,
             peer: self.peer.clone(),
             method,
-            cancel: Cancellation::default(),
+            cancel: self.cancel_pool.pop().unwrap_or_default(),
         }
     }
 
@@ -459,6 +462,7 @@ impl ServerConn {
         let mut cx = std::task::Context::from_waker(&waker);
         match std::pin::Pin::new(&mut running).poll(&mut cx) {
             std::task::Poll::Ready((id, outcome)) => {
+                drop(running); // release its handle on the call's cancellation first
                 if let Some(o) = outcome {
                     self.finish(id, o);
                 }
@@ -532,10 +536,13 @@ impl ServerConn {
             cancel, blocked, ..
         }) = self.calls.remove(&id)
         {
-            cancel.cancel();
             if let Some((_, ack)) = blocked {
                 let _ = ack.send(Err(Status::cancelled("the call ended")));
             }
+            // A handler still running (its call ended without it) must stop; a finished one
+            // has let go of the handle, which is then reused.
+            cancel.cancel();
+            cancel.recycle(&mut self.cancel_pool);
         }
     }
 

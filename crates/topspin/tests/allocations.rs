@@ -1,0 +1,84 @@
+//! Heap allocations per unary call in steady state, client and server together, counted with
+//! a counting global allocator over 10,000 warm calls. A count, not a timing: stable anywhere.
+
+use bytes::Bytes;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use topspin::codec::RawCodec;
+use topspin::{Channel, Request, Response, Server};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// The bound this test enforces, per call (client + server): 2 (the caller's completion and the
+/// boxed handler future) plus rare amortized growth of buffers and queues. Lower it as the hot
+/// path gets
+/// leaner; see the benchmark's `allocs` workload for the current figure.
+const MAX_ALLOCS_PER_CALL: f64 = 2.1;
+
+#[test]
+fn unary_echo_allocations_per_call() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let server = Server::builder()
+            .unary("/a.A/Echo", RawCodec, |req: Request<Bytes>| async move {
+                Ok(Response::new(req.into_inner()))
+            })
+            .bind("tcp://127.0.0.1:0")
+            .await
+            .unwrap();
+        let addr = server.local_addr().clone();
+        let handle = server.shutdown_handle();
+        tokio::spawn(server.serve());
+        let ch = Channel::connect(addr).await.unwrap();
+        let msg = Bytes::from_static(b"twenty bytes payload");
+        let call = |ch: Channel, msg: Bytes| async move {
+            let r = ch
+                .unary(RawCodec, "/a.A/Echo", Request::new(msg))
+                .await
+                .unwrap();
+            assert_eq!(r.get_ref().len(), 20);
+        };
+        for _ in 0..2_000 {
+            call(ch.clone(), msg.clone()).await; // warm: buffers, tables, interning
+        }
+        const N: u64 = 10_000;
+        let a0 = ALLOCS.load(Ordering::Relaxed);
+        let b0 = BYTES.load(Ordering::Relaxed);
+        for _ in 0..N {
+            call(ch.clone(), msg.clone()).await;
+        }
+        let allocs = (ALLOCS.load(Ordering::Relaxed) - a0) as f64 / N as f64;
+        let bytes = (BYTES.load(Ordering::Relaxed) - b0) as f64 / N as f64;
+        println!("allocations per unary call (client + server): {allocs:.4} ({bytes:.0} bytes)");
+        assert!(
+            allocs <= MAX_ALLOCS_PER_CALL,
+            "{allocs:.2} allocations per call, bound {MAX_ALLOCS_PER_CALL}"
+        );
+        handle.shutdown(std::time::Duration::from_secs(1)).await;
+    });
+}

@@ -109,7 +109,7 @@ impl Io {
                         self.partial_since.or(Some(now))
                     };
                     if n < spare {
-                        // The socket is very likely drained: let the reactor say when more comes.
+                        // Drained (and its readiness cleared): the reactor says when more comes.
                         return Ok(true);
                     }
                 }

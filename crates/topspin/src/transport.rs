@@ -6,6 +6,7 @@ use bytes::BytesMut;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 /// The address of the other end of a connection.
@@ -73,10 +74,24 @@ impl Stream {
         }
     }
 
+    /// Reads into `buf`'s spare capacity. When the read returns less than was offered, the
+    /// socket is drained: its readiness is cleared in the same step, which saves the extra
+    /// `read` that would otherwise only return `EAGAIN` on every wake-up (measured: one per
+    /// call per side). Race-free: tokio snapshots readiness before the closure runs, so data
+    /// that arrives after the `recv` raises a new readiness event that is not cleared.
     pub(crate) fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.try_read_buf(buf),
-            Stream::Unix(s) => s.try_read_buf(buf),
+        let mut got = 0;
+        let r = match self {
+            Stream::Tcp(s) => s.try_io(Interest::READABLE, || {
+                recv_drained(socket2::SockRef::from(s), buf, &mut got)
+            }),
+            Stream::Unix(s) => s.try_io(Interest::READABLE, || {
+                recv_drained(socket2::SockRef::from(s), buf, &mut got)
+            }),
+        };
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+            other => other,
         }
     }
 
@@ -97,6 +112,28 @@ impl Stream {
             tracing::debug!("shutdown: {e}");
         }
     }
+}
+
+/// One `recv` into the spare capacity of `buf`. A short read (the socket had less than we
+/// offered) reports `WouldBlock` after recording the bytes in `got`, so `try_io` clears the
+/// readiness; the caller turns it back into `Ok(got)`.
+#[allow(unsafe_code)]
+fn recv_drained(
+    sock: socket2::SockRef<'_>,
+    buf: &mut BytesMut,
+    got: &mut usize,
+) -> io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    let offered = spare.len();
+    let n = sock.recv(spare)?;
+    // SAFETY: `recv` initialised the first `n` bytes of the spare capacity (it returns how many
+    // bytes it wrote, at most `spare.len()`), so they may become part of the buffer.
+    unsafe { buf.set_len(buf.len() + n) };
+    if n > 0 && n < offered {
+        *got = n;
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    Ok(n)
 }
 
 #[derive(Debug)]

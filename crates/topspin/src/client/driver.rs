@@ -191,6 +191,9 @@ fn to_tokio(t: Instant) -> tokio::time::Instant {
 impl Driver {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         let mut handles_open = true;
+        let sleep = tokio::time::sleep_until(to_tokio(Instant::now()));
+        tokio::pin!(sleep);
+        let mut armed: Option<Instant> = None;
         let why = loop {
             let all_written = match self.io.flush(&mut self.conn) {
                 Ok(w) => w,
@@ -205,7 +208,15 @@ impl Driver {
             if self.conn.is_drained() && all_written {
                 break "drained after go-away".into();
             }
+            // One timer for the connection, moved only when the next deadline changes: no
+            // clock read or timer registration on turns that need none.
             let timer = self.next_timer();
+            if timer != armed {
+                if let Some(t) = timer {
+                    sleep.as_mut().reset(to_tokio(t));
+                }
+                armed = timer;
+            }
             tokio::select! {
                 biased;
                 r = self.io.stream.readable() => {
@@ -242,7 +253,8 @@ impl Driver {
                         break format!("write failed: {e}");
                     }
                 }
-                _ = tokio::time::sleep_until(to_tokio(timer.unwrap_or_else(Instant::now))), if timer.is_some() => {
+                _ = &mut sleep, if armed.is_some() => {
+                    armed = None;
                     self.on_timer();
                 }
             }

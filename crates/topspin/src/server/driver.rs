@@ -92,6 +92,9 @@ impl ServerConn {
         if let Some(d) = pending {
             self.begin_shutdown(d);
         }
+        let sleep = tokio::time::sleep_until(to_tokio(Instant::now()));
+        tokio::pin!(sleep);
+        let mut armed: Option<Instant> = None;
         let why = loop {
             let all_written = match self.io.flush(&mut self.conn) {
                 Ok(w) => w,
@@ -103,7 +106,15 @@ impl ServerConn {
             if self.conn.is_drained() && all_written {
                 break "drained after go-away".to_string();
             }
+            // One timer for the connection, moved only when the next deadline changes: no
+            // clock read or timer registration on turns that need none.
             let timer = self.next_timer();
+            if timer != armed {
+                if let Some(t) = timer {
+                    sleep.as_mut().reset(to_tokio(t));
+                }
+                armed = timer;
+            }
             tokio::select! {
                 biased;
                 Some((id, outcome)) = self.handlers.next(), if !self.handlers.is_empty() => {
@@ -154,7 +165,8 @@ impl ServerConn {
                         Err(_) => self.begin_shutdown(Instant::now()),
                     }
                 }
-                _ = tokio::time::sleep_until(to_tokio(timer.unwrap_or_else(Instant::now))), if timer.is_some() => {
+                _ = &mut sleep, if armed.is_some() => {
+                    armed = None;
                     self.on_timer();
                 }
             }

@@ -95,6 +95,8 @@ pub struct Connection {
     events: VecDeque<Event>,
     out: Transmit,
     deadlines: BinaryHeap<Reverse<(Instant, u32)>>,
+    /// Open calls that have a deadline (the heap also holds stale entries of ended calls).
+    deadline_calls: usize,
     go_away_sent: Option<u32>,
     go_away_received: Option<u32>,
     closed: Option<Option<ProtocolError>>,
@@ -148,6 +150,7 @@ impl Connection {
             events: VecDeque::new(),
             out: Transmit::default(),
             deadlines: BinaryHeap::new(),
+            deadline_calls: 0,
             go_away_sent: None,
             go_away_received: None,
             closed: None,
@@ -250,7 +253,7 @@ impl Connection {
             if !live {
                 continue;
             }
-            self.calls.remove(&id);
+            self.remove_call(id);
             let status = Status::new(Code::DeadlineExceeded, "deadline exceeded");
             match self.side {
                 Side::Client => {
@@ -333,6 +336,35 @@ impl Connection {
         }
     }
 
+    /// Opens a call's state, remembering its deadline.
+    fn insert_call(&mut self, id: u32, state: CallState) {
+        if let Some(t) = state.deadline {
+            // Ended calls leave stale entries behind; compact before they outnumber the live
+            // ones, so a peer that opens and cancels calls forever cannot grow the heap.
+            if self.deadlines.len() >= 2 * self.deadline_calls + 64 {
+                let calls = &self.calls;
+                self.deadlines.retain(|Reverse((t, id))| {
+                    calls.get(id).is_some_and(|c| c.deadline == Some(*t))
+                });
+            }
+            self.deadlines.push(Reverse((t, id)));
+            self.deadline_calls += 1;
+        }
+        self.calls.insert(id, state);
+    }
+
+    /// Forgets a call's state.
+    fn remove_call(&mut self, id: u32) -> Option<CallState> {
+        let state = self.calls.remove(&id)?;
+        if state.deadline.is_some() {
+            self.deadline_calls -= 1;
+            if self.deadline_calls == 0 {
+                self.deadlines.clear();
+            }
+        }
+        Some(state)
+    }
+
     /// Records a connection error; returns it.
     fn fail(&mut self, e: ProtocolError, tell_peer: bool) -> ProtocolError {
         if tell_peer {
@@ -352,6 +384,7 @@ impl Connection {
     }
 
     fn fail_calls(&mut self, status: Status) {
+        self.deadline_calls = 0;
         let mut ids: Vec<u32> = self.calls.drain().map(|(id, _)| id).collect();
         ids.sort_unstable();
         for id in ids {
@@ -452,7 +485,7 @@ impl Connection {
                 self.calls.keys().copied().filter(|&id| id > last).collect();
             refused.sort_unstable();
             for id in refused {
-                self.calls.remove(&id);
+                self.remove_call(id);
                 self.events.push_back(Event::Ended {
                     id: CallId(id),
                     status: Status::new(
@@ -547,11 +580,11 @@ impl Connection {
             self.put_end(id, Code::ResourceExhausted, &msg, &Metadata::new());
             return Ok(());
         }
-        let deadline = (c.timeout_us > 0).then(|| now + Duration::from_micros(c.timeout_us));
-        if let Some(t) = deadline {
-            self.deadlines.push(Reverse((t, id)));
-        }
-        self.calls.insert(
+        // A timeout too far away to represent is no deadline at all.
+        let deadline = (c.timeout_us > 0)
+            .then(|| now.checked_add(Duration::from_micros(c.timeout_us)))
+            .flatten();
+        self.insert_call(
             id,
             CallState::new(
                 self.peer.initial_call_window,
@@ -761,7 +794,7 @@ impl Connection {
                 Ok(())
             }
             Frame::End(e) => {
-                self.calls.remove(&id);
+                self.remove_call(id);
                 let size = 2 + e.message.len() + e.trailers.encoded_len();
                 let (status, trailers) = if size > self.local.max_metadata_size as usize {
                     (
@@ -785,7 +818,7 @@ impl Connection {
                 Ok(())
             }
             Frame::Cancel { code, .. } => {
-                self.calls.remove(&id);
+                self.remove_call(id);
                 let msg = match code {
                     Code::DeadlineExceeded => "the client's deadline passed",
                     Code::ResourceExhausted => "the client refused a message over its limit",
@@ -863,7 +896,7 @@ impl Connection {
 
     /// Ends a call from this side because of a call error.
     fn end_locally(&mut self, id: u32, status: Status) {
-        self.calls.remove(&id);
+        self.remove_call(id);
         match self.side {
             Side::Server => {
                 self.put_end(id, status.code(), status.message(), &Metadata::new());
@@ -995,11 +1028,8 @@ impl Connection {
             put_text(st, method); // at most 1024 bytes, checked above
         }
         metadata.encode(st);
-        let deadline = timeout.map(|t| now + t);
-        if let Some(t) = deadline {
-            self.deadlines.push(Reverse((t, id)));
-        }
-        self.calls.insert(
+        let deadline = timeout.and_then(|t| now.checked_add(t));
+        self.insert_call(
             id,
             CallState::new(
                 self.peer.initial_call_window,
@@ -1128,7 +1158,7 @@ impl Connection {
         if self.closed.is_some() {
             return Err(CallError::Closed);
         }
-        self.calls.remove(&id.0).ok_or(CallError::NotOpen(id))?;
+        self.remove_call(id.0).ok_or(CallError::NotOpen(id))?;
         self.put_cancel(id.0, code);
         Ok(())
     }
@@ -1156,6 +1186,11 @@ impl Connection {
 
     /// Server: ends a call with a status and trailers. Returns [`CallError::WouldBlock`] while
     /// a split message is still being sent on the call.
+    ///
+    /// A call can always be ended: if the status message and trailers are larger than the
+    /// client accepts, the trailers are dropped and the message is replaced by one that says
+    /// so (the code is kept); a client whose limit is below even that reports
+    /// `RESOURCE_EXHAUSTED` (protocol.md §5.6).
     pub fn end_call(
         &mut self,
         id: CallId,
@@ -1167,18 +1202,29 @@ impl Connection {
             "only the server ends calls; the client cancels",
         )?;
         self.check_open()?;
-        let limit = self.peer.max_metadata_size;
+        let limit = self.peer.max_metadata_size as usize;
         let call = self.calls.get_mut(&id.0).ok_or(CallError::NotOpen(id))?;
-        let size = 2 + status.message().len() + trailers.encoded_len();
-        if size > limit as usize {
-            return Err(CallError::MetadataTooLarge { size, limit });
-        }
         if call.pending.is_some() {
             call.writable_wanted = true;
             return Err(CallError::WouldBlock);
         }
-        self.calls.remove(&id.0);
-        self.put_end(id.0, status.code(), status.message(), trailers);
+        self.remove_call(id.0);
+        let message = clip(status.message());
+        let size = 2 + message.len() + trailers.encoded_len();
+        if size <= limit {
+            self.put_end(id.0, status.code(), message, trailers);
+        } else {
+            let note = format!(
+                "the status message and trailers ({size} bytes) exceed this client's max_metadata_size of {limit} bytes and were dropped"
+            );
+            // 2 (msg_len) + 2 (empty trailers) is the smallest END status.
+            let room = limit.saturating_sub(4);
+            let mut n = note.len().min(room);
+            while !note.is_char_boundary(n) {
+                n -= 1;
+            }
+            self.put_end(id.0, status.code(), &note[..n], &Metadata::new());
+        }
         Ok(())
     }
 
@@ -1197,8 +1243,9 @@ impl Connection {
         };
         call.grant_pending += u64::from(bytes);
         if call.grant_pending >= threshold {
+            // One CREDIT carries at most 2^31 - 1, and the peer's credit may not exceed it.
             let room = (i64::from(MAX_WINDOW) - call.recv_window).max(0) as u64;
-            let give = call.grant_pending.min(room);
+            let give = call.grant_pending.min(room).min(u64::from(MAX_WINDOW));
             if give > 0 {
                 call.grant_pending -= give;
                 call.recv_window += give as i64;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use topspin_proto::{CallError, CallId, Code, Connection, ErrorCode, Event, Metadata, Side};
 
-pub(crate) type UnaryReply = oneshot::Sender<Result<Response<Bytes>, Status>>;
+pub(crate) type UnaryReply = super::completion::Completer<Result<Response<Bytes>, Status>>;
 
 /// Where a call's results go.
 #[derive(Debug)]

@@ -1,6 +1,7 @@
 //! The client: [`Channel`] (cheap to clone, multiplexes calls over one connection or a small
 //! pool) and [`Endpoint`] (where and how to connect).
 
+mod completion;
 mod driver;
 
 use crate::codec::Codec;
@@ -133,6 +134,7 @@ impl Endpoint {
                 slots,
                 next: AtomicUsize::new(0),
                 token: AtomicU64::new(1),
+                replies: Arc::default(),
             }),
         }
     }
@@ -164,12 +166,16 @@ struct Slot {
     connecting: tokio::sync::Mutex<()>,
 }
 
+type Replies = completion::Pool<Result<Response<Bytes>, Status>>;
+
 #[derive(Debug)]
 struct Inner {
     endpoint: Endpoint,
     slots: Vec<Slot>,
     next: AtomicUsize,
     token: AtomicU64,
+    /// Reused completions of unary-response calls.
+    replies: Arc<Replies>,
 }
 
 impl Inner {
@@ -346,7 +352,7 @@ impl Channel {
         let (token, message, metadata, timeout) = self.start_parts(request);
         let message = codec.encode(message)?;
         let h = self.inner.pick().await?;
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = self.inner.replies.pair();
         let start = Start {
             token,
             method: method.into().0,
@@ -365,7 +371,7 @@ impl Channel {
         })?;
         let r = rx.await;
         guard.disarm();
-        let resp = r.map_err(|_| Status::unavailable("the connection task ended"))??;
+        let resp = r.ok_or_else(|| Status::unavailable("the connection task ended"))??;
         let (m, md, tr) = resp.into_parts();
         Ok(Response::from_parts(codec.decode(m)?, md, tr))
     }
@@ -387,7 +393,7 @@ impl Channel {
         let mut waits = Vec::with_capacity(requests.len());
         for req in requests {
             let (token, message, metadata, timeout) = self.start_parts(req);
-            let (tx, rx) = oneshot::channel();
+            let (tx, rx) = self.inner.replies.pair();
             match codec.encode(message) {
                 Ok(message) => {
                     starts.push(Start {
@@ -428,12 +434,12 @@ impl Channel {
                     let r = rx.await;
                     guard.disarm();
                     match r {
-                        Ok(Ok(resp)) => {
+                        Some(Ok(resp)) => {
                             let (m, md, tr) = resp.into_parts();
                             codec.decode(m).map(|m| Response::from_parts(m, md, tr))
                         }
-                        Ok(Err(s)) => Err(s),
-                        Err(_) => Err(Status::unavailable("the connection task ended")),
+                        Some(Err(s)) => Err(s),
+                        None => Err(Status::unavailable("the connection task ended")),
                     }
                 }
             });
@@ -564,7 +570,7 @@ impl Channel {
     {
         let (token, requests, metadata, timeout) = self.start_parts(request);
         let h = self.inner.pick().await?;
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = self.inner.replies.pair();
         let start = Start {
             token,
             method: method.into().0,
@@ -584,7 +590,7 @@ impl Channel {
         Self::pump(codec.clone(), h.tx.clone(), token, Box::pin(requests));
         let r = rx.await;
         guard.disarm();
-        let resp = r.map_err(|_| Status::unavailable("the connection task ended"))??;
+        let resp = r.ok_or_else(|| Status::unavailable("the connection task ended"))??;
         let (m, md, tr) = resp.into_parts();
         Ok(Response::from_parts(codec.decode(m)?, md, tr))
     }

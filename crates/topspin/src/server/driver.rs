@@ -1,7 +1,7 @@
 //! The server's connection task: owns the engine and the socket, and polls the connection's
 //! handlers itself, so a call is answered without a hand-off to another thread.
 
-use super::handler::{CallIo, Input, Outcome, Running, SCmd, ServerCredit};
+use super::handler::{BoxFut, CallIo, Input, Outcome, Running, SCmd, ServerCredit};
 use super::Registry;
 use crate::io::{Io, ReadError};
 use crate::request::{Cancellation, ServerContext};
@@ -53,6 +53,8 @@ pub(crate) struct ServerConn {
     ping_sent: Option<Instant>,
     /// Cancellation handles of finished calls, reused.
     cancel_pool: Vec<Cancellation>,
+    /// Boxes of finished handler futures, reused.
+    fut_pool: Vec<BoxFut>,
 }
 
 fn to_tokio(t: Instant) -> tokio::time::Instant {
@@ -83,6 +85,7 @@ impl ServerConn {
             started: Instant::now(),
             ping_sent: None,
             cancel_pool: Vec::new(),
+            fut_pool: Vec::new(),
         }
     }
 
@@ -117,7 +120,8 @@ impl ServerConn {
             }
             tokio::select! {
                 biased;
-                Some((id, outcome)) = self.handlers.next(), if !self.handlers.is_empty() => {
+                                Some((id, outcome, fut)) = self.handlers.next(), if !self.handlers.is_empty() => {
+                    self.recycle(fut);
                     if let Some(o) = outcome {
                         self.finish(id, o);
                     }
@@ -426,8 +430,13 @@ impl ServerConn {
                 tx: self.tx.clone(),
                 id,
             };
-            let fut = handler.call(Input::Stream { rx, credit }, metadata, ctx, io);
-            self.handlers.push(Running { id, cancel, fut });
+            let recycled = self.fut_pool.pop();
+            let fut = handler.call(Input::Stream { rx, credit }, metadata, ctx, io, recycled);
+            self.handlers.push(Running {
+                id,
+                cancel,
+                fut: Some(fut),
+            });
         } else {
             self.calls.insert(
                 id,
@@ -463,24 +472,34 @@ impl ServerConn {
             tx: self.tx.clone(),
             id,
         };
+        let recycled = self.fut_pool.pop();
         let mut running = Running {
             id,
             cancel,
-            fut: handler.call(input, metadata, ctx, io),
+            fut: Some(handler.call(input, metadata, ctx, io, recycled)),
         };
         // Most handlers answer at once: poll once now, so the answer leaves in the same write
         // as everything else this turn, without a trip through the scheduler.
         let waker = futures_util::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
         match std::pin::Pin::new(&mut running).poll(&mut cx) {
-            std::task::Poll::Ready((id, outcome)) => {
+            std::task::Poll::Ready((id, outcome, fut)) => {
                 drop(running); // release its handle on the call's cancellation first
+                self.recycle(fut);
                 if let Some(o) = outcome {
                     self.finish(id, o);
                 }
             }
             // Polled again by the set, which registers a real waker.
             std::task::Poll::Pending => self.handlers.push(running),
+        }
+    }
+
+    fn recycle(&mut self, fut: Option<BoxFut>) {
+        if let Some(f) = fut {
+            if self.fut_pool.len() < 64 {
+                self.fut_pool.push(f);
+            }
         }
     }
 

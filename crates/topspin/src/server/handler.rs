@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::ReusableBoxFuture;
 use topspin_proto::Metadata;
 
 /// The four call kinds.
@@ -65,7 +66,23 @@ pub(crate) enum Outcome {
     Finished(Result<Metadata, Status>),
 }
 
-pub(crate) type BoxFut = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+/// A handler's future, in a box whose memory is reused by the next call of the same method
+/// (same layout), so dispatch allocates nothing per call in steady state.
+pub(crate) type BoxFut = ReusableBoxFuture<'static, Outcome>;
+
+/// Puts `f` in a recycled box if there is one (reallocating only if its layout differs).
+fn place<F>(recycled: Option<BoxFut>, f: F) -> BoxFut
+where
+    F: Future<Output = Outcome> + Send + 'static,
+{
+    match recycled {
+        Some(mut b) => {
+            b.set(f);
+            b
+        }
+        None => ReusableBoxFuture::new(f),
+    }
+}
 
 /// What a handler receives.
 pub(crate) enum Input {
@@ -109,13 +126,23 @@ impl CallIo {
 pub(crate) trait Handler: Send + Sync + 'static {
     fn kind(&self) -> CallKind;
     fn codec(&self) -> u8;
-    fn call(&self, input: Input, metadata: Metadata, ctx: ServerContext, io: CallIo) -> BoxFut;
+    fn call(
+        &self,
+        input: Input,
+        metadata: Metadata,
+        ctx: ServerContext,
+        io: CallIo,
+        recycled: Option<BoxFut>,
+    ) -> BoxFut;
 }
 
-fn wrong_input() -> BoxFut {
-    Box::pin(std::future::ready(Outcome::Reply(Err(Status::internal(
-        "handler received the wrong kind of input",
-    )))))
+fn wrong_input(recycled: Option<BoxFut>) -> BoxFut {
+    place(
+        recycled,
+        std::future::ready(Outcome::Reply(Err(Status::internal(
+            "handler received the wrong kind of input",
+        )))),
+    )
 }
 
 fn typed_stream<C: Codec>(codec: C, input: Input) -> Option<Streaming<C::Decode>> {
@@ -189,14 +216,24 @@ where
     fn codec(&self) -> u8 {
         C::ID
     }
-    fn call(&self, input: Input, md: Metadata, ctx: ServerContext, _io: CallIo) -> BoxFut {
+    fn call(
+        &self,
+        input: Input,
+        md: Metadata,
+        ctx: ServerContext,
+        _io: CallIo,
+        recycled: Option<BoxFut>,
+    ) -> BoxFut {
         let Input::One(b) = input else {
-            return wrong_input();
+            return wrong_input(recycled);
         };
         let codec = self.0.clone();
         match codec.decode(b) {
-            Ok(m) => Box::pin(reply(codec, (self.1)(Request::from_server(m, md, ctx)))),
-            Err(s) => Box::pin(std::future::ready(Outcome::Reply(Err(s)))),
+            Ok(m) => place(
+                recycled,
+                reply(codec, (self.1)(Request::from_server(m, md, ctx))),
+            ),
+            Err(s) => place(recycled, std::future::ready(Outcome::Reply(Err(s)))),
         }
     }
 }
@@ -214,18 +251,24 @@ where
     fn codec(&self) -> u8 {
         C::ID
     }
-    fn call(&self, input: Input, md: Metadata, ctx: ServerContext, io: CallIo) -> BoxFut {
+    fn call(
+        &self,
+        input: Input,
+        md: Metadata,
+        ctx: ServerContext,
+        io: CallIo,
+        recycled: Option<BoxFut>,
+    ) -> BoxFut {
         let Input::One(b) = input else {
-            return wrong_input();
+            return wrong_input(recycled);
         };
         let codec = self.0.clone();
         match codec.decode(b) {
-            Ok(m) => Box::pin(stream_out(
-                codec,
-                io,
-                (self.1)(Request::from_server(m, md, ctx)),
-            )),
-            Err(s) => Box::pin(std::future::ready(Outcome::Finished(Err(s)))),
+            Ok(m) => place(
+                recycled,
+                stream_out(codec, io, (self.1)(Request::from_server(m, md, ctx))),
+            ),
+            Err(s) => place(recycled, std::future::ready(Outcome::Finished(Err(s)))),
         }
     }
 }
@@ -242,15 +285,22 @@ where
     fn codec(&self) -> u8 {
         C::ID
     }
-    fn call(&self, input: Input, md: Metadata, ctx: ServerContext, _io: CallIo) -> BoxFut {
+    fn call(
+        &self,
+        input: Input,
+        md: Metadata,
+        ctx: ServerContext,
+        _io: CallIo,
+        recycled: Option<BoxFut>,
+    ) -> BoxFut {
         let codec = self.0.clone();
         let Some(stream) = typed_stream(codec.clone(), input) else {
-            return wrong_input();
+            return wrong_input(recycled);
         };
-        Box::pin(reply(
-            codec,
-            (self.1)(Request::from_server(stream, md, ctx)),
-        ))
+        place(
+            recycled,
+            reply(codec, (self.1)(Request::from_server(stream, md, ctx))),
+        )
     }
 }
 
@@ -267,16 +317,22 @@ where
     fn codec(&self) -> u8 {
         C::ID
     }
-    fn call(&self, input: Input, md: Metadata, ctx: ServerContext, io: CallIo) -> BoxFut {
+    fn call(
+        &self,
+        input: Input,
+        md: Metadata,
+        ctx: ServerContext,
+        io: CallIo,
+        recycled: Option<BoxFut>,
+    ) -> BoxFut {
         let codec = self.0.clone();
         let Some(stream) = typed_stream(codec.clone(), input) else {
-            return wrong_input();
+            return wrong_input(recycled);
         };
-        Box::pin(stream_out(
-            codec,
-            io,
-            (self.1)(Request::from_server(stream, md, ctx)),
-        ))
+        place(
+            recycled,
+            stream_out(codec, io, (self.1)(Request::from_server(stream, md, ctx))),
+        )
     }
 }
 
@@ -284,18 +340,26 @@ where
 pub(crate) struct Running {
     pub(crate) id: u32,
     pub(crate) cancel: Cancellation,
-    pub(crate) fut: BoxFut,
+    pub(crate) fut: Option<BoxFut>,
 }
 
-impl Future for Running {
-    type Output = (u32, Option<Outcome>);
+/// A handler that finished: its call, its outcome (`None`: cancelled) and its box for reuse
+/// (only after completion: a finished future holds nothing any more).
+pub(crate) type Done = (u32, Option<Outcome>, Option<BoxFut>);
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+impl Future for Running {
+    type Output = Done;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
         if self.cancel.poll_cancelled(cx) {
-            return Poll::Ready((self.id, None));
+            self.fut = None; // drop the handler now
+            return Poll::Ready((self.id, None, None));
         }
-        match self.fut.as_mut().poll(cx) {
-            Poll::Ready(o) => Poll::Ready((self.id, Some(o))),
+        let Some(fut) = self.fut.as_mut() else {
+            return Poll::Ready((self.id, None, None));
+        };
+        match fut.poll(cx) {
+            Poll::Ready(o) => Poll::Ready((self.id, Some(o), self.fut.take())),
             Poll::Pending => Poll::Pending,
         }
     }

@@ -1,0 +1,212 @@
+//! A one-shot completion whose memory is reused call after call: the client's unary path
+//! allocates nothing per call in steady state (a `tokio::sync::oneshot` allocates each time).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+#[derive(Debug)]
+struct State<T> {
+    value: Option<T>,
+    waker: Option<Waker>,
+    /// The completer was dropped without a value.
+    abandoned: bool,
+    /// The waiter went away.
+    closed: bool,
+}
+
+type Slot<T> = Arc<Mutex<State<T>>>;
+
+/// Slots waiting for reuse, shared by the clones of a channel.
+#[derive(Debug)]
+pub(crate) struct Pool<T> {
+    free: Mutex<Vec<Slot<T>>>,
+}
+
+impl<T> Default for Pool<T> {
+    fn default() -> Self {
+        Pool {
+            free: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+const MAX_POOLED: usize = 4096;
+
+impl<T> Pool<T> {
+    /// A fresh pair: the driver completes, the caller waits.
+    pub(crate) fn pair(self: &Arc<Self>) -> (Completer<T>, Waiter<T>) {
+        let slot = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_else(|| {
+                Arc::new(Mutex::new(State {
+                    value: None,
+                    waker: None,
+                    abandoned: false,
+                    closed: false,
+                }))
+            });
+        (
+            Completer(Some(slot.clone())),
+            Waiter {
+                slot: Some(slot),
+                pool: self.clone(),
+            },
+        )
+    }
+
+    fn recycle(&self, slot: Slot<T>) {
+        // Reuse only a slot nobody else holds, reset to its initial state.
+        if Arc::strong_count(&slot) != 1 {
+            return;
+        }
+        {
+            let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+            st.value = None;
+            st.waker = None;
+            st.abandoned = false;
+            st.closed = false;
+        }
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < MAX_POOLED {
+            free.push(slot);
+        }
+    }
+}
+
+/// The driver's end: completes the call once.
+#[derive(Debug)]
+pub(crate) struct Completer<T>(Option<Slot<T>>);
+
+impl<T> Completer<T> {
+    /// Delivers the value; gives it back if the waiter is gone.
+    pub(crate) fn send(mut self, value: T) -> Result<(), T> {
+        let Some(slot) = self.0.take() else {
+            return Err(value);
+        };
+        let waker = {
+            let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+            if st.closed {
+                return Err(value);
+            }
+            st.value = Some(value);
+            st.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// Whether the waiter went away (the caller dropped the call).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|s| s.lock().unwrap_or_else(|e| e.into_inner()).closed)
+    }
+}
+
+impl<T> Drop for Completer<T> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0.take() {
+            let waker = {
+                let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+                st.abandoned = true;
+                st.waker.take()
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// The caller's end: resolves to the value, or `None` if the driver went away without one.
+#[derive(Debug)]
+pub(crate) struct Waiter<T> {
+    slot: Option<Slot<T>>,
+    pool: Arc<Pool<T>>,
+}
+
+impl<T> Future for Waiter<T> {
+    type Output = Option<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let Some(slot) = self.slot.as_ref() else {
+            return Poll::Ready(None);
+        };
+        let out = {
+            let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(v) = st.value.take() {
+                Some(Some(v))
+            } else if st.abandoned {
+                Some(None)
+            } else {
+                match &st.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => st.waker = Some(cx.waker().clone()),
+                }
+                None
+            }
+        };
+        match out {
+            Some(v) => {
+                if let Some(slot) = self.slot.take() {
+                    let pool = self.pool.clone();
+                    pool.recycle(slot);
+                }
+                Poll::Ready(v)
+            }
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<T> Drop for Waiter<T> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+            // Recycled later by nobody: the completer still holds it, so it is just freed.
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn completes_and_reuses() {
+        let pool = Arc::new(Pool::<u32>::default());
+        let (c, w) = pool.pair();
+        let t = tokio::spawn(w);
+        c.send(7).unwrap();
+        assert_eq!(t.await.unwrap(), Some(7));
+        assert_eq!(
+            pool.free.lock().unwrap().len(),
+            1,
+            "slot went back to the pool"
+        );
+        let (c, w) = pool.pair();
+        assert_eq!(pool.free.lock().unwrap().len(), 0, "and was reused");
+        drop(c);
+        assert_eq!(
+            w.await,
+            None,
+            "a dropped completer resolves the waiter with None"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_waiter_closes() {
+        let pool = Arc::new(Pool::<u32>::default());
+        let (c, w) = pool.pair();
+        drop(w);
+        assert!(c.is_closed());
+        assert_eq!(c.send(1), Err(1));
+    }
+}

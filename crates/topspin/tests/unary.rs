@@ -105,3 +105,20 @@ async fn batch_of_calls_in_one_write() {
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn ipv6_loopback() {
+    let server = builder(Probe::default()).bind("tcp://[::1]:0").await;
+    let server = match server {
+        Ok(s) => s,
+        // A machine without IPv6 cannot run this; say so rather than pass silently.
+        Err(e) => panic!("IPv6 loopback unavailable: {e}"),
+    };
+    let addr = server.local_addr().clone();
+    assert!(addr.to_string().starts_with("tcp://[::1]:"), "{addr}");
+    let handle = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    let ch = topspin::Channel::connect(addr).await.unwrap();
+    assert_eq!(unary(&ch, UNARY, "v6").await.unwrap(), bytes("v6"));
+    handle.shutdown(std::time::Duration::from_secs(1)).await;
+}

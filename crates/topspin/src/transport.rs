@@ -6,6 +6,7 @@ use bytes::BytesMut;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::task::{Context, Poll};
 use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
@@ -64,6 +65,23 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.readable().await,
             Stream::Unix(s) => s.readable().await,
+        }
+    }
+
+    /// Read readiness, with the waker kept in the socket's single reader slot (cheaper than
+    /// `readable()`, which queues a waiter; only the connection task reads).
+    pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => s.poll_read_ready(cx),
+            Stream::Unix(s) => s.poll_read_ready(cx),
+        }
+    }
+
+    /// Write readiness, likewise.
+    pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => s.poll_write_ready(cx),
+            Stream::Unix(s) => s.poll_write_ready(cx),
         }
     }
 

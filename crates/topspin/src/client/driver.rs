@@ -9,8 +9,10 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use topspin_proto::{CallError, CallId, Code, Connection, ErrorCode, Event, Metadata, Side};
@@ -184,6 +186,14 @@ pub(crate) async fn connect(
     Ok((tx, shared))
 }
 
+/// What woke a connection task.
+enum Wake<C> {
+    Read,
+    Cmd(Option<C>),
+    Write,
+    Timer,
+}
+
 fn to_tokio(t: Instant) -> tokio::time::Instant {
     tokio::time::Instant::from_std(t)
 }
@@ -217,43 +227,58 @@ impl Driver {
                 }
                 armed = timer;
             }
-            tokio::select! {
-                biased;
-                r = self.io.stream.readable() => {
-                    if let Err(e) = r {
-                        break format!("read failed: {e}");
+            // Wait for the first of: bytes to read, commands, room to write, the timer. Polled
+            // by hand: cheaper than `select!`, which rebuilds (and re-registers) every branch's
+            // future on each turn.
+            let wake = std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = self.io.stream.poll_read_ready(cx) {
+                    return Poll::Ready(r.map(|()| Wake::Read));
+                }
+                if handles_open {
+                    if let Poll::Ready(cmd) = rx.poll_recv(cx) {
+                        return Poll::Ready(Ok(Wake::Cmd(cmd)));
                     }
+                }
+                if !all_written {
+                    if let Poll::Ready(r) = self.io.stream.poll_write_ready(cx) {
+                        return Poll::Ready(r.map(|()| Wake::Write));
+                    }
+                }
+                if armed.is_some() && sleep.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ok(Wake::Timer));
+                }
+                Poll::Pending
+            })
+            .await;
+            match wake {
+                Err(e) => break format!("socket failed: {e}"),
+                Ok(Wake::Read) => {
                     match self.io.read(&mut self.conn) {
                         Ok(true) => {}
                         Ok(false) => self.conn.handle_eof(),
                         Err(ReadError::Io(e)) => {
-                            self.conn.close(topspin_proto::ProtocolError::new(ErrorCode::InternalError, format!("read failed: {e}")));
+                            self.conn.close(topspin_proto::ProtocolError::new(
+                                ErrorCode::InternalError,
+                                format!("read failed: {e}"),
+                            ));
                         }
                         Err(ReadError::Protocol(_)) => {} // the engine queued ERROR and ended calls
                     }
                     self.ping_sent = None;
                 }
-                cmd = rx.recv(), if handles_open => {
-                    match cmd {
-                        Some(cmd) => {
-                            self.apply(cmd);
-                            // Drain what else is queued so it all leaves in one write.
-                            for _ in 0..256 {
-                                match rx.try_recv() {
-                                    Ok(cmd) => self.apply(cmd),
-                                    Err(_) => break,
-                                }
-                            }
+                Ok(Wake::Cmd(Some(cmd))) => {
+                    self.apply(cmd);
+                    // Drain what else is queued so it all leaves in one write.
+                    for _ in 0..256 {
+                        match rx.try_recv() {
+                            Ok(cmd) => self.apply(cmd),
+                            Err(_) => break,
                         }
-                        None => handles_open = false,
                     }
                 }
-                r = self.io.stream.writable(), if !all_written => {
-                    if let Err(e) = r {
-                        break format!("write failed: {e}");
-                    }
-                }
-                _ = &mut sleep, if armed.is_some() => {
+                Ok(Wake::Cmd(None)) => handles_open = false,
+                Ok(Wake::Write) => {}
+                Ok(Wake::Timer) => {
                     armed = None;
                     self.on_timer();
                 }

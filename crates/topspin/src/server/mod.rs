@@ -15,9 +15,11 @@ use handler::{Bidi, ClientStreaming, HandlerRef, ServerStreaming, Unary};
 use rustc_hash::FxHashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 /// Why a server could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +172,6 @@ impl ServerBuilder {
             address: address.clone(),
             source,
         })?;
-        let (tx, _) = watch::channel(None);
         let (done_tx, done_rx) = watch::channel(false);
         Ok(Server {
             listener,
@@ -178,7 +179,7 @@ impl ServerBuilder {
             registry: Arc::new(self.registry),
             config: self.config,
             shutdown: ShutdownHandle {
-                tx: Arc::new(tx),
+                signal: Shutdown::default(),
                 done: done_rx,
             },
             done: done_tx,
@@ -186,10 +187,29 @@ impl ServerBuilder {
     }
 }
 
+/// The shutdown signal a server shares with its connections: a token, and the end of the grace
+/// period (set before the token is cancelled).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Shutdown {
+    pub(crate) token: CancellationToken,
+    deadline: Arc<OnceLock<Instant>>,
+}
+
+impl Shutdown {
+    /// The end of the grace period, once a shutdown has begun.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        if self.token.is_cancelled() {
+            Some(self.deadline.get().copied().unwrap_or_else(Instant::now))
+        } else {
+            None
+        }
+    }
+}
+
 /// Starts or awaits a server's graceful shutdown. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct ShutdownHandle {
-    tx: Arc<watch::Sender<Option<Instant>>>,
+    signal: Shutdown,
     done: watch::Receiver<bool>,
 }
 
@@ -198,15 +218,12 @@ impl ShutdownHandle {
     /// in flight finish for up to `grace`, then end the rest with `UNAVAILABLE`. Returns when
     /// every connection is closed.
     pub async fn shutdown(&self, grace: Duration) {
-        let deadline = Instant::now() + grace;
-        self.tx.send_if_modified(|d| {
-            if d.is_none() {
-                *d = Some(deadline);
-                true
-            } else {
-                false
-            }
-        });
+        let deadline = Instant::now()
+            .checked_add(grace)
+            .unwrap_or_else(Instant::now);
+        // The first shutdown's grace period stands.
+        let _ = self.signal.deadline.set(deadline);
+        self.signal.token.cancel();
         let mut done = self.done.clone();
         let _ = done.wait_for(|d| *d).await;
     }
@@ -250,7 +267,7 @@ impl Server {
             done,
             ..
         } = self;
-        let mut rx = shutdown.tx.subscribe();
+        let signal = shutdown.signal.clone();
         let mut conns = JoinSet::new();
         let mut listener = Some(listener);
         loop {
@@ -258,7 +275,7 @@ impl Server {
                 accepted = async { listener.as_ref().map(|l| l.accept()).expect("listener present").await }, if listener.is_some() => {
                     match accepted {
                         Ok(stream) => {
-                            let conn = driver::ServerConn::new(stream, registry.clone(), config.clone(), rx.clone());
+                                                        let conn = driver::ServerConn::new(stream, registry.clone(), config.clone(), signal.clone());
                             conns.spawn(conn.run());
                         }
                         Err(e) => {
@@ -268,10 +285,8 @@ impl Server {
                         }
                     }
                 }
-                r = rx.changed(), if listener.is_some() => {
-                    if r.is_err() || rx.borrow_and_update().is_some() {
-                        listener = None; // stop accepting (and remove a Unix socket file)
-                    }
+                                _ = signal.token.cancelled(), if listener.is_some() => {
+                    listener = None; // stop accepting (and remove a Unix socket file)
                 }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 else => break,

@@ -1,7 +1,7 @@
 //! The client's connection task: it alone owns the protocol engine and the socket; callers talk
 //! to it through a command queue (no lock shared by all calls of a connection).
 
-use crate::io::{Io, ReadError};
+use crate::io::{Io, Lapse, Liveness, ReadError};
 use crate::streaming::Item;
 use crate::transport::Stream;
 use crate::{Address, Config, Response, Status};
@@ -121,7 +121,7 @@ struct Driver {
     /// Calls over the server's concurrency limit, started when others end.
     waiting: VecDeque<Start>,
     shared: Arc<ConnShared>,
-    ping_sent: Option<Instant>,
+    liveness: Liveness,
 }
 
 /// Connects, completes the handshake and spawns the connection task.
@@ -180,7 +180,7 @@ pub(crate) async fn connect(
         tokens: FxHashMap::default(),
         waiting: VecDeque::new(),
         shared: shared.clone(),
-        ping_sent: None,
+        liveness: Liveness::default(),
     };
     tokio::spawn(driver.run(rx));
     Ok((tx, shared))
@@ -264,7 +264,7 @@ impl Driver {
                         }
                         Err(ReadError::Protocol(_)) => {} // the engine queued ERROR and ended calls
                     }
-                    self.ping_sent = None;
+                    self.liveness.alive();
                 }
                 Ok(Wake::Cmd(Some(cmd))) => {
                     self.apply(cmd);
@@ -315,62 +315,25 @@ impl Driver {
     }
 
     fn next_timer(&self) -> Option<Instant> {
-        let mut t = self.conn.poll_timeout();
-        let mut consider = |x: Instant| t = Some(t.map_or(x, |t| t.min(x)));
-        if let Some(iv) = self.config.keepalive_interval {
-            match self.ping_sent {
-                Some(sent) => consider(sent + self.config.keepalive_timeout),
-                None => consider(self.io.last_read + iv),
-            }
+        let mine = self
+            .liveness
+            .next(&self.io, &self.config, self.calls.is_empty());
+        match (self.conn.poll_timeout(), mine) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        if let Some(since) = self.io.partial_since {
-            consider(since + self.config.frame_timeout);
-        }
-        if let (Some(idle), true) = (self.config.idle_timeout, self.calls.is_empty()) {
-            consider(self.io.last_read + idle);
-        }
-        t
     }
 
     fn on_timer(&mut self) {
         let now = Instant::now();
         self.conn.handle_timeout(now);
-        if let Some(since) = self.io.partial_since {
-            if now >= since + self.config.frame_timeout {
-                self.conn.close(topspin_proto::ProtocolError::new(
-                    ErrorCode::Timeout,
-                    format!(
-                        "a frame stayed incomplete for {:?} (frame_timeout)",
-                        self.config.frame_timeout
-                    ),
-                ));
-                return;
-            }
-        }
-        if let Some(iv) = self.config.keepalive_interval {
-            match self.ping_sent {
-                Some(sent) if now >= sent + self.config.keepalive_timeout => {
-                    self.conn.close(topspin_proto::ProtocolError::new(
-                        ErrorCode::Timeout,
-                        format!(
-                            "keep-alive PING unanswered for {:?}",
-                            self.config.keepalive_timeout
-                        ),
-                    ));
-                    return;
-                }
-                None if now >= self.io.last_read + iv => {
-                    self.conn.ping(*b"keepaliv");
-                    self.ping_sent = Some(now);
-                }
-                _ => {}
-            }
-        }
-        if let (Some(idle), true) = (self.config.idle_timeout, self.calls.is_empty()) {
-            if now >= self.io.last_read + idle && !self.conn.is_going_away() {
-                self.conn.go_away(ErrorCode::NoError, "idle timeout");
-                self.shared.unusable.store(true, Ordering::Release);
-            }
+        let idle = self.calls.is_empty();
+        if self
+            .liveness
+            .on_timer(now, &self.io, &self.config, &mut self.conn, idle)
+            == Lapse::Idle
+        {
+            self.shared.unusable.store(true, Ordering::Release);
         }
     }
 
@@ -628,7 +591,7 @@ impl Driver {
                 Event::Closed { .. } => {
                     self.shared.unusable.store(true, Ordering::Release);
                 }
-                Event::Pong { .. } => self.ping_sent = None,
+                Event::Pong { .. } => self.liveness.alive(),
                 Event::Established
                 | Event::CallStarted { .. }
                 | Event::HalfClosed { .. }

@@ -3,7 +3,7 @@
 
 use super::handler::{BoxFut, CallIo, Input, Outcome, Running, SCmd, ServerCredit};
 use super::Registry;
-use crate::io::{Io, ReadError};
+use crate::io::{Io, Lapse, Liveness, ReadError};
 use crate::request::{Cancellation, ServerContext};
 use crate::streaming::Item;
 use crate::transport::{PeerAddr, Stream};
@@ -51,7 +51,7 @@ pub(crate) struct ServerConn {
     shutdown: super::Shutdown,
     grace_deadline: Option<Instant>,
     started: Instant,
-    ping_sent: Option<Instant>,
+    liveness: Liveness,
     /// Cancellation handles of finished calls, reused.
     cancel_pool: Vec<Cancellation>,
     /// Boxes of finished handler futures, reused.
@@ -94,7 +94,7 @@ impl ServerConn {
             shutdown,
             grace_deadline: None,
             started: Instant::now(),
-            ping_sent: None,
+            liveness: Liveness::default(),
             cancel_pool: Vec::new(),
             fut_pool: Vec::new(),
         }
@@ -178,7 +178,7 @@ impl ServerConn {
                             tracing::debug!(peer = %self.peer, "protocol error: {e}");
                         }
                     }
-                    self.ping_sent = None;
+                    self.liveness.alive();
                 }
                 Ok(Wake::Cmd(cmd)) => {
                     self.apply(cmd);
@@ -224,17 +224,11 @@ impl ServerConn {
         if !self.conn.is_established() {
             consider(self.started + self.config.handshake_timeout);
         }
-        if let Some(since) = self.io.partial_since {
-            consider(since + self.config.frame_timeout);
-        }
-        if let Some(iv) = self.config.keepalive_interval {
-            match self.ping_sent {
-                Some(sent) => consider(sent + self.config.keepalive_timeout),
-                None => consider(self.io.last_read + iv),
-            }
-        }
-        if let (Some(idle), true) = (self.config.idle_timeout, self.calls.is_empty()) {
-            consider(self.io.last_read + idle);
+        if let Some(x) = self
+            .liveness
+            .next(&self.io, &self.config, self.calls.is_empty())
+        {
+            consider(x);
         }
         t
     }
@@ -242,43 +236,23 @@ impl ServerConn {
     fn on_timer(&mut self) {
         let now = Instant::now();
         self.conn.handle_timeout(now);
-        let timeout = |what: String| ProtocolError::new(ErrorCode::Timeout, what);
         if !self.conn.is_established() && now >= self.started + self.config.handshake_timeout {
-            self.conn.close(timeout(format!(
-                "no topspin handshake within {:?} (handshake_timeout)",
-                self.config.handshake_timeout
-            )));
+            self.conn.close(ProtocolError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "no topspin handshake within {:?} (handshake_timeout)",
+                    self.config.handshake_timeout
+                ),
+            ));
             return;
         }
-        if let Some(since) = self.io.partial_since {
-            if now >= since + self.config.frame_timeout {
-                self.conn.close(timeout(format!(
-                    "a frame stayed incomplete for {:?} (frame_timeout)",
-                    self.config.frame_timeout
-                )));
-                return;
-            }
-        }
-        if let Some(iv) = self.config.keepalive_interval {
-            match self.ping_sent {
-                Some(sent) if now >= sent + self.config.keepalive_timeout => {
-                    self.conn.close(timeout(format!(
-                        "keep-alive PING unanswered for {:?}",
-                        self.config.keepalive_timeout
-                    )));
-                    return;
-                }
-                None if now >= self.io.last_read + iv => {
-                    self.conn.ping(*b"keepaliv");
-                    self.ping_sent = Some(now);
-                }
-                _ => {}
-            }
-        }
-        if let (Some(idle), true) = (self.config.idle_timeout, self.calls.is_empty()) {
-            if now >= self.io.last_read + idle && !self.conn.is_going_away() {
-                self.conn.go_away(ErrorCode::NoError, "idle timeout");
-            }
+        let idle = self.calls.is_empty();
+        if self
+            .liveness
+            .on_timer(now, &self.io, &self.config, &mut self.conn, idle)
+            == Lapse::Closed
+        {
+            return;
         }
         if self.grace_deadline.is_some_and(|d| now >= d) {
             // The grace period is over: end what is left.
@@ -397,7 +371,7 @@ impl ServerConn {
                     }
                 }
                 Event::Writable { id } => self.on_writable(id.0),
-                Event::Pong { .. } => self.ping_sent = None,
+                Event::Pong { .. } => self.liveness.alive(),
                 Event::Established
                 | Event::Headers { .. }
                 | Event::Ended { .. }

@@ -240,14 +240,19 @@ impl Inner {
         }
     }
 
-    async fn pick(&self) -> Result<ConnHandle, Status> {
+        async fn pick(&self) -> Result<ConnHandle, Status> {
         let n = self.slots.len();
         let slot = if n == 1 {
             0
         } else {
             self.next.fetch_add(1, Ordering::Relaxed) % n
         };
-        self.conn(slot).await
+        if let Some(h) = self.cached(slot) {
+            return Ok(h);
+        }
+        // (Re)connecting is rare and its future is large: boxed, it stays out of every call's
+        // future (which would otherwise be over a kilobyte, copied wherever calls are queued).
+        Box::pin(self.conn(slot)).await
     }
 }
 

@@ -130,6 +130,32 @@ impl<T> Request<T> {
     }
 }
 
+/// Anything a call accepts as its request: a message alone, or a [`Request`] with metadata and
+/// a timeout. Lets clients write `client.get(GetRequest { .. })`.
+///
+/// ```
+/// use topspin::{IntoRequest, Request};
+/// let a: Request<u32> = 7.into_request();
+/// let b: Request<u32> = Request::new(7).into_request();
+/// assert_eq!(a.get_ref(), b.get_ref());
+/// ```
+pub trait IntoRequest<T> {
+    /// The request.
+    fn into_request(self) -> Request<T>;
+}
+
+impl<T> IntoRequest<T> for T {
+    fn into_request(self) -> Request<T> {
+        Request::new(self)
+    }
+}
+
+impl<T> IntoRequest<T> for Request<T> {
+    fn into_request(self) -> Request<T> {
+        self
+    }
+}
+
 /// What the server knows about a call besides its message.
 #[derive(Clone, Debug)]
 pub(crate) struct ServerContext {

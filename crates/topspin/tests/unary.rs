@@ -122,3 +122,12 @@ async fn ipv6_loopback() {
     assert_eq!(unary(&ch, UNARY, "v6").await.unwrap(), bytes("v6"));
     handle.shutdown(std::time::Duration::from_secs(1)).await;
 }
+
+#[tokio::test]
+async fn a_plain_message_is_a_request() {
+    let server = serve(builder(Probe::default()), Transport::Tcp).await;
+    let ch = server.channel().await;
+    let r = ch.unary(RawCodec, UNARY, bytes("plain")).await.unwrap();
+    assert_eq!(r.into_inner(), bytes("plain"));
+    server.stop().await;
+}

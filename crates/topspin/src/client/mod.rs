@@ -6,7 +6,7 @@ mod driver;
 
 use crate::codec::Codec;
 use crate::streaming::{CreditReturn, Item, Streaming};
-use crate::{Address, Config, Request, Response, Status};
+use crate::{Address, Config, IntoRequest, Request, Response, Status};
 use bytes::Bytes;
 use bytestring::ByteString;
 use driver::{Cmd, ConnShared, Sink, Start};
@@ -240,7 +240,7 @@ impl Inner {
         }
     }
 
-        async fn pick(&self) -> Result<ConnHandle, Status> {
+    async fn pick(&self) -> Result<ConnHandle, Status> {
         let n = self.slots.len();
         let slot = if n == 1 {
             0
@@ -352,9 +352,9 @@ impl Channel {
         &self,
         codec: C,
         method: impl Into<MethodName>,
-        request: Request<C::Encode>,
+        request: impl IntoRequest<C::Encode>,
     ) -> Result<Response<C::Decode>, Status> {
-        let (token, message, metadata, timeout) = self.start_parts(request);
+        let (token, message, metadata, timeout) = self.start_parts(request.into_request());
         let message = codec.encode(message)?;
         let h = self.inner.pick().await?;
         let (tx, rx) = self.inner.replies.pair();
@@ -458,9 +458,9 @@ impl Channel {
         &self,
         codec: C,
         method: impl Into<MethodName>,
-        request: Request<C::Encode>,
+        request: impl IntoRequest<C::Encode>,
     ) -> Result<Response<Streaming<C::Decode>>, Status> {
-        let (token, message, metadata, timeout) = self.start_parts(request);
+        let (token, message, metadata, timeout) = self.start_parts(request.into_request());
         let message = codec.encode(message)?;
         self.open_stream(
             codec,

@@ -1,0 +1,362 @@
+//! `topspin`: list, describe and call the methods of any topspin server from the terminal, with
+//! JSON (like grpcurl for gRPC). Descriptors come from server reflection or from `.proto` files.
+#![forbid(unsafe_code)]
+
+mod call;
+mod protofmt;
+mod schema;
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, Parser, Subcommand};
+use std::fmt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use topspin::{Channel, Endpoint, Status};
+
+const AFTER_HELP: &str = "\
+Addresses are tcp://host:port (or just host:port) and unix:///path.
+
+Examples:
+  topspin list localhost:50051
+  topspin describe localhost:50051 kv.v1.Store
+  topspin call localhost:50051 kv.v1.Store/Put -d '{\"key\": \"a\", \"value\": \"1\"}'
+  echo '{\"key\": \"a\"}' | topspin call localhost:50051 kv.v1.Store/Get -d @-
+  topspin call localhost:50051 kv.v1.Store/Watch -d '{\"prefix\": \"user/\"}'
+  topspin call --proto proto/kv/v1/kv.proto -I proto localhost:50051 kv.v1.Store/Get -d '{\"key\": \"a\"}'
+
+Exit status: 0 on success; 1 for a local problem (bad JSON, unknown method, unreadable
+.proto); 2 for bad usage; 64 + the status code when the server answers with an error
+(e.g. 69 NOT_FOUND, 68 DEADLINE_EXCEEDED, 78 UNAVAILABLE).";
+
+/// Call any topspin server from the terminal: list its services, describe them as .proto
+/// text, and call its methods with JSON.
+///
+/// Descriptors come from the server's reflection service (topspin.reflection.v1) or, with
+/// --proto, from .proto files.
+#[derive(Debug, Parser)]
+#[command(name = "topspin", version, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    schema: SchemaArgs,
+}
+
+#[derive(Debug, Args)]
+struct SchemaArgs {
+    /// Read the API from this .proto file instead of server reflection (repeatable).
+    #[arg(long = "proto", value_name = "FILE", global = true)]
+    protos: Vec<PathBuf>,
+    /// Directory to resolve .proto imports against (repeatable; default: each --proto file's
+    /// directory).
+    #[arg(short = 'I', long = "import-path", value_name = "DIR", global = true)]
+    includes: Vec<PathBuf>,
+    /// Give up after this long, e.g. 500ms, 5s, 1m (sent to the server as the call's deadline).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, global = true)]
+    timeout: Option<Duration>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List the services and their methods.
+    ///
+    /// ADDR may be left out with --proto.
+    List {
+        /// The server, e.g. localhost:50051 or unix:///run/kv.sock.
+        #[arg(value_name = "ADDR")]
+        address: Option<String>,
+    },
+    /// Print a service, method, message or enum as .proto text.
+    ///
+    /// NAME is a full name: kv.v1.Store, kv.v1.Store/Get, kv.v1.Entry. ADDR may be left out
+    /// with --proto.
+    #[command(override_usage = "topspin describe [OPTIONS] [ADDR] NAME")]
+    Describe {
+        /// The server's address (optional with --proto), then the full NAME to describe.
+        #[arg(value_name = "ADDR NAME", num_args = 1..=2, required = true)]
+        targets: Vec<String>,
+    },
+    /// Call a method with JSON; print the response(s) as JSON.
+    ///
+    /// A single response is printed pretty; a response stream as one JSON object per line.
+    /// A request stream is read from -d (one JSON value after another) or, without -d or with
+    /// -d @-, from stdin as JSON lines, sent as they are read.
+    Call {
+        /// The server, e.g. localhost:50051 or unix:///run/kv.sock.
+        #[arg(value_name = "ADDR")]
+        address: String,
+        /// The method: package.Service/Method.
+        #[arg(value_name = "METHOD")]
+        method: String,
+        /// The request as JSON, @FILE to read it from a file, or @- for stdin. Default: {}
+        /// (or, for a request stream, JSON lines from stdin).
+        #[arg(short = 'd', long = "data", value_name = "JSON")]
+        data: Option<String>,
+        /// Request metadata, key:value (repeatable). Keys ending in -bin are binary.
+        #[arg(short = 'H', long = "header", value_name = "KEY:VALUE")]
+        headers: Vec<String>,
+        /// Print fields that hold their default value too.
+        #[arg(long)]
+        emit_defaults: bool,
+        /// Print field names as in the .proto file instead of lowerCamelCase JSON names.
+        #[arg(long)]
+        proto_names: bool,
+        /// Print response metadata and trailers on stderr.
+        #[arg(short, long)]
+        verbose: bool,
+    },
+}
+
+/// An error status from the server.
+#[derive(Debug)]
+pub(crate) struct CallFailed(pub(crate) Status);
+
+impl fmt::Display for CallFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (code {}): {}",
+            self.0.code().name(),
+            self.0.code().as_u16(),
+            self.0.message()
+        )
+    }
+}
+
+impl std::error::Error for CallFailed {}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 500ms, 5s or 1m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+}
+
+fn channel(address: &str, timeout: Option<Duration>) -> anyhow::Result<Channel> {
+    let mut endpoint = Endpoint::new(address).map_err(|s| anyhow!("{}", s.message()))?;
+    if let Some(t) = timeout {
+        endpoint = endpoint.timeout(t);
+    }
+    Ok(endpoint.connect_lazy())
+}
+
+async fn schema_for(args: &SchemaArgs, address: Option<&str>) -> anyhow::Result<schema::Schema> {
+    if !args.protos.is_empty() {
+        return Ok(schema::Schema::Files(schema::compile_files(
+            &args.protos,
+            &args.includes,
+        )?));
+    }
+    let Some(address) = address else {
+        bail!("give the server's ADDR, or .proto files with --proto");
+    };
+    Ok(schema::Schema::reflection(
+        channel(address, args.timeout)?,
+        args.timeout,
+    ))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let args = &cli.schema;
+    match &cli.command {
+        Command::List { address } => {
+            let schema = schema_for(args, address.as_deref()).await?;
+            let mut out = String::new();
+            for s in schema.services().await? {
+                out.push_str(&s.name);
+                out.push('\n');
+                for m in &s.methods {
+                    out.push_str(&format!(
+                        "  {}({}{}) returns ({}{})\n",
+                        m.name,
+                        if m.client_streaming { "stream " } else { "" },
+                        m.input_type,
+                        if m.server_streaming { "stream " } else { "" },
+                        m.output_type
+                    ));
+                }
+            }
+            print!("{out}");
+            Ok(())
+        }
+        Command::Describe { targets } => {
+            let (address, name) = match targets.as_slice() {
+                [name] => (None, name.as_str()),
+                [address, name] => (Some(address.as_str()), name.as_str()),
+                _ => unreachable!("clap takes one or two"),
+            };
+            let schema = schema_for(args, address).await?;
+            print!("{}", describe(&schema, name).await?);
+            Ok(())
+        }
+        Command::Call {
+            address,
+            method,
+            data,
+            headers,
+            emit_defaults,
+            proto_names,
+            verbose,
+        } => {
+            let metadata = call::metadata(headers)?;
+            let input = call::Input::parse(data.as_deref());
+            let channel = channel(address, args.timeout)?;
+            let schema = if args.protos.is_empty() {
+                schema::Schema::reflection(channel.clone(), args.timeout)
+            } else {
+                schema::Schema::Files(schema::compile_files(&args.protos, &args.includes)?)
+            };
+            let method = schema.method(method).await?;
+            let output = call::Output {
+                emit_defaults: *emit_defaults,
+                proto_names: *proto_names,
+                verbose: *verbose,
+            };
+            call::call(&channel, &method, &input, metadata, args.timeout, &output).await
+        }
+    }
+}
+
+/// `.proto` text for a service, method, message or enum.
+async fn describe(schema: &schema::Schema, name: &str) -> anyhow::Result<String> {
+    let name = name.trim_start_matches(['.', '/']);
+    let dotted = name.replace('/', ".");
+    let mut out = String::new();
+    if let Some(pool) = schema.pool_for(&dotted).await? {
+        if let Some(s) = pool.get_service_by_name(&dotted) {
+            protofmt::service(&s, &mut out);
+            return Ok(out);
+        }
+        if let Some(m) = pool.get_message_by_name(&dotted) {
+            protofmt::message(&m, "", &mut out);
+            return Ok(out);
+        }
+        if let Some(e) = pool.get_enum_by_name(&dotted) {
+            protofmt::enumeration(&e, "", &mut out);
+            return Ok(out);
+        }
+        if let Some((svc, method)) = dotted.rsplit_once('.') {
+            if let Some(m) = pool
+                .get_service_by_name(svc)
+                .and_then(|s| s.methods().find(|m| m.name() == method))
+            {
+                protofmt::method(&m, "", &mut out);
+                return Ok(out);
+            }
+        }
+    }
+    let services = schema.services().await?;
+    let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
+    bail!(
+        "nothing is named {name:?}; the services are:\n  {}",
+        names.join("\n  ")
+    )
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let timeout = cli.schema.timeout;
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the runtime")
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("topspin: error: {e:#}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match timeout {
+            // A little longer than the call's own deadline, so the server's answer wins.
+            Some(t) => tokio::time::timeout(t + Duration::from_millis(200), run(cli))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(
+                        CallFailed(Status::deadline_exceeded(format!("no answer within {t:?}")))
+                            .into(),
+                    )
+                }),
+            None => run(cli).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout went away (`topspin call ... | head -1`): not an error.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("topspin: error: {e:#}");
+            match e.chain().find_map(|c| c.downcast_ref::<CallFailed>()) {
+                Some(CallFailed(s)) => ExitCode::from(64 + s.code().as_u16() as u8),
+                None => ExitCode::from(1),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn arguments_parse() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "topspin",
+            "call",
+            "localhost:1",
+            "a.B/C",
+            "-d",
+            "@-",
+            "-H",
+            "k:v",
+            "--timeout",
+            "1s",
+        ])
+        .unwrap();
+        assert_eq!(cli.schema.timeout, Some(Duration::from_secs(1)));
+        assert!(Cli::try_parse_from(["topspin", "describe"]).is_err());
+        assert!(Cli::try_parse_from(["topspin", "describe", "a", "b", "c"]).is_err());
+    }
+
+    #[test]
+    fn call_failed_names_the_code() {
+        let e = CallFailed(Status::not_found("no key"));
+        assert_eq!(e.to_string(), "NOT_FOUND (code 5): no key");
+    }
+}

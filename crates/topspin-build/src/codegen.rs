@@ -378,13 +378,13 @@ impl {name}Client {{
         let (generics, req, resp, call) = match m.kind {
             Kind::Unary => (
                 String::new(),
-                format!("::topspin::Request<{input}>"),
+                format!("impl ::topspin::IntoRequest<{input}>"),
                 output.clone(),
                 "unary",
             ),
             Kind::ServerStreaming => (
                 String::new(),
-                format!("::topspin::Request<{input}>"),
+                format!("impl ::topspin::IntoRequest<{input}>"),
                 format!("::topspin::Streaming<{output}>"),
                 "server_streaming",
             ),
@@ -392,6 +392,8 @@ impl {name}Client {{
                 format!(
                     "<S: ::futures_core::Stream<Item = {input}> + ::core::marker::Send + 'static>"
                 ),
+                // Stream requests stay explicit: a blanket `IntoRequest<S>` would leave `S`
+                // ambiguous to type inference.
                 "::topspin::Request<S>".to_owned(),
                 output.clone(),
                 "client_streaming",

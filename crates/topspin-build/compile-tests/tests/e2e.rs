@@ -211,11 +211,19 @@ async fn shop_all_call_kinds() {
             .into_inner();
         assert_eq!(p, product("p1"));
 
+        // A plain message is a request too (no metadata, no timeout).
+        let same = client
+            .get_product(shop::GetProductRequest { id: "p1".into() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(same, p);
+
         // Errors carry the status.
         let err = client
-            .get_product(Request::new(shop::GetProductRequest {
+            .get_product(shop::GetProductRequest {
                 id: "missing".into(),
-            }))
+            })
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::NotFound);

@@ -120,7 +120,7 @@ impl EchoClient {
     /// Calls `/Echo/Echo` (unary).
     pub async fn echo(
         &self,
-        request: ::topspin::Request<Ping>,
+        request: impl ::topspin::IntoRequest<Ping>,
     ) -> ::core::result::Result<::topspin::Response<Ping>, ::topspin::Status> {
         self.channel
             .unary(

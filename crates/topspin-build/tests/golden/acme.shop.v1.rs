@@ -534,7 +534,7 @@ impl ShopClient {
     /// Calls `/acme.shop.v1.Shop/GetProduct` (unary).
     pub async fn get_product(
         &self,
-        request: ::topspin::Request<GetProductRequest>,
+        request: impl ::topspin::IntoRequest<GetProductRequest>,
     ) -> ::core::result::Result<::topspin::Response<Product>, ::topspin::Status> {
         self.channel
             .unary(
@@ -549,7 +549,7 @@ impl ShopClient {
     /// Calls `/acme.shop.v1.Shop/ListProducts` (server streaming).
     pub async fn list_products(
         &self,
-        request: ::topspin::Request<ListProductsRequest>,
+        request: impl ::topspin::IntoRequest<ListProductsRequest>,
     ) -> ::core::result::Result<
         ::topspin::Response<::topspin::Streaming<Product>>,
         ::topspin::Status,
@@ -604,7 +604,7 @@ impl ShopClient {
     /// Calls `/acme.shop.v1.Shop/Ping` (unary).
     pub async fn ping(
         &self,
-        request: ::topspin::Request<()>,
+        request: impl ::topspin::IntoRequest<()>,
     ) -> ::core::result::Result<::topspin::Response<()>, ::topspin::Status> {
         self.channel
             .unary(
@@ -619,7 +619,7 @@ impl ShopClient {
     /// Calls `/acme.shop.v1.Shop/Now` (unary).
     pub async fn now(
         &self,
-        request: ::topspin::Request<()>,
+        request: impl ::topspin::IntoRequest<()>,
     ) -> ::core::result::Result<
         ::topspin::Response<::prost_types::Timestamp>,
         ::topspin::Status,
@@ -635,7 +635,7 @@ impl ShopClient {
     /// Calls `/acme.shop.v1.Shop/Price` (unary).
     pub async fn price(
         &self,
-        request: ::topspin::Request<GetProductRequest>,
+        request: impl ::topspin::IntoRequest<GetProductRequest>,
     ) -> ::core::result::Result<
         ::topspin::Response<super::super::common::v1::Money>,
         ::topspin::Status,
@@ -775,7 +775,7 @@ impl AdminClient {
     /// Calls `/acme.shop.v1.Admin/Reset` (unary).
     pub async fn reset(
         &self,
-        request: ::topspin::Request<()>,
+        request: impl ::topspin::IntoRequest<()>,
     ) -> ::core::result::Result<::topspin::Response<UploadSummary>, ::topspin::Status> {
         self.channel
             .unary(

@@ -126,7 +126,7 @@ impl LegacyClient {
     /// Calls `/edge.legacy.Legacy/Touch` (unary).
     pub async fn touch(
         &self,
-        request: ::topspin::Request<Old>,
+        request: impl ::topspin::IntoRequest<Old>,
     ) -> ::core::result::Result<::topspin::Response<Old>, ::topspin::Status> {
         self.channel
             .unary(

@@ -364,7 +364,7 @@ impl AsyncClient {
     /// Calls `/edge.type.Async/Type` (unary).
     pub async fn r#type(
         &self,
-        request: ::topspin::Request<Self_>,
+        request: impl ::topspin::IntoRequest<Self_>,
     ) -> ::core::result::Result<::topspin::Response<Result>, ::topspin::Status> {
         self.channel
             .unary(
@@ -392,7 +392,7 @@ impl AsyncClient {
     /// Calls `/edge.type.Async/Await` (server streaming).
     pub async fn r#await(
         &self,
-        request: ::topspin::Request<Stream>,
+        request: impl ::topspin::IntoRequest<Stream>,
     ) -> ::core::result::Result<
         ::topspin::Response<::topspin::Streaming<Self_>>,
         ::topspin::Status,
@@ -428,7 +428,7 @@ impl AsyncClient {
     /// Calls `/edge.type.Async/Connect` (unary).
     pub async fn connect(
         &self,
-        request: ::topspin::Request<Self_>,
+        request: impl ::topspin::IntoRequest<Self_>,
     ) -> ::core::result::Result<::topspin::Response<Self_>, ::topspin::Status> {
         self.channel
             .unary(
@@ -442,7 +442,7 @@ impl AsyncClient {
     #[allow(clippy::new_ret_no_self, clippy::wrong_self_convention)]
     pub async fn new(
         &self,
-        request: ::topspin::Request<Self_>,
+        request: impl ::topspin::IntoRequest<Self_>,
     ) -> ::core::result::Result<::topspin::Response<Self_>, ::topspin::Status> {
         self.channel
             .unary(
@@ -455,7 +455,7 @@ impl AsyncClient {
     /// Calls `/edge.type.Async/Channel` (unary).
     pub async fn channel(
         &self,
-        request: ::topspin::Request<Self_>,
+        request: impl ::topspin::IntoRequest<Self_>,
     ) -> ::core::result::Result<::topspin::Response<Self_>, ::topspin::Status> {
         self.channel
             .unary(

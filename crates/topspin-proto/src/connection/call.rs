@@ -28,8 +28,10 @@ pub(crate) struct CallState {
     pub(crate) recv_window: i64,
     /// Credit the application gave back that is not yet sent.
     pub(crate) grant_pending: u64,
-    pub(crate) pending: Option<PendingSend>,
-    pub(crate) assembling: Option<Assembly>,
+    /// Boxed: only messages larger than a frame (16 MiB by default) need these, and keeping
+    /// them out of line halves the state moved on every call's insert and removal.
+    pub(crate) pending: Option<Box<PendingSend>>,
+    pub(crate) assembling: Option<Box<Assembly>>,
     /// Client: half-closed. Server: unused (END removes the call).
     pub(crate) send_closed: bool,
     /// Server: the client half-closed.

@@ -684,12 +684,12 @@ impl Connection {
                     Some(_) => {
                         let mut buf = BytesMut::with_capacity(total);
                         buf.extend_from_slice(&m.chunk);
-                        call.assembling = Some(Assembly {
+                        call.assembling = Some(Box::new(Assembly {
                             buf,
                             total,
                             end_stream: m.end_stream,
                             owed: cost as u64,
-                        });
+                        }));
                         self.advance_credit_if_stalled(id);
                     }
                 }
@@ -1093,10 +1093,10 @@ impl Connection {
         st.put_u32_le(message.len() as u32);
         call.send_credit -= (HEADER_LEN + max_frame) as i64;
         self.out.push_body(&message.slice(..first));
-        call.pending = Some(PendingSend {
+        call.pending = Some(Box::new(PendingSend {
             message,
             offset: first,
-        });
+        }));
         self.resume_send(id.0);
         Ok(())
     }

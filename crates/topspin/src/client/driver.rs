@@ -107,7 +107,8 @@ struct Call {
     sink: Option<Sink>,
     headers: Metadata,
     message: Option<Bytes>,
-    blocked: Option<(Bytes, oneshot::Sender<Result<(), Status>>)>,
+    /// A message waiting for credit (boxed: rare, and keeps the call's state small).
+    blocked: Option<Box<(Bytes, oneshot::Sender<Result<(), Status>>)>>,
     half_close_after_blocked: bool,
 }
 
@@ -448,7 +449,7 @@ impl Driver {
             }
             Err(CallError::WouldBlock) => {
                 if let Some(call) = self.calls.get_mut(&id) {
-                    call.blocked = Some((message, ack));
+                    call.blocked = Some(Box::new((message, ack)));
                 }
             }
             Err(e) => {
@@ -528,7 +529,7 @@ impl Driver {
                     let Some(mut call) = self.finish(id.0) else {
                         continue;
                     };
-                    if let Some((_, ack)) = call.blocked.take() {
+                    if let Some((_, ack)) = call.blocked.take().map(|b| *b) {
                         let _ = ack.send(Err(Status::from_wire(status.clone(), Metadata::new())));
                     }
                     let Some(sink) = call.sink.take() else {
@@ -562,7 +563,7 @@ impl Driver {
                         continue;
                     };
                     let half_close = std::mem::take(&mut call.half_close_after_blocked);
-                    if let Some((message, ack)) = call.blocked.take() {
+                    if let Some((message, ack)) = call.blocked.take().map(|b| *b) {
                         self.send(id.0, message, ack);
                     }
                     if half_close {

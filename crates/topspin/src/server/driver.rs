@@ -32,9 +32,10 @@ enum Call {
     Running {
         cancel: Cancellation,
         inbound: Option<mpsc::UnboundedSender<Item>>,
-        blocked: Option<(Bytes, oneshot::Sender<Result<(), Status>>)>,
+        /// A message waiting for credit (boxed: rare, and keeps the call's state small).
+        blocked: Option<Box<(Bytes, oneshot::Sender<Result<(), Status>>)>>,
         /// The handler finished while a message was still being sent.
-        end: Option<(Status, Metadata)>,
+        end: Option<Box<(Status, Metadata)>>,
     },
 }
 
@@ -365,7 +366,7 @@ impl ServerConn {
                         if let Some(tx) = inbound {
                             let _ = tx.send(Item::End(Err(st.clone())));
                         }
-                        if let Some((_, ack)) = blocked {
+                        if let Some((_, ack)) = blocked.map(|b| *b) {
                             let _ = ack.send(Err(st));
                         }
                     }
@@ -549,7 +550,7 @@ impl ServerConn {
             Ok(()) => {}
             Err(CallError::WouldBlock) => {
                 if let Some(Call::Running { end, .. }) = self.calls.get_mut(&id) {
-                    *end = Some((status, trailers));
+                    *end = Some(Box::new((status, trailers)));
                     return;
                 }
             }
@@ -566,7 +567,7 @@ impl ServerConn {
             cancel, blocked, ..
         }) = self.calls.remove(&id)
         {
-            if let Some((_, ack)) = blocked {
+            if let Some((_, ack)) = blocked.map(|b| *b) {
                 let _ = ack.send(Err(Status::cancelled("the call ended")));
             }
             // A handler still running (its call ended without it) must stop; a finished one
@@ -599,7 +600,7 @@ impl ServerConn {
             }
             Err(CallError::WouldBlock) => {
                 if let Some(Call::Running { blocked, .. }) = self.calls.get_mut(&id) {
-                    *blocked = Some((message, ack));
+                    *blocked = Some(Box::new((message, ack)));
                 } else {
                     let _ = ack.send(Err(Status::cancelled("the call is over")));
                 }
@@ -621,10 +622,10 @@ impl ServerConn {
         };
         let blocked = blocked.take();
         let end = end.take();
-        if let Some((message, ack)) = blocked {
+        if let Some((message, ack)) = blocked.map(|b| *b) {
             self.send(id, message, ack);
         }
-        if let Some((status, trailers)) = end {
+        if let Some((status, trailers)) = end.map(|b| *b) {
             self.end(id, status, trailers);
         }
     }

@@ -100,6 +100,9 @@ pub(crate) struct ConnShared {
     pub(crate) unusable: AtomicBool,
 }
 
+/// A message waiting for flow-control credit, and whom to tell when it is sent.
+type Blocked = (Bytes, oneshot::Sender<Result<(), Status>>);
+
 #[derive(Debug)]
 struct Call {
     token: u64,
@@ -108,7 +111,7 @@ struct Call {
     headers: Metadata,
     message: Option<Bytes>,
     /// A message waiting for credit (boxed: rare, and keeps the call's state small).
-    blocked: Option<Box<(Bytes, oneshot::Sender<Result<(), Status>>)>>,
+    blocked: Option<Box<Blocked>>,
     half_close_after_blocked: bool,
 }
 

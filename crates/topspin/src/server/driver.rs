@@ -21,6 +21,9 @@ use topspin_proto::{
     CallError, CallId, Code, Connection, ErrorCode, Event, Metadata, ProtocolError, Side,
 };
 
+/// A message waiting for flow-control credit, and whom to tell when it is sent.
+type Blocked = (Bytes, oneshot::Sender<Result<(), Status>>);
+
 enum Call {
     /// Unary and server-streaming calls wait for their one request message.
     Awaiting {
@@ -33,7 +36,7 @@ enum Call {
         cancel: Cancellation,
         inbound: Option<mpsc::UnboundedSender<Item>>,
         /// A message waiting for credit (boxed: rare, and keeps the call's state small).
-        blocked: Option<Box<(Bytes, oneshot::Sender<Result<(), Status>>)>>,
+        blocked: Option<Box<Blocked>>,
         /// The handler finished while a message was still being sent.
         end: Option<Box<(Status, Metadata)>>,
     },

@@ -85,6 +85,18 @@ impl<E, D> std::fmt::Debug for ProstCodec<E, D> {
     }
 }
 
+/// Messages up to this size are encoded into the per-thread buffer.
+#[cfg(feature = "prost")]
+const ENCODE_POOL_MAX: usize = 64 * 1024;
+/// The per-thread buffer grows by at least this much.
+#[cfg(feature = "prost")]
+const ENCODE_POOL_CHUNK: usize = 256 * 1024;
+
+#[cfg(feature = "prost")]
+thread_local! {
+    static ENCODE_BUF: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
+}
+
 #[cfg(feature = "prost")]
 impl<E, D> Codec for ProstCodec<E, D>
 where
@@ -96,10 +108,25 @@ where
     const ID: u8 = CODEC_PROTOBUF;
 
     fn encode(&self, item: E) -> Result<Bytes, Status> {
-        let mut buf = BytesMut::with_capacity(item.encoded_len());
-        item.encode(&mut buf)
-            .map_err(|e| Status::internal(format!("protobuf encoding failed: {e}")))?;
-        Ok(buf.freeze())
+        let len = item.encoded_len();
+        let failed =
+            |e: prost::EncodeError| Status::internal(format!("protobuf encoding failed: {e}"));
+        if len > ENCODE_POOL_MAX {
+            let mut buf = BytesMut::with_capacity(len);
+            item.encode(&mut buf).map_err(failed)?;
+            return Ok(buf.freeze());
+        }
+        // Small messages are encoded into a per-thread buffer and split off it: once the
+        // messages sent earlier are dropped, `reserve` reclaims the buffer in place, so steady
+        // state allocates nothing per message.
+        ENCODE_BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            if buf.capacity() < len {
+                buf.reserve(len.max(ENCODE_POOL_CHUNK));
+            }
+            item.encode(&mut *buf).map_err(failed)?;
+            Ok(buf.split().freeze())
+        })
     }
 
     fn decode(&self, buf: Bytes) -> Result<D, Status> {

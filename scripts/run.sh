@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job: a 20-byte unary echo over TCP and a Unix socket, beside a raw blocking-socket
-# echo measured in the same run, with latency percentiles.
+# The main job: the quick side-by-side benchmark — topspin against the raw-socket floor and
+# tonic, tarpc, capnp-rpc and Thrift, measured in the same run (table on stdout, JSON and PNG
+# plots in bench-out/). Options pass on to scripts/bench.sh (e.g. --full).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
-cargo run --release --locked -q -p topspin --example latency
+exec ./scripts/bench.sh "$@"

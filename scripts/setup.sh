@@ -19,3 +19,18 @@ if rustup toolchain list | grep -q '^nightly'; then
 else
   echo "setup: no nightly toolchain; fuzz targets will not be built (cargo fuzz needs nightly)." >&2
 fi
+# The benchmark (crates/topspin-bench): its Cap'n Proto and Thrift peers generate code with the
+# `capnp` and `thrift` compilers at build time, and its plots need a TrueType font.
+bench_pkgs=()
+have capnp || bench_pkgs+=(capnproto)
+have thrift || bench_pkgs+=(thrift-compiler)
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || bench_pkgs+=(fonts-dejavu-core)
+if [ ${#bench_pkgs[@]} -gt 0 ]; then
+  if have apt-get; then
+    as_root=""; [ "$(id -u)" -eq 0 ] || as_root="sudo"
+    $as_root apt-get update -qq
+    $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${bench_pkgs[@]}"
+  else
+    echo "setup: please install ${bench_pkgs[*]} (needed by crates/topspin-bench)" >&2
+  fi
+fi

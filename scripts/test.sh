@@ -17,6 +17,10 @@ if [ -f testdata/vectors/gen.py ]; then
   step "test vectors are up to date with their generator"
   python3 testdata/vectors/gen.py --check
 fi
+step "benchmark smoke run (every system returns correct data; no timings)"
+# Debug builds are enough to check correctness and reuse what the tests compiled.
+cargo build --workspace --bins --locked -q
+"${CARGO_TARGET_DIR:-target}/debug/topspin-bench" --smoke
 if [ -x scripts/fuzz.sh ] && rustup toolchain list | grep -q '^nightly'; then
   step "fuzz targets build"
   ./scripts/fuzz.sh --build-only

@@ -1,0 +1,208 @@
+//! Peer `tonic`: gRPC over HTTP/2 with tonic 0.14 and prost, default features, TCP_NODELAY on
+//! both sides (tonic's server and `Endpoint` option). The server runs on its own tokio
+//! multi-thread runtime (default worker count); the client on a current-thread runtime on the
+//! main thread. Clients are cloned per call, as tonic's docs recommend.
+
+use std::net::SocketAddr;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Endpoint, Server};
+use tonic::{Request, Response, Status};
+use topspin_bench_common::{
+    self as common, check_array, check_blob, check_echo, check_eq, pb, AsyncCall, Input,
+};
+
+mod gen {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/bench.v1.rs"));
+}
+use gen::bench_client::BenchClient;
+use gen::bench_server::{Bench, BenchServer};
+
+struct Svc;
+
+#[tonic::async_trait]
+impl Bench for Svc {
+    async fn echo(&self, r: Request<pb::EchoRequest>) -> Result<Response<pb::EchoReply>, Status> {
+        Ok(Response::new(pb::EchoReply {
+            data: r.into_inner().data,
+        }))
+    }
+    async fn get_answer(
+        &self,
+        r: Request<pb::AnswerRequest>,
+    ) -> Result<Response<pb::AnswerReply>, Status> {
+        Ok(Response::new(pb::AnswerReply {
+            answer: 41 + r.get_ref().n,
+        }))
+    }
+    async fn get_blob(
+        &self,
+        r: Request<pb::BlobRequest>,
+    ) -> Result<Response<pb::BlobReply>, Status> {
+        let size = r.get_ref().size as usize;
+        if size > common::BLOB_POOL {
+            return Err(Status::invalid_argument("blob too large"));
+        }
+        Ok(Response::new(pb::BlobReply {
+            data: common::blob_pool().slice(0..size),
+        }))
+    }
+    async fn get_structs(
+        &self,
+        _r: Request<pb::StructsRequest>,
+    ) -> Result<Response<pb::StructsReply>, Status> {
+        Ok(Response::new(pb::StructsReply {
+            students: common::students().to_vec(),
+        }))
+    }
+    async fn nymph_uint32(
+        &self,
+        r: Request<pb::Uint32Value>,
+    ) -> Result<Response<pb::Uint32Value>, Status> {
+        Ok(Response::new(r.into_inner()))
+    }
+    async fn nymph_double(
+        &self,
+        r: Request<pb::DoubleValue>,
+    ) -> Result<Response<pb::DoubleValue>, Status> {
+        Ok(Response::new(r.into_inner()))
+    }
+    async fn nymph_array(
+        &self,
+        r: Request<pb::ArrayValue>,
+    ) -> Result<Response<pb::ArrayValue>, Status> {
+        Ok(Response::new(r.into_inner()))
+    }
+    async fn nymph_blob(
+        &self,
+        r: Request<pb::BlobValue>,
+    ) -> Result<Response<pb::BlobValue>, Status> {
+        Ok(Response::new(r.into_inner()))
+    }
+}
+
+struct Client(BenchClient<tonic::transport::Channel>);
+
+fn st(s: Status) -> String {
+    format!("{:?}: {}", s.code(), s.message())
+}
+
+impl AsyncCall for Client {
+    async fn call(&self, input: &Input, check: bool) -> Result<(), String> {
+        let mut c = self.0.clone();
+        match input {
+            Input::Echo(b) => {
+                let r = c
+                    .echo(pb::EchoRequest { data: b.clone() })
+                    .await
+                    .map_err(st)?;
+                check_echo(&r.get_ref().data, b, check)
+            }
+            Input::Answer(n) => {
+                let r = c
+                    .get_answer(pb::AnswerRequest { n: *n })
+                    .await
+                    .map_err(st)?;
+                check_eq("answer", r.get_ref().answer, 41 + n)
+            }
+            Input::Blob(size) => {
+                let r = c
+                    .get_blob(pb::BlobRequest { size: *size })
+                    .await
+                    .map_err(st)?;
+                check_blob(&r.get_ref().data, *size, check)
+            }
+            Input::Structs => {
+                let r = c.get_structs(pb::StructsRequest {}).await.map_err(st)?;
+                let s = &r.get_ref().students;
+                if check {
+                    common::check_students(s)
+                } else {
+                    check_eq("structs", s.len(), common::K)
+                }
+            }
+            Input::U32(v) => {
+                let r = c
+                    .nymph_uint32(pb::Uint32Value { value: *v })
+                    .await
+                    .map_err(st)?;
+                check_eq("nymph_uint32", r.get_ref().value, *v)
+            }
+            Input::F64(v) => {
+                let r = c
+                    .nymph_double(pb::DoubleValue { value: *v })
+                    .await
+                    .map_err(st)?;
+                check_eq("nymph_double", r.get_ref().value, *v)
+            }
+            Input::Array(vals) => {
+                let r = c
+                    .nymph_array(pb::ArrayValue {
+                        values: vals.clone(),
+                    })
+                    .await
+                    .map_err(st)?;
+                check_array(&r.get_ref().values, vals)
+            }
+            Input::NBlob(b) => {
+                let r = c
+                    .nymph_blob(pb::BlobValue { data: b.clone() })
+                    .await
+                    .map_err(st)?;
+                check_echo(&r.get_ref().data, b, check)
+            }
+        }
+    }
+}
+
+const CONNS: usize = 4;
+/// 64 MiB, like topspin's default limit: the 16 MiB workloads must fit (tonic's default is 4 MiB
+/// for decoding, which would refuse them; this is the one non-default setting).
+const MAX_MESSAGE: usize = 64 << 20;
+
+fn main() {
+    common::blob_pool();
+    common::students();
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("server runtime");
+    let addr: SocketAddr = server_rt.block_on(async {
+        let incoming = TcpIncoming::bind("127.0.0.1:0".parse().unwrap())
+            .expect("bind")
+            .with_nodelay(Some(true));
+        let addr = incoming.local_addr().expect("addr");
+        let svc = BenchServer::new(Svc)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        tokio::spawn(
+            Server::builder()
+                .tcp_nodelay(true)
+                .add_service(svc)
+                .serve_with_incoming(incoming),
+        );
+        addr
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let clients: Vec<Client> = rt.block_on(async {
+        let mut v = Vec::new();
+        for _ in 0..CONNS {
+            let ch = Endpoint::from_shared(format!("http://{addr}"))
+                .expect("endpoint")
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .expect("connect");
+            v.push(Client(
+                BenchClient::new(ch)
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            ));
+        }
+        v
+    });
+    common::serve_commands("tonic", |cmd| rt.block_on(common::run_async(&clients, cmd)));
+}

@@ -1,0 +1,406 @@
+//! Peer `raw` / `raw-uds`: the kernel's floor. Blocking std sockets (TCP_NODELAY on TCP), a
+//! length-prefixed request/reply, one server thread per connection, the client on the main
+//! thread (one thread per connection for throughput). No framework, no allocation per call.
+//!
+//! Request frame: `u32 LE length` (of what follows) + `u8 op` + body. Reply frame: `u32 LE
+//! length` + body. Ops: 0 echo (reply = body), 1 answer (body = i32 n, reply = 41 + n), 2 blob
+//! (body = u32 size, reply = the pool's first `size` bytes), 3 structs (reply = the students,
+//! protobuf-encoded once at start: the floor moves the same bytes but decodes nothing).
+//! NymphRPC calls echo the value's bytes.
+
+use bytes::Bytes;
+use prost::Message;
+use std::io::{IoSlice, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+use topspin_bench_common::{
+    self as common, blob_pool, check_blob, check_echo, check_eq, pb, Cmd, Input, Outcome, Series,
+    SyncCall,
+};
+
+const OP_ECHO: u8 = 0;
+const OP_ANSWER: u8 = 1;
+const OP_BLOB: u8 = 2;
+const OP_STRUCTS: u8 = 3;
+
+trait Stream: Read + Write + Send + 'static {}
+impl<T: Read + Write + Send + 'static> Stream for T {}
+
+fn write_all_vectored(s: &mut impl Write, bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    let mut bufs = bufs;
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let n = s.write_vectored(bufs)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+fn structs_encoded() -> &'static Bytes {
+    static E: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    E.get_or_init(|| {
+        pb::StructsReply {
+            students: common::students().to_vec(),
+        }
+        .encode_to_vec()
+        .into()
+    })
+}
+
+/// One connection's server loop: reads as much as is there, answers every complete request,
+/// writes the replies of one read together.
+fn serve_conn(mut s: impl Stream) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut filled = 0usize;
+    let mut out: Vec<u8> = Vec::with_capacity(64 << 10);
+    loop {
+        if filled == buf.len() {
+            let l = buf.len() * 2;
+            buf.resize(l, 0);
+        }
+        let n = match s.read(&mut buf[filled..]) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        filled += n;
+        let mut pos = 0;
+        while filled - pos >= 4 {
+            let len = u32::from_le_bytes(buf[pos..pos + 4].try_into().unwrap()) as usize;
+            if filled - pos - 4 < len {
+                if 4 + len > buf.len() {
+                    // Make room for the whole frame, so the next reads complete it.
+                    buf.copy_within(pos..filled, 0);
+                    filled -= pos;
+                    pos = 0;
+                    buf.resize(4 + len, 0);
+                }
+                break;
+            }
+            let op = buf[pos + 4];
+            let body = &buf[pos + 5..pos + 4 + len];
+            let big: Option<&[u8]> = match op {
+                OP_ECHO => {
+                    if body.len() > 64 << 10 {
+                        Some(body)
+                    } else {
+                        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+                        out.extend_from_slice(body);
+                        None
+                    }
+                }
+                OP_ANSWER => {
+                    let n = i32::from_le_bytes(body[..4].try_into().unwrap());
+                    out.extend_from_slice(&4u32.to_le_bytes());
+                    out.extend_from_slice(&(41 + n).to_le_bytes());
+                    None
+                }
+                OP_BLOB => {
+                    let size = u32::from_le_bytes(body[..4].try_into().unwrap()) as usize;
+                    Some(&blob_pool()[..size])
+                }
+                OP_STRUCTS => Some(&structs_encoded()[..]),
+                _ => return,
+            };
+            if let Some(big) = big {
+                let hdr = (big.len() as u32).to_le_bytes();
+                let r = write_all_vectored(
+                    &mut s,
+                    &mut [IoSlice::new(&out), IoSlice::new(&hdr), IoSlice::new(big)],
+                );
+                out.clear();
+                if r.is_err() {
+                    return;
+                }
+            }
+            pos += 4 + len;
+        }
+        if !out.is_empty() {
+            if s.write_all(&out).is_err() {
+                return;
+            }
+            out.clear();
+        }
+        buf.copy_within(pos..filled, 0);
+        filled -= pos;
+    }
+}
+
+struct Client<S> {
+    s: S,
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+}
+
+impl<S: Stream> Client<S> {
+    fn new(s: S) -> Self {
+        Client {
+            s,
+            rbuf: Vec::with_capacity(64 << 10),
+            wbuf: Vec::with_capacity(64 << 10),
+        }
+    }
+
+    fn request(&mut self, op: u8, body: &[u8]) -> Result<&[u8], String> {
+        let e = |e: std::io::Error| e.to_string();
+        let hdr = ((body.len() + 1) as u32).to_le_bytes();
+        if body.len() <= 64 << 10 {
+            self.wbuf.clear();
+            self.wbuf.extend_from_slice(&hdr);
+            self.wbuf.push(op);
+            self.wbuf.extend_from_slice(body);
+            self.s.write_all(&self.wbuf).map_err(e)?;
+        } else {
+            write_all_vectored(
+                &mut self.s,
+                &mut [IoSlice::new(&hdr), IoSlice::new(&[op]), IoSlice::new(body)],
+            )
+            .map_err(e)?;
+        }
+        // One read takes header and body together when they are there (the floor's 2
+        // syscalls per side and call); strictly request/reply, so nothing is left over.
+        if self.rbuf.len() < 64 << 10 {
+            self.rbuf.resize(64 << 10, 0);
+        }
+        let mut have = 0;
+        let len = loop {
+            let n = self.s.read(&mut self.rbuf[have..]).map_err(e)?;
+            if n == 0 {
+                return Err("server closed the connection".into());
+            }
+            have += n;
+            if have >= 4 {
+                let len = u32::from_le_bytes(self.rbuf[..4].try_into().unwrap()) as usize;
+                if have >= 4 + len {
+                    break len;
+                }
+                if self.rbuf.len() < 4 + len {
+                    self.rbuf.resize(4 + len, 0);
+                }
+            }
+        };
+        Ok(&self.rbuf[4..4 + len])
+    }
+
+    /// Throughput/burst: keeps `in_flight` 20-byte echoes outstanding until `total` are done
+    /// or `deadline`; every read's completed replies are replaced in one write.
+    fn pipelined(
+        &mut self,
+        in_flight: usize,
+        total: u64,
+        deadline: Instant,
+    ) -> Result<u64, String> {
+        let e = |e: std::io::Error| e.to_string();
+        let payload = common::payload(20);
+        let frame_len = 4 + 1 + payload.len();
+        let reply_len = 4 + payload.len();
+        let fill = |w: &mut Vec<u8>, k: usize| {
+            w.clear();
+            for _ in 0..k {
+                w.extend_from_slice(&((payload.len() + 1) as u32).to_le_bytes());
+                w.push(OP_ECHO);
+                w.extend_from_slice(&payload);
+            }
+        };
+        let first = (in_flight as u64).min(total) as usize;
+        self.wbuf.reserve(frame_len * in_flight);
+        fill(&mut self.wbuf, first);
+        self.s.write_all(&self.wbuf).map_err(e)?;
+        let (mut sent, mut done) = (first as u64, 0u64);
+        if self.rbuf.len() < 64 << 10 {
+            self.rbuf.resize(64 << 10, 0);
+        }
+        let mut have = 0usize;
+        while done < sent {
+            let n = self.s.read(&mut self.rbuf[have..]).map_err(e)?;
+            if n == 0 {
+                return Err("server closed".into());
+            }
+            have += n;
+            let k = have / reply_len;
+            let rest = have % reply_len;
+            self.rbuf.copy_within(k * reply_len..have, 0);
+            have = rest;
+            done += k as u64;
+            if sent < total && Instant::now() < deadline {
+                let more = (k as u64).min(total - sent) as usize;
+                if more > 0 {
+                    fill(&mut self.wbuf, more);
+                    self.s.write_all(&self.wbuf).map_err(e)?;
+                    sent += more as u64;
+                }
+            }
+        }
+        Ok(done)
+    }
+}
+
+impl<S: Stream> SyncCall for Client<S> {
+    fn call(&mut self, input: &Input, check: bool) -> Result<(), String> {
+        match input {
+            Input::Echo(b) | Input::NBlob(b) => {
+                let got = self.request(OP_ECHO, b)?;
+                check_echo(got, b, check)
+            }
+            Input::Answer(n) => {
+                let got = self.request(OP_ANSWER, &n.to_le_bytes())?;
+                let v = i32::from_le_bytes(got.try_into().map_err(|_| "answer: bad length")?);
+                check_eq("answer", v, 41 + n)
+            }
+            Input::Blob(size) => {
+                let got = self.request(OP_BLOB, &size.to_le_bytes())?;
+                check_blob(got, *size, check)
+            }
+            Input::Structs => {
+                let want = structs_encoded();
+                let got = self.request(OP_STRUCTS, &[])?;
+                check_echo(got, want, check)
+            }
+            Input::U32(v) => {
+                let got = self.request(OP_ECHO, &v.to_le_bytes())?;
+                let g = u32::from_le_bytes(got.try_into().map_err(|_| "u32: bad length")?);
+                check_eq("nymph_uint32", g, *v)
+            }
+            Input::F64(v) => {
+                let got = self.request(OP_ECHO, &v.to_le_bytes())?;
+                let g = f64::from_le_bytes(got.try_into().map_err(|_| "f64: bad length")?);
+                check_eq("nymph_double", g, *v)
+            }
+            Input::Array(vals) => {
+                // The values as they sit in memory (little-endian on this machine).
+                let mut body = Vec::with_capacity(vals.len() * 4);
+                for v in vals {
+                    body.extend_from_slice(&v.to_le_bytes());
+                }
+                let got = self.request(OP_ECHO, &body)?;
+                let back: Vec<u32> = got
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                common::check_array(&back, vals)
+            }
+        }
+    }
+}
+
+fn run_pipelined<S: Stream>(clients: &mut [Client<S>], cmd: &Cmd) -> Outcome {
+    let conns = cmd.connections.clamp(1, clients.len());
+    let per = cmd.in_flight.max(1);
+    if cmd.workload == "burst" {
+        // 8 calls written at once, then the 8 replies read.
+        let c = &mut clients[0];
+        if let Err(e) = c.call(&Input::Echo(common::payload(20)), true) {
+            return Outcome::failed(e);
+        }
+        let wd = Instant::now() + Duration::from_millis(cmd.warmup_ms);
+        for _ in 0..cmd.warmup {
+            if let Err(e) = c.pipelined(8, 8, wd + Duration::from_secs(60)) {
+                return Outcome::failed(e);
+            }
+            if Instant::now() >= wd {
+                break;
+            }
+        }
+        let mut s = Series::start(cmd);
+        let deadline = Instant::now() + Duration::from_millis(cmd.max_ms);
+        let mut calls = 0;
+        for _ in 0..cmd.iters.max(1) {
+            let t = Instant::now();
+            match c.pipelined(8, 8, deadline + Duration::from_secs(60)) {
+                Ok(n) => calls += n,
+                Err(e) => return Outcome::failed(e),
+            }
+            let e = Instant::now();
+            s.push((e - t) / 8);
+            if e >= deadline {
+                break;
+            }
+        }
+        return s.finish(calls);
+    }
+    if let Err(e) = clients[0].call(&Input::Echo(common::payload(20)), true) {
+        return Outcome::failed(e);
+    }
+    let mut out = Outcome::default();
+    for phase in 0..2 {
+        let (ms, cap) = if phase == 0 {
+            (cmd.warmup_ms, cmd.warmup as u64 * per as u64)
+        } else {
+            (cmd.max_ms, cmd.iters as u64 * per as u64)
+        };
+        let deadline = Instant::now() + Duration::from_millis(ms);
+        let series = (phase == 1).then(|| Series::start(cmd));
+        let results: Vec<Result<u64, String>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = clients
+                .iter_mut()
+                .take(conns)
+                .map(|c| sc.spawn(move || c.pipelined(per, cap, deadline)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("client thread"))
+                .collect()
+        });
+        let mut total = 0;
+        for r in results {
+            match r {
+                Ok(n) => total += n,
+                Err(e) => return Outcome::failed(e),
+            }
+        }
+        if let Some(s) = series {
+            out = s.finish(total);
+        }
+    }
+    out
+}
+
+fn run<S: Stream>(clients: &mut [Client<S>], cmd: &Cmd) -> Outcome {
+    match cmd.workload.as_str() {
+        "throughput" | "burst" => run_pipelined(clients, cmd),
+        _ => common::run_sync(&mut clients[0], cmd),
+    }
+}
+
+const CONNS: usize = 4;
+
+fn main() {
+    let uds = std::env::args().any(|a| a == "--uds");
+    common::blob_pool();
+    structs_encoded();
+    if uds {
+        let path =
+            std::env::temp_dir().join(format!("topspin-bench-raw-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).expect("bind unix socket");
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                std::thread::spawn(move || serve_conn(s));
+            }
+        });
+        let mut clients: Vec<_> = (0..CONNS)
+            .map(|_| Client::new(UnixStream::connect(&path).expect("connect")))
+            .collect();
+        common::serve_commands("raw-uds", |cmd| run(&mut clients, cmd));
+        let _ = std::fs::remove_file(&path);
+    } else {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                s.set_nodelay(true).expect("nodelay");
+                std::thread::spawn(move || serve_conn(s));
+            }
+        });
+        let mut clients: Vec<_> = (0..CONNS)
+            .map(|_| {
+                let s = TcpStream::connect(addr).expect("connect");
+                s.set_nodelay(true).expect("nodelay");
+                Client::new(s)
+            })
+            .collect();
+        common::serve_commands("raw", |cmd| run(&mut clients, cmd));
+    }
+}

@@ -1,0 +1,720 @@
+//! `topspin-bench`: topspin against the raw-socket floor and tonic, tarpc, capnp-rpc and Thrift,
+//! on the workloads of `shared/benchmarks.md`. See README.md.
+//!
+//! The driver starts one peer process per system (each hosts that system's server and client,
+//! built as its own Cargo package so features never unify across peers), then, for every
+//! workload, runs the systems one after another (A B C … A B C …, three times), each series
+//! after a warm-up whose first call is checked for correct content. It prints one table per
+//! workload and optionally writes JSON and PNG plots.
+
+mod plots;
+mod report;
+
+use report::{Record, Run};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use topspin_bench_common::{Cmd, Outcome};
+
+/// A system under test: output name, peer binary, its arguments, transport.
+#[derive(Clone, Debug)]
+struct System {
+    name: &'static str,
+    bin: &'static str,
+    args: &'static [&'static str],
+    transport: &'static str,
+}
+
+const SYSTEMS: &[System] = &[
+    System {
+        name: "raw",
+        bin: "topspin-bench-raw",
+        args: &[],
+        transport: "tcp",
+    },
+    System {
+        name: "raw-uds",
+        bin: "topspin-bench-raw",
+        args: &["--uds"],
+        transport: "uds",
+    },
+    System {
+        name: "topspin",
+        bin: "topspin-bench-topspin",
+        args: &[],
+        transport: "tcp",
+    },
+    System {
+        name: "topspin-uds",
+        bin: "topspin-bench-topspin",
+        args: &["--uds"],
+        transport: "uds",
+    },
+    System {
+        name: "tonic",
+        bin: "topspin-bench-tonic",
+        args: &[],
+        transport: "tcp",
+    },
+    System {
+        name: "tarpc",
+        bin: "topspin-bench-tarpc",
+        args: &[],
+        transport: "tcp",
+    },
+    System {
+        name: "capnp",
+        bin: "topspin-bench-capnp",
+        args: &[],
+        transport: "tcp",
+    },
+    System {
+        name: "thrift",
+        bin: "topspin-bench-thrift",
+        args: &[],
+        transport: "tcp",
+    },
+];
+
+/// The frameworks a row's "× best peer" compares with.
+pub(crate) const PEERS: &[&str] = &["tonic", "tarpc", "capnp", "thrift"];
+
+/// One point of a workload: what the driver asks every system to run.
+#[derive(Clone, Debug)]
+pub(crate) struct Item {
+    /// Name in the JSON (`allocs` for both allocation series).
+    pub(crate) workload: &'static str,
+    /// Peer command (`allocs_echo`, `allocs_answer`, else = workload).
+    pub(crate) cmd: &'static str,
+    pub(crate) size: Option<u64>,
+    pub(crate) connections: usize,
+    pub(crate) in_flight: usize,
+}
+
+fn item(workload: &'static str, size: Option<u64>) -> Item {
+    Item {
+        workload,
+        cmd: workload,
+        size,
+        connections: 1,
+        in_flight: 1,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Smoke,
+    Quick,
+    Full,
+}
+
+fn plan(mode: Mode) -> Vec<Item> {
+    let mut v = Vec::new();
+    let echo: &[u64] = match mode {
+        Mode::Quick => &[20, 20000, 2000000],
+        _ => &[20, 200, 2000, 20000, 200000, 2000000, 16777216],
+    };
+    for &n in echo {
+        v.push(item("echo", Some(n)));
+    }
+    v.push(item("answer", None));
+    let blobs: Vec<u64> = match mode {
+        Mode::Quick => vec![1 << 20],
+        Mode::Smoke => vec![1 << 10, 1 << 20, 16 << 20],
+        Mode::Full => (10..=24).map(|p| 1u64 << p).collect(),
+    };
+    for n in blobs {
+        v.push(item("blob", Some(n)));
+    }
+    v.push(item("structs", None));
+    if mode != Mode::Quick {
+        v.push(item("nymph_uint32", None));
+        v.push(item("nymph_double", None));
+        for n in [1, 5, 10, 100, 1000, 10000] {
+            v.push(item("nymph_array", Some(n)));
+        }
+        for n in [1, 10, 100, 1000, 10000, 100000, 200000, 500000, 1000000] {
+            v.push(item("nymph_blob", Some(n)));
+        }
+    }
+    let tp: &[(usize, usize)] = match mode {
+        Mode::Quick => &[(1, 64)],
+        _ => &[(1, 1), (1, 16), (1, 64), (1, 256), (4, 16), (4, 64)],
+    };
+    for &(c, p) in tp {
+        v.push(Item {
+            workload: "throughput",
+            cmd: "throughput",
+            size: Some(20),
+            connections: c,
+            in_flight: p,
+        });
+    }
+    v.push(Item {
+        workload: "burst",
+        cmd: "burst",
+        size: Some(20),
+        connections: 1,
+        in_flight: 8,
+    });
+    v.push(Item {
+        workload: "allocs",
+        cmd: "allocs_echo",
+        size: Some(20),
+        connections: 1,
+        in_flight: 1,
+    });
+    v.push(Item {
+        workload: "allocs",
+        cmd: "allocs_answer",
+        size: None,
+        connections: 1,
+        in_flight: 1,
+    });
+    v
+}
+
+fn command(mode: Mode, it: &Item) -> Cmd {
+    let (warmup, warmup_ms, iters, max_ms) = match mode {
+        Mode::Smoke => (2, 0, 5, 200),
+        Mode::Quick => (2000, 40, 200_000, 150),
+        Mode::Full => (5000, 100, 1_000_000, 400),
+    };
+    let big = it.size.unwrap_or(0) >= 1 << 20 || it.workload == "structs";
+    Cmd {
+        workload: it.cmd.to_string(),
+        size: it.size.unwrap_or(0),
+        connections: it.connections,
+        in_flight: it.in_flight,
+        warmup,
+        // Big calls take milliseconds: give their warm-up a few of them.
+        warmup_ms: if big && mode != Mode::Smoke {
+            warmup_ms.max(60)
+        } else {
+            warmup_ms
+        },
+        iters,
+        max_ms: if big && mode == Mode::Full {
+            max_ms * 2
+        } else {
+            max_ms
+        },
+    }
+}
+
+/// A running peer process.
+struct Peer {
+    sys: System,
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Peer {
+    fn start(sys: &System, bin_dir: &Path) -> Result<Peer, String> {
+        let path = bin_dir.join(sys.bin);
+        if !path.exists() {
+            return Err(format!(
+                "{} not found (build it: scripts/bench.sh builds every peer)",
+                path.display()
+            ));
+        }
+        let mut child = Command::new(&path)
+            .args(sys.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", path.display()))?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut p = Peer {
+            sys: sys.clone(),
+            child,
+            stdin,
+            lines: rx,
+        };
+        match p.lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) if l.starts_with("ready") => Ok(p),
+            Ok(l) => {
+                p.stop();
+                Err(format!("{}: unexpected first line {l:?}", sys.name))
+            }
+            Err(_) => {
+                p.stop();
+                Err(format!("{}: did not start within 60 s", sys.name))
+            }
+        }
+    }
+
+    fn run(&mut self, cmd: &Cmd) -> Outcome {
+        let line = serde_json::to_string(cmd).expect("command serialises");
+        if writeln!(self.stdin, "{line}")
+            .and_then(|_| self.stdin.flush())
+            .is_err()
+        {
+            return Outcome::failed(format!("{}: peer process is gone", self.sys.name));
+        }
+        // Bounded: the series' own bounds plus generous slack for one very slow call.
+        let limit = Duration::from_millis(cmd.warmup_ms + cmd.max_ms * 3) + Duration::from_secs(60);
+        match self.lines.recv_timeout(limit) {
+            Ok(l) => serde_json::from_str(&l)
+                .unwrap_or_else(|e| Outcome::failed(format!("bad reply {l:?}: {e}"))),
+            Err(_) => Outcome::failed(format!("{}: no reply within {:?}", self.sys.name, limit)),
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.stdin.flush();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(3) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Args {
+    mode: Mode,
+    json: Option<PathBuf>,
+    plots: Option<PathBuf>,
+    systems: Option<Vec<String>>,
+    workloads: Option<Vec<String>>,
+    reps: Option<usize>,
+    bin_dir: PathBuf,
+    callgrind: bool,
+    syscalls: bool,
+}
+
+const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--plots DIR]
+                     [--systems raw,topspin,...] [--workloads echo,answer,...] [--reps N]
+                     [--bin-dir DIR]
+       topspin-bench --callgrind [--bin-dir DIR]
+       topspin-bench --syscalls [--systems ...] [--bin-dir DIR]
+
+  (default)    the full run: every workload and size of shared/benchmarks.md (~12 min)
+  --quick      echo 20/20000/2000000, answer, blob 1 MiB, structs, throughput (1,64), burst,
+               allocs; every system; under 90 s
+  --smoke      every workload, few calls, one repetition: checks every system returns correct
+               data; exits non-zero on any failure; asserts no timings (CI)
+  --syscalls   syscalls and write syscalls per call (echo 20 B; burst of 8) of every system,
+               counted with strace -f -c (needs strace)
+  --callgrind  instructions per call of topspin's echo 20 B and answer (client + server), from
+               two valgrind runs of different lengths (needs valgrind)
+  systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift";
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        mode: Mode::Full,
+        json: None,
+        plots: None,
+        systems: None,
+        workloads: None,
+        reps: None,
+        bin_dir: std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| PathBuf::from(".")),
+        callgrind: false,
+        syscalls: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        let mut val = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match x.as_str() {
+            "--quick" => a.mode = Mode::Quick,
+            "--smoke" => a.mode = Mode::Smoke,
+            "--full" => a.mode = Mode::Full,
+            "--json" => a.json = Some(val("--json")?.into()),
+            "--plots" => a.plots = Some(val("--plots")?.into()),
+            "--systems" => {
+                a.systems = Some(val("--systems")?.split(',').map(str::to_string).collect())
+            }
+            "--workloads" => {
+                a.workloads = Some(val("--workloads")?.split(',').map(str::to_string).collect())
+            }
+            "--reps" => a.reps = Some(val("--reps")?.parse().map_err(|e| format!("--reps: {e}"))?),
+            "--bin-dir" => a.bin_dir = val("--bin-dir")?.into(),
+            "--callgrind" => a.callgrind = true,
+            "--syscalls" => a.syscalls = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            o => return Err(format!("unknown argument {o}\n{USAGE}")),
+        }
+    }
+    Ok(a)
+}
+
+fn load_avg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    if args.callgrind {
+        std::process::exit(callgrind(&args.bin_dir));
+    }
+    if args.syscalls {
+        std::process::exit(syscalls(&args));
+    }
+    let t_start = Instant::now();
+    let started = report::rfc3339_now();
+    let load_start = load_avg();
+    let systems: Vec<System> = SYSTEMS
+        .iter()
+        .filter(|s| {
+            args.systems
+                .as_ref()
+                .is_none_or(|l| l.iter().any(|n| n == s.name))
+        })
+        .cloned()
+        .collect();
+    let items: Vec<Item> = plan(args.mode)
+        .into_iter()
+        .filter(|i| {
+            args.workloads
+                .as_ref()
+                .is_none_or(|l| l.iter().any(|n| n == i.workload || n == i.cmd))
+        })
+        .collect();
+    let reps = args
+        .reps
+        .unwrap_or(if args.mode == Mode::Smoke { 1 } else { 3 });
+
+    eprintln!(
+        "topspin-bench: {:?} run, {} systems × {} series × {} repetitions; load average {:.2}",
+        args.mode,
+        systems.len(),
+        items.len(),
+        reps,
+        load_start
+    );
+    let mut peers = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
+    for s in &systems {
+        match Peer::start(s, &args.bin_dir) {
+            Ok(p) => peers.push(p),
+            Err(e) => {
+                eprintln!("topspin-bench: skipping {}: {e}", s.name);
+                failures.push(e);
+            }
+        }
+    }
+
+    // Let the peers' start-up (random data, connections) settle before the first series.
+    if args.mode != Mode::Smoke {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut records: Vec<Record> = Vec::new();
+    for it in &items {
+        let cmd = command(args.mode, it);
+        let mut outs: Vec<Vec<Outcome>> = vec![Vec::new(); peers.len()];
+        for _ in 0..reps {
+            for (i, p) in peers.iter_mut().enumerate() {
+                outs[i].push(p.run(&cmd));
+            }
+        }
+        for (p, o) in peers.iter().zip(outs) {
+            let r = Record::aggregate(it, p.sys.name, p.sys.transport, &o);
+            if let Some(e) = &r.error {
+                let msg = format!("{} {} size {:?}: {e}", p.sys.name, it.cmd, it.size);
+                eprintln!("topspin-bench: FAILED {msg}");
+                failures.push(msg);
+            }
+            records.push(r);
+        }
+        eprint!(".");
+        let _ = std::io::stderr().flush();
+    }
+    eprintln!();
+    for p in &mut peers {
+        p.stop();
+    }
+    let load_end = load_avg();
+    report::fill_ratios(&mut records);
+    let run = Run {
+        version: 1,
+        started,
+        load_avg_start: load_start,
+        load_avg_end: load_end,
+        noisy: load_start.is_nan() || load_start > 1.5,
+        machine: report::machine(),
+        records,
+    };
+    let smoke = args.mode == Mode::Smoke;
+    report::print_tables(&run, smoke);
+    println!(
+        "\nthread layout: every peer is one process; its server runs on its own runtime/threads \
+         (tokio multi-thread with the default worker count for topspin, tonic, tarpc; a \
+         current-thread runtime + LocalSet on its own thread for capnp; one thread per \
+         connection for raw and thrift); its client runs on the main thread (current-thread \
+         tokio runtime for the async systems, blocking calls for raw and thrift)."
+    );
+    println!(
+        "load average {:.2} at start, {:.2} at end{}; {} s",
+        run.load_avg_start,
+        run.load_avg_end,
+        if run.noisy {
+            " — NOISY: the load at start was above 1.5, compare ratios only"
+        } else {
+            ""
+        },
+        t_start.elapsed().as_secs()
+    );
+    if let Some(f) = &args.json {
+        match std::fs::write(f, serde_json::to_string_pretty(&run).expect("serialises")) {
+            Ok(()) => println!("wrote {}", f.display()),
+            Err(e) => {
+                eprintln!("topspin-bench: writing {}: {e}", f.display());
+                failures.push(e.to_string());
+            }
+        }
+    }
+    if let Some(d) = &args.plots {
+        match plots::draw(&run, d) {
+            Ok(files) => {
+                for f in files {
+                    println!("wrote {}", f.display());
+                }
+            }
+            Err(e) => {
+                eprintln!("topspin-bench: plots: {e}");
+                failures.push(format!("plots: {e}"));
+            }
+        }
+    }
+    if !failures.is_empty() {
+        eprintln!("topspin-bench: {} failure(s):", failures.len());
+        for f in &failures {
+            eprintln!("  {f}");
+        }
+        std::process::exit(1);
+    }
+    if smoke {
+        println!("smoke: every system returned correct data for every workload");
+    }
+}
+
+/// Instructions per call of topspin's hot path under callgrind: (Ir(N2) − Ir(N1)) / (N2 − N1)
+/// cancels start-up, connection set-up and warm-up.
+fn callgrind(bin_dir: &Path) -> i32 {
+    let bin = bin_dir.join("topspin-bench-topspin");
+    if !bin.exists() {
+        eprintln!("{} not found; build it first", bin.display());
+        return 1;
+    }
+    let dir = std::env::temp_dir().join(format!("topspin-callgrind-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let (n1, n2) = (1000u64, 6000u64);
+    for (workload, transport) in [("echo", "tcp"), ("answer", "tcp"), ("echo", "uds")] {
+        // Three pairs of runs; the median pair is reported (an occasional run takes a different
+        // scheduling path under valgrind's serialised threads and lands a few % off).
+        let mut per_call = Vec::new();
+        let mut last = None;
+        for rep in 0..3 {
+            let mut irs = Vec::new();
+            for n in [n1, n2] {
+                let out = dir.join(format!("{workload}-{transport}-{n}-{rep}.out"));
+                let mut c = Command::new("valgrind");
+                c.arg("--tool=callgrind")
+                    .arg(format!("--callgrind-out-file={}", out.display()))
+                    .arg(&bin)
+                    .args(["--callgrind", &n.to_string(), "--workload", workload]);
+                if transport == "uds" {
+                    c.arg("--uds");
+                }
+                match c.stdout(Stdio::null()).stderr(Stdio::null()).status() {
+                    Ok(s) if s.success() => {}
+                    other => {
+                        eprintln!("valgrind failed: {other:?} (is valgrind installed?)");
+                        return 1;
+                    }
+                }
+                let total = std::fs::read_to_string(&out).ok().and_then(|s| {
+                    s.lines()
+                        .find_map(|l| {
+                            l.strip_prefix("totals: ")
+                                .or_else(|| l.strip_prefix("summary: "))
+                        })
+                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                });
+                match total {
+                    Some(t) => irs.push(t),
+                    None => {
+                        eprintln!("no instruction total in {}", out.display());
+                        return 1;
+                    }
+                }
+                last = Some(out);
+            }
+            per_call.push((irs[1] as f64 - irs[0] as f64) / (n2 - n1) as f64);
+        }
+        let all = per_call.clone();
+        per_call.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+        println!(
+            "topspin {workload} {}{transport}: {:.0} instructions per call (client + server; \
+             median of 3: {}); profile: {}",
+            if workload == "echo" { "20 B " } else { "" },
+            per_call[1],
+            all.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            last.map(|p| p.display().to_string()).unwrap_or_default()
+        );
+    }
+    println!("inspect a profile with: callgrind_annotate --inclusive=yes <file> | head -60");
+    0
+}
+
+/// Syscalls per call from `strace -f -c`: a run of N2 calls minus a run of N1 calls, so start-up
+/// and connection set-up cancel.
+fn syscalls(args: &Args) -> i32 {
+    let dir = std::env::temp_dir().join(format!("topspin-strace-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let (n1, n2) = (10u32, 2010u32);
+    println!(
+        "syscalls per call, client + server (strace -f -c; {} − {} calls)",
+        n2, n1
+    );
+    println!(
+        "  {:<12} {:>16} {:>16} {:>16}   echo: top syscalls",
+        "system", "echo 20 B: all", "echo: writes", "burst: writes"
+    );
+    for sys in SYSTEMS.iter().filter(|s| {
+        args.systems
+            .as_ref()
+            .is_none_or(|l| l.iter().any(|n| n == s.name))
+    }) {
+        let mut cols: Vec<String> = Vec::new();
+        let mut top = String::new();
+        for workload in ["echo", "burst"] {
+            let mut counts = Vec::new();
+            for n in [n1, n2] {
+                let out = dir.join(format!("{}-{workload}-{n}.txt", sys.name));
+                let cmd = Cmd {
+                    workload: workload.into(),
+                    size: 20,
+                    connections: 1,
+                    in_flight: 1,
+                    warmup: 1,
+                    warmup_ms: 0,
+                    iters: n,
+                    max_ms: 600_000,
+                };
+                let child = Command::new("strace")
+                    .args(["-f", "-c", "-o"])
+                    .arg(&out)
+                    .arg(args.bin_dir.join(sys.bin))
+                    .args(sys.args)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn();
+                let Ok(mut child) = child else {
+                    eprintln!("could not run strace (is it installed?)");
+                    return 1;
+                };
+                let mut stdin = child.stdin.take().expect("stdin");
+                let _ = writeln!(stdin, "{}", serde_json::to_string(&cmd).expect("cmd"));
+                let _ = writeln!(stdin, "quit");
+                drop(stdin);
+                let mut reply = String::new();
+                if let Some(o) = child.stdout.take() {
+                    for l in BufReader::new(o).lines().map_while(Result::ok) {
+                        if l.starts_with('{') {
+                            reply = l;
+                        }
+                    }
+                }
+                let _ = child.wait();
+                let o: Outcome = serde_json::from_str(&reply).unwrap_or_default();
+                counts.push((strace_counts(&out), o.unsupported));
+            }
+            let calls = (n2 - n1) as f64 * if workload == "burst" { 8.0 } else { 1.0 };
+            if counts.iter().any(|c| c.1) {
+                cols.push("—".into());
+                continue;
+            }
+            let per = |k: &str| {
+                (counts[1].0.get(k).copied().unwrap_or(0) as f64
+                    - counts[0].0.get(k).copied().unwrap_or(0) as f64)
+                    / calls
+            };
+            let mut names: Vec<&String> = counts[1].0.keys().collect();
+            names.sort();
+            names.dedup();
+            let writes: f64 = ["write", "writev", "sendto", "sendmsg", "pwrite64"]
+                .iter()
+                .map(|k| per(k))
+                .sum();
+            if workload == "echo" {
+                let mut all: Vec<(f64, &String)> = names.iter().map(|k| (per(k), *k)).collect();
+                all.sort_by(|a, b| b.0.partial_cmp(&a.0).expect("finite"));
+                let total: f64 = all.iter().map(|x| x.0).sum();
+                cols.push(format!("{total:.2}"));
+                top = all
+                    .iter()
+                    .filter(|x| x.0 >= 0.05)
+                    .map(|(v, k)| format!("{k} {v:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+            }
+            cols.push(format!("{writes:.2}"));
+        }
+        while cols.len() < 3 {
+            cols.push("—".into());
+        }
+        println!(
+            "  {:<12} {:>16} {:>16} {:>16}   {}",
+            sys.name, cols[0], cols[1], cols[2], top
+        );
+    }
+    0
+}
+
+/// Calls per syscall name from an `strace -c` summary.
+fn strace_counts(path: &Path) -> std::collections::HashMap<String, u64> {
+    let mut m = std::collections::HashMap::new();
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() >= 5 && f[0].chars().next().is_some_and(|c| c.is_ascii_digit()) {
+            let name = f[f.len() - 1];
+            if name == "total" {
+                continue;
+            }
+            if let Ok(c) = f[3].parse::<u64>() {
+                m.insert(name.to_string(), c);
+            }
+        }
+    }
+    m
+}

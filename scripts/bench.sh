@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The benchmark: topspin against the raw-socket floor and tonic, tarpc, capnp-rpc and Thrift,
+# side by side on this machine (crates/topspin-bench/README.md, shared/benchmarks.md).
+#
+#   scripts/bench.sh                 --quick (under 90 s): table on stdout, bench-out/quick.json,
+#                                    PNG plots in bench-out/
+#   scripts/bench.sh --full          every workload and size (~12 min): bench-out/full.json
+#   scripts/bench.sh --smoke         every system and workload returns correct data (CI)
+#   scripts/bench.sh --callgrind     instructions per call of topspin's hot paths (valgrind)
+#   scripts/bench.sh --syscalls      syscalls and writes per call of every system (strace)
+#   scripts/bench.sh --quick --systems raw,topspin,tarpc   (any topspin-bench option passes on)
+#
+# Each peer is its own Cargo package, built by its own `cargo build -p` so that Cargo never
+# unifies one peer's dependency features into another's. Output directory: BENCH_OUT (default
+# bench-out/); target directory: CARGO_TARGET_DIR (default target/).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+./scripts/setup.sh
+
+mode=--quick
+args=()
+for a in "$@"; do
+    case "$a" in
+        --quick|--full|--smoke|--callgrind|--syscalls) mode="$a" ;;
+        *) args+=("$a") ;;
+    esac
+done
+
+packages=(topspin-bench topspin-bench-tonic topspin-bench-tarpc topspin-bench-capnp topspin-bench-thrift)
+for p in "${packages[@]}"; do
+    cargo build --release --locked -q -p "$p"
+done
+bin="${CARGO_TARGET_DIR:-$root/target}/release"
+out="${BENCH_OUT:-$root/bench-out}"
+mkdir -p "$out"
+
+case "$mode" in
+    --smoke) exec "$bin/topspin-bench" --smoke "${args[@]}" ;;
+    --callgrind|--syscalls) exec "$bin/topspin-bench" "$mode" "${args[@]}" ;;
+    --full) name=full ;;
+    *) name=quick ;;
+esac
+exec "$bin/topspin-bench" "$mode" --json "$out/$name.json" --plots "$out" "${args[@]}"

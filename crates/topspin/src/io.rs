@@ -80,6 +80,7 @@ impl Io {
                 Err(e) => return Err(e),
             }
         }
+        self.stream.write_idle();
         Ok(true)
     }
 

@@ -5,8 +5,10 @@ use crate::address::Address;
 use bytes::BytesMut;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::task::{Context, Poll};
+use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
@@ -29,31 +31,79 @@ impl std::fmt::Display for PeerAddr {
     }
 }
 
+/// A connected socket, TCP or Unix.
 #[derive(Debug)]
-pub(crate) enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
+enum Sock {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl AsRawFd for Sock {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Sock::Tcp(s) => s.as_raw_fd(),
+            Sock::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl AsFd for Sock {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Sock::Tcp(s) => s.as_fd(),
+            Sock::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
+/// A connection's socket, used through readiness and non-blocking calls so one task can read
+/// while its writes wait.
+///
+/// It is registered with the reactor for **read** readiness only: every write on a TCP or Unix
+/// socket later raises an `EPOLLOUT` edge (when the peer acknowledges or reads), and with both
+/// interests each of them woke the reactor for nothing — one `epoll_wait` per call and side
+/// (more on Unix sockets). Writes go straight to the non-blocking socket; only when one would
+/// block is a duplicate descriptor registered for write readiness, and dropped once the queue
+/// has drained.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    sock: AsyncFd<Sock>,
+    writer: Option<AsyncFd<OwnedFd>>,
 }
 
 impl Stream {
+    #[allow(unsafe_code)]
+    fn new(sock: Sock) -> io::Result<Stream> {
+        // SAFETY: `sock` owns its descriptor, which stays open and the same for as long as the
+        // AsyncFd owns `sock` (tokio's registration contract).
+        let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
+        Ok(Stream { sock, writer: None })
+    }
+
+    pub(crate) fn from_tcp(s: TcpStream) -> io::Result<Stream> {
+        s.set_nodelay(true)?;
+        // into_std leaves the socket non-blocking.
+        Stream::new(Sock::Tcp(s.into_std()?))
+    }
+
+    pub(crate) fn from_unix(s: UnixStream) -> io::Result<Stream> {
+        Stream::new(Sock::Unix(s.into_std()?))
+    }
+
     pub(crate) async fn connect(addr: &Address) -> io::Result<Stream> {
         match addr {
-            Address::Tcp(hp) => {
-                let s = TcpStream::connect(hp.as_str()).await?;
-                s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
-            }
-            Address::Unix(p) => Ok(Stream::Unix(UnixStream::connect(p).await?)),
+            Address::Tcp(hp) => Stream::from_tcp(TcpStream::connect(hp.as_str()).await?),
+            Address::Unix(p) => Stream::from_unix(UnixStream::connect(p).await?),
         }
     }
 
     pub(crate) fn peer_addr(&self) -> PeerAddr {
-        match self {
-            Stream::Tcp(s) => s
+        match self.sock.get_ref() {
+            Sock::Tcp(s) => s
                 .peer_addr()
                 .map(PeerAddr::Tcp)
                 .unwrap_or(PeerAddr::Unix(None)),
-            Stream::Unix(s) => PeerAddr::Unix(
+            Sock::Unix(s) => PeerAddr::Unix(
                 s.peer_addr()
                     .ok()
                     .and_then(|a| a.as_pathname().map(|p| p.to_path_buf())),
@@ -61,35 +111,31 @@ impl Stream {
         }
     }
 
-    pub(crate) async fn readable(&self) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.readable().await,
-            Stream::Unix(s) => s.readable().await,
-        }
-    }
-
-    /// Read readiness, with the waker kept in the socket's single reader slot (cheaper than
-    /// `readable()`, which queues a waiter; only the connection task reads).
+    /// Read readiness (the waker is kept in the socket's single reader slot).
     pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self {
-            Stream::Tcp(s) => s.poll_read_ready(cx),
-            Stream::Unix(s) => s.poll_read_ready(cx),
+        // Dropping the guard leaves the readiness set; `try_read_buf` clears it.
+        self.sock.poll_read_ready(cx).map_ok(|_guard| ())
+    }
+
+    /// Write readiness: registers for it on first use after a write would have blocked.
+    pub(crate) fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.writer.is_none() {
+            let fd = self.sock.get_ref().as_fd().try_clone_to_owned()?;
+            self.writer = Some(watch_writable(fd)?);
+        }
+        match &self.writer {
+            Some(w) => w.poll_write_ready(cx).map_ok(|_guard| ()),
+            None => Poll::Ready(Ok(())),
         }
     }
 
-    /// Write readiness, likewise.
-    pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self {
-            Stream::Tcp(s) => s.poll_write_ready(cx),
-            Stream::Unix(s) => s.poll_write_ready(cx),
-        }
+    /// Everything queued was written: stop watching write readiness.
+    pub(crate) fn write_idle(&mut self) {
+        self.writer = None;
     }
 
-    pub(crate) async fn writable(&self) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.writable().await,
-            Stream::Unix(s) => s.writable().await,
-        }
+    pub(crate) async fn writable(&mut self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_write_ready(cx)).await
     }
 
     /// Reads into `buf`'s spare capacity. When the read returns less than was offered, the
@@ -99,14 +145,9 @@ impl Stream {
     /// that arrives after the `recv` raises a new readiness event that is not cleared.
     pub(crate) fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         let mut got = 0;
-        let r = match self {
-            Stream::Tcp(s) => s.try_io(Interest::READABLE, || {
-                recv_drained(socket2::SockRef::from(s), buf, &mut got)
-            }),
-            Stream::Unix(s) => s.try_io(Interest::READABLE, || {
-                recv_drained(socket2::SockRef::from(s), buf, &mut got)
-            }),
-        };
+        let r = self.sock.try_io(Interest::READABLE, |s| {
+            recv_drained(socket2::SockRef::from(s), buf, &mut got)
+        });
         match r {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
             other => other,
@@ -114,22 +155,29 @@ impl Stream {
     }
 
     pub(crate) fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.try_write_vectored(bufs),
-            Stream::Unix(s) => s.try_write_vectored(bufs),
+        let write = |_: &OwnedFd| socket2::SockRef::from(self.sock.get_ref()).send_vectored(bufs);
+        match &self.writer {
+            // While write readiness is watched, writes go through it so that a write that
+            // would block clears it (and the task waits for the next edge).
+            Some(w) => w.try_io(Interest::WRITABLE, write),
+            None => socket2::SockRef::from(self.sock.get_ref()).send_vectored(bufs),
         }
     }
 
     /// Closes the write side so the peer sees EOF after what was sent.
     pub(crate) fn shutdown_write(&self) {
-        let r = match self {
-            Stream::Tcp(s) => socket2::SockRef::from(s).shutdown(std::net::Shutdown::Write),
-            Stream::Unix(s) => socket2::SockRef::from(s).shutdown(std::net::Shutdown::Write),
-        };
+        let r = socket2::SockRef::from(self.sock.get_ref()).shutdown(std::net::Shutdown::Write);
         if let Err(e) = r {
             tracing::debug!("shutdown: {e}");
         }
     }
+}
+
+/// Registers a duplicate of a socket's descriptor for write readiness only.
+#[allow(unsafe_code)]
+fn watch_writable(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd owns `fd`, which stays open and the same until it is dropped.
+    Ok(unsafe { AsyncFd::register_with_interest(fd, Interest::WRITABLE) }?)
 }
 
 /// One `recv` into the spare capacity of `buf`. A short read (the socket had less than we
@@ -186,12 +234,8 @@ impl Listener {
 
     pub(crate) async fn accept(&self) -> io::Result<Stream> {
         match self {
-            Listener::Tcp(l) => {
-                let (s, _) = l.accept().await?;
-                s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
-            }
-            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept().await?.0)),
+            Listener::Tcp(l) => Stream::from_tcp(l.accept().await?.0),
+            Listener::Unix(l, _) => Stream::from_unix(l.accept().await?.0),
         }
     }
 }

@@ -146,17 +146,34 @@ pub(crate) async fn connect(
             if conn.is_established() {
                 return Ok(());
             }
-            tokio::select! {
-                r = io.stream.readable() => {
-                    r.map_err(|e| what(&e))?;
-                    match io.read(&mut conn) {
-                        Ok(true) => {}
-                        Ok(false) => return Err(what(&"the server closed the connection during the handshake")),
-                        Err(ReadError::Io(e)) => return Err(what(&e)),
-                        Err(ReadError::Protocol(e)) => return Err(what(&format!("the server does not speak the topspin protocol ({e})"))),
+            let readable = std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = io.stream.poll_read_ready(cx) {
+                    return Poll::Ready(r.map(|()| true));
+                }
+                if !all_written {
+                    if let Poll::Ready(r) = io.stream.poll_write_ready(cx) {
+                        return Poll::Ready(r.map(|()| false));
                     }
                 }
-                r = io.stream.writable(), if !all_written => { r.map_err(|e| what(&e))?; }
+                Poll::Pending
+            })
+            .await
+            .map_err(|e| what(&e))?;
+            if readable {
+                match io.read(&mut conn) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Err(what(
+                            &"the server closed the connection during the handshake",
+                        ))
+                    }
+                    Err(ReadError::Io(e)) => return Err(what(&e)),
+                    Err(ReadError::Protocol(e)) => {
+                        return Err(what(&format!(
+                            "the server does not speak the topspin protocol ({e})"
+                        )))
+                    }
+                }
             }
         }
     };

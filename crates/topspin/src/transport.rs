@@ -69,6 +69,8 @@ impl AsFd for Sock {
 pub(crate) struct Stream {
     sock: AsyncFd<Sock>,
     writer: Option<AsyncFd<OwnedFd>>,
+    /// Writes that completed without waiting since write readiness was last needed.
+    idle_writes: u32,
 }
 
 impl Stream {
@@ -77,7 +79,11 @@ impl Stream {
         // SAFETY: `sock` owns its descriptor, which stays open and the same for as long as the
         // AsyncFd owns `sock` (tokio's registration contract).
         let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
-        Ok(Stream { sock, writer: None })
+        Ok(Stream {
+            sock,
+            writer: None,
+            idle_writes: 0,
+        })
     }
 
     pub(crate) fn from_tcp(s: TcpStream) -> io::Result<Stream> {
@@ -119,6 +125,7 @@ impl Stream {
 
     /// Write readiness: registers for it on first use after a write would have blocked.
     pub(crate) fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.idle_writes = 0;
         if self.writer.is_none() {
             let fd = self.sock.get_ref().as_fd().try_clone_to_owned()?;
             self.writer = Some(watch_writable(fd)?);
@@ -129,9 +136,18 @@ impl Stream {
         }
     }
 
-    /// Everything queued was written: stop watching write readiness.
+    /// Everything queued was written. Write readiness stops being watched once 64 writes in a
+    /// row have not needed it: a connection moving large messages keeps its registration
+    /// (re-registering costs a dup, two epoll_ctl and a close), one making small calls loses
+    /// it and with it the spurious EPOLLOUT wake-ups.
     pub(crate) fn write_idle(&mut self) {
-        self.writer = None;
+        if self.writer.is_some() {
+            self.idle_writes += 1;
+            if self.idle_writes >= 64 {
+                self.writer = None;
+                self.idle_writes = 0;
+            }
+        }
     }
 
     pub(crate) async fn writable(&mut self) -> io::Result<()> {

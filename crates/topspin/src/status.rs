@@ -109,10 +109,12 @@ impl Status {
         let mut b = Metadata::builder();
         for (k, v) in self.metadata.iter() {
             if k != DETAILS_KEY {
-                b = match b.entry(k, v) {
-                    Ok(b) => b,
-                    Err(_) => unreachable_metadata(),
-                };
+                // Entries of a valid Metadata are valid; should one not be, keep the trailers
+                // whole and drop the details rather than lose entries.
+                match b.entry(k, v) {
+                    Ok(next) => b = next,
+                    Err(_) => return self.metadata.clone(),
+                }
             }
         }
         match b.binary(DETAILS_KEY, &self.details) {
@@ -120,11 +122,6 @@ impl Status {
             Err(_) => self.metadata.clone(), // details over 64 KiB: sent without them
         }
     }
-}
-
-fn unreachable_metadata() -> topspin_proto::MetadataBuilder {
-    // Entries of a valid Metadata are valid; keep going without them rather than panic.
-    Metadata::builder()
 }
 
 impl fmt::Debug for Status {

@@ -331,7 +331,6 @@ impl ServerConn {
                                 "{} takes one request message, got none",
                                 &*ctx.method
                             ));
-                            self.calls.insert(id.0, placeholder());
                             self.end(id.0, st, Metadata::new());
                         }
                     },
@@ -398,7 +397,6 @@ impl ServerConn {
                 "method {} is not implemented by this server",
                 &*method
             ));
-            self.calls.insert(id, placeholder());
             self.end(id, st, Metadata::new());
             return;
         };
@@ -408,7 +406,6 @@ impl ServerConn {
                 &*method,
                 handler.codec()
             ));
-            self.calls.insert(id, placeholder());
             self.end(id, st, Metadata::new());
             return;
         }
@@ -546,7 +543,8 @@ impl ServerConn {
         }
     }
 
-    /// Ends a call with a status (waiting for a message still being sent, if any).
+    /// Ends a call with a status (waiting for a message still being sent, if any). Also used
+    /// to refuse a call that never got state here (unknown method, wrong codec).
     fn end(&mut self, id: u32, status: Status, trailers: Metadata) {
         let st = topspin_proto::Status::new(status.code(), status.message().to_owned());
         match self.conn.end_call(CallId(id), &st, &trailers) {
@@ -557,14 +555,9 @@ impl ServerConn {
                     return;
                 }
             }
-            Err(CallError::MetadataTooLarge { size, limit }) => {
-                let st = topspin_proto::Status::new(
-                    Code::Internal,
-                    format!("the status message and trailers ({size} bytes) exceed the client's max_metadata_size of {limit} bytes"),
-                );
-                let _ = self.conn.end_call(CallId(id), &st, &Metadata::new());
-            }
-            Err(_) => {} // already over
+            // A status too large for the client is shortened by the engine; anything else
+            // means the call is already over.
+            Err(_) => {}
         }
         if let Some(Call::Running {
             cancel, blocked, ..
@@ -631,15 +624,5 @@ impl ServerConn {
         if let Some((status, trailers)) = end.map(|b| *b) {
             self.end(id, status, trailers);
         }
-    }
-}
-
-/// A call that is being refused: it only exists until its END is queued.
-fn placeholder() -> Call {
-    Call::Running {
-        cancel: Cancellation::default(),
-        inbound: None,
-        blocked: None,
-        end: None,
     }
 }

@@ -316,6 +316,20 @@ impl CreditReturn for ClientCredit {
     }
 }
 
+/// Waits for a call's one response and decodes it; the call is no longer cancelled on drop once
+/// its answer has arrived.
+async fn reply<C: Codec>(
+    codec: &C,
+    rx: completion::Waiter<Result<Response<Bytes>, Status>>,
+    mut guard: CallGuard,
+) -> Result<Response<C::Decode>, Status> {
+    let r = rx.await;
+    guard.disarm();
+    let resp = r.ok_or_else(|| Status::unavailable("the connection task ended"))??;
+    let (m, md, tr) = resp.into_parts();
+    Ok(Response::from_parts(codec.decode(m)?, md, tr))
+}
+
 fn decoder<C: Codec>(codec: C) -> Box<dyn FnMut(Bytes) -> Result<C::Decode, Status> + Send> {
     Box::new(move |b| codec.decode(b))
 }
@@ -367,18 +381,14 @@ impl Channel {
             message: Some(message),
             sink: Sink::Unary(tx),
         };
-        let mut guard = CallGuard {
+        let guard = CallGuard {
             tx: Some(h.tx.clone()),
             token,
         };
         h.tx.send(Cmd::Start(start)).map_err(|_| {
             Status::unavailable("the connection closed; the call was not sent and is safe to retry")
         })?;
-        let r = rx.await;
-        guard.disarm();
-        let resp = r.ok_or_else(|| Status::unavailable("the connection task ended"))??;
-        let (m, md, tr) = resp.into_parts();
-        Ok(Response::from_parts(codec.decode(m)?, md, tr))
+        reply(&codec, rx, guard).await
     }
 
     /// Several unary calls to one method, written to the socket together (one write for all
@@ -435,18 +445,7 @@ impl Channel {
         for w in waits {
             out.push(match w {
                 Err(e) => Err(e),
-                Ok((rx, mut guard)) => {
-                    let r = rx.await;
-                    guard.disarm();
-                    match r {
-                        Some(Ok(resp)) => {
-                            let (m, md, tr) = resp.into_parts();
-                            codec.decode(m).map(|m| Response::from_parts(m, md, tr))
-                        }
-                        Some(Err(s)) => Err(s),
-                        None => Err(Status::unavailable("the connection task ended")),
-                    }
-                }
+                Ok((rx, guard)) => reply(&codec, rx, guard).await,
             });
         }
         out
@@ -585,7 +584,7 @@ impl Channel {
             message: None,
             sink: Sink::Unary(tx),
         };
-        let mut guard = CallGuard {
+        let guard = CallGuard {
             tx: Some(h.tx.clone()),
             token,
         };
@@ -593,11 +592,7 @@ impl Channel {
             Status::unavailable("the connection closed; the call was not sent and is safe to retry")
         })?;
         Self::pump(codec.clone(), h.tx.clone(), token, Box::pin(requests));
-        let r = rx.await;
-        guard.disarm();
-        let resp = r.ok_or_else(|| Status::unavailable("the connection task ended"))??;
-        let (m, md, tr) = resp.into_parts();
-        Ok(Response::from_parts(codec.decode(m)?, md, tr))
+        reply(&codec, rx, guard).await
     }
 
     /// A bidirectional streaming call. Returns once the response headers (or the first

@@ -3,37 +3,32 @@
 use std::time::Duration;
 use topspin_proto::Settings;
 
-/// Limits and timeouts of one side of a connection, with documented defaults.
+/// Limits and timeouts of one side of a connection, with documented defaults. Every bound on
+/// what a peer can make this side hold is here.
 ///
 /// ```
+/// use std::time::Duration;
 /// use topspin::Config;
-/// let c = Config::default();
-/// assert_eq!(c.max_message_size, 64 * 1024 * 1024);
+/// let c = Config::default()
+///     .with_max_message_size(4 * 1024 * 1024)
+///     .with_idle_timeout(Some(Duration::from_secs(300)));
+/// assert_eq!(c.max_message_size(), 4 * 1024 * 1024);
+/// assert_eq!(Config::default().max_send_buffer(), 4 * 1024 * 1024);
 /// ```
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Largest message this side accepts (default 64 MiB). A larger one fails its call with
-    /// `RESOURCE_EXHAUSTED`; the connection goes on.
-    pub max_message_size: u32,
-    /// Most calls the peer may have open at once on one connection (default 1024).
-    pub max_concurrent_calls: u32,
-    /// Largest frame this side accepts (default 16 MiB; at least 16 KiB).
-    pub max_frame_size: u32,
-    /// Largest metadata block this side accepts (default 16 KiB).
-    pub max_metadata_size: u32,
-    /// Flow-control window per call and direction, in bytes (default 1 MiB).
-    pub initial_call_window: u32,
-    /// Time allowed for the connection preface and settings exchange (default 10 s).
-    pub handshake_timeout: Duration,
-    /// A frame that has started to arrive must complete within this (default 30 s): a peer that
-    /// sends half a frame and stalls is disconnected.
-    pub frame_timeout: Duration,
-    /// Close a connection that has had no open call for this long (default: never).
-    pub idle_timeout: Option<Duration>,
-    /// Send a PING after this long without receiving anything (default: never).
-    pub keepalive_interval: Option<Duration>,
-    /// Close the connection if a keep-alive PING is not answered within this (default 20 s).
-    pub keepalive_timeout: Duration,
+    max_message_size: u32,
+    max_concurrent_calls: u32,
+    max_frame_size: u32,
+    max_metadata_size: u32,
+    initial_call_window: u32,
+    max_send_buffer: usize,
+    max_pending_calls: usize,
+    handshake_timeout: Duration,
+    frame_timeout: Duration,
+    idle_timeout: Option<Duration>,
+    keepalive_interval: Option<Duration>,
+    keepalive_timeout: Duration,
 }
 
 impl Default for Config {
@@ -45,6 +40,8 @@ impl Default for Config {
             max_frame_size: s.max_frame_size,
             max_metadata_size: s.max_metadata_size,
             initial_call_window: s.initial_call_window,
+            max_send_buffer: 4 * 1024 * 1024,
+            max_pending_calls: 4096,
             handshake_timeout: Duration::from_secs(10),
             frame_timeout: Duration::from_secs(30),
             idle_timeout: None,
@@ -54,7 +51,80 @@ impl Default for Config {
     }
 }
 
+macro_rules! field {
+    ($(#[doc = $doc:literal])* $name:ident, $with:ident: $ty:ty) => {
+        $(#[doc = $doc])*
+        pub fn $name(&self) -> $ty {
+            self.$name
+        }
+
+        #[doc = concat!("Sets [`Config::", stringify!($name), "`].")]
+        #[must_use]
+        pub fn $with(mut self, value: $ty) -> Config {
+            self.$name = value;
+            self
+        }
+    };
+}
+
 impl Config {
+    field! {
+        /// Largest message this side accepts (default 64 MiB). A larger one fails its call with
+        /// `RESOURCE_EXHAUSTED`; the connection goes on.
+        max_message_size, with_max_message_size: u32
+    }
+    field! {
+        /// Most calls the peer may have open at once on one connection (default 1024).
+        max_concurrent_calls, with_max_concurrent_calls: u32
+    }
+    field! {
+        /// Largest frame this side accepts (default 16 MiB; at least 16 KiB).
+        max_frame_size, with_max_frame_size: u32
+    }
+    field! {
+        /// Largest metadata block this side accepts (default 16 KiB).
+        max_metadata_size, with_max_metadata_size: u32
+    }
+    field! {
+        /// Flow-control window per call and direction, in bytes (default 1 MiB).
+        initial_call_window, with_initial_call_window: u32
+    }
+    field! {
+        /// Bytes a connection may have produced and not yet handed to the transport (default
+        /// 4 MiB; a single larger message still goes, as one unit). Past it a server stops
+        /// reading from that connection and its handlers' sends wait, and a client's callers
+        /// wait for room to start calls or send messages — until the peer reads. This bounds
+        /// what a peer that never reads can make this side hold.
+        max_send_buffer, with_max_send_buffer: usize
+    }
+    field! {
+        /// Client: calls kept waiting on one connection because the server's
+        /// `max_concurrent_calls` is reached (default 4096); more fail at once with
+        /// `RESOURCE_EXHAUSTED`. A waiting call's deadline keeps running.
+        max_pending_calls, with_max_pending_calls: usize
+    }
+    field! {
+        /// Time allowed to connect and exchange the preface and settings (default 10 s).
+        handshake_timeout, with_handshake_timeout: Duration
+    }
+    field! {
+        /// A frame that has started to arrive must complete within this (default 30 s): a peer
+        /// that sends half a frame and stalls is disconnected.
+        frame_timeout, with_frame_timeout: Duration
+    }
+    field! {
+        /// Close a connection that has had no open call for this long (default: never).
+        idle_timeout, with_idle_timeout: Option<Duration>
+    }
+    field! {
+        /// Send a PING after this long without receiving anything (default: never).
+        keepalive_interval, with_keepalive_interval: Option<Duration>
+    }
+    field! {
+        /// Close the connection if a keep-alive PING is not answered within this (default 20 s).
+        keepalive_timeout, with_keepalive_timeout: Duration
+    }
+
     pub(crate) fn settings(&self) -> Settings {
         Settings {
             max_frame_size: self.max_frame_size,

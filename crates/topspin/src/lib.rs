@@ -29,9 +29,9 @@
 //! shutdown.shutdown(std::time::Duration::from_secs(1)).await;
 //! # Ok(()) }
 //! ```
-// Three audited `unsafe` lines, all in transport.rs, each with a measured reason: marking bytes
-// `recv` wrote as initialised, and registering a socket with the reactor for one readiness
-// only (tokio's descriptor-ownership contract). Everything else is safe code.
+// Three audited `unsafe` lines, all in transport/socket.rs, each with a measured reason: marking
+// bytes `recv` wrote as initialised, and registering a socket with the reactor for one
+// readiness only (tokio's descriptor-ownership contract). Everything else is safe code.
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
@@ -39,7 +39,7 @@ mod address;
 mod client;
 pub mod codec;
 mod config;
-mod io;
+mod connection;
 mod request;
 mod server;
 mod status;

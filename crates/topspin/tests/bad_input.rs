@@ -88,10 +88,7 @@ async fn truncated_frame_then_close_is_handled() {
 
 #[tokio::test]
 async fn half_a_frame_and_a_stall_is_disconnected_after_frame_timeout() {
-    let config = Config {
-        frame_timeout: Duration::from_millis(300),
-        ..Config::default()
-    };
+    let config = Config::default().with_frame_timeout(Duration::from_millis(300));
     let server = serve(builder(Probe::default()).config(config), Transport::Tcp).await;
     let mut sock = TcpStream::connect(tcp_addr(&server)).await.unwrap();
     let mut bytes = hello();
@@ -106,10 +103,7 @@ async fn half_a_frame_and_a_stall_is_disconnected_after_frame_timeout() {
 
 #[tokio::test]
 async fn a_silent_peer_is_disconnected_after_handshake_timeout() {
-    let config = Config {
-        handshake_timeout: Duration::from_millis(300),
-        ..Config::default()
-    };
+    let config = Config::default().with_handshake_timeout(Duration::from_millis(300));
     let server = serve(builder(Probe::default()).config(config), Transport::Tcp).await;
     let mut sock = TcpStream::connect(tcp_addr(&server)).await.unwrap();
     let (code, _) = server_error(&mut sock).await.unwrap();

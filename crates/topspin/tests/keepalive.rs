@@ -11,11 +11,9 @@ use topspin_proto::{ErrorCode, Settings};
 
 #[tokio::test]
 async fn a_peer_that_never_answers_pings_is_disconnected() {
-    let config = Config {
-        keepalive_interval: Some(Duration::from_millis(100)),
-        keepalive_timeout: Duration::from_millis(200),
-        ..Config::default()
-    };
+    let config = Config::default()
+        .with_keepalive_interval(Some(Duration::from_millis(100)))
+        .with_keepalive_timeout(Duration::from_millis(200));
     let server = serve(builder(Probe::default()).config(config), Transport::Tcp).await;
     let topspin::Address::Tcp(hp) = &server.addr else {
         unreachable!()
@@ -47,11 +45,9 @@ async fn a_peer_that_never_answers_pings_is_disconnected() {
 
 #[tokio::test]
 async fn a_real_client_answers_pings_and_stays_connected() {
-    let config = Config {
-        keepalive_interval: Some(Duration::from_millis(50)),
-        keepalive_timeout: Duration::from_millis(500),
-        ..Config::default()
-    };
+    let config = Config::default()
+        .with_keepalive_interval(Some(Duration::from_millis(50)))
+        .with_keepalive_timeout(Duration::from_millis(500));
     let server = serve(
         builder(Probe::default()).config(config.clone()),
         Transport::Unix,
@@ -71,10 +67,7 @@ async fn a_real_client_answers_pings_and_stays_connected() {
 
 #[tokio::test]
 async fn an_idle_connection_goes_away_and_the_next_call_reconnects() {
-    let config = Config {
-        idle_timeout: Some(Duration::from_millis(100)),
-        ..Config::default()
-    };
+    let config = Config::default().with_idle_timeout(Some(Duration::from_millis(100)));
     let server = serve(builder(Probe::default()).config(config), Transport::Tcp).await;
     let ch = server.channel().await;
     assert_eq!(unary(&ch, UNARY, "before").await.unwrap(), bytes("before"));

@@ -85,10 +85,7 @@ async fn calls_over_the_concurrency_limit_wait_their_turn() {
 
 #[tokio::test]
 async fn metadata_over_the_limit_is_refused() {
-    let config = Config {
-        max_metadata_size: 64,
-        ..Config::default()
-    };
+    let config = Config::default().with_max_metadata_size(64);
     let server = serve(builder(Probe::default()).config(config), Transport::Tcp).await;
     let ch = server.channel().await;
     let md = Metadata::builder()

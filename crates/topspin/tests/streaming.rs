@@ -134,10 +134,7 @@ async fn slow_reader_bounds_the_writer() {
         Transport::Tcp,
     )
     .await;
-    let config = Config {
-        initial_call_window: window,
-        ..Config::default()
-    };
+    let config = Config::default().with_initial_call_window(window);
     let ch = topspin::Endpoint::new(server.addr.clone())
         .unwrap()
         .config(config)

@@ -96,16 +96,19 @@ pub(crate) enum Input {
 /// Sends a streaming handler's output through its connection task.
 #[derive(Clone, Debug)]
 pub(crate) struct CallIo {
-    pub(crate) tx: mpsc::UnboundedSender<SCmd>,
+    pub(crate) tx: mpsc::Sender<SCmd>,
     pub(crate) id: u32,
 }
 
 impl CallIo {
-    fn headers(&self, metadata: Metadata) {
-        let _ = self.tx.send(SCmd::Headers {
-            id: self.id,
-            metadata,
-        });
+    async fn headers(&self, metadata: Metadata) {
+        let _ = self
+            .tx
+            .send(SCmd::Headers {
+                id: self.id,
+                metadata,
+            })
+            .await;
     }
 
     /// Sends one message, waiting for flow-control credit.
@@ -117,6 +120,7 @@ impl CallIo {
                 message,
                 ack,
             })
+            .await
             .map_err(|_| Status::unavailable("connection closed"))?;
         done.await
             .map_err(|_| Status::unavailable("connection closed"))?
@@ -185,7 +189,7 @@ where
     let (stream, headers, trailers) = resp.into_parts();
     // Headers go at once, so a client waiting for the stream to open is not held up until the
     // first message.
-    io.headers(headers);
+    io.headers(headers).await;
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
         let msg = match item.and_then(|m| codec.encode(m)) {
@@ -367,16 +371,19 @@ impl Future for Running {
 
 /// Credit for a server-side request stream goes back through the connection task.
 pub(crate) struct ServerCredit {
-    pub(crate) tx: mpsc::UnboundedSender<SCmd>,
+    pub(crate) tx: mpsc::Sender<SCmd>,
     pub(crate) id: u32,
 }
 
 impl CreditReturn for ServerCredit {
     fn give_back(&self, credit: u32) {
-        let _ = self.tx.send(SCmd::Credit {
-            id: self.id,
-            bytes: credit,
-        });
+        crate::connection::send_now(
+            &self.tx,
+            SCmd::Credit {
+                id: self.id,
+                bytes: credit,
+            },
+        );
     }
     fn abandon(&self) {}
 }

@@ -1,7 +1,7 @@
 //! The server: [`ServerBuilder`] registers methods, [`Server`] accepts connections and serves
 //! them until a graceful [`ShutdownHandle::shutdown`].
 
-mod driver;
+mod conn;
 pub(crate) mod handler;
 
 pub use handler::CallKind;
@@ -91,13 +91,13 @@ impl ServerBuilder {
 
     /// Largest request message accepted (default 64 MiB).
     pub fn max_message_size(mut self, bytes: u32) -> ServerBuilder {
-        self.config.max_message_size = bytes;
+        self.config = self.config.with_max_message_size(bytes);
         self
     }
 
     /// Most calls one connection may have open at once (default 1024).
     pub fn max_concurrent_calls(mut self, n: u32) -> ServerBuilder {
-        self.config.max_concurrent_calls = n;
+        self.config = self.config.with_max_concurrent_calls(n);
         self
     }
 
@@ -256,6 +256,21 @@ impl Server {
         self.shutdown.clone()
     }
 
+    /// Serves one connection over a connected transport, with this server's methods, limits
+    /// and shutdown (which it obeys like any accepted connection).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn serve_transport<T: crate::transport::Transport>(
+        &self,
+        transport: T,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        conn::serve(
+            transport,
+            self.registry.clone(),
+            self.config.clone(),
+            self.shutdown.signal.clone(),
+        )
+    }
+
     /// Serves connections until a shutdown completes. Each connection is a task of its own;
     /// its calls are handled on it.
     pub async fn serve(self) {
@@ -274,9 +289,8 @@ impl Server {
             tokio::select! {
                 accepted = async { listener.as_ref().map(|l| l.accept()).expect("listener present").await }, if listener.is_some() => {
                     match accepted {
-                        Ok(stream) => {
-                                                        let conn = driver::ServerConn::new(stream, registry.clone(), config.clone(), signal.clone());
-                            conns.spawn(conn.run());
+                        Ok(transport) => {
+                            conns.spawn(conn::serve(transport, registry.clone(), config.clone(), signal.clone()));
                         }
                         Err(e) => {
                             // Out of file descriptors and the like: keep serving the rest.
@@ -285,7 +299,7 @@ impl Server {
                         }
                     }
                 }
-                                _ = signal.token.cancelled(), if listener.is_some() => {
+                _ = signal.token.cancelled(), if listener.is_some() => {
                     listener = None; // stop accepting (and remove a Unix socket file)
                 }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}

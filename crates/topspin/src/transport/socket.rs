@@ -1,35 +1,16 @@
-//! Sockets: TCP (with TCP_NODELAY) and Unix domain sockets behind one type, used through
-//! readiness + non-blocking calls so one task can read and write at once.
+//! The socket transport: TCP (with TCP_NODELAY) and Unix domain sockets behind one type, used
+//! through readiness and non-blocking calls so one task can read and write at once. The
+//! crate's only readiness calls and raw descriptors live here.
 
+use super::{PeerAddr, Transport};
 use crate::address::Address;
 use bytes::BytesMut;
 use std::io::{self, IoSlice};
-use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::path::PathBuf;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-
-/// The address of the other end of a connection.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PeerAddr {
-    /// A TCP peer.
-    Tcp(SocketAddr),
-    /// A Unix socket peer (usually unnamed).
-    Unix(Option<PathBuf>),
-}
-
-impl std::fmt::Display for PeerAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PeerAddr::Tcp(a) => write!(f, "{a}"),
-            PeerAddr::Unix(Some(p)) => write!(f, "unix:{}", p.display()),
-            PeerAddr::Unix(None) => f.write_str("unix:(unnamed)"),
-        }
-    }
-}
+use tokio::net::{TcpStream, UnixStream};
 
 /// A connected socket, TCP or Unix.
 #[derive(Debug)]
@@ -66,65 +47,45 @@ impl AsFd for Sock {
 /// block is a duplicate descriptor registered for write readiness, and dropped once the queue
 /// has drained.
 #[derive(Debug)]
-pub(crate) struct Stream {
+pub(crate) struct SocketTransport {
     sock: AsyncFd<Sock>,
     writer: Option<AsyncFd<OwnedFd>>,
     /// Writes that completed without waiting since write readiness was last needed.
     idle_writes: u32,
 }
 
-impl Stream {
+impl SocketTransport {
     #[allow(unsafe_code)]
-    fn new(sock: Sock) -> io::Result<Stream> {
+    fn new(sock: Sock) -> io::Result<SocketTransport> {
         // SAFETY: `sock` owns its descriptor, which stays open and the same for as long as the
         // AsyncFd owns `sock` (tokio's registration contract).
         let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
-        Ok(Stream {
+        Ok(SocketTransport {
             sock,
             writer: None,
             idle_writes: 0,
         })
     }
 
-    pub(crate) fn from_tcp(s: TcpStream) -> io::Result<Stream> {
+    pub(crate) fn from_tcp(s: TcpStream) -> io::Result<SocketTransport> {
         s.set_nodelay(true)?;
         // into_std leaves the socket non-blocking.
-        Stream::new(Sock::Tcp(s.into_std()?))
+        SocketTransport::new(Sock::Tcp(s.into_std()?))
     }
 
-    pub(crate) fn from_unix(s: UnixStream) -> io::Result<Stream> {
-        Stream::new(Sock::Unix(s.into_std()?))
+    pub(crate) fn from_unix(s: UnixStream) -> io::Result<SocketTransport> {
+        SocketTransport::new(Sock::Unix(s.into_std()?))
     }
 
-    pub(crate) async fn connect(addr: &Address) -> io::Result<Stream> {
+    pub(crate) async fn connect(addr: &Address) -> io::Result<SocketTransport> {
         match addr {
-            Address::Tcp(hp) => Stream::from_tcp(TcpStream::connect(hp.as_str()).await?),
-            Address::Unix(p) => Stream::from_unix(UnixStream::connect(p).await?),
+            Address::Tcp(hp) => SocketTransport::from_tcp(TcpStream::connect(hp.as_str()).await?),
+            Address::Unix(p) => SocketTransport::from_unix(UnixStream::connect(p).await?),
         }
-    }
-
-    pub(crate) fn peer_addr(&self) -> PeerAddr {
-        match self.sock.get_ref() {
-            Sock::Tcp(s) => s
-                .peer_addr()
-                .map(PeerAddr::Tcp)
-                .unwrap_or(PeerAddr::Unix(None)),
-            Sock::Unix(s) => PeerAddr::Unix(
-                s.peer_addr()
-                    .ok()
-                    .and_then(|a| a.as_pathname().map(|p| p.to_path_buf())),
-            ),
-        }
-    }
-
-    /// Read readiness (the waker is kept in the socket's single reader slot).
-    pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // Dropping the guard leaves the readiness set; `try_read_buf` clears it.
-        self.sock.poll_read_ready(cx).map_ok(|_guard| ())
     }
 
     /// Write readiness: registers for it on first use after a write would have blocked.
-    pub(crate) fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.idle_writes = 0;
         if self.writer.is_none() {
             let fd = self.sock.get_ref().as_fd().try_clone_to_owned()?;
@@ -136,30 +97,12 @@ impl Stream {
         }
     }
 
-    /// Everything queued was written. Write readiness stops being watched once 64 writes in a
-    /// row have not needed it: a connection moving large messages keeps its registration
-    /// (re-registering costs a dup, two epoll_ctl and a close), one making small calls loses
-    /// it and with it the spurious EPOLLOUT wake-ups.
-    pub(crate) fn write_idle(&mut self) {
-        if self.writer.is_some() {
-            self.idle_writes += 1;
-            if self.idle_writes >= 64 {
-                self.writer = None;
-                self.idle_writes = 0;
-            }
-        }
-    }
-
-    pub(crate) async fn writable(&mut self) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.poll_write_ready(cx)).await
-    }
-
     /// Reads into `buf`'s spare capacity. When the read returns less than was offered, the
     /// socket is drained: its readiness is cleared in the same step, which saves the extra
     /// `read` that would otherwise only return `EAGAIN` on every wake-up (measured: one per
     /// call per side). Race-free: tokio snapshots readiness before the closure runs, so data
     /// that arrives after the `recv` raises a new readiness event that is not cleared.
-    pub(crate) fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         let mut got = 0;
         let r = self.sock.try_io(Interest::READABLE, |s| {
             recv_drained(socket2::SockRef::from(s), buf, &mut got)
@@ -170,7 +113,7 @@ impl Stream {
         }
     }
 
-    pub(crate) fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         let write = |_: &OwnedFd| socket2::SockRef::from(self.sock.get_ref()).send_vectored(bufs);
         match &self.writer {
             // While write readiness is watched, writes go through it so that a write that
@@ -179,12 +122,71 @@ impl Stream {
             None => socket2::SockRef::from(self.sock.get_ref()).send_vectored(bufs),
         }
     }
+}
 
-    /// Closes the write side so the peer sees EOF after what was sent.
-    pub(crate) fn shutdown_write(&self) {
+impl Transport for SocketTransport {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        loop {
+            // Dropping the guard leaves the readiness set; `try_read_buf` clears it.
+            if let Err(e) = ready!(self.sock.poll_read_ready(cx)) {
+                return Poll::Ready(Err(e));
+            }
+            match self.try_read_buf(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            match self.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ready!(self.poll_write_ready(cx))?;
+                }
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+
+    /// Everything queued was written. Write readiness stops being watched once 64 writes in a
+    /// row have not needed it: a connection moving large messages keeps its registration
+    /// (re-registering costs a dup, two epoll_ctl and a close), one making small calls loses
+    /// it and with it the spurious EPOLLOUT wake-ups.
+    fn poll_flush(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.writer.is_some() {
+            self.idle_writes += 1;
+            if self.idle_writes >= 64 {
+                self.writer = None;
+                self.idle_writes = 0;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let r = socket2::SockRef::from(self.sock.get_ref()).shutdown(std::net::Shutdown::Write);
-        if let Err(e) = r {
+        if let Err(e) = &r {
             tracing::debug!("shutdown: {e}");
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn peer_addr(&self) -> PeerAddr {
+        match self.sock.get_ref() {
+            Sock::Tcp(s) => s
+                .peer_addr()
+                .map(PeerAddr::Tcp)
+                .unwrap_or(PeerAddr::Unix(None)),
+            Sock::Unix(s) => PeerAddr::Unix(
+                s.peer_addr()
+                    .ok()
+                    .and_then(|a| a.as_pathname().map(|p| p.to_path_buf())),
+            ),
         }
     }
 }
@@ -216,50 +218,4 @@ fn recv_drained(
         return Err(io::ErrorKind::WouldBlock.into());
     }
     Ok(n)
-}
-
-#[derive(Debug)]
-pub(crate) enum Listener {
-    Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
-}
-
-impl Listener {
-    pub(crate) async fn bind(addr: &Address) -> io::Result<Listener> {
-        match addr {
-            Address::Tcp(hp) => Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?)),
-            Address::Unix(p) => {
-                // A stale socket file from a previous run would make bind fail.
-                if let Ok(meta) = std::fs::symlink_metadata(p) {
-                    use std::os::unix::fs::FileTypeExt;
-                    if meta.file_type().is_socket() {
-                        let _ = std::fs::remove_file(p);
-                    }
-                }
-                Ok(Listener::Unix(UnixListener::bind(p)?, p.clone()))
-            }
-        }
-    }
-
-    pub(crate) fn local_addr(&self) -> io::Result<Address> {
-        match self {
-            Listener::Tcp(l) => Ok(Address::from(l.local_addr()?)),
-            Listener::Unix(_, p) => Ok(Address::Unix(p.clone())),
-        }
-    }
-
-    pub(crate) async fn accept(&self) -> io::Result<Stream> {
-        match self {
-            Listener::Tcp(l) => Stream::from_tcp(l.accept().await?.0),
-            Listener::Unix(l, _) => Stream::from_unix(l.accept().await?.0),
-        }
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix(_, p) = self {
-            let _ = std::fs::remove_file(p);
-        }
-    }
 }

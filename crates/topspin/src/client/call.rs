@@ -1,0 +1,193 @@
+//! The one call path every call kind goes through, at the level of bytes: pick a connection,
+//! queue the call's start (waiting for room, within the call's deadline), and guard it so that
+//! dropping the caller's future or stream cancels it. The typed API in `mod.rs`, the CLI and
+//! the language bindings all sit on this.
+
+use super::conn::{send_now, Cmd, ConnHandle, Sink, Start};
+use super::pool::Pool;
+use crate::codec::Codec;
+use crate::streaming::CreditReturn;
+use crate::{Response, Status};
+use bytes::Bytes;
+use bytestring::ByteString;
+use futures_util::{Stream, StreamExt};
+use std::time::Instant;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot};
+use topspin_proto::Metadata;
+
+/// A call about to start: everything but where its results go.
+#[derive(Debug)]
+pub(crate) struct CallStart {
+    pub(crate) token: u64,
+    pub(crate) method: ByteString,
+    pub(crate) codec: u8,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) metadata: Metadata,
+    /// The one request message (unary and server streaming), or none (a request stream).
+    pub(crate) message: Option<Bytes>,
+}
+
+impl CallStart {
+    pub(crate) fn into_start(self, sink: Sink) -> Start {
+        Start::new(
+            self.token,
+            self.method,
+            self.codec,
+            self.deadline,
+            self.metadata,
+            self.message,
+            sink,
+        )
+    }
+}
+
+/// Cancels a call when its future or stream is dropped before the end.
+pub(crate) struct CallGuard {
+    tx: Option<mpsc::Sender<Cmd>>,
+    token: u64,
+}
+
+impl CallGuard {
+    pub(crate) fn new(h: &ConnHandle, token: u64) -> CallGuard {
+        CallGuard {
+            tx: Some(h.tx.clone()),
+            token,
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.tx = None;
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            send_now(&tx, Cmd::Cancel { token: self.token });
+        }
+    }
+}
+
+/// Gives a response stream's consumed credit back to its connection.
+pub(crate) struct ClientCredit {
+    pub(crate) tx: mpsc::Sender<Cmd>,
+    pub(crate) token: u64,
+}
+
+impl CreditReturn for ClientCredit {
+    fn give_back(&self, credit: u32) {
+        send_now(
+            &self.tx,
+            Cmd::Credit {
+                token: self.token,
+                bytes: credit,
+            },
+        );
+    }
+    fn abandon(&self) {
+        send_now(&self.tx, Cmd::Cancel { token: self.token });
+    }
+}
+
+fn not_sent() -> Status {
+    Status::unavailable("the connection closed; the call was not sent and is safe to retry")
+}
+
+/// Queues a command, waiting for room while the connection's queue is full (backpressure) — at
+/// most until `deadline`.
+pub(crate) async fn queue(
+    h: &ConnHandle,
+    cmd: Cmd,
+    deadline: Option<Instant>,
+) -> Result<(), Status> {
+    let cmd = match h.tx.try_send(cmd) {
+        Ok(()) => return Ok(()),
+        Err(TrySendError::Closed(_)) => return Err(not_sent()),
+        Err(TrySendError::Full(cmd)) => cmd,
+    };
+    let send = h.tx.send(cmd);
+    let sent = match deadline {
+        None => send.await,
+        Some(d) => tokio::time::timeout_at(d.into(), send).await.map_err(|_| {
+            Status::deadline_exceeded(
+                "the deadline passed while the call waited for room in its connection's queue",
+            )
+        })?,
+    };
+    sent.map_err(|_| not_sent())
+}
+
+/// Starts a call on the channel's next connection; returns the connection and the call's guard.
+pub(crate) async fn begin(
+    pool: &Pool,
+    call: CallStart,
+    sink: Sink,
+) -> Result<(ConnHandle, CallGuard), Status> {
+    let h = pool.pick().await?;
+    let guard = CallGuard::new(&h, call.token);
+    let deadline = call.deadline;
+    queue(&h, Cmd::Start(call.into_start(sink)), deadline).await?;
+    Ok((h, guard))
+}
+
+/// Waits for a call's one response and decodes it; the call is no longer cancelled on drop once
+/// its answer has arrived.
+pub(crate) async fn reply<C: Codec>(
+    codec: &C,
+    rx: super::completion::Waiter<Result<Response<Bytes>, Status>>,
+    mut guard: CallGuard,
+) -> Result<Response<C::Decode>, Status> {
+    let r = rx.await;
+    guard.disarm();
+    let resp = r.ok_or_else(|| Status::unavailable("the connection task ended"))??;
+    let (m, md, tr) = resp.into_parts();
+    Ok(Response::from_parts(codec.decode(m)?, md, tr))
+}
+
+/// Waits for a streaming call's response headers (or its first message, or its end).
+pub(crate) async fn headers(
+    rx: oneshot::Receiver<Result<Metadata, Status>>,
+    mut guard: CallGuard,
+) -> Result<Metadata, Status> {
+    let headers = rx
+        .await
+        .map_err(|_| Status::unavailable("the connection task ended"))??;
+    guard.disarm();
+    Ok(headers)
+}
+
+/// Feeds a request stream into a call, waiting for flow-control credit before each message.
+pub(crate) fn pump<C: Codec, S>(codec: C, tx: mpsc::Sender<Cmd>, token: u64, mut requests: S)
+where
+    S: Stream<Item = C::Encode> + Send + Unpin + 'static,
+{
+    tokio::spawn(async move {
+        while let Some(item) = requests.next().await {
+            let message = match codec.encode(item) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(
+                        "request stream item failed to encode: {e}; cancelling the call"
+                    );
+                    let _ = tx.send(Cmd::Cancel { token }).await;
+                    return;
+                }
+            };
+            let (ack, done) = oneshot::channel();
+            let cmd = Cmd::Send {
+                token,
+                message,
+                ack,
+            };
+            if tx.send(cmd).await.is_err() {
+                return;
+            }
+            match done.await {
+                Ok(Ok(())) => {}
+                _ => return, // the call is over
+            }
+        }
+        let _ = tx.send(Cmd::HalfClose { token }).await;
+    });
+}

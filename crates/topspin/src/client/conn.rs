@@ -1,0 +1,675 @@
+//! The client's side of a connection: the [`Role`] that keeps its calls' bookkeeping, and
+//! [`connect`]. The connection loop itself is `crate::connection`'s; callers talk to it through
+//! one bounded command queue (no lock shared by all calls of a connection).
+
+pub(crate) use crate::connection::send_now;
+use crate::connection::{call_error_status, Driver, Lapse, Role};
+use crate::streaming::Item;
+use crate::transport::socket::SocketTransport;
+use crate::transport::Transport;
+use crate::{Address, Config, Response, Status};
+use bytes::Bytes;
+use bytestring::ByteString;
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+use topspin_proto::{CallError, CallId, Code, Connection, ErrorCode, Event, Metadata, Side};
+
+pub(crate) type UnaryReply = super::completion::Completer<Result<Response<Bytes>, Status>>;
+
+/// Commands queued per connection before callers wait for room (backpressure).
+pub(crate) const COMMAND_QUEUE: usize = 1024;
+/// Commands taken per turn, so reading and writing get their turn under load.
+const COMMANDS_PER_TURN: usize = 256;
+
+/// Where a call's results go.
+#[derive(Debug)]
+pub(crate) enum Sink {
+    /// One response message (unary and client-streaming calls).
+    Unary(UnaryReply),
+    /// A response stream: headers first, then items.
+    Stream {
+        headers: Option<oneshot::Sender<Result<Metadata, Status>>>,
+        items: mpsc::UnboundedSender<Item>,
+    },
+}
+
+impl Sink {
+    pub(crate) fn fail(self, status: Status) {
+        match self {
+            Sink::Unary(tx) => {
+                let _ = tx.send(Err(status));
+            }
+            Sink::Stream { headers, items } => match headers {
+                Some(h) => {
+                    let _ = h.send(Err(status));
+                }
+                None => {
+                    let _ = items.send(Item::End(Err(status)));
+                }
+            },
+        }
+    }
+
+    fn abandoned(&self) -> bool {
+        match self {
+            Sink::Unary(tx) => tx.is_closed(),
+            Sink::Stream { headers, items } => {
+                items.is_closed() && headers.as_ref().is_none_or(|h| h.is_closed())
+            }
+        }
+    }
+}
+
+/// Requests of a streaming call that arrived while the call waited for the server's
+/// concurrency limit.
+#[derive(Debug, Default)]
+struct Early {
+    send: Option<Blocked>,
+    half_close: bool,
+}
+
+/// A request to start a call.
+#[derive(Debug)]
+pub(crate) struct Start {
+    pub(crate) token: u64,
+    pub(crate) method: ByteString,
+    pub(crate) codec: u8,
+    /// When the application started the call plus its timeout: the deadline runs while the call
+    /// waits in queues too.
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) metadata: Metadata,
+    /// The request message of unary and server-streaming calls, sent with END_STREAM.
+    pub(crate) message: Option<Bytes>,
+    pub(crate) sink: Sink,
+    early: Option<Box<Early>>,
+}
+
+impl Start {
+    pub(crate) fn new(
+        token: u64,
+        method: ByteString,
+        codec: u8,
+        deadline: Option<Instant>,
+        metadata: Metadata,
+        message: Option<Bytes>,
+        sink: Sink,
+    ) -> Start {
+        Start {
+            token,
+            method,
+            codec,
+            deadline,
+            metadata,
+            message,
+            sink,
+            early: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    Start(Start),
+    /// Several calls written together.
+    Batch(Vec<Start>),
+    Send {
+        token: u64,
+        message: Bytes,
+        ack: oneshot::Sender<Result<(), Status>>,
+    },
+    HalfClose {
+        token: u64,
+    },
+    Cancel {
+        token: u64,
+    },
+    Credit {
+        token: u64,
+        bytes: u32,
+    },
+}
+
+impl Cmd {
+    /// Fails whatever waits on this command.
+    fn fail(self, status: &Status) {
+        match self {
+            Cmd::Start(s) => s.sink.fail(status.clone()),
+            Cmd::Batch(v) => v.into_iter().for_each(|s| s.sink.fail(status.clone())),
+            Cmd::Send { ack, .. } => {
+                let _ = ack.send(Err(status.clone()));
+            }
+            Cmd::HalfClose { .. } | Cmd::Cancel { .. } | Cmd::Credit { .. } => {}
+        }
+    }
+}
+
+/// Shared between a connection task and the channel.
+#[derive(Debug, Default)]
+pub(crate) struct ConnShared {
+    /// The server sent GOAWAY or the connection closed: new calls go to a new connection.
+    pub(crate) unusable: AtomicBool,
+}
+
+/// A message waiting for flow-control credit, and whom to tell when it is sent.
+type Blocked = (Bytes, oneshot::Sender<Result<(), Status>>);
+
+#[derive(Debug)]
+struct Call {
+    token: u64,
+    method: ByteString,
+    sink: Option<Sink>,
+    headers: Metadata,
+    message: Option<Bytes>,
+    /// A message waiting for credit (boxed: rare, and keeps the call's state small).
+    blocked: Option<Box<Blocked>>,
+    half_close_after_blocked: bool,
+}
+
+/// A live connection as the channel sees it.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnHandle {
+    pub(crate) tx: mpsc::Sender<Cmd>,
+    pub(crate) shared: Arc<ConnShared>,
+}
+
+impl ConnHandle {
+    pub(crate) fn usable(&self) -> bool {
+        !self.tx.is_closed() && !self.shared.unusable.load(Ordering::Acquire)
+    }
+}
+
+/// Connects to `address`, completes the handshake and leaves the connection to its task.
+pub(crate) async fn connect(address: &Address, config: &Config) -> Result<ConnHandle, Status> {
+    let what = |e: &dyn std::fmt::Display| format!("could not connect to {address}: {e}");
+    let transport = tokio::time::timeout(
+        config.handshake_timeout(),
+        SocketTransport::connect(address),
+    )
+    .await
+    .map_err(|_| Status::unavailable(what(&"connect timed out")))?
+    .map_err(|e| Status::unavailable(what(&e)))?;
+    start(transport, address, config).await
+}
+
+/// Runs a client connection over a connected transport; returns once the handshake is done.
+pub(crate) async fn start<T: Transport>(
+    transport: T,
+    address: &Address,
+    config: &Config,
+) -> Result<ConnHandle, Status> {
+    let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let shared = Arc::new(ConnShared::default());
+    let role = ClientRole {
+        address: address.clone(),
+        max_pending_calls: config.max_pending_calls(),
+        rx,
+        handles_open: true,
+        calls: FxHashMap::default(),
+        tokens: FxHashMap::default(),
+        waiting: VecDeque::new(),
+        shared: shared.clone(),
+        ready: Some(ready_tx),
+        close_error: None,
+    };
+    tokio::spawn(Driver::new(transport, role, config.clone()).run());
+    match ready_rx.await {
+        Ok(Ok(())) => Ok(ConnHandle { tx, shared }),
+        Ok(Err(status)) => Err(status),
+        Err(_) => Err(Status::unavailable(format!(
+            "could not connect to {address}: the connection task ended"
+        ))),
+    }
+}
+
+/// The client's call bookkeeping on one connection.
+pub(crate) struct ClientRole {
+    address: Address,
+    max_pending_calls: usize,
+    rx: mpsc::Receiver<Cmd>,
+    handles_open: bool,
+    calls: FxHashMap<u32, Call>,
+    tokens: FxHashMap<u64, u32>,
+    /// Calls over the server's concurrency limit, started when others end (at most
+    /// `max_pending_calls`).
+    waiting: VecDeque<Start>,
+    shared: Arc<ConnShared>,
+    /// Told when the handshake completes or fails.
+    ready: Option<oneshot::Sender<Result<(), Status>>>,
+    /// Why the engine closed the connection, if it said.
+    close_error: Option<topspin_proto::ProtocolError>,
+}
+
+impl Role for ClientRole {
+    const SIDE: Side = Side::Client;
+
+    fn poll_work(
+        &mut self,
+        cx: &mut Context<'_>,
+        conn: &mut Connection,
+        backlogged: bool,
+    ) -> Poll<()> {
+        // While the server does not take what was sent, callers wait (the queue is bounded).
+        if backlogged || !self.handles_open {
+            return Poll::Pending;
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                self.handles_open = false;
+                Poll::Ready(())
+            }
+            Poll::Ready(Some(cmd)) => {
+                self.apply(cmd, conn);
+                // Take what else is queued so it all leaves in one write.
+                for _ in 0..COMMANDS_PER_TURN {
+                    match self.rx.try_recv() {
+                        Ok(cmd) => self.apply(cmd, conn),
+                        Err(_) => break,
+                    }
+                }
+                Poll::Ready(())
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: Event, conn: &mut Connection) {
+        match event {
+            Event::Established => {
+                if let Some(r) = self.ready.take() {
+                    let _ = r.send(Ok(()));
+                }
+            }
+            Event::Headers { id, metadata } => self.on_headers(id, metadata),
+            Event::Message {
+                id,
+                message,
+                credit,
+            } => self.on_message(id, message, credit, conn),
+            Event::Ended {
+                id,
+                status,
+                trailers,
+            } => self.on_ended(id, status, trailers, conn),
+            Event::Writable { id } => self.on_writable(id, conn),
+            Event::GoAway { .. } => {
+                self.shared.unusable.store(true, Ordering::Release);
+                // Parked calls can never start here now.
+                let st = Status::unavailable(format!(
+                    "{} is going away; the call was not sent and is safe to retry",
+                    self.address
+                ));
+                for s in self.waiting.drain(..) {
+                    s.sink.fail(st.clone());
+                }
+            }
+            Event::Closed { error } => {
+                self.shared.unusable.store(true, Ordering::Release);
+                self.close_error = error;
+            }
+            _ => {}
+        }
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        self.waiting.iter().filter_map(|s| s.deadline).min()
+    }
+
+    fn on_timer(&mut self, now: Instant, _conn: &mut Connection, lapse: Lapse) {
+        if lapse == Lapse::Idle {
+            self.shared.unusable.store(true, Ordering::Release);
+        }
+        if self
+            .waiting
+            .iter()
+            .any(|s| s.deadline.is_some_and(|d| d <= now))
+        {
+            let (expired, kept) = std::mem::take(&mut self.waiting)
+                .into_iter()
+                .partition(|s| s.deadline.is_some_and(|d| d <= now));
+            self.waiting = kept;
+            for s in Vec::from(expired) {
+                s.sink.fail(Status::deadline_exceeded(format!(
+                    "deadline exceeded while {} waited for the server's max_concurrent_calls",
+                    &*s.method
+                )));
+            }
+        }
+    }
+
+    fn stop(&self) -> Option<&'static str> {
+        (!self.handles_open && self.calls.is_empty() && self.waiting.is_empty())
+            .then_some("channel dropped")
+    }
+
+    fn idle(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    fn on_end(&mut self, _conn: &mut Connection, why: &str) {
+        self.shared.unusable.store(true, Ordering::Release);
+        if let Some(ready) = self.ready.take() {
+            let _ = ready.send(Err(self.handshake_failure(why)));
+        }
+        let status = Status::unavailable(format!("connection to {} closed: {why}", self.address));
+        for (_, mut call) in self.calls.drain() {
+            if let Some(sink) = call.sink.take() {
+                sink.fail(status.clone());
+            }
+        }
+        for s in self.waiting.drain(..) {
+            s.sink.fail(status.clone());
+        }
+        self.rx.close();
+        while let Ok(cmd) = self.rx.try_recv() {
+            cmd.fail(&status);
+        }
+    }
+}
+
+impl ClientRole {
+    fn handshake_failure(&self, why: &str) -> Status {
+        let reason = match &self.close_error {
+            Some(e) if e.code == ErrorCode::Timeout => {
+                format!("{} (is it a topspin server?)", e.reason)
+            }
+            Some(e) => format!("the server does not speak the topspin protocol ({e})"),
+            None if why == "connection closed" => {
+                "the server closed the connection during the handshake".to_owned()
+            }
+            None => why.to_owned(),
+        };
+        Status::unavailable(format!("could not connect to {}: {reason}", self.address))
+    }
+
+    fn apply(&mut self, cmd: Cmd, conn: &mut Connection) {
+        match cmd {
+            Cmd::Start(s) => self.start(s, conn),
+            Cmd::Batch(v) => v.into_iter().for_each(|s| self.start(s, conn)),
+            Cmd::Send {
+                token,
+                message,
+                ack,
+            } => match self.tokens.get(&token) {
+                Some(&id) => self.send(id, message, ack, conn),
+                None => match self.parked(token) {
+                    Some(s) => s.early.get_or_insert_default().send = Some((message, ack)),
+                    None => {
+                        let _ = ack.send(Err(Status::cancelled("the call is over")));
+                    }
+                },
+            },
+            Cmd::HalfClose { token } => match self.tokens.get(&token) {
+                Some(&id) => self.half_close(id, conn),
+                None => {
+                    if let Some(s) = self.parked(token) {
+                        s.early.get_or_insert_default().half_close = true;
+                    }
+                }
+            },
+            Cmd::Cancel { token } => {
+                if let Some(id) = self.tokens.remove(&token) {
+                    self.calls.remove(&id);
+                    let _ = conn.cancel(CallId(id), Code::Cancelled);
+                    self.start_waiting(conn);
+                } else {
+                    self.waiting.retain(|s| s.token != token);
+                }
+            }
+            Cmd::Credit { token, bytes } => {
+                if let Some(&id) = self.tokens.get(&token) {
+                    let _ = conn.grant_credit(CallId(id), bytes);
+                }
+            }
+        }
+    }
+
+    /// A call waiting for the server's concurrency limit.
+    fn parked(&mut self, token: u64) -> Option<&mut Start> {
+        self.waiting.iter_mut().find(|s| s.token == token)
+    }
+
+    fn start(&mut self, s: Start, conn: &mut Connection) {
+        if s.sink.abandoned() {
+            return;
+        }
+        if self.waiting.is_empty() {
+            self.try_start(s, conn);
+        } else {
+            self.park(s);
+        }
+    }
+
+    /// Keeps a call until the server's concurrency limit lets it start.
+    fn park(&mut self, s: Start) {
+        if self.waiting.len() >= self.max_pending_calls {
+            s.sink.fail(Status::resource_exhausted(format!(
+                "{}: {} calls already wait for the server's max_concurrent_calls on this connection (Config::max_pending_calls)",
+                &*s.method, self.max_pending_calls
+            )));
+            return;
+        }
+        self.waiting.push_back(s);
+    }
+
+    /// Starts a call, or parks it if the server's concurrency limit is reached; `false` if
+    /// parked.
+    fn try_start(&mut self, s: Start, conn: &mut Connection) -> bool {
+        let now = Instant::now();
+        let timeout = match s.deadline {
+            Some(d) if d <= now => {
+                s.sink.fail(Status::deadline_exceeded(format!(
+                    "the deadline of {} passed before it was sent",
+                    &*s.method
+                )));
+                return true;
+            }
+            Some(d) => Some(d - now),
+            None => None,
+        };
+        let id = match conn.start_call(&s.method, s.codec, timeout, &s.metadata, now) {
+            Ok(id) => id,
+            Err(CallError::TooManyCalls { .. }) => {
+                self.park(s);
+                return false;
+            }
+            Err(e) => {
+                s.sink.fail(self.refused(e, &s.method));
+                return true;
+            }
+        };
+        let mut call = Call {
+            token: s.token,
+            method: s.method,
+            sink: Some(s.sink),
+            headers: Metadata::new(),
+            message: None,
+            blocked: None,
+            half_close_after_blocked: false,
+        };
+        if let Some(message) = s.message {
+            if let Err(e) = conn.send_message(id, message, true) {
+                let _ = conn.cancel(id, Code::Cancelled);
+                if let Some(sink) = call.sink.take() {
+                    sink.fail(self.refused(e, &call.method));
+                }
+                return true;
+            }
+        }
+        self.tokens.insert(call.token, id.0);
+        self.calls.insert(id.0, call);
+        if let Some(early) = s.early {
+            if let Some((message, ack)) = early.send {
+                self.send(id.0, message, ack, conn);
+            }
+            if early.half_close {
+                self.half_close(id.0, conn);
+            }
+        }
+        true
+    }
+
+    fn refused(&self, e: CallError, method: &str) -> Status {
+        call_error_status(e, &format!("{method} on {}", self.address))
+    }
+
+    fn start_waiting(&mut self, conn: &mut Connection) {
+        while let Some(s) = self.waiting.pop_front() {
+            if s.sink.abandoned() {
+                continue;
+            }
+            if !self.try_start(s, conn) {
+                // Parked again at the back: put it back in front, in order.
+                if let Some(s) = self.waiting.pop_back() {
+                    self.waiting.push_front(s);
+                }
+                break;
+            }
+        }
+    }
+
+    fn send(
+        &mut self,
+        id: u32,
+        message: Bytes,
+        ack: oneshot::Sender<Result<(), Status>>,
+        conn: &mut Connection,
+    ) {
+        match conn.send_message(CallId(id), message.clone(), false) {
+            Ok(()) => {
+                let _ = ack.send(Ok(()));
+            }
+            Err(CallError::WouldBlock) => {
+                if let Some(call) = self.calls.get_mut(&id) {
+                    call.blocked = Some(Box::new((message, ack)));
+                }
+            }
+            Err(e) => {
+                let method = self
+                    .calls
+                    .get(&id)
+                    .map(|c| c.method.clone())
+                    .unwrap_or_default();
+                let _ = ack.send(Err(self.refused(e, &method)));
+            }
+        }
+    }
+
+    fn half_close(&mut self, id: u32, conn: &mut Connection) {
+        if let Some(call) = self.calls.get_mut(&id) {
+            if call.blocked.is_some() {
+                call.half_close_after_blocked = true;
+            } else {
+                let _ = conn.half_close(CallId(id));
+            }
+        }
+    }
+
+    fn finish(&mut self, id: u32, conn: &mut Connection) -> Option<Call> {
+        let call = self.calls.remove(&id)?;
+        self.tokens.remove(&call.token);
+        self.start_waiting(conn);
+        Some(call)
+    }
+
+    fn on_headers(&mut self, id: CallId, metadata: Metadata) {
+        let Some(call) = self.calls.get_mut(&id.0) else {
+            return;
+        };
+        match &mut call.sink {
+            Some(Sink::Stream { headers, .. }) => {
+                if let Some(h) = headers.take() {
+                    let _ = h.send(Ok(metadata));
+                }
+            }
+            _ => call.headers = metadata,
+        }
+    }
+
+    fn on_message(&mut self, id: CallId, message: Bytes, credit: u32, conn: &mut Connection) {
+        let Some(call) = self.calls.get_mut(&id.0) else {
+            return;
+        };
+        match &mut call.sink {
+            Some(Sink::Stream { headers, items }) => {
+                if let Some(h) = headers.take() {
+                    let _ = h.send(Ok(Metadata::new()));
+                }
+                // The stream's consumer gives the credit back as it takes the message.
+                let _ = items.send(Item::Message(message, credit));
+            }
+            // One response message: its credit is never needed again (the call ends with it),
+            // so none goes back to the server.
+            Some(Sink::Unary(_)) if call.message.is_none() => call.message = Some(message),
+            Some(Sink::Unary(_)) => {
+                let method = call.method.clone();
+                let _ = conn.cancel(id, Code::Cancelled);
+                if let Some(sink) = self.finish(id.0, conn).and_then(|c| c.sink) {
+                    sink.fail(Status::internal(format!(
+                        "the server sent more than one response message for {}, which expects one",
+                        &*method
+                    )));
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn on_ended(
+        &mut self,
+        id: CallId,
+        status: topspin_proto::Status,
+        trailers: Metadata,
+        conn: &mut Connection,
+    ) {
+        let Some(mut call) = self.finish(id.0, conn) else {
+            return;
+        };
+        if let Some((_, ack)) = call.blocked.take().map(|b| *b) {
+            let _ = ack.send(Err(Status::from_wire(status.clone(), Metadata::new())));
+        }
+        let Some(sink) = call.sink.take() else {
+            return;
+        };
+        if !status.is_ok() {
+            sink.fail(Status::from_wire(status, trailers));
+            return;
+        }
+        match sink {
+            Sink::Unary(tx) => {
+                let r = match call.message.take() {
+                    Some(m) => Ok(Response::from_parts(m, call.headers, trailers)),
+                    None => Err(Status::internal(format!(
+                        "the server ended {} with OK but sent no response message",
+                        &*call.method
+                    ))),
+                };
+                let _ = tx.send(r);
+            }
+            Sink::Stream { headers, items } => {
+                if let Some(h) = headers {
+                    let _ = h.send(Ok(Metadata::new()));
+                }
+                let _ = items.send(Item::End(Ok(trailers)));
+            }
+        }
+    }
+
+    fn on_writable(&mut self, id: CallId, conn: &mut Connection) {
+        let Some(call) = self.calls.get_mut(&id.0) else {
+            return;
+        };
+        let half_close = std::mem::take(&mut call.half_close_after_blocked);
+        if let Some((message, ack)) = call.blocked.take().map(|b| *b) {
+            self.send(id.0, message, ack, conn);
+        }
+        if half_close {
+            self.half_close(id.0, conn);
+        }
+    }
+}

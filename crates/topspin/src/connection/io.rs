@@ -1,0 +1,166 @@
+//! The byte pump between a transport and a protocol engine: a reused read buffer and a write
+//! queue drained with vectored writes, so a connection task can read while its writes wait.
+
+use crate::transport::Transport;
+use bytes::{Buf, Bytes, BytesMut};
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::task::{Context, Poll};
+use std::time::Instant;
+use topspin_proto::{Connection, ProtocolError};
+
+/// Most iovec entries per write (Linux allows 1024; a few dozen cover any realistic batch).
+const MAX_IOV: usize = 64;
+/// Usual read size; a larger frame gets a buffer of exactly its size.
+const READ_CHUNK: usize = 64 * 1024;
+/// Below this much free room, the read buffer is grown (or reclaimed) before reading.
+const MIN_READ_ROOM: usize = 4 * 1024;
+/// Reads per wake-up before other work gets a turn.
+const MAX_READS: usize = 16;
+
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    Io(io::Error),
+    Protocol(ProtocolError),
+}
+
+#[derive(Debug)]
+pub(crate) struct Io<T> {
+    pub(crate) transport: T,
+    rbuf: BytesMut,
+    wq: VecDeque<Bytes>,
+    /// Bytes in `wq`.
+    queued: usize,
+    /// Set when a frame is partly received: since when.
+    pub(crate) partial_since: Option<Instant>,
+    /// Time of the last byte received.
+    pub(crate) last_read: Instant,
+}
+
+impl<T: Transport> Io<T> {
+    pub(crate) fn new(transport: T) -> Io<T> {
+        Io {
+            transport,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            wq: VecDeque::new(),
+            queued: 0,
+            partial_since: None,
+            last_read: Instant::now(),
+        }
+    }
+
+    /// Bytes produced by the engine and not yet taken by the transport.
+    pub(crate) fn unsent(&self, conn: &Connection) -> usize {
+        self.queued + conn.transmit_len()
+    }
+
+    /// Takes everything the engine wants to send and writes what the transport accepts now, in
+    /// as few vectored writes as possible (usually one). `Ready(Ok(()))` once all is written;
+    /// `Pending` (waker registered) while the transport is full.
+    pub(crate) fn poll_flush(
+        &mut self,
+        cx: &mut Context<'_>,
+        conn: &mut Connection,
+    ) -> Poll<io::Result<()>> {
+        while let Some(b) = conn.poll_transmit() {
+            if !b.is_empty() {
+                self.queued += b.len();
+                self.wq.push_back(b);
+            }
+        }
+        if self.wq.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        while !self.wq.is_empty() {
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let n = self.wq.len().min(MAX_IOV);
+            for (slot, b) in iov.iter_mut().zip(self.wq.iter()) {
+                *slot = IoSlice::new(b);
+            }
+            match self.transport.poll_write_vectored(cx, &iov[..n]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(written)) => self.consume(written),
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.transport.poll_flush(cx)
+    }
+
+    /// Drops `written` bytes from the front of the write queue.
+    fn consume(&mut self, mut written: usize) {
+        self.queued -= written.min(self.queued);
+        while written > 0 {
+            let Some(front) = self.wq.front_mut() else {
+                break;
+            };
+            if written >= front.len() {
+                written -= front.len();
+                self.wq.pop_front();
+            } else {
+                front.advance(written);
+                written = 0;
+            }
+        }
+    }
+
+    /// Reads what the transport has and feeds it to the engine: `Ready(Ok(true))` after input
+    /// was handled, `Ready(Ok(false))` at the end of the stream, `Pending` (waker registered)
+    /// when nothing is there.
+    pub(crate) fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        conn: &mut Connection,
+    ) -> Poll<Result<bool, ReadError>> {
+        for i in 0..MAX_READS {
+            let need = conn.bytes_needed(&self.rbuf);
+            // A large frame gets exactly the room it needs, so it lands in one buffer that is
+            // then handed out by reference. Otherwise only grow when little room is left:
+            // `reserve` then reclaims the buffer in place once the frames handed out earlier
+            // are dropped, so steady state allocates nothing.
+            let room = self.rbuf.capacity() - self.rbuf.len();
+            if room < need || room < MIN_READ_ROOM {
+                self.rbuf.reserve(need.max(READ_CHUNK));
+            }
+            let spare = self.rbuf.capacity() - self.rbuf.len();
+            match self.transport.poll_read(cx, &mut self.rbuf) {
+                Poll::Pending if i == 0 => return Poll::Pending,
+                Poll::Pending => return Poll::Ready(Ok(true)),
+                Poll::Ready(Ok(0)) => return Poll::Ready(Ok(false)),
+                Poll::Ready(Ok(n)) => {
+                    let now = Instant::now();
+                    self.last_read = now;
+                    if let Err(e) = conn.handle_input(&mut self.rbuf, now) {
+                        return Poll::Ready(Err(ReadError::Protocol(e)));
+                    }
+                    self.partial_since = if self.rbuf.is_empty() {
+                        None
+                    } else {
+                        self.partial_since.or(Some(now))
+                    };
+                    if n < spare {
+                        // Drained (a socket's readiness is cleared with it): wait for more.
+                        return Poll::Ready(Ok(true));
+                    }
+                }
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(ReadError::Io(e))),
+            }
+        }
+        Poll::Ready(Ok(true))
+    }
+
+    /// Best-effort final flush (e.g. of an ERROR or the last END), then close our write side.
+    pub(crate) async fn close(&mut self, conn: &mut Connection, grace: std::time::Duration) {
+        let _ = tokio::time::timeout(grace, async {
+            let _ = std::future::poll_fn(|cx| self.poll_flush(cx, conn)).await;
+        })
+        .await;
+        let _ = tokio::time::timeout(
+            grace,
+            std::future::poll_fn(|cx| self.transport.poll_shutdown(cx)),
+        )
+        .await;
+    }
+}

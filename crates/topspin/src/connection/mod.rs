@@ -1,0 +1,270 @@
+//! The connection loop, one for both sides: a task owns the protocol engine and the transport;
+//! the side's [`Role`] (client call bookkeeping, or server dispatch) plugs into it.
+//!
+//! Every turn: flush what the engine produced with one vectored write, check whether to stop,
+//! move the one timer, then poll the transport for bytes, the role for work (commands,
+//! handlers, shutdown) and the timer, and hand the engine's events to the role. Nothing else
+//! polls a transport or reads the clock for a connection.
+
+mod io;
+mod liveness;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use liveness::Lapse;
+
+use crate::transport::Transport;
+use crate::{Config, Status};
+use io::{Io, ReadError};
+use liveness::Liveness;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use topspin_proto::{CallError, Connection, ErrorCode, Event, ProtocolError, Side};
+
+/// Turns of the loop that made progress before the task yields to the scheduler.
+const TURN_BUDGET: u32 = 64;
+
+/// What one side of a connection does with it: the call bookkeeping of a client, or the
+/// dispatch of a server. The loop owns the engine and hands it to the role.
+pub(crate) trait Role: Send + 'static {
+    /// Client or server.
+    const SIDE: Side;
+
+    /// Polls the role's own sources (commands from callers or handlers, running handlers, a
+    /// shutdown signal) and applies what arrives to the engine. While `backlogged` (more unsent
+    /// bytes than `Config::max_send_buffer`) it takes no new work. `Ready` if anything happened.
+    fn poll_work(
+        &mut self,
+        cx: &mut Context<'_>,
+        conn: &mut Connection,
+        backlogged: bool,
+    ) -> Poll<()>;
+
+    /// One event of the engine (`Pong` is the loop's own).
+    fn on_event(&mut self, event: Event, conn: &mut Connection);
+
+    /// The role's next timer, if any.
+    fn next_timer(&self) -> Option<Instant>;
+
+    /// A timer passed (the role's, the engine's or the loop's: `lapse` says what liveness did).
+    fn on_timer(&mut self, now: Instant, conn: &mut Connection, lapse: Lapse);
+
+    /// Why the loop should end now, besides the engine closing or draining.
+    fn stop(&self) -> Option<&'static str>;
+
+    /// Whether no call is open (for the idle timeout).
+    fn idle(&self) -> bool;
+
+    /// The loop ended (`why`): fail whatever is still waiting.
+    fn on_end(&mut self, conn: &mut Connection, why: &str);
+}
+
+/// One connection: engine, transport and role, driven by one task.
+pub(crate) struct Driver<R, T> {
+    conn: Connection,
+    io: Io<T>,
+    role: R,
+    config: Config,
+    liveness: Liveness,
+    started: Instant,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    armed: Option<Instant>,
+}
+
+fn to_tokio(t: Instant) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(t)
+}
+
+impl<R: Role, T: Transport> Driver<R, T> {
+    /// A connection over `transport`; the preface and SETTINGS are queued at once.
+    pub(crate) fn new(transport: T, role: R, config: Config) -> Driver<R, T> {
+        let now = Instant::now();
+        Driver {
+            conn: Connection::new(R::SIDE, config.settings()),
+            io: Io::new(transport),
+            role,
+            config,
+            liveness: Liveness::default(),
+            started: now,
+            sleep: Box::pin(tokio::time::sleep_until(to_tokio(now))),
+            armed: None,
+        }
+    }
+
+    /// Runs the connection until it ends, then closes the transport.
+    pub(crate) async fn run(mut self) {
+        let why = std::future::poll_fn(|cx| self.poll_turns(cx)).await;
+        tracing::debug!(side = ?R::SIDE, "connection ends: {why}");
+        if !self.conn.is_closed() {
+            self.conn.handle_eof();
+        }
+        self.process_events();
+        self.role.on_end(&mut self.conn, &why);
+        self.io.close(&mut self.conn, Duration::from_secs(1)).await;
+    }
+
+    /// The loop: turns until nothing is ready (`Pending`, every source's waker registered) or
+    /// the connection ends (`Ready(why)`).
+    fn poll_turns(&mut self, cx: &mut Context<'_>) -> Poll<String> {
+        for _ in 0..TURN_BUDGET {
+            let all_written = match self.io.poll_flush(cx, &mut self.conn) {
+                Poll::Ready(Ok(())) => true,
+                Poll::Ready(Err(e)) => return Poll::Ready(format!("write failed: {e}")),
+                Poll::Pending => false,
+            };
+            if self.conn.is_closed() {
+                return Poll::Ready("connection closed".into());
+            }
+            if let Some(why) = self.role.stop() {
+                return Poll::Ready(why.into());
+            }
+            if self.conn.is_drained() && all_written {
+                return Poll::Ready("drained after go-away".into());
+            }
+            self.arm_timer();
+            if !self.poll_sources(cx) {
+                return Poll::Pending;
+            }
+            self.process_events();
+        }
+        // Busy: let other tasks run, then go on.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// One timer for the connection, moved only when the next deadline changes: no timer
+    /// registration on turns that need none.
+    fn arm_timer(&mut self) {
+        let timer = self.next_timer();
+        if timer != self.armed {
+            if let Some(t) = timer {
+                self.sleep.as_mut().reset(to_tokio(t));
+            }
+            self.armed = timer;
+        }
+    }
+
+    /// Polls the transport, the role and the timer; whether any made progress.
+    fn poll_sources(&mut self, cx: &mut Context<'_>) -> bool {
+        let backlogged = self.io.unsent(&self.conn) > self.config.max_send_buffer();
+        let mut progressed = false;
+        // A server stops reading while the peer does not take what it is sent: a client that
+        // never reads cannot make it queue more. A client keeps reading (its server drains it).
+        if !(backlogged && R::SIDE == Side::Server) {
+            if let Poll::Ready(r) = self.io.poll_read(cx, &mut self.conn) {
+                progressed = true;
+                self.on_read(r);
+            }
+        }
+        if self
+            .role
+            .poll_work(cx, &mut self.conn, backlogged)
+            .is_ready()
+        {
+            progressed = true;
+        }
+        if self.armed.is_some() && self.sleep.as_mut().poll(cx).is_ready() {
+            self.armed = None;
+            progressed = true;
+            self.on_timer();
+        }
+        progressed
+    }
+
+    fn on_read(&mut self, r: Result<bool, ReadError>) {
+        match r {
+            Ok(true) => {}
+            Ok(false) => self.conn.handle_eof(),
+            Err(ReadError::Io(e)) => self.conn.close(ProtocolError::new(
+                ErrorCode::InternalError,
+                format!("read failed: {e}"),
+            )),
+            // The engine queued ERROR and ended the calls.
+            Err(ReadError::Protocol(e)) => tracing::debug!(side = ?R::SIDE, "protocol error: {e}"),
+        }
+        self.liveness.alive();
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        let mut t = self.conn.poll_timeout();
+        let mut consider = |x: Option<Instant>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        if !self.conn.is_established() {
+            consider(Some(self.started + self.config.handshake_timeout()));
+        }
+        consider(self.liveness.next(&self.io, &self.config, self.role.idle()));
+        consider(self.role.next_timer());
+        t
+    }
+
+    fn on_timer(&mut self) {
+        let now = Instant::now();
+        self.conn.handle_timeout(now);
+        if !self.conn.is_established() && now >= self.started + self.config.handshake_timeout() {
+            self.conn.close(ProtocolError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "no topspin handshake within {:?} (handshake_timeout)",
+                    self.config.handshake_timeout()
+                ),
+            ));
+        }
+        let lapse = if self.conn.is_closed() {
+            Lapse::Closed
+        } else {
+            let idle = self.role.idle();
+            self.liveness
+                .on_timer(now, &self.io, &self.config, &mut self.conn, idle)
+        };
+        self.role.on_timer(now, &mut self.conn, lapse);
+    }
+
+    fn process_events(&mut self) {
+        while let Some(ev) = self.conn.poll_event() {
+            if let Event::Pong { .. } = ev {
+                self.liveness.alive();
+                continue;
+            }
+            self.role.on_event(ev, &mut self.conn);
+        }
+    }
+}
+
+/// The status for a call the engine refused locally (`what`: the method, or which part of a
+/// response). One wording for both sides.
+pub(crate) fn call_error_status(e: CallError, what: &str) -> Status {
+    match e {
+        CallError::MessageTooLarge { size, limit } => Status::resource_exhausted(format!(
+            "{what}: message of {size} bytes exceeds the peer's max_message_size of {limit} bytes (raise Config::max_message_size on the receiving side)"
+        )),
+        CallError::MetadataTooLarge { size, limit } => Status::resource_exhausted(format!(
+            "{what}: metadata of {size} bytes exceeds the peer's max_metadata_size of {limit} bytes"
+        )),
+        CallError::InvalidMethod(m) => Status::invalid_argument(format!(
+            "invalid method name {m:?}: must be 1..=1024 bytes, like /package.Service/Method"
+        )),
+        CallError::GoingAway | CallError::Closed | CallError::NotReady | CallError::IdsExhausted => {
+            Status::unavailable(format!("{what}: {e}; the call was not sent and is safe to retry"))
+        }
+        other => Status::internal(format!("{what}: {other}")),
+    }
+}
+
+/// Queues a command from code that cannot wait (a `Drop`, a stream handing out a message): if
+/// the bounded queue is full, a small task waits for room instead, so the command is never lost
+/// and the queue never grows past its bound.
+pub(crate) fn send_now<C: Send + 'static>(tx: &tokio::sync::mpsc::Sender<C>, cmd: C) {
+    if let Err(tokio::sync::mpsc::error::TrySendError::Full(cmd)) = tx.try_send(cmd) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let tx = tx.clone();
+            rt.spawn(async move {
+                let _ = tx.send(cmd).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,561 @@
+//! The server's side of a connection: the [`Role`] that dispatches calls to handlers and polls
+//! them itself, so a call is answered without a hand-off to another thread. The connection loop
+//! is `crate::connection`'s.
+
+use super::handler::{BoxFut, CallIo, Input, Outcome, Running, SCmd, ServerCredit};
+use super::Registry;
+use crate::connection::{call_error_status, Driver, Lapse, Role};
+use crate::request::{Cancellation, ServerContext};
+use crate::streaming::Item;
+use crate::transport::{PeerAddr, Transport};
+use crate::{Config, Status};
+use bytes::Bytes;
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt;
+use rustc_hash::FxHashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::WaitForCancellationFutureOwned;
+use topspin_proto::{CallError, CallId, Code, Connection, ErrorCode, Event, Metadata, Side};
+
+/// Commands from a connection's handlers queued before they wait for room.
+const COMMAND_QUEUE: usize = 1024;
+/// Commands taken per turn.
+const COMMANDS_PER_TURN: usize = 256;
+
+/// A message waiting for flow-control credit, and whom to tell when it is sent.
+type Blocked = (Bytes, oneshot::Sender<Result<(), Status>>);
+
+enum Call {
+    /// Unary and server-streaming calls wait for their one request message.
+    Awaiting {
+        handler: super::handler::HandlerRef,
+        metadata: Metadata,
+        ctx: ServerContext,
+        message: Option<Bytes>,
+    },
+    Running {
+        cancel: Cancellation,
+        inbound: Option<mpsc::UnboundedSender<Item>>,
+        /// A message waiting for credit (boxed: rare, and keeps the call's state small).
+        blocked: Option<Box<Blocked>>,
+        /// The handler finished while a message was still being sent.
+        end: Option<Box<(Status, Metadata)>>,
+    },
+}
+
+/// Serves one connection over `transport` until it ends.
+pub(crate) async fn serve<T: Transport>(
+    transport: T,
+    registry: Arc<Registry>,
+    config: Config,
+    shutdown: super::Shutdown,
+) {
+    let peer = transport.peer_addr();
+    let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+    let mut role = ServerRole {
+        registry,
+        peer,
+        calls: FxHashMap::default(),
+        handlers: FuturesUnordered::new(),
+        tx,
+        rx,
+        shutdown_signal: Box::pin(shutdown.token.clone().cancelled_owned()),
+        shutdown,
+        grace_deadline: None,
+        cancel_pool: Vec::new(),
+        fut_pool: Vec::new(),
+        go_away_pending: false,
+    };
+    // A shutdown that began before this connection was accepted applies at once.
+    if let Some(d) = role.shutdown.deadline() {
+        role.grace_deadline = Some(d);
+        role.go_away_pending = true;
+    }
+    Driver::new(transport, role, config).run().await;
+}
+
+/// The server's dispatch on one connection.
+pub(crate) struct ServerRole {
+    registry: Arc<Registry>,
+    peer: PeerAddr,
+    calls: FxHashMap<u32, Call>,
+    handlers: FuturesUnordered<Running>,
+    tx: mpsc::Sender<SCmd>,
+    rx: mpsc::Receiver<SCmd>,
+    shutdown: super::Shutdown,
+    shutdown_signal: Pin<Box<WaitForCancellationFutureOwned>>,
+    grace_deadline: Option<Instant>,
+    /// A shutdown began before the engine could be told.
+    go_away_pending: bool,
+    /// Cancellation handles of finished calls, reused.
+    cancel_pool: Vec<Cancellation>,
+    /// Boxes of finished handler futures, reused.
+    fut_pool: Vec<BoxFut>,
+}
+
+impl Role for ServerRole {
+    const SIDE: Side = Side::Server;
+
+    fn poll_work(
+        &mut self,
+        cx: &mut Context<'_>,
+        conn: &mut Connection,
+        backlogged: bool,
+    ) -> Poll<()> {
+        let mut progressed = false;
+        if self.go_away_pending {
+            self.go_away_pending = false;
+            conn.go_away(ErrorCode::NoError, "server shutting down");
+            progressed = true;
+        }
+        if self.grace_deadline.is_none() && self.shutdown_signal.as_mut().poll(cx).is_ready() {
+            self.grace_deadline = Some(self.shutdown.deadline().unwrap_or_else(Instant::now));
+            conn.go_away(ErrorCode::NoError, "server shutting down");
+            progressed = true;
+        }
+        // While the client does not read what it was sent, handlers get no turn and their
+        // output waits in the (bounded) queue.
+        if backlogged {
+            return if progressed {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            };
+        }
+        if !self.handlers.is_empty() {
+            while let Poll::Ready(Some((id, outcome, fut))) = self.handlers.poll_next_unpin(cx) {
+                progressed = true;
+                self.recycle(fut);
+                if let Some(o) = outcome {
+                    self.finish(id, o, conn);
+                }
+            }
+        }
+        if let Poll::Ready(Some(cmd)) = self.rx.poll_recv(cx) {
+            progressed = true;
+            self.apply(cmd, conn);
+            for _ in 0..COMMANDS_PER_TURN {
+                match self.rx.try_recv() {
+                    Ok(cmd) => self.apply(cmd, conn),
+                    Err(_) => break,
+                }
+            }
+        }
+        if progressed {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn on_event(&mut self, event: Event, conn: &mut Connection) {
+        match event {
+            Event::CallStarted {
+                id,
+                method,
+                codec,
+                deadline,
+                metadata,
+            } => self.on_call(id.0, method, codec, deadline, metadata, conn),
+            Event::Message {
+                id,
+                message,
+                credit,
+            } => self.on_message(id, message, credit, conn),
+            Event::HalfClosed { id } => self.on_half_closed(id.0, conn),
+            Event::Cancelled { id, status } => self.on_cancelled(id.0, status),
+            Event::Writable { id } => self.on_writable(id.0, conn),
+            _ => {}
+        }
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        self.grace_deadline
+    }
+
+    fn on_timer(&mut self, now: Instant, conn: &mut Connection, lapse: Lapse) {
+        if lapse == Lapse::Closed {
+            return;
+        }
+        if self.grace_deadline.is_some_and(|d| now >= d) {
+            // The grace period is over: end what is left.
+            let ids: Vec<u32> = self.calls.keys().copied().collect();
+            for id in ids {
+                self.end(
+                    id,
+                    Status::unavailable("the server shut down before the call finished"),
+                    Metadata::new(),
+                    conn,
+                );
+            }
+        }
+    }
+
+    fn stop(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn idle(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    fn on_end(&mut self, _conn: &mut Connection, why: &str) {
+        tracing::debug!(peer = %self.peer, "server connection ends: {why}");
+        // Running handlers stop with their calls.
+        for (_, call) in self.calls.drain() {
+            if let Call::Running { cancel, .. } = call {
+                cancel.cancel();
+            }
+        }
+    }
+}
+
+impl ServerRole {
+    fn ctx(&mut self, method: bytestring::ByteString, deadline: Option<Instant>) -> ServerContext {
+        ServerContext {
+            deadline,
+            peer: self.peer.clone(),
+            method,
+            cancel: self.cancel_pool.pop().unwrap_or_default(),
+        }
+    }
+
+    fn on_message(&mut self, id: CallId, message: Bytes, credit: u32, conn: &mut Connection) {
+        match self.calls.get_mut(&id.0) {
+            // The one request message: its credit is never needed again (the client half-closes
+            // with it), so none goes back.
+            Some(Call::Awaiting {
+                message: slot @ None,
+                ..
+            }) => *slot = Some(message),
+            Some(Call::Awaiting { ctx, .. }) => {
+                let st = Status::invalid_argument(format!(
+                    "{} takes one request message, got more",
+                    &*ctx.method
+                ));
+                self.end(id.0, st, Metadata::new(), conn);
+            }
+            Some(Call::Running {
+                inbound: Some(tx), ..
+            }) => {
+                let _ = tx.send(Item::Message(message, credit));
+            }
+            _ => {
+                let _ = conn.grant_credit(id, credit);
+            }
+        }
+    }
+
+    fn on_half_closed(&mut self, id: u32, conn: &mut Connection) {
+        match self.calls.get_mut(&id) {
+            Some(Call::Running { inbound, .. }) => {
+                if let Some(tx) = inbound.take() {
+                    let _ = tx.send(Item::End(Ok(Metadata::new())));
+                }
+            }
+            Some(Call::Awaiting { .. }) => {
+                let Some(Call::Awaiting {
+                    handler,
+                    metadata,
+                    ctx,
+                    message,
+                }) = self.calls.remove(&id)
+                else {
+                    return;
+                };
+                match message {
+                    Some(m) => self.spawn(id, handler, Input::One(m), metadata, ctx, conn),
+                    None => {
+                        let st = Status::invalid_argument(format!(
+                            "{} takes one request message, got none",
+                            &*ctx.method
+                        ));
+                        self.end(id, st, Metadata::new(), conn);
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn on_cancelled(&mut self, id: u32, status: topspin_proto::Status) {
+        if let Some(Call::Running {
+            cancel,
+            inbound,
+            blocked,
+            ..
+        }) = self.calls.remove(&id)
+        {
+            cancel.cancel();
+            let st = Status::new(status.code(), status.message().to_owned());
+            if let Some(tx) = inbound {
+                let _ = tx.send(Item::End(Err(st.clone())));
+            }
+            if let Some((_, ack)) = blocked.map(|b| *b) {
+                let _ = ack.send(Err(st));
+            }
+        }
+    }
+
+    fn on_call(
+        &mut self,
+        id: u32,
+        method: bytestring::ByteString,
+        codec: u8,
+        deadline: Option<Instant>,
+        metadata: Metadata,
+        conn: &mut Connection,
+    ) {
+        let Some(handler) = self.registry.get(&method) else {
+            let st = Status::unimplemented(format!(
+                "method {} is not implemented by this server",
+                &*method
+            ));
+            self.end(id, st, Metadata::new(), conn);
+            return;
+        };
+        if handler.codec() != codec {
+            let st = Status::unimplemented(format!(
+                "method {} takes codec {} (0 protobuf, 1 raw bytes, 2 JSON), the call used codec {codec}",
+                &*method,
+                handler.codec()
+            ));
+            self.end(id, st, Metadata::new(), conn);
+            return;
+        }
+        let ctx = self.ctx(method, deadline);
+        if handler.kind().client_streams() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let credit = Box::new(ServerCredit {
+                tx: self.tx.clone(),
+                id,
+            });
+            let cancel = ctx.cancel.clone();
+            self.calls.insert(
+                id,
+                Call::Running {
+                    cancel: cancel.clone(),
+                    inbound: Some(tx),
+                    blocked: None,
+                    end: None,
+                },
+            );
+            let io = CallIo {
+                tx: self.tx.clone(),
+                id,
+            };
+            let recycled = self.fut_pool.pop();
+            let fut = handler.call(Input::Stream { rx, credit }, metadata, ctx, io, recycled);
+            self.handlers.push(Running {
+                id,
+                cancel,
+                fut: Some(fut),
+            });
+        } else {
+            self.calls.insert(
+                id,
+                Call::Awaiting {
+                    handler,
+                    metadata,
+                    ctx,
+                    message: None,
+                },
+            );
+        }
+    }
+
+    fn spawn(
+        &mut self,
+        id: u32,
+        handler: super::handler::HandlerRef,
+        input: Input,
+        metadata: Metadata,
+        ctx: ServerContext,
+        conn: &mut Connection,
+    ) {
+        let cancel = ctx.cancel.clone();
+        self.calls.insert(
+            id,
+            Call::Running {
+                cancel: cancel.clone(),
+                inbound: None,
+                blocked: None,
+                end: None,
+            },
+        );
+        let io = CallIo {
+            tx: self.tx.clone(),
+            id,
+        };
+        let recycled = self.fut_pool.pop();
+        let mut running = Running {
+            id,
+            cancel,
+            fut: Some(handler.call(input, metadata, ctx, io, recycled)),
+        };
+        // Most handlers answer at once: poll once now, so the answer leaves in the same write
+        // as everything else this turn, without a trip through the scheduler.
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        match std::pin::Pin::new(&mut running).poll(&mut cx) {
+            std::task::Poll::Ready((id, outcome, fut)) => {
+                drop(running); // release its handle on the call's cancellation first
+                self.recycle(fut);
+                if let Some(o) = outcome {
+                    self.finish(id, o, conn);
+                }
+            }
+            // Polled again by the set, which registers a real waker.
+            std::task::Poll::Pending => self.handlers.push(running),
+        }
+    }
+
+    fn recycle(&mut self, fut: Option<BoxFut>) {
+        if let Some(f) = fut {
+            if self.fut_pool.len() < 64 {
+                self.fut_pool.push(f);
+            }
+        }
+    }
+
+    /// A handler returned.
+    fn finish(&mut self, id: u32, outcome: Outcome, conn: &mut Connection) {
+        match outcome {
+            Outcome::Reply(Ok((message, headers, trailers))) => {
+                if !self.calls.contains_key(&id) {
+                    return;
+                }
+                if !headers.is_empty() {
+                    if let Err(e) = conn.send_headers(CallId(id), &headers) {
+                        self.end(
+                            id,
+                            self.local_error(e, "response headers"),
+                            Metadata::new(),
+                            conn,
+                        );
+                        return;
+                    }
+                }
+                match conn.send_message(CallId(id), message, false) {
+                    Ok(()) => self.end(id, Status::new(Code::Ok, ""), trailers, conn),
+                    Err(e) => self.end(
+                        id,
+                        self.local_error(e, "response message"),
+                        Metadata::new(),
+                        conn,
+                    ),
+                }
+            }
+            Outcome::Reply(Err(status)) | Outcome::Finished(Err(status)) => {
+                let trailers = status.wire_trailers();
+                self.end(id, status, trailers, conn);
+            }
+            Outcome::Finished(Ok(trailers)) => {
+                self.end(id, Status::new(Code::Ok, ""), trailers, conn)
+            }
+        }
+    }
+
+    fn local_error(&self, e: CallError, what: &str) -> Status {
+        call_error_status(e, what)
+    }
+
+    /// Ends a call with a status (waiting for a message still being sent, if any). Also used
+    /// to refuse a call that never got state here (unknown method, wrong codec).
+    fn end(&mut self, id: u32, status: Status, trailers: Metadata, conn: &mut Connection) {
+        let st = topspin_proto::Status::new(status.code(), status.message().to_owned());
+        match conn.end_call(CallId(id), &st, &trailers) {
+            Ok(()) => {}
+            Err(CallError::WouldBlock) => {
+                if let Some(Call::Running { end, .. }) = self.calls.get_mut(&id) {
+                    *end = Some(Box::new((status, trailers)));
+                    return;
+                }
+            }
+            // A status too large for the client is shortened by the engine; anything else
+            // means the call is already over.
+            Err(_) => {}
+        }
+        if let Some(Call::Running {
+            cancel, blocked, ..
+        }) = self.calls.remove(&id)
+        {
+            if let Some((_, ack)) = blocked.map(|b| *b) {
+                let _ = ack.send(Err(Status::cancelled("the call ended")));
+            }
+            // A handler still running (its call ended without it) must stop; a finished one
+            // has let go of the handle, which is then reused.
+            cancel.cancel();
+            cancel.recycle(&mut self.cancel_pool);
+        }
+    }
+
+    fn apply(&mut self, cmd: SCmd, conn: &mut Connection) {
+        match cmd {
+            SCmd::Headers { id, metadata } => {
+                if let Err(e) = conn.send_headers(CallId(id), &metadata) {
+                    if !matches!(e, CallError::NotOpen(_) | CallError::NotAllowed(_)) {
+                        self.end(
+                            id,
+                            self.local_error(e, "response headers"),
+                            Metadata::new(),
+                            conn,
+                        );
+                    }
+                }
+            }
+            SCmd::Send { id, message, ack } => self.send(id, message, ack, conn),
+            SCmd::Credit { id, bytes } => {
+                let _ = conn.grant_credit(CallId(id), bytes);
+            }
+        }
+    }
+
+    fn send(
+        &mut self,
+        id: u32,
+        message: Bytes,
+        ack: oneshot::Sender<Result<(), Status>>,
+        conn: &mut Connection,
+    ) {
+        match conn.send_message(CallId(id), message.clone(), false) {
+            Ok(()) => {
+                let _ = ack.send(Ok(()));
+            }
+            Err(CallError::WouldBlock) => {
+                if let Some(Call::Running { blocked, .. }) = self.calls.get_mut(&id) {
+                    *blocked = Some(Box::new((message, ack)));
+                } else {
+                    let _ = ack.send(Err(Status::cancelled("the call is over")));
+                }
+            }
+            Err(CallError::NotOpen(_)) => {
+                let _ = ack.send(Err(Status::cancelled("the call is over")));
+            }
+            Err(e) => {
+                let st = self.local_error(e, "response message");
+                let _ = ack.send(Err(st.clone()));
+                self.end(id, st, Metadata::new(), conn);
+            }
+        }
+    }
+
+    fn on_writable(&mut self, id: u32, conn: &mut Connection) {
+        let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let blocked = blocked.take();
+        let end = end.take();
+        if let Some((message, ack)) = blocked.map(|b| *b) {
+            self.send(id, message, ack, conn);
+        }
+        if let Some((status, trailers)) = end.map(|b| *b) {
+            self.end(id, status, trailers, conn);
+        }
+    }
+}

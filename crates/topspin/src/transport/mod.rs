@@ -1,0 +1,76 @@
+//! Transports: what a connection's bytes travel over.
+//!
+//! The connection loop (`crate::connection`) reads and writes through the small [`Transport`]
+//! trait and never touches a socket itself. Two implementations:
+//!
+//! - [`socket`]: TCP and Unix sockets through readiness and non-blocking calls — one `recv`
+//!   that also clears readiness when it drains the socket, one vectored `sendmsg` per turn, no
+//!   write-readiness registration unless a write would block. This is the fast path; every
+//!   readiness call and raw descriptor of the crate is in that file.
+//! - [`stream`]: any `AsyncRead + AsyncWrite` byte stream (TLS, WebSocket, user streams,
+//!   in-memory pipes such as `tokio::io::duplex`).
+//!
+//! A new transport is one file here implementing [`Transport`].
+
+mod listener;
+pub(crate) mod socket;
+pub(crate) mod stream;
+
+pub(crate) use listener::Listener;
+
+use bytes::BytesMut;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::task::{Context, Poll};
+
+/// The address of the other end of a connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PeerAddr {
+    /// A TCP peer.
+    Tcp(SocketAddr),
+    /// A Unix socket peer (usually unnamed).
+    Unix(Option<PathBuf>),
+    /// A connection over a byte stream whose peer has no socket address.
+    Stream,
+}
+
+impl std::fmt::Display for PeerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerAddr::Tcp(a) => write!(f, "{a}"),
+            PeerAddr::Unix(Some(p)) => write!(f, "unix:{}", p.display()),
+            PeerAddr::Unix(None) => f.write_str("unix:(unnamed)"),
+            PeerAddr::Stream => f.write_str("stream"),
+        }
+    }
+}
+
+/// A connected, bidirectional byte transport, used by exactly one connection task.
+///
+/// Reads and writes are poll-based and non-blocking: `Pending` means the task's waker is
+/// registered and the task will be woken when the transport can make progress, so one task
+/// reads while its writes wait (and two peers both sending large messages never deadlock).
+pub(crate) trait Transport: Send + 'static {
+    /// Reads into `buf`'s spare capacity (the caller reserves room first). `Ok(0)` is the end
+    /// of the stream.
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>>;
+
+    /// Writes a prefix of `bufs` (as much as the transport takes now, in one system call for
+    /// sockets); returns how many bytes were taken.
+    fn poll_write_vectored(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>>;
+
+    /// Everything queued was handed over: flush any buffering of the transport's own.
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// Closes the write direction so the peer sees the end of the stream after what was sent.
+    fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// The other end.
+    fn peer_addr(&self) -> PeerAddr;
+}

@@ -3,44 +3,17 @@
 //! dropping the caller's future or stream cancels it. The typed API in `mod.rs`, the CLI and
 //! the language bindings all sit on this.
 
-use super::conn::{send_now, Cmd, ConnHandle, Sink, Start};
+use super::conn::{send_now, CallStart, Cmd, ConnHandle, Sink};
 use super::pool::Pool;
 use crate::codec::Codec;
 use crate::streaming::CreditReturn;
 use crate::{Response, Status};
 use bytes::Bytes;
-use bytestring::ByteString;
 use futures_util::{Stream, StreamExt};
 use std::time::Instant;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 use topspin_proto::Metadata;
-
-/// A call about to start: everything but where its results go.
-#[derive(Debug)]
-pub(crate) struct CallStart {
-    pub(crate) token: u64,
-    pub(crate) method: ByteString,
-    pub(crate) codec: u8,
-    pub(crate) deadline: Option<Instant>,
-    pub(crate) metadata: Metadata,
-    /// The one request message (unary and server streaming), or none (a request stream).
-    pub(crate) message: Option<Bytes>,
-}
-
-impl CallStart {
-    pub(crate) fn into_start(self, sink: Sink) -> Start {
-        Start::new(
-            self.token,
-            self.method,
-            self.codec,
-            self.deadline,
-            self.metadata,
-            self.message,
-            sink,
-        )
-    }
-}
 
 /// Cancels a call when its future or stream is dropped before the end.
 pub(crate) struct CallGuard {

@@ -3,7 +3,7 @@
 //! one bounded command queue (no lock shared by all calls of a connection).
 
 pub(crate) use crate::connection::send_now;
-use crate::connection::{call_error_status, Driver, Lapse, Role};
+use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
 use crate::streaming::Item;
 use crate::transport::socket::SocketTransport;
 use crate::transport::Transport;
@@ -73,43 +73,38 @@ struct Early {
     half_close: bool,
 }
 
-/// A request to start a call.
+/// A call about to start: everything but where its results go.
 #[derive(Debug)]
-pub(crate) struct Start {
+pub(crate) struct CallStart {
     pub(crate) token: u64,
     pub(crate) method: ByteString,
     pub(crate) codec: u8,
-    /// When the application started the call plus its timeout: the deadline runs while the call
-    /// waits in queues too.
+    /// When the application started the call plus its timeout: the deadline runs while the
+    /// call waits in queues too.
     pub(crate) deadline: Option<Instant>,
     pub(crate) metadata: Metadata,
-    /// The request message of unary and server-streaming calls, sent with END_STREAM.
+    /// The one request message (unary and server streaming, sent with END_STREAM), or none
+    /// (a request stream follows).
     pub(crate) message: Option<Bytes>,
-    pub(crate) sink: Sink,
-    early: Option<Box<Early>>,
 }
 
-impl Start {
-    pub(crate) fn new(
-        token: u64,
-        method: ByteString,
-        codec: u8,
-        deadline: Option<Instant>,
-        metadata: Metadata,
-        message: Option<Bytes>,
-        sink: Sink,
-    ) -> Start {
+impl CallStart {
+    /// The call with where its results go.
+    pub(crate) fn into_start(self, sink: Sink) -> Start {
         Start {
-            token,
-            method,
-            codec,
-            deadline,
-            metadata,
-            message,
+            call: self,
             sink,
             early: None,
         }
     }
+}
+
+/// A request to start a call.
+#[derive(Debug)]
+pub(crate) struct Start {
+    call: CallStart,
+    sink: Sink,
+    early: Option<Box<Early>>,
 }
 
 #[derive(Debug)]
@@ -120,7 +115,7 @@ pub(crate) enum Cmd {
     Send {
         token: u64,
         message: Bytes,
-        ack: oneshot::Sender<Result<(), Status>>,
+        ack: Ack,
     },
     HalfClose {
         token: u64,
@@ -154,9 +149,6 @@ pub(crate) struct ConnShared {
     /// The server sent GOAWAY or the connection closed: new calls go to a new connection.
     pub(crate) unusable: AtomicBool,
 }
-
-/// A message waiting for flow-control credit, and whom to tell when it is sent.
-type Blocked = (Bytes, oneshot::Sender<Result<(), Status>>);
 
 #[derive(Debug)]
 struct Call {
@@ -317,7 +309,7 @@ impl Role for ClientRole {
     }
 
     fn next_timer(&self) -> Option<Instant> {
-        self.waiting.iter().filter_map(|s| s.deadline).min()
+        self.waiting.iter().filter_map(|s| s.call.deadline).min()
     }
 
     fn on_timer(&mut self, now: Instant, _conn: &mut Connection, lapse: Lapse) {
@@ -327,16 +319,16 @@ impl Role for ClientRole {
         if self
             .waiting
             .iter()
-            .any(|s| s.deadline.is_some_and(|d| d <= now))
+            .any(|s| s.call.deadline.is_some_and(|d| d <= now))
         {
             let (expired, kept) = std::mem::take(&mut self.waiting)
                 .into_iter()
-                .partition(|s| s.deadline.is_some_and(|d| d <= now));
+                .partition(|s: &Start| s.call.deadline.is_some_and(|d| d <= now));
             self.waiting = kept;
             for s in Vec::from(expired) {
                 s.sink.fail(Status::deadline_exceeded(format!(
                     "deadline exceeded while {} waited for the server's max_concurrent_calls",
-                    &*s.method
+                    &*s.call.method
                 )));
             }
         }
@@ -418,7 +410,7 @@ impl ClientRole {
                     let _ = conn.cancel(CallId(id), Code::Cancelled);
                     self.start_waiting(conn);
                 } else {
-                    self.waiting.retain(|s| s.token != token);
+                    self.waiting.retain(|s| s.call.token != token);
                 }
             }
             Cmd::Credit { token, bytes } => {
@@ -431,7 +423,7 @@ impl ClientRole {
 
     /// A call waiting for the server's concurrency limit.
     fn parked(&mut self, token: u64) -> Option<&mut Start> {
-        self.waiting.iter_mut().find(|s| s.token == token)
+        self.waiting.iter_mut().find(|s| s.call.token == token)
     }
 
     fn start(&mut self, s: Start, conn: &mut Connection) {
@@ -450,7 +442,7 @@ impl ClientRole {
         if self.waiting.len() >= self.max_pending_calls {
             s.sink.fail(Status::resource_exhausted(format!(
                 "{}: {} calls already wait for the server's max_concurrent_calls on this connection (Config::max_pending_calls)",
-                &*s.method, self.max_pending_calls
+                &*s.call.method, self.max_pending_calls
             )));
             return;
         }
@@ -461,38 +453,39 @@ impl ClientRole {
     /// parked.
     fn try_start(&mut self, s: Start, conn: &mut Connection) -> bool {
         let now = Instant::now();
-        let timeout = match s.deadline {
+        let timeout = match s.call.deadline {
             Some(d) if d <= now => {
                 s.sink.fail(Status::deadline_exceeded(format!(
                     "the deadline of {} passed before it was sent",
-                    &*s.method
+                    &*s.call.method
                 )));
                 return true;
             }
             Some(d) => Some(d - now),
             None => None,
         };
-        let id = match conn.start_call(&s.method, s.codec, timeout, &s.metadata, now) {
+        let id = match conn.start_call(&s.call.method, s.call.codec, timeout, &s.call.metadata, now)
+        {
             Ok(id) => id,
             Err(CallError::TooManyCalls { .. }) => {
                 self.park(s);
                 return false;
             }
             Err(e) => {
-                s.sink.fail(self.refused(e, &s.method));
+                s.sink.fail(self.refused(e, &s.call.method));
                 return true;
             }
         };
         let mut call = Call {
-            token: s.token,
-            method: s.method,
+            token: s.call.token,
+            method: s.call.method,
             sink: Some(s.sink),
             headers: Metadata::new(),
             message: None,
             blocked: None,
             half_close_after_blocked: false,
         };
-        if let Some(message) = s.message {
+        if let Some(message) = s.call.message {
             if let Err(e) = conn.send_message(id, message, true) {
                 let _ = conn.cancel(id, Code::Cancelled);
                 if let Some(sink) = call.sink.take() {
@@ -533,23 +526,16 @@ impl ClientRole {
         }
     }
 
-    fn send(
-        &mut self,
-        id: u32,
-        message: Bytes,
-        ack: oneshot::Sender<Result<(), Status>>,
-        conn: &mut Connection,
-    ) {
-        match conn.send_message(CallId(id), message.clone(), false) {
-            Ok(()) => {
-                let _ = ack.send(Ok(()));
-            }
-            Err(CallError::WouldBlock) => {
-                if let Some(call) = self.calls.get_mut(&id) {
-                    call.blocked = Some(Box::new((message, ack)));
+    fn send(&mut self, id: u32, message: Bytes, ack: Ack, conn: &mut Connection) {
+        match send_message(conn, CallId(id), message, ack) {
+            Sent::Done => {}
+            Sent::Blocked(b) => match self.calls.get_mut(&id) {
+                Some(call) => call.blocked = Some(b),
+                None => {
+                    let _ = b.1.send(Err(Status::cancelled("the call is over")));
                 }
-            }
-            Err(e) => {
+            },
+            Sent::Refused(e, ack) => {
                 let method = self
                     .calls
                     .get(&id)

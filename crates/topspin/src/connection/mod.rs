@@ -235,6 +235,38 @@ impl<R: Role, T: Transport> Driver<R, T> {
     }
 }
 
+/// Told when a stream message has been handed to the engine (or why not).
+pub(crate) type Ack = tokio::sync::oneshot::Sender<Result<(), Status>>;
+/// A stream message waiting for flow-control credit, and whom to tell when it is sent.
+pub(crate) type Blocked = (bytes::Bytes, Ack);
+
+/// What became of a stream message given to the engine.
+pub(crate) enum Sent {
+    /// Sent, and its sender told.
+    Done,
+    /// No credit (or a split message still going): keep it until `Event::Writable`.
+    Blocked(Box<Blocked>),
+    /// Refused; its sender is not told yet.
+    Refused(CallError, Ack),
+}
+
+/// Sends one message of a stream (either side), telling its sender once it is sent.
+pub(crate) fn send_message(
+    conn: &mut Connection,
+    id: topspin_proto::CallId,
+    message: bytes::Bytes,
+    ack: Ack,
+) -> Sent {
+    match conn.send_message(id, message.clone(), false) {
+        Ok(()) => {
+            let _ = ack.send(Ok(()));
+            Sent::Done
+        }
+        Err(CallError::WouldBlock) => Sent::Blocked(Box::new((message, ack))),
+        Err(e) => Sent::Refused(e, ack),
+    }
+}
+
 /// The status for a call the engine refused locally (`what`: the method, or which part of a
 /// response). One wording for both sides.
 pub(crate) fn call_error_status(e: CallError, what: &str) -> Status {

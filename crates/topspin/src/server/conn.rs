@@ -4,7 +4,7 @@
 
 use super::handler::{BoxFut, CallIo, Input, Outcome, Running, SCmd, ServerCredit};
 use super::Registry;
-use crate::connection::{call_error_status, Driver, Lapse, Role};
+use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
 use crate::request::{Cancellation, ServerContext};
 use crate::streaming::Item;
 use crate::transport::{PeerAddr, Transport};
@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use topspin_proto::{CallError, CallId, Code, Connection, ErrorCode, Event, Metadata, Side};
 
@@ -26,9 +26,6 @@ use topspin_proto::{CallError, CallId, Code, Connection, ErrorCode, Event, Metad
 const COMMAND_QUEUE: usize = 1024;
 /// Commands taken per turn.
 const COMMANDS_PER_TURN: usize = 256;
-
-/// A message waiting for flow-control credit, and whom to tell when it is sent.
-type Blocked = (Bytes, oneshot::Sender<Result<(), Status>>);
 
 enum Call {
     /// Unary and server-streaming calls wait for their one request message.
@@ -269,7 +266,7 @@ impl ServerRole {
                     return;
                 };
                 match message {
-                    Some(m) => self.spawn(id, handler, Input::One(m), metadata, ctx, conn),
+                    Some(m) => self.spawn(id, handler, Some(m), metadata, ctx, conn),
                     None => {
                         let st = Status::invalid_argument(format!(
                             "{} takes one request message, got none",
@@ -330,32 +327,8 @@ impl ServerRole {
         }
         let ctx = self.ctx(method, deadline);
         if handler.kind().client_streams() {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let credit = Box::new(ServerCredit {
-                tx: self.tx.clone(),
-                id,
-            });
-            let cancel = ctx.cancel.clone();
-            self.calls.insert(
-                id,
-                Call::Running {
-                    cancel: cancel.clone(),
-                    inbound: Some(tx),
-                    blocked: None,
-                    end: None,
-                },
-            );
-            let io = CallIo {
-                tx: self.tx.clone(),
-                id,
-            };
-            let recycled = self.fut_pool.pop();
-            let fut = handler.call(Input::Stream { rx, credit }, metadata, ctx, io, recycled);
-            self.handlers.push(Running {
-                id,
-                cancel,
-                fut: Some(fut),
-            });
+            // Requests arrive as a stream: the handler starts now.
+            self.spawn(id, handler, None, metadata, ctx, conn);
         } else {
             self.calls.insert(
                 id,
@@ -373,17 +346,30 @@ impl ServerRole {
         &mut self,
         id: u32,
         handler: super::handler::HandlerRef,
-        input: Input,
+        message: Option<Bytes>,
         metadata: Metadata,
         ctx: ServerContext,
         conn: &mut Connection,
     ) {
+        let (input, inbound) = match message {
+            Some(m) => (Input::One(m), None),
+            None => {
+                // Flow-controlled: the client sends at most a window ahead of what the handler
+                // has consumed.
+                let (tx, rx) = mpsc::unbounded_channel();
+                let credit = Box::new(ServerCredit {
+                    tx: self.tx.clone(),
+                    id,
+                });
+                (Input::Stream { rx, credit }, Some(tx))
+            }
+        };
         let cancel = ctx.cancel.clone();
         self.calls.insert(
             id,
             Call::Running {
                 cancel: cancel.clone(),
-                inbound: None,
+                inbound,
                 blocked: None,
                 end: None,
             },
@@ -516,28 +502,19 @@ impl ServerRole {
         }
     }
 
-    fn send(
-        &mut self,
-        id: u32,
-        message: Bytes,
-        ack: oneshot::Sender<Result<(), Status>>,
-        conn: &mut Connection,
-    ) {
-        match conn.send_message(CallId(id), message.clone(), false) {
-            Ok(()) => {
-                let _ = ack.send(Ok(()));
-            }
-            Err(CallError::WouldBlock) => {
-                if let Some(Call::Running { blocked, .. }) = self.calls.get_mut(&id) {
-                    *blocked = Some(Box::new((message, ack)));
-                } else {
-                    let _ = ack.send(Err(Status::cancelled("the call is over")));
+    fn send(&mut self, id: u32, message: Bytes, ack: Ack, conn: &mut Connection) {
+        match send_message(conn, CallId(id), message, ack) {
+            Sent::Done => {}
+            Sent::Blocked(b) => match self.calls.get_mut(&id) {
+                Some(Call::Running { blocked, .. }) => *blocked = Some(b),
+                _ => {
+                    let _ = b.1.send(Err(Status::cancelled("the call is over")));
                 }
-            }
-            Err(CallError::NotOpen(_)) => {
+            },
+            Sent::Refused(CallError::NotOpen(_), ack) => {
                 let _ = ack.send(Err(Status::cancelled("the call is over")));
             }
-            Err(e) => {
+            Sent::Refused(e, ack) => {
                 let st = self.local_error(e, "response message");
                 let _ = ack.send(Err(st.clone()));
                 self.end(id, st, Metadata::new(), conn);

@@ -17,6 +17,7 @@ use std::str::FromStr;
 /// assert!("http://x".parse::<Address>().is_err());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Address {
     /// TCP to `host:port` (a name, an IPv4 address, or an IPv6 address in brackets).
     Tcp(String),

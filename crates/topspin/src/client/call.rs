@@ -74,11 +74,15 @@ pub(crate) async fn queue(
     cmd: Cmd,
     deadline: Option<Instant>,
 ) -> Result<(), Status> {
-    let cmd = match h.tx.try_send(cmd) {
-        Ok(()) => return Ok(()),
-        Err(TrySendError::Closed(_)) => return Err(not_sent()),
-        Err(TrySendError::Full(cmd)) => cmd,
-    };
+    match h.tx.try_send(cmd) {
+        Ok(()) => Ok(()),
+        Err(TrySendError::Closed(_)) => Err(not_sent()),
+        // Waiting is rare and its future is large: boxed, it stays out of every call's future.
+        Err(TrySendError::Full(cmd)) => Box::pin(wait_for_room(h, cmd, deadline)).await,
+    }
+}
+
+async fn wait_for_room(h: &ConnHandle, cmd: Cmd, deadline: Option<Instant>) -> Result<(), Status> {
     let send = h.tx.send(cmd);
     let sent = match deadline {
         None => send.await,

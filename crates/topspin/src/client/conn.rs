@@ -309,6 +309,9 @@ impl Role for ClientRole {
     }
 
     fn next_timer(&self) -> Option<Instant> {
+        if self.waiting.is_empty() {
+            return None;
+        }
         self.waiting.iter().filter_map(|s| s.call.deadline).min()
     }
 

@@ -17,10 +17,9 @@ use crate::transport::Transport;
 use crate::{Config, Status};
 use io::{Io, ReadError};
 use liveness::Liveness;
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tokio_util::sync::ReusableBoxFuture;
 use topspin_proto::{CallError, Connection, ErrorCode, Event, ProtocolError, Side};
 
 /// Turns of the loop that made progress before the task yields to the scheduler.
@@ -69,7 +68,10 @@ pub(crate) struct Driver<R, T> {
     config: Config,
     liveness: Liveness,
     started: Instant,
-    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// The connection's one timer. Replaced rather than reset when disarmed, so that a
+    /// connection with no deadline leaves nothing in the runtime's timer wheel (every park of
+    /// the runtime looks at it); the box is reused, so this allocates nothing.
+    sleep: ReusableBoxFuture<'static, ()>,
     armed: Option<Instant>,
 }
 
@@ -88,7 +90,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             config,
             liveness: Liveness::default(),
             started: now,
-            sleep: Box::pin(tokio::time::sleep_until(to_tokio(now))),
+            sleep: ReusableBoxFuture::new(tokio::time::sleep_until(to_tokio(now))),
             armed: None,
         }
     }
@@ -123,8 +125,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             if self.conn.is_drained() && all_written {
                 return Poll::Ready("drained after go-away".into());
             }
-            self.arm_timer();
-            if !self.poll_sources(cx) {
+            if !self.poll_sources(cx) && !self.arm_timer(cx) {
                 return Poll::Pending;
             }
             self.process_events();
@@ -134,28 +135,41 @@ impl<R: Role, T: Transport> Driver<R, T> {
         Poll::Pending
     }
 
-    /// One timer for the connection, moved only when the next deadline changes: no timer
-    /// registration on turns that need none.
-    fn arm_timer(&mut self) {
+    /// One timer for the connection, moved only when the next deadline changes, and only
+    /// when the task is about to wait (busy turns need no timer): no timer registration on
+    /// wake-ups that need none. Whether the timer fired (the loop then goes on).
+    fn arm_timer(&mut self, cx: &mut Context<'_>) -> bool {
         let timer = self.next_timer();
-        if timer != self.armed {
-            if let Some(t) = timer {
-                self.sleep.as_mut().reset(to_tokio(t));
-            }
-            self.armed = timer;
+        if timer == self.armed {
+            return false; // already polled (and registered) this turn
         }
+        self.armed = timer;
+        let Some(t) = timer else {
+            // A fresh, never polled sleep is in no timer wheel.
+            self.sleep
+                .set(tokio::time::sleep_until(to_tokio(self.started)));
+            return false;
+        };
+        self.sleep.set(tokio::time::sleep_until(to_tokio(t)));
+        if self.sleep.poll(cx).is_ready() {
+            self.armed = None;
+            self.on_timer();
+            return true;
+        }
+        false
     }
 
-    /// Polls the transport, the role and the timer; whether any made progress.
+    /// Polls the transport, then the role, then the timer, up to the first that makes
+    /// progress (the loop comes back for the others); `false` when none is ready and every
+    /// one has registered the task's waker.
     fn poll_sources(&mut self, cx: &mut Context<'_>) -> bool {
         let backlogged = self.io.unsent(&self.conn) > self.config.max_send_buffer();
-        let mut progressed = false;
         // A server stops reading while the peer does not take what it is sent: a client that
         // never reads cannot make it queue more. A client keeps reading (its server drains it).
         if !(backlogged && R::SIDE == Side::Server) {
             if let Poll::Ready(r) = self.io.poll_read(cx, &mut self.conn) {
-                progressed = true;
                 self.on_read(r);
+                return true;
             }
         }
         if self
@@ -163,14 +177,14 @@ impl<R: Role, T: Transport> Driver<R, T> {
             .poll_work(cx, &mut self.conn, backlogged)
             .is_ready()
         {
-            progressed = true;
+            return true;
         }
-        if self.armed.is_some() && self.sleep.as_mut().poll(cx).is_ready() {
+        if self.armed.is_some() && self.sleep.poll(cx).is_ready() {
             self.armed = None;
-            progressed = true;
             self.on_timer();
+            return true;
         }
-        progressed
+        false
     }
 
     fn on_read(&mut self, r: Result<bool, ReadError>) {

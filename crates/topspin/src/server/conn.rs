@@ -104,50 +104,40 @@ impl Role for ServerRole {
         conn: &mut Connection,
         backlogged: bool,
     ) -> Poll<()> {
-        let mut progressed = false;
         if self.go_away_pending {
             self.go_away_pending = false;
             conn.go_away(ErrorCode::NoError, "server shutting down");
-            progressed = true;
+            return Poll::Ready(());
+        }
+        // While the client does not read what it was sent, handlers get no turn and their
+        // output waits in the (bounded) queue.
+        if !backlogged {
+            if !self.handlers.is_empty() {
+                if let Poll::Ready(Some((id, outcome, fut))) = self.handlers.poll_next_unpin(cx) {
+                    self.recycle(fut);
+                    if let Some(o) = outcome {
+                        self.finish(id, o, conn);
+                    }
+                    return Poll::Ready(());
+                }
+            }
+            if let Poll::Ready(Some(cmd)) = self.rx.poll_recv(cx) {
+                self.apply(cmd, conn);
+                for _ in 0..COMMANDS_PER_TURN {
+                    match self.rx.try_recv() {
+                        Ok(cmd) => self.apply(cmd, conn),
+                        Err(_) => break,
+                    }
+                }
+                return Poll::Ready(());
+            }
         }
         if self.grace_deadline.is_none() && self.shutdown_signal.as_mut().poll(cx).is_ready() {
             self.grace_deadline = Some(self.shutdown.deadline().unwrap_or_else(Instant::now));
             conn.go_away(ErrorCode::NoError, "server shutting down");
-            progressed = true;
+            return Poll::Ready(());
         }
-        // While the client does not read what it was sent, handlers get no turn and their
-        // output waits in the (bounded) queue.
-        if backlogged {
-            return if progressed {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            };
-        }
-        if !self.handlers.is_empty() {
-            while let Poll::Ready(Some((id, outcome, fut))) = self.handlers.poll_next_unpin(cx) {
-                progressed = true;
-                self.recycle(fut);
-                if let Some(o) = outcome {
-                    self.finish(id, o, conn);
-                }
-            }
-        }
-        if let Poll::Ready(Some(cmd)) = self.rx.poll_recv(cx) {
-            progressed = true;
-            self.apply(cmd, conn);
-            for _ in 0..COMMANDS_PER_TURN {
-                match self.rx.try_recv() {
-                    Ok(cmd) => self.apply(cmd, conn),
-                    Err(_) => break,
-                }
-            }
-        }
-        if progressed {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
+        Poll::Pending
     }
 
     fn on_event(&mut self, event: Event, conn: &mut Connection) {

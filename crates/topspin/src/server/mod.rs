@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Why a server could not start or serve.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServeError {
     /// The address string is invalid.
     #[error(transparent)]

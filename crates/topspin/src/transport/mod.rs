@@ -53,6 +53,12 @@ impl std::fmt::Display for PeerAddr {
 /// registered and the task will be woken when the transport can make progress, so one task
 /// reads while its writes wait (and two peers both sending large messages never deadlock).
 pub(crate) trait Transport: Send + 'static {
+    /// Whether a read may find something, cheaply: `Pending` (waker registered) when it
+    /// certainly would not. Transports without readiness say `Ready` and let `poll_read` tell.
+    fn poll_read_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
     /// Reads into `buf`'s spare capacity (the caller reserves room first). `Ok(0)` is the end
     /// of the stream.
     fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>>;

@@ -125,15 +125,22 @@ impl SocketTransport {
 }
 
 impl Transport for SocketTransport {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Dropping the guard leaves the readiness set; `try_read_buf` clears it.
+        self.sock.poll_read_ready(cx).map_ok(|_guard| ())
+    }
+
+    /// Reads at once (the caller polled readiness first); only when the socket turns out
+    /// empty does it wait for readiness.
     fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
         loop {
+            match self.try_read_buf(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
             // Dropping the guard leaves the readiness set; `try_read_buf` clears it.
             if let Err(e) = ready!(self.sock.poll_read_ready(cx)) {
                 return Poll::Ready(Err(e));
-            }
-            match self.try_read_buf(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                r => return Poll::Ready(r),
             }
         }
     }

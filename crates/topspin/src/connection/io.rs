@@ -115,7 +115,7 @@ impl<T: Transport> Io<T> {
         conn: &mut Connection,
     ) -> Poll<Result<bool, ReadError>> {
         // The common case on a busy loop: nothing to read, and the check is one poll.
-        match self.transport.poll_read_ready(cx) {
+        match self.transport.poll_readable(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Err(e)) => return Poll::Ready(Err(ReadError::Io(e))),
             Poll::Ready(Ok(())) => {}

@@ -55,7 +55,7 @@ impl std::fmt::Display for PeerAddr {
 pub(crate) trait Transport: Send + 'static {
     /// Whether a read may find something, cheaply: `Pending` (waker registered) when it
     /// certainly would not. Transports without readiness say `Ready` and let `poll_read` tell.
-    fn poll_read_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_readable(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
 

@@ -125,7 +125,7 @@ impl SocketTransport {
 }
 
 impl Transport for SocketTransport {
-    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // Dropping the guard leaves the readiness set; `try_read_buf` clears it.
         self.sock.poll_read_ready(cx).map_ok(|_guard| ())
     }

@@ -81,3 +81,34 @@ async fn endpoint_default_timeout_applies() {
     assert_eq!(unary(&ch, UNARY, "quick").await.unwrap(), bytes("quick"));
     server.stop().await;
 }
+
+/// Connecting and the handshake count inside the call's deadline: a server that accepts and
+/// never answers cannot hold a call with a 300 ms timeout for the 10 s handshake timeout.
+#[tokio::test]
+async fn connecting_counts_inside_the_deadline() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    let accepted = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s); // accept, then say nothing
+        }
+    });
+    let channel = topspin::Channel::lazy(format!("tcp://{addr}")).expect("lazy");
+    let t0 = std::time::Instant::now();
+    let err = channel
+        .unary(
+            RawCodec,
+            UNARY,
+            Request::new(bytes::Bytes::from_static(b"x")).with_timeout(Duration::from_millis(300)),
+        )
+        .await
+        .expect_err("no handshake");
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+    assert!(err.message().contains("connecting"), "{err}");
+    // Generous: the point is 0.3 s, not the 10 s handshake timeout.
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    accepted.abort();
+}

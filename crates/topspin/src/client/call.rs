@@ -101,9 +101,9 @@ pub(crate) async fn begin(
     call: CallStart,
     sink: Sink,
 ) -> Result<(ConnHandle, CallGuard), Status> {
-    let h = pool.pick().await?;
-    let guard = CallGuard::new(&h, call.token);
     let deadline = call.deadline;
+    let h = pool.pick(deadline).await?;
+    let guard = CallGuard::new(&h, call.token);
     queue(&h, Cmd::Start(call.into_start(sink)), deadline).await?;
     Ok((h, guard))
 }

@@ -163,21 +163,25 @@ impl Channel {
         requests: Vec<Request<C::Encode>>,
     ) -> Vec<Result<Response<C::Decode>, Status>> {
         let method = method.into();
-        let h = match self.inner.pick().await {
+        let encoded: Vec<_> = requests
+            .into_iter()
+            .map(|req| self.encoded(&codec, method.0.clone(), req))
+            .collect();
+        // The batch waits (to connect, for room) no longer than its earliest deadline.
+        let deadline = encoded
+            .iter()
+            .filter_map(|s| s.as_ref().ok().and_then(|s| s.deadline))
+            .min();
+        let h = match self.inner.pick(deadline).await {
             Ok(h) => h,
-            Err(e) => return requests.iter().map(|_| Err(e.clone())).collect(),
+            Err(e) => return encoded.iter().map(|_| Err(e.clone())).collect(),
         };
-        let mut starts = Vec::with_capacity(requests.len());
-        let mut waits = Vec::with_capacity(requests.len());
-        let mut deadline: Option<Instant> = None;
-        for req in requests {
-            match self.encoded(&codec, method.0.clone(), req) {
+        let mut starts = Vec::with_capacity(encoded.len());
+        let mut waits = Vec::with_capacity(encoded.len());
+        for start in encoded {
+            match start {
                 Ok(start) => {
                     let (tx, rx) = self.inner.replies.pair();
-                    deadline = match (deadline, start.deadline) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
                     waits.push(Ok((rx, CallGuard::new(&h, start.token))));
                     starts.push(start.into_start(Sink::Unary(tx)));
                 }

@@ -145,8 +145,11 @@ impl Pool {
         Ok(())
     }
 
-    /// The connection for the next call (round robin over the pool).
-    pub(crate) async fn pick(&self) -> Result<ConnHandle, Status> {
+    /// The connection for the next call (round robin over the pool), (re)connecting if needed.
+    /// Connecting and the handshake count inside the call's deadline: past it the call fails
+    /// with `DEADLINE_EXCEEDED` naming what it waited for (the attempt itself goes on, for the
+    /// calls after it).
+    pub(crate) async fn pick(&self, deadline: Option<Instant>) -> Result<ConnHandle, Status> {
         let n = self.slots.len();
         let slot = if n == 1 {
             0
@@ -158,6 +161,23 @@ impl Pool {
         }
         // (Re)connecting is rare and its future is large: boxed, it stays out of every call's
         // future (which would otherwise be over a kilobyte, copied wherever calls are queued).
-        Box::pin(self.conn(slot)).await
+        Box::pin(self.conn_within(slot, deadline)).await
+    }
+
+    async fn conn_within(
+        &self,
+        slot: usize,
+        deadline: Option<Instant>,
+    ) -> Result<ConnHandle, Status> {
+        let Some(d) = deadline else {
+            return self.conn(slot).await;
+        };
+        match tokio::time::timeout_at(d.into(), self.conn(slot)).await {
+            Ok(r) => r,
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "the call's deadline passed while connecting to {}",
+                self.endpoint.address
+            ))),
+        }
     }
 }

@@ -101,3 +101,44 @@ async fn metadata_over_the_limit_is_refused() {
     assert_eq!(unary(&ch, UNARY, "ok").await.unwrap(), bytes("ok"));
     server.stop().await;
 }
+
+/// A streamed request message over the server's limit ends its call at once with
+/// `RESOURCE_EXHAUSTED` naming the size and the setting (it used to hang forever), and the
+/// connection goes on.
+#[tokio::test]
+async fn a_streamed_request_over_the_servers_limit_ends_the_call() {
+    let server = serve(
+        builder(Probe::default()).max_message_size(1000),
+        Transport::Tcp,
+    )
+    .await;
+    let ch = server.channel().await;
+    for method in [CLIENT_STREAM, BIDI] {
+        let reqs = futures_util::stream::iter([bytes("ok"), Bytes::from("x".repeat(1001))]);
+        let call = async {
+            if method == CLIENT_STREAM {
+                ch.client_streaming(RawCodec, method, Request::new(reqs))
+                    .await
+                    .map(|_| ())
+            } else {
+                let mut s = ch
+                    .streaming(RawCodec, method, Request::new(reqs))
+                    .await?
+                    .into_inner();
+                while s.message().await?.is_some() {}
+                Ok(())
+            }
+        };
+        let err = tokio::time::timeout(std::time::Duration::from_secs(10), call)
+            .await
+            .expect("the call ends instead of hanging")
+            .expect_err("over the limit");
+        assert_eq!(err.code(), Code::ResourceExhausted, "{method}: {err}");
+        assert!(
+            err.message().contains("1001") && err.message().contains("max_message_size"),
+            "{method}: {err}"
+        );
+    }
+    assert_eq!(unary(&ch, UNARY, "still fine").await.unwrap().len(), 10);
+    server.stop().await;
+}

@@ -544,7 +544,14 @@ impl ClientRole {
                     .get(&id)
                     .map(|c| c.method.clone())
                     .unwrap_or_default();
-                let _ = ack.send(Err(self.refused(e, &method)));
+                let status = self.refused(e, &method);
+                let _ = ack.send(Err(status.clone()));
+                // A request the server would refuse (too large …) ends the call: the server
+                // is told, and the caller gets the reason.
+                let _ = conn.cancel(CallId(id), Code::Cancelled);
+                if let Some(sink) = self.finish(id, conn).and_then(|c| c.sink) {
+                    sink.fail(status);
+                }
             }
         }
     }

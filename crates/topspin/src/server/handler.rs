@@ -8,6 +8,7 @@ use crate::{Request, Response, Status};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -362,9 +363,22 @@ impl Future for Running {
         let Some(fut) = self.fut.as_mut() else {
             return Poll::Ready((self.id, None, None));
         };
-        match fut.poll(cx) {
-            Poll::Ready(o) => Poll::Ready((self.id, Some(o), self.fut.take())),
-            Poll::Pending => Poll::Pending,
+        // A panic ends this call alone (INTERNAL); the connection and its other calls go on.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Ready(o)) => Poll::Ready((self.id, Some(o), self.fut.take())),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_) => {
+                let fut = self.fut.take();
+                // What is left of the handler may panic again as it drops.
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(fut)));
+                tracing::error!(
+                    call = self.id,
+                    "a handler panicked; its call ends with INTERNAL"
+                );
+                let status =
+                    Status::internal("the handler panicked (the server's log has the details)");
+                Poll::Ready((self.id, Some(Outcome::Finished(Err(status))), None))
+            }
         }
     }
 }

@@ -353,6 +353,7 @@ fn frame_to_json(flags: u8, f: &Frame) -> Value {
         Frame::Extension { ty, payload, .. } => {
             json!({"ext_type": ty, "payload_hex": hex::encode(payload)})
         }
+        other => panic!("a frame type this runner does not know: {other:?}"),
     };
     if let Value::Object(more) = more {
         m.extend(more);

@@ -1,11 +1,31 @@
 //! The frame codec: every frame type of protocol.md §5, encoded into a caller's buffer and
 //! decoded by reference (payloads are slices of the received [`Bytes`], never copies).
 
+//!
+//! One file per frame family, each with the encoder and the decoder of its types: the engine,
+//! the tests, the fuzz targets and the benches all write frames through these encoders (which
+//! write into the caller's buffer and never allocate), and text is clipped at a character
+//! boundary in one function, [`clip`].
+
+mod call;
+mod connection;
+mod control;
 mod decoder;
 mod header;
+mod message;
+mod response;
+mod text;
 
+pub use call::{call_len, encode_call, CallFrame, CALL_FIXED_LEN};
+pub use connection::{
+    encode_error, encode_go_away, encode_ping, encode_settings, ERROR_FIXED_LEN, GOAWAY_FIXED_LEN,
+};
+pub use control::{encode_cancel, encode_credit, encode_half_close};
 pub use decoder::FrameDecoder;
 pub use header::{CallId, Header, HEADER_LEN};
+pub use message::{encode_continuation_head, encode_message_head, MessageFrame};
+pub use response::{encode_end, encode_headers, end_len, EndFrame, END_FIXED_LEN};
+pub use text::{clip, MAX_TEXT_LEN};
 
 use crate::error::{ErrorCode, ProtocolError};
 use crate::metadata::Metadata;
@@ -78,54 +98,10 @@ pub const FLAG_ACK: u8 = 0x01;
 pub const MAX_METHOD_ID: u16 = 1023;
 /// Longest method name in bytes.
 pub const MAX_METHOD_NAME_LEN: usize = 1024;
-/// Fixed part of a CALL payload.
-pub const CALL_FIXED_LEN: usize = 12;
-
-/// CALL: starts a call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CallFrame {
-    /// The new call's id.
-    pub call_id: CallId,
-    /// Interned method id (0: not interned).
-    pub method_id: u16,
-    /// The method name, when the NAMED flag is set.
-    pub method_name: Option<ByteString>,
-    /// Payload codec of the call's messages.
-    pub codec: u8,
-    /// Relative deadline in microseconds; 0 for none.
-    pub timeout_us: u64,
-    /// Request headers.
-    pub metadata: Metadata,
-}
-
-/// MESSAGE: a whole message, or the first chunk of a split one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MessageFrame {
-    /// The call.
-    pub call_id: CallId,
-    /// The client's last message.
-    pub end_stream: bool,
-    /// For a split message, its total length (the SPLIT flag).
-    pub total_len: Option<u32>,
-    /// The message (or its first chunk).
-    pub chunk: Bytes,
-}
-
-/// END: the call's status and trailers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EndFrame {
-    /// The call.
-    pub call_id: CallId,
-    /// Status code.
-    pub code: Code,
-    /// Status message.
-    pub message: ByteString,
-    /// Trailing metadata.
-    pub trailers: Metadata,
-}
 
 /// A decoded frame. Byte fields share the memory of the received buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Frame {
     /// The sender's receive limits.
     Settings(Settings),
@@ -204,61 +180,22 @@ pub enum Frame {
     },
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-fn text(payload: &Bytes, what: &'static str) -> Result<ByteString, ProtocolError> {
-    ByteString::try_from(payload.clone())
-        .map_err(|_| ProtocolError::malformed(format!("{what} is not valid UTF-8")))
-}
-
-/// A length-prefixed (u16) text at `at`; returns it and the offset after it.
-fn text_u16(
-    payload: &Bytes,
-    at: usize,
-    what: &'static str,
-) -> Result<(ByteString, usize), ProtocolError> {
-    if payload.len() < at + 2 {
-        return Err(ProtocolError::malformed(format!(
-            "{what} length is truncated"
-        )));
+/// Writes a frame header.
+#[inline]
+pub(crate) fn head(
+    dst: &mut impl BufMut,
+    length: usize,
+    ty: FrameType,
+    flags: u8,
+    call_id: CallId,
+) {
+    Header {
+        length: length as u32,
+        ty: ty.0,
+        flags,
+        call_id,
     }
-    let len = usize::from(u16_at(payload, at));
-    let end = at + 2 + len;
-    if payload.len() < end {
-        return Err(ProtocolError::malformed(format!(
-            "{what} of {len} bytes is truncated to {}",
-            payload.len() - at - 2
-        )));
-    }
-    Ok((text(&payload.slice(at + 2..end), what)?, end))
-}
-
-fn exact_len(payload: &Bytes, n: usize, ty: FrameType) -> Result<(), ProtocolError> {
-    if payload.len() != n {
-        return Err(ProtocolError::malformed(format!(
-            "{} payload must be {n} bytes, got {}",
-            ty.name(),
-            payload.len()
-        )));
-    }
-    Ok(())
-}
-
-fn no_trailing(payload: &Bytes, used: usize, ty: FrameType) -> Result<(), ProtocolError> {
-    if used != payload.len() {
-        return Err(ProtocolError::malformed(format!(
-            "{} payload has {} unexpected trailing bytes",
-            ty.name(),
-            payload.len() - used
-        )));
-    }
-    Ok(())
+    .encode(dst);
 }
 
 impl Frame {
@@ -300,13 +237,8 @@ impl Frame {
         }
     }
 
-    /// Decodes a frame from its header and payload. Checks the payload layout and whether the
-    /// frame type may use the call id; checks that need connection state are the
-    /// connection's job.
-    pub fn decode(header: &Header, payload: Bytes) -> Result<Frame, ProtocolError> {
-        let ty = FrameType(header.ty);
-        let call_id = header.call_id;
-        let flags = header.flags;
+    /// Checks that the frame type may use the header's call id.
+    fn check_call_id(ty: FrameType, call_id: CallId) -> Result<(), ProtocolError> {
         let connection_frame = matches!(
             ty,
             FrameType::SETTINGS | FrameType::PING | FrameType::GOAWAY | FrameType::ERROR
@@ -321,146 +253,32 @@ impl Frame {
                 },
             ));
         }
+        Ok(())
+    }
+
+    /// Decodes a frame from its header and payload. Checks the payload layout and whether the
+    /// frame type may use the call id; checks that need connection state are the
+    /// connection's job.
+    pub fn decode(header: &Header, payload: Bytes) -> Result<Frame, ProtocolError> {
+        let ty = FrameType(header.ty);
+        Frame::check_call_id(ty, header.call_id)?;
         match ty {
             FrameType::SETTINGS => Ok(Frame::Settings(Settings::decode_payload(&payload)?)),
-            FrameType::CALL => {
-                if payload.len() < CALL_FIXED_LEN {
-                    return Err(ProtocolError::malformed(format!(
-                        "CALL payload of {} bytes is shorter than its {CALL_FIXED_LEN} fixed bytes",
-                        payload.len()
-                    )));
-                }
-                let method_id = u16_at(&payload, 0);
-                let codec = payload[2];
-                let timeout_us = u64::from_le_bytes(payload[4..12].try_into().unwrap_or_default());
-                let (method_name, at) = if flags & FLAG_NAMED != 0 {
-                    let (name, end) = text_u16(&payload, CALL_FIXED_LEN, "CALL method name")?;
-                    if name.is_empty() || name.len() > MAX_METHOD_NAME_LEN {
-                        return Err(ProtocolError::malformed(format!(
-                            "CALL method name must be 1..={MAX_METHOD_NAME_LEN} bytes, got {}",
-                            name.len()
-                        )));
-                    }
-                    (Some(name), end)
-                } else {
-                    (None, CALL_FIXED_LEN)
-                };
-                let (metadata, used) = Metadata::decode(&payload.slice(at..))?;
-                no_trailing(&payload, at + used, ty)?;
-                Ok(Frame::Call(CallFrame {
-                    call_id,
-                    method_id,
-                    method_name,
-                    codec,
-                    timeout_us,
-                    metadata,
-                }))
-            }
-            FrameType::MESSAGE => {
-                let end_stream = flags & FLAG_END_STREAM != 0;
-                if flags & FLAG_SPLIT != 0 {
-                    if payload.len() < 4 {
-                        return Err(ProtocolError::malformed(
-                            "split MESSAGE payload is shorter than its 4-byte total length",
-                        ));
-                    }
-                    let total_len = u32_at(&payload, 0);
-                    Ok(Frame::Message(MessageFrame {
-                        call_id,
-                        end_stream,
-                        total_len: Some(total_len),
-                        chunk: payload.slice(4..),
-                    }))
-                } else {
-                    Ok(Frame::Message(MessageFrame {
-                        call_id,
-                        end_stream,
-                        total_len: None,
-                        chunk: payload,
-                    }))
-                }
-            }
-            FrameType::CONTINUATION => Ok(Frame::Continuation {
-                call_id,
-                chunk: payload,
-            }),
-            FrameType::HEADERS => {
-                let (metadata, used) = Metadata::decode(&payload)?;
-                no_trailing(&payload, used, ty)?;
-                Ok(Frame::Headers { call_id, metadata })
-            }
-            FrameType::HALF_CLOSE => {
-                exact_len(&payload, 0, ty)?;
-                Ok(Frame::HalfClose { call_id })
-            }
-            FrameType::END => {
-                if payload.len() < 2 {
-                    return Err(ProtocolError::malformed("END payload is shorter than its status code"));
-                }
-                let code = Code::from_u16(u16_at(&payload, 0));
-                let (message, at) = text_u16(&payload, 2, "END status message")?;
-                let (trailers, used) = Metadata::decode(&payload.slice(at..))?;
-                no_trailing(&payload, at + used, ty)?;
-                Ok(Frame::End(EndFrame {
-                    call_id,
-                    code,
-                    message,
-                    trailers,
-                }))
-            }
-            FrameType::CANCEL => {
-                exact_len(&payload, 2, ty)?;
-                Ok(Frame::Cancel {
-                    call_id,
-                    code: Code::from_u16(u16_at(&payload, 0)),
-                })
-            }
-            FrameType::CREDIT => {
-                exact_len(&payload, 4, ty)?;
-                let increment = u32_at(&payload, 0);
-                if increment == 0 || increment > crate::settings::MAX_WINDOW {
-                    return Err(ProtocolError::malformed(format!(
-                        "CREDIT increment must be 1..=2147483647, got {increment}"
-                    )));
-                }
-                Ok(Frame::Credit { call_id, increment })
-            }
-            FrameType::PING => {
-                exact_len(&payload, 8, ty)?;
-                let mut data = [0u8; 8];
-                data.copy_from_slice(&payload);
-                Ok(Frame::Ping {
-                    ack: flags & FLAG_ACK != 0,
-                    data,
-                })
-            }
-            FrameType::GOAWAY => {
-                if payload.len() < 6 {
-                    return Err(ProtocolError::malformed("GOAWAY payload is shorter than 8 bytes"));
-                }
-                let last_call_id = CallId(u32_at(&payload, 0));
-                let code = ErrorCode::from_u16(u16_at(&payload, 4));
-                let (reason, used) = text_u16(&payload, 6, "GOAWAY reason")?;
-                no_trailing(&payload, used, ty)?;
-                Ok(Frame::GoAway {
-                    last_call_id,
-                    code,
-                    reason,
-                })
-            }
-            FrameType::ERROR => {
-                if payload.len() < 2 {
-                    return Err(ProtocolError::malformed("ERROR payload is shorter than 4 bytes"));
-                }
-                let code = ErrorCode::from_u16(u16_at(&payload, 0));
-                let (reason, used) = text_u16(&payload, 2, "ERROR reason")?;
-                no_trailing(&payload, used, ty)?;
-                Ok(Frame::Error { code, reason })
-            }
+            FrameType::CALL => call::decode(header, payload),
+            FrameType::MESSAGE => message::decode_message(header, payload),
+            FrameType::CONTINUATION => Ok(message::decode_continuation(header, payload)),
+            FrameType::HEADERS => response::decode_headers(header, payload),
+            FrameType::HALF_CLOSE => control::decode_half_close(header, &payload),
+            FrameType::END => response::decode_end(header, payload),
+            FrameType::CANCEL => control::decode_cancel(header, &payload),
+            FrameType::CREDIT => control::decode_credit(header, &payload),
+            FrameType::PING => connection::decode_ping(header, &payload),
+            FrameType::GOAWAY => connection::decode_go_away(&payload),
+            FrameType::ERROR => connection::decode_error(&payload),
             FrameType(t @ 0x80..=0xFF) => Ok(Frame::Extension {
                 ty: t,
-                flags,
-                call_id,
+                flags: header.flags,
+                call_id: header.call_id,
                 payload,
             }),
             FrameType(t) => Err(ProtocolError::new(
@@ -470,104 +288,70 @@ impl Frame {
         }
     }
 
-    /// Payload length of the encoded frame.
+    /// Payload length of the encoded frame (texts as [`clip`] cuts them).
     pub fn payload_len(&self) -> usize {
         match self {
             Frame::Settings(_) => Settings::PAYLOAD_LEN,
-            Frame::Call(c) => {
-                CALL_FIXED_LEN
-                    + c.method_name.as_ref().map_or(0, |n| 2 + n.len())
-                    + c.metadata.encoded_len()
-            }
+            Frame::Call(c) => call_len(c.method_name.as_deref(), &c.metadata),
             Frame::Message(m) => m.total_len.map_or(0, |_| 4) + m.chunk.len(),
             Frame::Continuation { chunk, .. } => chunk.len(),
             Frame::Headers { metadata, .. } => metadata.encoded_len(),
             Frame::HalfClose { .. } => 0,
-            Frame::End(e) => 4 + e.message.len() + e.trailers.encoded_len(),
+            Frame::End(e) => end_len(&e.message, &e.trailers),
             Frame::Cancel { .. } => 2,
             Frame::Credit { .. } => 4,
             Frame::Ping { .. } => 8,
-            Frame::GoAway { reason, .. } => 8 + reason.len(),
-            Frame::Error { reason, .. } => 4 + reason.len(),
+            Frame::GoAway { reason, .. } => GOAWAY_FIXED_LEN + clip(reason, usize::MAX).len(),
+            Frame::Error { reason, .. } => ERROR_FIXED_LEN + clip(reason, usize::MAX).len(),
             Frame::Extension { payload, .. } => payload.len(),
-        }
-    }
-
-    fn flags(&self) -> u8 {
-        match self {
-            Frame::Call(c) if c.method_name.is_some() => FLAG_NAMED,
-            Frame::Message(m) => {
-                (if m.end_stream { FLAG_END_STREAM } else { 0 })
-                    | (if m.total_len.is_some() { FLAG_SPLIT } else { 0 })
-            }
-            Frame::Ping { ack: true, .. } => FLAG_ACK,
-            Frame::Extension { flags, .. } => *flags,
-            _ => 0,
         }
     }
 
     /// Writes the header and every payload byte except a trailing body (a message chunk or an
     /// extension payload), which it returns so the caller can send it by reference in a
-    /// vectored write instead of copying it.
-    ///
-    /// Text and metadata longer than their length fields allow must be prevented by the caller
-    /// (the connection checks them); they are truncated here.
+    /// vectored write instead of copying it. Uses the same per-type encoders as the
+    /// connection; texts over 65,535 bytes are clipped at a character boundary.
     pub fn encode_head(&self, dst: &mut impl BufMut) -> Option<&Bytes> {
-        Header {
-            length: self.payload_len() as u32,
-            ty: self.frame_type().0,
-            flags: self.flags(),
-            call_id: self.call_id(),
-        }
-        .encode(dst);
-        fn put_text(dst: &mut impl BufMut, s: &str) {
-            let n = s.len().min(usize::from(u16::MAX));
-            dst.put_u16_le(n as u16);
-            dst.put_slice(&s.as_bytes()[..n]);
-        }
         match self {
-            Frame::Settings(s) => s.encode_payload(dst),
-            Frame::Call(c) => {
-                dst.put_u16_le(c.method_id);
-                dst.put_u8(c.codec);
-                dst.put_u8(0);
-                dst.put_u64_le(c.timeout_us);
-                if let Some(name) = &c.method_name {
-                    put_text(dst, name);
-                }
-                c.metadata.encode(dst);
-            }
+            Frame::Settings(s) => encode_settings(dst, s),
+            Frame::Call(c) => encode_call(
+                dst,
+                c.call_id,
+                c.method_id,
+                c.method_name.as_deref(),
+                c.codec,
+                c.timeout_us,
+                &c.metadata,
+            ),
             Frame::Message(m) => {
-                if let Some(t) = m.total_len {
-                    dst.put_u32_le(t);
-                }
+                encode_message_head(dst, m.call_id, m.end_stream, m.total_len, m.chunk.len());
                 return Some(&m.chunk);
             }
-            Frame::Continuation { chunk, .. } => return Some(chunk),
-            Frame::Headers { metadata, .. } => metadata.encode(dst),
-            Frame::HalfClose { .. } => {}
-            Frame::End(e) => {
-                dst.put_u16_le(e.code.as_u16());
-                put_text(dst, &e.message);
-                e.trailers.encode(dst);
+            Frame::Continuation { call_id, chunk } => {
+                encode_continuation_head(dst, *call_id, chunk.len());
+                return Some(chunk);
             }
-            Frame::Cancel { code, .. } => dst.put_u16_le(code.as_u16()),
-            Frame::Credit { increment, .. } => dst.put_u32_le(*increment),
-            Frame::Ping { data, .. } => dst.put_slice(data),
+            Frame::Headers { call_id, metadata } => encode_headers(dst, *call_id, metadata),
+            Frame::HalfClose { call_id } => encode_half_close(dst, *call_id),
+            Frame::End(e) => encode_end(dst, e.call_id, e.code, &e.message, &e.trailers),
+            Frame::Cancel { call_id, code } => encode_cancel(dst, *call_id, *code),
+            Frame::Credit { call_id, increment } => encode_credit(dst, *call_id, *increment),
+            Frame::Ping { ack, data } => encode_ping(dst, *ack, data),
             Frame::GoAway {
                 last_call_id,
                 code,
                 reason,
+            } => encode_go_away(dst, *last_call_id, *code, reason, usize::MAX),
+            Frame::Error { code, reason } => encode_error(dst, *code, reason, usize::MAX),
+            Frame::Extension {
+                ty,
+                flags,
+                call_id,
+                payload,
             } => {
-                dst.put_u32_le(last_call_id.0);
-                dst.put_u16_le(code.as_u16());
-                put_text(dst, reason);
+                head(dst, payload.len(), FrameType(*ty), *flags, *call_id);
+                return Some(payload);
             }
-            Frame::Error { code, reason } => {
-                dst.put_u16_le(code.as_u16());
-                put_text(dst, reason);
-            }
-            Frame::Extension { payload, .. } => return Some(payload),
         }
         None
     }

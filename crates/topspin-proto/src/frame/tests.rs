@@ -182,3 +182,73 @@ fn errors_are_specific() {
         ErrorCode::MalformedFrame
     );
 }
+
+/// Encodes `f`, checks the header's length against the bytes written, and decodes it back.
+fn encode_decode(f: &Frame) -> Frame {
+    let wire = f.to_bytes();
+    let declared = u32::from_le_bytes([wire[0], wire[1], wire[2], wire[3]]) as usize;
+    assert_eq!(
+        declared,
+        wire.len() - HEADER_LEN,
+        "declared length != payload written"
+    );
+    assert_eq!(wire.len(), HEADER_LEN + f.payload_len());
+    let mut buf = BytesMut::from(&wire[..]);
+    let back = FrameDecoder::new(crate::Settings::default().max_frame_size)
+        .decode(&mut buf)
+        .expect("decodes")
+        .expect("whole");
+    assert!(buf.is_empty(), "the frame is exactly what it declares");
+    back
+}
+
+/// Regression: texts over 65,535 bytes made `Frame::encode` declare the whole text but write
+/// 65,535 bytes of it, cut inside a character (an END with 40,000 × "é" declared 80,006 payload
+/// bytes and wrote 65,541).
+#[test]
+fn long_multibyte_texts_are_clipped_at_a_character_boundary() {
+    let long = "é".repeat(40_000); // 80,000 bytes
+    let clipped = "é".repeat(32_767); // 65,534 bytes: the most whole characters that fit
+    let end = Frame::End(EndFrame {
+        call_id: CallId(1),
+        code: Code::Internal,
+        message: ByteString::from(long.clone()),
+        trailers: Metadata::new(),
+    });
+    match encode_decode(&end) {
+        Frame::End(e) => assert_eq!(&*e.message, clipped),
+        other => panic!("{other:?}"),
+    }
+    let go_away = Frame::GoAway {
+        last_call_id: CallId(3),
+        code: ErrorCode::NoError,
+        reason: ByteString::from(long.clone()),
+    };
+    match encode_decode(&go_away) {
+        Frame::GoAway { reason, .. } => assert_eq!(&*reason, clipped),
+        other => panic!("{other:?}"),
+    }
+    let error = Frame::Error {
+        code: ErrorCode::InternalError,
+        reason: ByteString::from(long),
+    };
+    match encode_decode(&error) {
+        Frame::Error { reason, .. } => assert_eq!(&*reason, clipped),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Decoder messages say what was checked.
+#[test]
+fn short_payload_messages_match_their_checks() {
+    // GOAWAY with 7 payload bytes: shorter than its 8 fixed bytes.
+    let mut b = vec![7, 0, 0, 0, 0x0B, 0, 0, 0, 0, 0, 0, 0];
+    b.extend_from_slice(&[0; 7]);
+    let e = decode_err(&b);
+    assert!(e.reason.contains("8 fixed bytes"), "{e}");
+    // END with 3 payload bytes: shorter than its 4 fixed bytes.
+    let mut b = vec![3, 0, 0, 0, 0x07, 0, 0, 0, 1, 0, 0, 0];
+    b.extend_from_slice(&[0; 3]);
+    let e = decode_err(&b);
+    assert!(e.reason.contains("4 fixed bytes"), "{e}");
+}

@@ -1482,6 +1482,60 @@ def sessions_valid() -> list:
             ],
         )
     )
+    # Every frame fits the receiver's MAX_FRAME_SIZE (§9): with the smallest frame limit and a
+    # metadata limit as large, the status size a server may send is 2 less than the frame limit.
+    small_limits = [(1, 16_384), (5, 16_384)]
+
+    def trailer_block(size: int) -> list:
+        entries = [("k", "v" * (size - md_size([("k", "")])))]
+        assert md_size(entries) == size
+        return entries
+
+    v.append(
+        session(
+            "server_end_status_fits_the_clients_frame_limit",
+            "The client allows 16,384-byte frames and 16,384 bytes of status: an END whose status "
+            "size (msg_len + message + trailers) is 16,382 is a 16,384-byte frame and goes as is "
+            "(§9).",
+            "server",
+            server_hello_steps(small_limits)
+            + [
+                recv(call(1, 0, "/p.S/M")),
+                events(started(1, "/p.S/M")),
+                cmd(
+                    "end_call",
+                    call_id=1,
+                    code="NOT_FOUND",
+                    message="",
+                    trailers=md_json(trailer_block(16_380)),
+                ),
+                sent(end(1, "NOT_FOUND", "", trailer_block(16_380))),
+            ],
+        )
+    )
+    v.append(
+        session(
+            "server_end_status_over_the_clients_frame_limit",
+            "The client allows 16,384-byte frames and 16,384 bytes of status: an END whose status "
+            "size is 16,384 is within MAX_METADATA_SIZE but would be a 16,386-byte frame, so the "
+            "server treats it as over the limit: it keeps the code, drops the trailers and "
+            "shortens the message (§5.6, §9). The message's wording is the implementation's.",
+            "server",
+            server_hello_steps(small_limits)
+            + [
+                recv(call(1, 0, "/p.S/M")),
+                events(started(1, "/p.S/M")),
+                cmd(
+                    "end_call",
+                    call_id=1,
+                    code="NOT_FOUND",
+                    message="",
+                    trailers=md_json(trailer_block(16_382)),
+                ),
+                sent({"type": "END", "call_id": 1, "code": "NOT_FOUND", "trailers": []}),
+            ],
+        )
+    )
     v.append(
         session(
             "server_frames_after_end_ignored",

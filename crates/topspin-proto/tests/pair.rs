@@ -811,3 +811,67 @@ fn flow_control_violation_by_a_sender_without_credit() {
     let err = p.inject(Dir::ToClient, &frame).unwrap_err();
     assert_eq!(err.code, ErrorCode::FlowControl);
 }
+
+/// Regression: with the smallest legal `max_frame_size` and a `max_metadata_size` as large, a
+/// status, response headers or request metadata at the metadata limit made a frame over the
+/// frame limit, and the peer closed the whole connection (FRAME_TOO_LARGE). Every frame an
+/// engine sends now fits the peer's limits (protocol.md §9).
+#[test]
+fn metadata_at_the_limit_never_makes_a_frame_over_the_peers_frame_limit() {
+    let small = Settings {
+        max_frame_size: 16384,
+        max_metadata_size: 16384,
+        ..Settings::default()
+    };
+    let mut p = Pair::new(small, small);
+    // A metadata block of exactly `size` bytes (one text entry).
+    let block = |size: usize| md("k", &"v".repeat(size - 6));
+    assert_eq!(block(16384).encoded_len(), 16384);
+
+    // END: a status at the metadata limit (2 msg_len + message + trailers = 16,384).
+    let id = start(&mut p, "/t.S/End");
+    p.client.send_message(id, Bytes::from_static(b"x"), true).unwrap();
+    p.drive();
+    let trailers = block(16384 - 2);
+    p.server
+        .end_call(id, &Status::new(Code::NotFound, ""), &trailers)
+        .unwrap();
+    p.drive();
+    assert!(p.client_error.is_none(), "{:?}", p.client_error);
+    let st = ended(&p.take_client(), id).expect("the call ended");
+    assert_eq!(st.code(), Code::NotFound, "the code survives: {st:?}");
+
+    // HEADERS at the metadata limit: refused locally, nothing over the frame limit is sent.
+    let id = start(&mut p, "/t.S/Headers");
+    p.client.send_message(id, Bytes::from_static(b"x"), true).unwrap();
+    p.drive();
+    match p.server.send_headers(id, &block(16384)) {
+        Err(CallError::MetadataTooLarge { limit, .. }) => assert!(limit <= 16384),
+        Ok(()) => {}
+        Err(e) => panic!("{e}"),
+    }
+    p.server
+        .end_call(id, &Status::ok(), &Metadata::new())
+        .unwrap();
+    p.drive();
+    assert!(p.client_error.is_none(), "{:?}", p.client_error);
+
+    // CALL: request metadata at the limit plus a method name would pass the frame limit.
+    let err = p
+        .client
+        .start_call("/t.S/Call", RAW, None, &block(16384), p.now)
+        .unwrap_err();
+    assert!(
+        matches!(err, CallError::MetadataTooLarge { limit, .. } if (limit as usize) + 12 + 2 + 9 <= 16384),
+        "{err}"
+    );
+    p.drive();
+    assert!(p.server_error.is_none() && p.client_error.is_none());
+    // And the connection is still good.
+    let id = start(&mut p, "/t.S/After");
+    p.client.send_message(id, Bytes::from_static(b"x"), true).unwrap();
+    p.drive();
+    p.server.end_call(id, &Status::ok(), &Metadata::new()).unwrap();
+    p.drive();
+    assert!(ended(&p.take_client(), id).is_some_and(|s| s.is_ok()));
+}

@@ -9,14 +9,14 @@ pub use event::{CallError, Event};
 
 use crate::error::{ErrorCode, ProtocolError};
 use crate::frame::{
-    CallId, Frame, FrameDecoder, FrameType, Header, CALL_FIXED_LEN, FLAG_END_STREAM, FLAG_NAMED,
-    FLAG_SPLIT, HEADER_LEN, MAX_METHOD_ID, MAX_METHOD_NAME_LEN,
+    self, call_len, clip, CallId, Frame, FrameDecoder, FrameType, END_FIXED_LEN, HEADER_LEN,
+    MAX_METHOD_ID, MAX_METHOD_NAME_LEN,
 };
 use crate::metadata::Metadata;
 use crate::preface::{self, PREFACE, PREFACE_LEN};
 use crate::settings::{Settings, MAX_WINDOW};
 use crate::status::{Code, Status};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use bytestring::ByteString;
 use call::{Assembly, CallState, PendingSend};
 use rustc_hash::FxHashMap;
@@ -102,31 +102,6 @@ pub struct Connection {
     closed: Option<Option<ProtocolError>>,
 }
 
-/// `s` cut to at most 65535 bytes at a character boundary (the u16 length fields).
-fn clip(s: &str) -> &str {
-    let mut n = s.len().min(usize::from(u16::MAX));
-    while !s.is_char_boundary(n) {
-        n -= 1;
-    }
-    &s[..n]
-}
-
-/// Writes a u16-length-prefixed text; `s` must already be clipped.
-fn put_text(dst: &mut BytesMut, s: &str) {
-    dst.put_u16_le(s.len() as u16);
-    dst.put_slice(s.as_bytes());
-}
-
-fn header(dst: &mut BytesMut, length: usize, ty: FrameType, flags: u8, id: u32) {
-    Header {
-        length: length as u32,
-        ty: ty.0,
-        flags,
-        call_id: CallId(id),
-    }
-    .encode(dst);
-}
-
 impl Connection {
     /// A new connection side with these local receive limits; its preface and SETTINGS are
     /// queued for transmit at once. Settings are clamped into their valid ranges.
@@ -155,10 +130,8 @@ impl Connection {
             go_away_received: None,
             closed: None,
         };
-        let st = &mut c.out.staging;
-        st.put_slice(&PREFACE);
-        header(st, Settings::PAYLOAD_LEN, FrameType::SETTINGS, 0, 0);
-        local.encode_payload(st);
+        c.out.staging.extend_from_slice(&PREFACE);
+        frame::encode_settings(&mut c.out.staging, &local);
         c
     }
 
@@ -368,11 +341,8 @@ impl Connection {
     /// Records a connection error; returns it.
     fn fail(&mut self, e: ProtocolError, tell_peer: bool) -> ProtocolError {
         if tell_peer {
-            let st = &mut self.out.staging;
-            let reason = clip(&e.reason);
-            header(st, 4 + reason.len(), FrameType::ERROR, 0, 0);
-            st.put_u16_le(e.code.as_u16());
-            put_text(st, reason);
+            let max = self.peer.max_frame_size as usize;
+            frame::encode_error(&mut self.out.staging, e.code, &e.reason, max);
         }
         let status = Status::new(Code::Unavailable, format!("connection failed: {e}"));
         self.fail_calls(status);
@@ -447,9 +417,7 @@ impl Connection {
                 Err(self.fail(e, true))
             }
             Frame::Ping { ack: false, data } => {
-                let st = &mut self.out.staging;
-                header(st, 8, FrameType::PING, crate::frame::FLAG_ACK, 0);
-                st.put_slice(&data);
+                frame::encode_ping(&mut self.out.staging, true, &data);
                 Ok(())
             }
             Frame::Ping { ack: true, data } => {
@@ -917,30 +885,24 @@ impl Connection {
     }
 
     fn put_end(&mut self, id: u32, code: Code, message: &str, trailers: &Metadata) {
-        let st = &mut self.out.staging;
-        let message = clip(message);
-        header(
-            st,
-            4 + message.len() + trailers.encoded_len(),
-            FrameType::END,
-            0,
-            id,
-        );
-        st.put_u16_le(code.as_u16());
-        put_text(st, message);
-        trailers.encode(st);
+        frame::encode_end(&mut self.out.staging, CallId(id), code, message, trailers);
     }
 
     fn put_cancel(&mut self, id: u32, code: Code) {
-        let st = &mut self.out.staging;
-        header(st, 2, FrameType::CANCEL, 0, id);
-        st.put_u16_le(code.as_u16());
+        frame::encode_cancel(&mut self.out.staging, CallId(id), code);
     }
 
     fn put_credit(&mut self, id: u32, increment: u32) {
-        let st = &mut self.out.staging;
-        header(st, 4, FrameType::CREDIT, 0, id);
-        st.put_u32_le(increment);
+        frame::encode_credit(&mut self.out.staging, CallId(id), increment);
+    }
+
+    /// The largest metadata block (for END: status size) this side may send the peer in a frame
+    /// whose other fields take `fixed` bytes: the peer's `MAX_METADATA_SIZE`, and never so much
+    /// that the frame passes the peer's `MAX_FRAME_SIZE` (protocol.md §9), so every frame this
+    /// side sends is one the peer accepts.
+    fn peer_metadata_limit(&self, fixed: usize) -> usize {
+        let frame_room = (self.peer.max_frame_size as usize).saturating_sub(fixed);
+        (self.peer.max_metadata_size as usize).min(frame_room)
     }
 
     fn check_open(&self) -> Result<(), CallError> {
@@ -985,10 +947,13 @@ impl Connection {
             return Err(CallError::InvalidMethod(method.to_owned()));
         }
         let md_len = metadata.encoded_len();
-        if md_len > self.peer.max_metadata_size as usize {
+        // The name goes along until the method is interned (or if it cannot be).
+        let name = (!self.methods_out.contains_key(method)).then_some(method);
+        let limit = self.peer_metadata_limit(call_len(name, metadata) - md_len);
+        if md_len > limit {
             return Err(CallError::MetadataTooLarge {
                 size: md_len,
-                limit: self.peer.max_metadata_size,
+                limit: limit as u32,
             });
         }
         let id = self.highest.checked_add(1).ok_or(CallError::IdsExhausted)?;
@@ -1011,23 +976,15 @@ impl Connection {
                 .unwrap_or(u64::MAX)
                 .max(1)
         });
-        let st = &mut self.out.staging;
-        let len = CALL_FIXED_LEN + if named { 2 + method.len() } else { 0 } + md_len;
-        header(
-            st,
-            len,
-            FrameType::CALL,
-            if named { FLAG_NAMED } else { 0 },
-            id,
+        frame::encode_call(
+            &mut self.out.staging,
+            CallId(id),
+            method_id,
+            named.then_some(method),
+            codec,
+            timeout_us,
+            metadata,
         );
-        st.put_u16_le(method_id);
-        st.put_u8(codec);
-        st.put_u8(0);
-        st.put_u64_le(timeout_us);
-        if named {
-            put_text(st, method); // at most 1024 bytes, checked above
-        }
-        metadata.encode(st);
         let deadline = timeout.and_then(|t| now.checked_add(t));
         self.insert_call(
             id,
@@ -1080,17 +1037,15 @@ impl Connection {
         if end_stream {
             call.send_closed = true;
         }
-        let flags = if end_stream { FLAG_END_STREAM } else { 0 };
         let st = &mut self.out.staging;
         if message.len() <= max_frame {
-            header(st, message.len(), FrameType::MESSAGE, flags, id.0);
+            frame::encode_message_head(st, id, end_stream, None, message.len());
             call.send_credit -= (HEADER_LEN + message.len()) as i64;
             self.out.push_body(&message);
             return Ok(());
         }
         let first = max_frame - 4;
-        header(st, max_frame, FrameType::MESSAGE, flags | FLAG_SPLIT, id.0);
-        st.put_u32_le(message.len() as u32);
+        frame::encode_message_head(st, id, end_stream, Some(message.len() as u32), first);
         call.send_credit -= (HEADER_LEN + max_frame) as i64;
         self.out.push_body(&message.slice(..first));
         call.pending = Some(Box::new(PendingSend {
@@ -1112,7 +1067,7 @@ impl Connection {
                 break;
             };
             let n = (p.message.len() - p.offset).min(max_frame);
-            header(&mut self.out.staging, n, FrameType::CONTINUATION, 0, id);
+            frame::encode_continuation_head(&mut self.out.staging, CallId(id), n);
             let chunk = p.message.slice(p.offset..p.offset + n);
             p.offset += n;
             if p.offset == p.message.len() {
@@ -1144,7 +1099,7 @@ impl Connection {
             return Err(CallError::WouldBlock);
         }
         call.send_closed = true;
-        header(&mut self.out.staging, 0, FrameType::HALF_CLOSE, 0, id.0);
+        frame::encode_half_close(&mut self.out.staging, id);
         Ok(())
     }
 
@@ -1167,7 +1122,7 @@ impl Connection {
     pub fn send_headers(&mut self, id: CallId, metadata: &Metadata) -> Result<(), CallError> {
         self.need_side(Side::Server, "only the server sends response headers")?;
         self.check_open()?;
-        let limit = self.peer.max_metadata_size;
+        let limit = self.peer_metadata_limit(0) as u32;
         let call = self.calls.get_mut(&id.0).ok_or(CallError::NotOpen(id))?;
         if call.headers_done {
             return Err(CallError::NotAllowed(
@@ -1179,8 +1134,7 @@ impl Connection {
             return Err(CallError::MetadataTooLarge { size, limit });
         }
         call.headers_done = true;
-        header(&mut self.out.staging, size, FrameType::HEADERS, 0, id.0);
-        metadata.encode(&mut self.out.staging);
+        frame::encode_headers(&mut self.out.staging, id, metadata);
         Ok(())
     }
 
@@ -1202,20 +1156,21 @@ impl Connection {
             "only the server ends calls; the client cancels",
         )?;
         self.check_open()?;
-        let limit = self.peer.max_metadata_size as usize;
+        // The status size (msg_len, message, trailers) is the END payload minus its code.
+        let limit = self.peer_metadata_limit(END_FIXED_LEN - 2);
         let call = self.calls.get_mut(&id.0).ok_or(CallError::NotOpen(id))?;
         if call.pending.is_some() {
             call.writable_wanted = true;
             return Err(CallError::WouldBlock);
         }
         self.remove_call(id.0);
-        let message = clip(status.message());
+        let message = clip(status.message(), usize::MAX);
         let size = 2 + message.len() + trailers.encoded_len();
         if size <= limit {
             self.put_end(id.0, status.code(), message, trailers);
         } else {
             let note = format!(
-                "the status message and trailers ({size} bytes) exceed this client's max_metadata_size of {limit} bytes and were dropped"
+                "the status message and trailers ({size} bytes) exceed the {limit} bytes this client accepts (max_metadata_size, max_frame_size) and were dropped"
             );
             // 2 (msg_len) + 2 (empty trailers) is the smallest END status.
             let room = limit.saturating_sub(4);
@@ -1258,8 +1213,7 @@ impl Connection {
     /// Sends a PING; the answer arrives as [`Event::Pong`].
     pub fn ping(&mut self, data: [u8; 8]) {
         if self.closed.is_none() {
-            header(&mut self.out.staging, 8, FrameType::PING, 0, 0);
-            self.out.staging.put_slice(&data);
+            frame::encode_ping(&mut self.out.staging, false, &data);
         }
     }
 
@@ -1273,12 +1227,8 @@ impl Connection {
             .go_away_sent
             .map_or(self.highest, |l| l.min(self.highest));
         self.go_away_sent = Some(last);
-        let st = &mut self.out.staging;
-        let reason = clip(reason);
-        header(st, 8 + reason.len(), FrameType::GOAWAY, 0, 0);
-        st.put_u32_le(last);
-        st.put_u16_le(code.as_u16());
-        put_text(st, reason);
+        let max = self.peer.max_frame_size as usize;
+        frame::encode_go_away(&mut self.out.staging, CallId(last), code, reason, max);
     }
 }
 

@@ -830,7 +830,9 @@ fn metadata_at_the_limit_never_makes_a_frame_over_the_peers_frame_limit() {
 
     // END: a status at the metadata limit (2 msg_len + message + trailers = 16,384).
     let id = start(&mut p, "/t.S/End");
-    p.client.send_message(id, Bytes::from_static(b"x"), true).unwrap();
+    p.client
+        .send_message(id, Bytes::from_static(b"x"), true)
+        .unwrap();
     p.drive();
     let trailers = block(16384 - 2);
     p.server
@@ -843,7 +845,9 @@ fn metadata_at_the_limit_never_makes_a_frame_over_the_peers_frame_limit() {
 
     // HEADERS at the metadata limit: refused locally, nothing over the frame limit is sent.
     let id = start(&mut p, "/t.S/Headers");
-    p.client.send_message(id, Bytes::from_static(b"x"), true).unwrap();
+    p.client
+        .send_message(id, Bytes::from_static(b"x"), true)
+        .unwrap();
     p.drive();
     match p.server.send_headers(id, &block(16384)) {
         Err(CallError::MetadataTooLarge { limit, .. }) => assert!(limit <= 16384),
@@ -869,9 +873,13 @@ fn metadata_at_the_limit_never_makes_a_frame_over_the_peers_frame_limit() {
     assert!(p.server_error.is_none() && p.client_error.is_none());
     // And the connection is still good.
     let id = start(&mut p, "/t.S/After");
-    p.client.send_message(id, Bytes::from_static(b"x"), true).unwrap();
+    p.client
+        .send_message(id, Bytes::from_static(b"x"), true)
+        .unwrap();
     p.drive();
-    p.server.end_call(id, &Status::ok(), &Metadata::new()).unwrap();
+    p.server
+        .end_call(id, &Status::ok(), &Metadata::new())
+        .unwrap();
     p.drive();
     assert!(ended(&p.take_client(), id).is_some_and(|s| s.is_ok()));
 }

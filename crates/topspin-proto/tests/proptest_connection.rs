@@ -25,6 +25,7 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use topspin_proto::connection::{CallError, Connection, Event, Side};
+use topspin_proto::frame::{Frame, Header, HEADER_LEN};
 use topspin_proto::{CallId, Code, ErrorCode, Metadata, Settings, Status, MAX_WINDOW};
 
 const METHODS: [&str; 4] = ["/a.A/One", "/a.A/Two", "/b.B/Three", "/c.C/ünïcödé"];
@@ -103,7 +104,7 @@ enum Cmd {
     End {
         call: Pick,
         code: u8,
-        msg_len: u16,
+        msg_len: u32,
         md: u8,
     },
     Grant {
@@ -169,7 +170,8 @@ fn cmd() -> impl Strategy<Value = Cmd> {
     let end = (
         pick(),
         any::<u8>(),
-        prop_oneof![0..20u16, 0..600u16],
+        // Past 65,535 bytes too: the message is then cut at a character boundary.
+        prop_oneof![10 => 0..20u32, 10 => 0..600u32, 1 => 60_000..80_000u32],
         any::<u8>(),
     )
         .prop_map(|(call, code, msg_len, md)| Cmd::End {
@@ -256,6 +258,43 @@ struct ServerCall {
     owed: u64,
 }
 
+/// Checks every frame an engine writes: decoding it and encoding the result with the frame
+/// module's encoders gives back exactly the bytes the engine wrote (one encoder for all).
+#[derive(Default)]
+struct WireCheck {
+    buf: BytesMut,
+    preface_seen: bool,
+}
+
+impl WireCheck {
+    fn feed(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+        if !self.preface_seen {
+            if self.buf.len() < topspin_proto::preface::PREFACE_LEN {
+                return;
+            }
+            let _ = self.buf.split_to(topspin_proto::preface::PREFACE_LEN);
+            self.preface_seen = true;
+        }
+        while self.buf.len() >= HEADER_LEN {
+            let head: &[u8; HEADER_LEN] = self.buf[..HEADER_LEN].try_into().unwrap();
+            let header = Header::parse(head);
+            let total = HEADER_LEN + header.length as usize;
+            if self.buf.len() < total {
+                return;
+            }
+            let raw = self.buf.split_to(total).freeze();
+            let frame = Frame::decode(&header, raw.slice(HEADER_LEN..))
+                .unwrap_or_else(|e| panic!("the engine wrote an undecodable frame: {e}"));
+            assert!(
+                frame.to_bytes() == raw,
+                "the engine's bytes for a {} frame differ from Frame::encode of the same frame",
+                frame.frame_type().name()
+            );
+        }
+    }
+}
+
 struct Harness {
     client: Connection,
     server: Connection,
@@ -276,6 +315,8 @@ struct Harness {
     go_away_sent: [bool; 2],
     go_away_seen: [bool; 2],
     log: Vec<String>,
+    /// What each side wrote, frame by frame (client, server).
+    wire_checks: [WireCheck; 2],
 }
 
 impl Harness {
@@ -297,6 +338,7 @@ impl Harness {
             go_away_sent: [false; 2],
             go_away_seen: [false; 2],
             log: Vec::new(),
+            wire_checks: Default::default(),
         }
     }
 
@@ -318,9 +360,11 @@ impl Harness {
 
     fn collect_transmit(&mut self) {
         while let Some(b) = self.client.poll_transmit() {
+            self.wire_checks[0].feed(&b);
             self.to_server.extend_from_slice(&b);
         }
         while let Some(b) = self.server.poll_transmit() {
+            self.wire_checks[1].feed(&b);
             self.to_client.extend_from_slice(&b);
         }
     }
@@ -662,7 +706,7 @@ impl Harness {
                 self.end(
                     id,
                     Code::from_u16(u16::from(*code % 17)),
-                    usize::from(*msg_len),
+                    *msg_len as usize,
                     *md,
                 );
             }
@@ -725,13 +769,26 @@ impl Harness {
     /// The server application ends a call; false if the engine refused (metadata too large).
     fn end(&mut self, id: CallId, code: Code, msg_len: usize, md: u8) -> bool {
         let text = format!("end of call {} ", id.0);
-        let msg = format!("{text}{}", "s".repeat(msg_len.saturating_sub(text.len())));
-        let status = Status::new(code, msg);
+        let fill = msg_len.saturating_sub(text.len());
+        // Long messages in two-byte characters, so cutting them must respect boundaries.
+        let fill = if fill > 1000 {
+            "é".repeat(fill / 2)
+        } else {
+            "s".repeat(fill)
+        };
+        let msg = format!("{text}{fill}");
+        let status = Status::new(code, msg.clone());
+        // What the client can receive: the message cut to 65,535 bytes at a boundary.
+        let received = Status::new(
+            code,
+            topspin_proto::frame::clip(&msg, usize::MAX).to_owned(),
+        );
         let trailers = metadata(md);
         // protocol.md §5.6/§9: what counts against the client's limit is END's payload less
         // its code: the msg_len field, the message and the trailers block.
-        let size = 2 + status.message().len() + trailers.encoded_len();
-        let limit = self.cs.max_metadata_size as usize;
+        let size = 2 + received.message().len() + trailers.encoded_len();
+        // ... and never more than fits the client's frame limit with END's 2-byte code.
+        let limit = (self.cs.max_metadata_size as usize).min(self.cs.max_frame_size as usize - 2);
         match self.server.end_call(id, &status, &trailers) {
             Ok(()) => {
                 let c = self.scalls.get_mut(&id.0).unwrap();
@@ -739,7 +796,7 @@ impl Harness {
                 // Over the client's limit the engine keeps the code but drops the trailers and
                 // replaces the message, so the client's status differs from what was asked.
                 if size <= limit {
-                    c.end = Some((status, trailers));
+                    c.end = Some((received, trailers));
                 }
                 true
             }

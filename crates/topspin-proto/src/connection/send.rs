@@ -1,0 +1,309 @@
+//! Sending (protocol.md §5, §7.2): starting calls, messages (split when larger than the peer's
+//! frames, resumed as credit arrives), half-closing, cancelling, response headers and ends.
+
+use super::calls::{CallState, PendingSend};
+use super::{CallError, Connection, Event, Side};
+use crate::frame::{
+    self, call_len, clip, CallId, END_FIXED_LEN, HEADER_LEN, MAX_METHOD_ID, MAX_METHOD_NAME_LEN,
+};
+use crate::metadata::Metadata;
+use crate::status::{Code, Status};
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+
+impl Connection {
+    /// Client: starts a call. `codec` is the payload codec byte (0 protobuf, 1 raw bytes, 2
+    /// JSON); `timeout` is sent as the call's relative deadline, and the call is expired
+    /// locally at `now + timeout` (see [`Connection::handle_timeout`]).
+    pub fn start_call(
+        &mut self,
+        method: &str,
+        codec: u8,
+        timeout: Option<Duration>,
+        metadata: &Metadata,
+        now: Instant,
+    ) -> Result<CallId, CallError> {
+        self.need_side(Side::Client, "only the client starts calls")?;
+        self.check_open()?;
+        if self.is_going_away() {
+            return Err(CallError::GoingAway);
+        }
+        if self.calls.len() >= self.peer.max_concurrent_calls as usize {
+            return Err(CallError::TooManyCalls {
+                limit: self.peer.max_concurrent_calls,
+            });
+        }
+        if method.is_empty() || method.len() > MAX_METHOD_NAME_LEN {
+            return Err(CallError::InvalidMethod(method.to_owned()));
+        }
+        let md_len = metadata.encoded_len();
+        // The name goes along until the method is interned (or if it cannot be).
+        let name = (!self.methods_out.contains_key(method)).then_some(method);
+        let limit = self.peer_metadata_limit(call_len(name, metadata) - md_len);
+        if md_len > limit {
+            return Err(CallError::MetadataTooLarge {
+                size: md_len,
+                limit: limit as u32,
+            });
+        }
+        let id = self.highest.checked_add(1).ok_or(CallError::IdsExhausted)?;
+        self.highest = id;
+        let (method_id, named) = match self.methods_out.get(method) {
+            Some(&mid) => (mid, false),
+            None => {
+                let next = self.methods_out.len() + 1;
+                if next <= usize::from(MAX_METHOD_ID) {
+                    self.methods_out.insert(method.into(), next as u16);
+                    (next as u16, true)
+                } else {
+                    (0, true)
+                }
+            }
+        };
+        // Round up so a sub-microsecond timeout is not sent as "no deadline".
+        let timeout_us = timeout.map_or(0, |t| {
+            u64::try_from(t.as_nanos().div_ceil(1000))
+                .unwrap_or(u64::MAX)
+                .max(1)
+        });
+        frame::encode_call(
+            &mut self.out.staging,
+            CallId(id),
+            method_id,
+            named.then_some(method),
+            codec,
+            timeout_us,
+            metadata,
+        );
+        let deadline = timeout.and_then(|t| now.checked_add(t));
+        self.calls.insert(
+            id,
+            CallState::new(
+                self.peer.initial_call_window,
+                self.local.initial_call_window,
+                deadline,
+            ),
+        );
+        Ok(CallId(id))
+    }
+
+    /// Sends one message on a call. Messages larger than the peer's frame size are split; the
+    /// engine sends frames as credit allows and keeps the rest (by reference) until credit
+    /// arrives. `end_stream` (client only) half-closes after the message.
+    ///
+    /// Returns [`CallError::WouldBlock`] when the call has no credit or a previous message is
+    /// still being sent; [`Event::Writable`] follows when it may try again.
+    pub fn send_message(
+        &mut self,
+        id: CallId,
+        message: Bytes,
+        end_stream: bool,
+    ) -> Result<(), CallError> {
+        self.check_open()?;
+        if end_stream && self.side == Side::Server {
+            return Err(CallError::NotAllowed(
+                "the server ends its side with end_call",
+            ));
+        }
+        let limit = self.peer.max_message_size;
+        if message.len() > limit as usize {
+            return Err(CallError::MessageTooLarge {
+                size: message.len(),
+                limit,
+            });
+        }
+        let max_frame = self.peer.max_frame_size as usize;
+        let call = self.calls.get_mut(id.0).ok_or(CallError::NotOpen(id))?;
+        if call.send_closed {
+            return Err(CallError::NotAllowed("the call is already half-closed"));
+        }
+        if call.pending.is_some() || call.send_credit <= 0 {
+            call.writable_wanted = true;
+            return Err(CallError::WouldBlock);
+        }
+        if self.side == Side::Server {
+            call.headers_done = true; // response headers may no longer be sent
+        }
+        if end_stream {
+            call.send_closed = true;
+        }
+        let st = &mut self.out.staging;
+        if message.len() <= max_frame {
+            frame::encode_message_head(st, id, end_stream, None, message.len());
+            call.send_credit -= (HEADER_LEN + message.len()) as i64;
+            self.out.push_body(&message);
+            return Ok(());
+        }
+        let first = max_frame - 4;
+        frame::encode_message_head(st, id, end_stream, Some(message.len() as u32), first);
+        call.send_credit -= (HEADER_LEN + max_frame) as i64;
+        self.out.push_body(&message.slice(..first));
+        call.pending = Some(Box::new(PendingSend {
+            message,
+            offset: first,
+        }));
+        self.resume_send(id.0);
+        Ok(())
+    }
+
+    /// Sends what credit allows of a pending split message; reports writability.
+    pub(super) fn resume_send(&mut self, id: u32) {
+        let max_frame = self.peer.max_frame_size as usize;
+        let Some(call) = self.calls.get_mut(id) else {
+            return;
+        };
+        while call.send_credit > 0 {
+            let Some(p) = call.pending.as_mut() else {
+                break;
+            };
+            let n = (p.message.len() - p.offset).min(max_frame);
+            frame::encode_continuation_head(&mut self.out.staging, CallId(id), n);
+            let chunk = p.message.slice(p.offset..p.offset + n);
+            p.offset += n;
+            if p.offset == p.message.len() {
+                call.pending = None;
+            }
+            call.send_credit -= (HEADER_LEN + n) as i64;
+            self.out.push_body(&chunk);
+        }
+        if call.writable_wanted && call.pending.is_none() && call.send_credit > 0 {
+            call.writable_wanted = false;
+            self.events.push_back(Event::Writable { id: CallId(id) });
+        }
+    }
+
+    /// Client: no more messages on this call (HALF_CLOSE). Not needed after a message sent
+    /// with `end_stream`.
+    pub fn half_close(&mut self, id: CallId) -> Result<(), CallError> {
+        self.need_side(
+            Side::Client,
+            "only the client half-closes; the server uses end_call",
+        )?;
+        self.check_open()?;
+        let call = self.calls.get_mut(id.0).ok_or(CallError::NotOpen(id))?;
+        if call.send_closed {
+            return Err(CallError::NotAllowed("the call is already half-closed"));
+        }
+        if call.pending.is_some() {
+            call.writable_wanted = true;
+            return Err(CallError::WouldBlock);
+        }
+        call.send_closed = true;
+        frame::encode_half_close(&mut self.out.staging, id);
+        Ok(())
+    }
+
+    /// Client: abandons a call (CANCEL with `code`, usually `CANCELLED`). No event follows:
+    /// the call is simply over.
+    pub fn cancel(&mut self, id: CallId, code: Code) -> Result<(), CallError> {
+        self.need_side(
+            Side::Client,
+            "only the client cancels; the server uses end_call",
+        )?;
+        if self.closed.is_some() {
+            return Err(CallError::Closed);
+        }
+        self.calls.remove(id.0).ok_or(CallError::NotOpen(id))?;
+        self.put_cancel(id.0, code);
+        Ok(())
+    }
+
+    /// Server: sends response headers (at most once, before any message).
+    pub fn send_headers(&mut self, id: CallId, metadata: &Metadata) -> Result<(), CallError> {
+        self.need_side(Side::Server, "only the server sends response headers")?;
+        self.check_open()?;
+        let limit = self.peer_metadata_limit(0) as u32;
+        let call = self.calls.get_mut(id.0).ok_or(CallError::NotOpen(id))?;
+        if call.headers_done {
+            return Err(CallError::NotAllowed(
+                "response headers go once, before any message",
+            ));
+        }
+        let size = metadata.encoded_len();
+        if size > limit as usize {
+            return Err(CallError::MetadataTooLarge { size, limit });
+        }
+        call.headers_done = true;
+        frame::encode_headers(&mut self.out.staging, id, metadata);
+        Ok(())
+    }
+
+    /// Server: ends a call with a status and trailers. Returns [`CallError::WouldBlock`] while
+    /// a split message is still being sent on the call.
+    ///
+    /// A call can always be ended: if the status message and trailers are larger than the
+    /// client accepts, the trailers are dropped and the message is replaced by one that says
+    /// so (the code is kept); a client whose limit is below even that reports
+    /// `RESOURCE_EXHAUSTED` (protocol.md §5.6).
+    pub fn end_call(
+        &mut self,
+        id: CallId,
+        status: &Status,
+        trailers: &Metadata,
+    ) -> Result<(), CallError> {
+        self.need_side(
+            Side::Server,
+            "only the server ends calls; the client cancels",
+        )?;
+        self.check_open()?;
+        // The status size (msg_len, message, trailers) is the END payload minus its code.
+        let limit = self.peer_metadata_limit(END_FIXED_LEN - 2);
+        let call = self.calls.get_mut(id.0).ok_or(CallError::NotOpen(id))?;
+        if call.pending.is_some() {
+            call.writable_wanted = true;
+            return Err(CallError::WouldBlock);
+        }
+        self.calls.remove(id.0);
+        let message = clip(status.message(), usize::MAX);
+        let size = 2 + message.len() + trailers.encoded_len();
+        if size <= limit {
+            self.put_end(id.0, status.code(), message, trailers);
+        } else {
+            let note = format!(
+                "the status message and trailers ({size} bytes) exceed the {limit} bytes this client accepts (max_metadata_size, max_frame_size) and were dropped"
+            );
+            // 2 (msg_len) + 2 (empty trailers) is the smallest END status.
+            let room = limit.saturating_sub(4);
+            let mut n = note.len().min(room);
+            while !note.is_char_boundary(n) {
+                n -= 1;
+            }
+            self.put_end(id.0, status.code(), &note[..n], &Metadata::new());
+        }
+        Ok(())
+    }
+
+    /// Ends a call from this side because of a call error.
+    pub(super) fn end_locally(&mut self, id: u32, status: Status) {
+        self.calls.remove(id);
+        match self.side {
+            Side::Server => {
+                self.put_end(id, status.code(), status.message(), &Metadata::new());
+                self.events.push_back(Event::Cancelled {
+                    id: CallId(id),
+                    status,
+                });
+            }
+            Side::Client => {
+                self.put_cancel(id, status.code());
+                self.events.push_back(Event::Ended {
+                    id: CallId(id),
+                    status,
+                    trailers: Metadata::new(),
+                });
+            }
+        }
+    }
+
+    pub(super) fn put_end(&mut self, id: u32, code: Code, message: &str, trailers: &Metadata) {
+        frame::encode_end(&mut self.out.staging, CallId(id), code, message, trailers);
+    }
+
+    pub(super) fn put_cancel(&mut self, id: u32, code: Code) {
+        frame::encode_cancel(&mut self.out.staging, CallId(id), code);
+    }
+
+    pub(super) fn put_credit(&mut self, id: u32, increment: u32) {
+        frame::encode_credit(&mut self.out.staging, CallId(id), increment);
+    }
+}

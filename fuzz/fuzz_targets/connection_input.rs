@@ -20,32 +20,28 @@ use topspin_proto::{Code, Metadata, Settings, Status};
 /// This side's limits: small enough that a hostile peer can reach every limit and that what
 /// it can make the engine hold stays small (8 calls × 256 KiB messages at most).
 fn local_settings() -> Settings {
-    Settings {
-        max_frame_size: 16 * 1024,
-        max_concurrent_calls: 8,
-        initial_call_window: 64 * 1024,
-        max_message_size: 256 * 1024,
-        max_metadata_size: 4096,
-    }
+    Settings::default()
+        .with_max_frame_size(16 * 1024)
+        .with_max_concurrent_calls(8)
+        .with_initial_call_window(64 * 1024)
+        .with_max_message_size(256 * 1024)
+        .with_max_metadata_size(4096)
 }
 
 fn peer_settings(choice: u8) -> Settings {
     match choice % 3 {
         0 => Settings::default(),
-        1 => Settings {
-            max_frame_size: 16 * 1024,
-            max_concurrent_calls: 2,
-            initial_call_window: 100,
-            max_message_size: 40 * 1024,
-            max_metadata_size: 64,
-        },
-        _ => Settings {
-            max_concurrent_calls: 0,
-            initial_call_window: 0,
-            max_message_size: 0,
-            max_metadata_size: 0,
-            ..Settings::default()
-        },
+        1 => Settings::default()
+            .with_max_frame_size(16 * 1024)
+            .with_max_concurrent_calls(2)
+            .with_initial_call_window(100)
+            .with_max_message_size(40 * 1024)
+            .with_max_metadata_size(64),
+        _ => Settings::default()
+            .with_max_concurrent_calls(0)
+            .with_initial_call_window(0)
+            .with_max_message_size(0)
+            .with_max_metadata_size(0),
     }
 }
 
@@ -62,7 +58,7 @@ impl OutputChecker {
         OutputChecker {
             buf: BytesMut::new(),
             preface_seen: false,
-            decoder: FrameDecoder::new(peer.max_frame_size),
+            decoder: FrameDecoder::new(peer.max_frame_size()),
             frames: 0,
         }
     }
@@ -195,7 +191,7 @@ fuzz_target!(|data: &[u8]| {
         }
         out.drain(&mut conn);
         if side == Side::Server {
-            assert!(conn.open_calls() <= local.max_concurrent_calls as usize);
+            assert!(conn.open_calls() <= local.max_concurrent_calls() as usize);
         } else {
             assert!(conn.open_calls() <= 3);
         }
@@ -215,7 +211,7 @@ fuzz_target!(|data: &[u8]| {
         match conn.handle_input(&mut input, now) {
             Ok(()) => {
                 // At most one partial frame is left waiting.
-                assert!(input.len() < HEADER_LEN + local.max_frame_size as usize);
+                assert!(input.len() < HEADER_LEN + local.max_frame_size() as usize);
             }
             Err(e) => {
                 assert!(conn.is_closed(), "{e}");

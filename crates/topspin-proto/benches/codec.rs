@@ -159,7 +159,7 @@ fn encode(c: &mut Criterion) {
 
 fn decode(c: &mut Criterion) {
     let mut group = c.benchmark_group("decode");
-    let max_frame_size = Settings::default().max_frame_size;
+    let max_frame_size = Settings::default().max_frame_size();
     for (name, frame) in cases() {
         let wire = frame.to_bytes();
         group.throughput(Throughput::Bytes(wire.len() as u64));

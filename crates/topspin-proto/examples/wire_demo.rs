@@ -21,11 +21,11 @@ fn describe(f: &Frame) -> String {
     match f {
         Frame::Settings(s) => format!(
             "max_frame={} max_calls={} window={} max_message={} max_metadata={}",
-            s.max_frame_size,
-            s.max_concurrent_calls,
-            s.initial_call_window,
-            s.max_message_size,
-            s.max_metadata_size
+            s.max_frame_size(),
+            s.max_concurrent_calls(),
+            s.initial_call_window(),
+            s.max_message_size(),
+            s.max_metadata_size()
         ),
         Frame::Call(c) => format!(
             "method_id={} name={:?} codec={} timeout_us={} metadata={:?}",

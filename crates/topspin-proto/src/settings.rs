@@ -19,28 +19,67 @@ pub const MIN_MAX_FRAME_SIZE: u32 = 16 * 1024;
 /// Largest frame size, window and credit value (2³¹ − 1).
 pub const MAX_WINDOW: u32 = i32::MAX as u32;
 
-/// The receive limits one side announces; they bind what its peer may send to it.
+/// The receive limits one side announces; they bind what its peer may send to it. Read with
+/// the getters, build with the `with_…` setters (ranges: protocol.md §4).
 ///
 /// ```
 /// use topspin_proto::Settings;
-/// let s = Settings::default();
-/// assert_eq!(s.max_message_size, 64 * 1024 * 1024);
+/// let s = Settings::default().with_max_message_size(1 << 20);
+/// assert_eq!(s.max_message_size(), 1 << 20);
+/// assert_eq!(Settings::default().max_frame_size(), 16 * 1024 * 1024);
 /// let mut buf = bytes::BytesMut::new();
 /// s.encode_payload(&mut buf);
 /// assert_eq!(Settings::decode_payload(&buf).unwrap(), s);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
-    /// Largest frame payload accepted (default 16 MiB, at least 16 KiB).
-    pub max_frame_size: u32,
-    /// Calls the peer may have open at once towards this side (default 1024).
-    pub max_concurrent_calls: u32,
-    /// Initial send credit of the peer on every call, in bytes (default 1 MiB).
-    pub initial_call_window: u32,
-    /// Largest message accepted (default 64 MiB).
-    pub max_message_size: u32,
-    /// Largest metadata block accepted (default 16 KiB).
-    pub max_metadata_size: u32,
+    pub(crate) max_frame_size: u32,
+    pub(crate) max_concurrent_calls: u32,
+    pub(crate) initial_call_window: u32,
+    pub(crate) max_message_size: u32,
+    pub(crate) max_metadata_size: u32,
+}
+
+macro_rules! setting {
+    ($(#[doc = $doc:literal])* $name:ident, $with:ident) => {
+        $(#[doc = $doc])*
+        pub fn $name(&self) -> u32 {
+            self.$name
+        }
+
+        #[doc = concat!("Sets [`Settings::", stringify!($name), "`].")]
+        #[must_use]
+        pub fn $with(mut self, value: u32) -> Settings {
+            self.$name = value;
+            self
+        }
+    };
+}
+
+impl Settings {
+    setting! {
+        /// `MAX_FRAME_SIZE`: largest frame payload accepted (default 16 MiB; 16 KiB ..= 2³¹−1).
+        max_frame_size, with_max_frame_size
+    }
+    setting! {
+        /// `MAX_CONCURRENT_CALLS`: calls the peer may have open at once towards this side
+        /// (default 1024; 0 ..= 2³¹−1).
+        max_concurrent_calls, with_max_concurrent_calls
+    }
+    setting! {
+        /// `INITIAL_CALL_WINDOW`: the peer's initial send credit on every call, in bytes
+        /// (default 1 MiB; 0 ..= 2³¹−1).
+        initial_call_window, with_initial_call_window
+    }
+    setting! {
+        /// `MAX_MESSAGE_SIZE`: largest message accepted (default 64 MiB).
+        max_message_size, with_max_message_size
+    }
+    setting! {
+        /// `MAX_METADATA_SIZE`: largest metadata block (with the status message, for END)
+        /// accepted (default 16 KiB).
+        max_metadata_size, with_max_metadata_size
+    }
 }
 
 impl Default for Settings {

@@ -272,10 +272,7 @@ fn server_ends_call_early_and_crossing_client_frames_are_ignored() {
 #[test]
 fn flow_control_stalls_the_sender_and_resumes_on_credit() {
     let window = 1000u32;
-    let client = Settings {
-        initial_call_window: window,
-        ..Settings::default()
-    };
+    let client = Settings::default().with_initial_call_window(window);
     let mut p = Pair::new(client, Settings::default());
     let id = start(&mut p, "/f.F/Stream");
     p.client
@@ -336,10 +333,7 @@ fn flow_control_bounds_what_a_slow_reader_buffers() {
     // A server streaming 64 MiB to a client that reads slowly never has more than the window
     // plus one frame outstanding.
     let window = 64 * 1024;
-    let client = Settings {
-        initial_call_window: window,
-        ..Settings::default()
-    };
+    let client = Settings::default().with_initial_call_window(window);
     let mut p = Pair::new(client, Settings::default());
     let id = start(&mut p, "/f.F/Big");
     p.client.send_message(id, Bytes::new(), true).unwrap();
@@ -377,11 +371,9 @@ fn flow_control_bounds_what_a_slow_reader_buffers() {
 
 #[test]
 fn split_messages_larger_than_frame_and_window_complete() {
-    let small = Settings {
-        max_frame_size: 16 * 1024,
-        initial_call_window: 20_000,
-        ..Settings::default()
-    };
+    let small = Settings::default()
+        .with_max_frame_size(16 * 1024)
+        .with_initial_call_window(20_000);
     let mut p = Pair::new(small, small);
     let id = start(&mut p, "/b.B/Blob");
     let big: Bytes = (0..300_000u32)
@@ -511,16 +503,11 @@ fn go_away_lets_calls_in_flight_finish_and_refuses_later_ones() {
 
 #[test]
 fn call_errors_end_one_call_and_keep_the_connection() {
-    let server = Settings {
-        max_message_size: 1000,
-        max_metadata_size: 64,
-        max_concurrent_calls: 2,
-        ..Settings::default()
-    };
-    let client = Settings {
-        max_message_size: 500,
-        ..Settings::default()
-    };
+    let server = Settings::default()
+        .with_max_message_size(1000)
+        .with_max_metadata_size(64)
+        .with_max_concurrent_calls(2);
+    let client = Settings::default().with_max_message_size(500);
     let mut p = Pair::new(client, server);
     // Sender-side checks know the peer's limits.
     let id = start(&mut p, "/l.L/M");
@@ -566,12 +553,10 @@ fn call_errors_end_one_call_and_keep_the_connection() {
 
 #[test]
 fn server_enforces_limits_against_a_client_that_ignores_them() {
-    let server = Settings {
-        max_message_size: 100,
-        max_metadata_size: 16,
-        max_concurrent_calls: 1,
-        ..Settings::default()
-    };
+    let server = Settings::default()
+        .with_max_message_size(100)
+        .with_max_metadata_size(16)
+        .with_max_concurrent_calls(1);
     let mut p = Pair::new(Settings::default(), server);
     let call = |id: u32, metadata: Metadata| {
         Frame::Call(CallFrame {
@@ -797,10 +782,7 @@ fn handshake_errors() {
 
 #[test]
 fn flow_control_violation_by_a_sender_without_credit() {
-    let client = Settings {
-        initial_call_window: 100,
-        ..Settings::default()
-    };
+    let client = Settings::default().with_initial_call_window(100);
     let mut p = Pair::new(client, Settings::default());
     let id = start(&mut p, "/f.F/M");
     p.drive();
@@ -818,11 +800,9 @@ fn flow_control_violation_by_a_sender_without_credit() {
 /// engine sends now fits the peer's limits (protocol.md §9).
 #[test]
 fn metadata_at_the_limit_never_makes_a_frame_over_the_peers_frame_limit() {
-    let small = Settings {
-        max_frame_size: 16384,
-        max_metadata_size: 16384,
-        ..Settings::default()
-    };
+    let small = Settings::default()
+        .with_max_frame_size(16384)
+        .with_max_metadata_size(16384);
     let mut p = Pair::new(small, small);
     // A metadata block of exactly `size` bytes (one text entry).
     let block = |size: usize| md("k", &"v".repeat(size - 6));

@@ -217,13 +217,7 @@ fn settings(server: bool) -> impl Strategy<Value = Settings> {
         prop_oneof![1 => Just(0u32), 1 => 1..100u32, 5 => Just(64 * 1024 * 1024), 3 => 20_000..60_000u32],
         prop_oneof![1 => Just(0u32), 1 => 1..64u32, 2 => 64..400u32, 6 => Just(16 * 1024)],
     )
-        .prop_map(|(f, c, w, m, md)| Settings {
-            max_frame_size: f,
-            max_concurrent_calls: c,
-            initial_call_window: w,
-            max_message_size: m,
-            max_metadata_size: md,
-        })
+        .prop_map(|(f, c, w, m, md)| Settings::default().with_max_frame_size(f).with_max_concurrent_calls(c).with_initial_call_window(w).with_max_message_size(m).with_max_metadata_size(md))
 }
 
 #[derive(Debug, Default)]
@@ -573,8 +567,8 @@ impl Harness {
                     .client
                     .start_call(&name, *codec, timeout, &md, self.now);
                 let going_away = self.go_away_sent[0] || self.go_away_seen[0];
-                let too_many = open_c.len() >= self.ss.max_concurrent_calls as usize;
-                let md_too_big = md.encoded_len() > self.ss.max_metadata_size as usize;
+                let too_many = open_c.len() >= self.ss.max_concurrent_calls() as usize;
+                let md_too_big = md.encoded_len() > self.ss.max_metadata_size() as usize;
                 match r {
                     Ok(id) => {
                         assert!(
@@ -613,13 +607,13 @@ impl Harness {
                 match self.client.send_message(id, msg.clone(), *end_stream) {
                     Ok(()) => {
                         assert!(!half_closed);
-                        assert!(*len <= self.ss.max_message_size as usize);
+                        assert!(*len <= self.ss.max_message_size() as usize);
                         let c = self.ccalls.get_mut(&id.0).unwrap();
                         c.sent.push(msg);
                         c.half_closed |= *end_stream;
                     }
                     Err(CallError::MessageTooLarge { .. }) => {
-                        assert!(*len > self.ss.max_message_size as usize)
+                        assert!(*len > self.ss.max_message_size() as usize)
                     }
                     Err(CallError::NotAllowed(_)) => assert!(half_closed),
                     Err(CallError::WouldBlock) => {
@@ -664,7 +658,7 @@ impl Harness {
                 let md = metadata(*md);
                 let c = &self.scalls[&id.0];
                 let late = c.headers.is_some() || !c.sent.is_empty();
-                let too_big = md.encoded_len() > self.cs.max_metadata_size as usize;
+                let too_big = md.encoded_len() > self.cs.max_metadata_size() as usize;
                 match self.server.send_headers(id, &md) {
                     Ok(()) => {
                         assert!(!late && !too_big);
@@ -682,11 +676,11 @@ impl Harness {
                 let msg = message(id.0, false, self.scalls[&id.0].sent.len(), *len);
                 match self.server.send_message(id, msg.clone(), false) {
                     Ok(()) => {
-                        assert!(*len <= self.cs.max_message_size as usize);
+                        assert!(*len <= self.cs.max_message_size() as usize);
                         self.scalls.get_mut(&id.0).unwrap().sent.push(msg);
                     }
                     Err(CallError::MessageTooLarge { .. }) => {
-                        assert!(*len > self.cs.max_message_size as usize)
+                        assert!(*len > self.cs.max_message_size() as usize)
                     }
                     Err(CallError::WouldBlock) => {
                         self.scalls.get_mut(&id.0).unwrap().blocked = true
@@ -788,7 +782,8 @@ impl Harness {
         // its code: the msg_len field, the message and the trailers block.
         let size = 2 + received.message().len() + trailers.encoded_len();
         // ... and never more than fits the client's frame limit with END's 2-byte code.
-        let limit = (self.cs.max_metadata_size as usize).min(self.cs.max_frame_size as usize - 2);
+        let limit =
+            (self.cs.max_metadata_size() as usize).min(self.cs.max_frame_size() as usize - 2);
         match self.server.end_call(id, &status, &trailers) {
             Ok(()) => {
                 let c = self.scalls.get_mut(&id.0).unwrap();
@@ -841,12 +836,12 @@ impl Harness {
                 continue;
             };
             assert!(
-                !(c.blocked && self.ss.initial_call_window > 0),
+                !(c.blocked && self.ss.initial_call_window() > 0),
                 "client call {id} still blocked after all credit was given back\nlog:\n{}",
                 self.log.join("\n")
             );
             assert!(
-                !(s.blocked && self.cs.initial_call_window > 0),
+                !(s.blocked && self.cs.initial_call_window() > 0),
                 "server call {id} still blocked after all credit was given back\nlog:\n{}",
                 self.log.join("\n")
             );
@@ -1003,11 +998,9 @@ proptest! {
 
 #[test]
 fn large_messages_both_ways_with_small_windows() {
-    let small = Settings {
-        max_frame_size: 16_384,
-        initial_call_window: 100,
-        ..Settings::default()
-    };
+    let small = Settings::default()
+        .with_max_frame_size(16_384)
+        .with_initial_call_window(100);
     let cmds = [
         Cmd::Start {
             method: 0,
@@ -1059,10 +1052,7 @@ fn one_call(cs: Settings, ss: Settings) -> Harness {
 /// "still ends the call, but the client reports RESOURCE_EXHAUSTED".
 #[test]
 fn a_call_can_always_be_ended() {
-    let cs = Settings {
-        max_metadata_size: 0,
-        ..Settings::default()
-    };
+    let cs = Settings::default().with_max_metadata_size(0);
     let mut h = one_call(cs, Settings::default());
     let r = h
         .server
@@ -1077,10 +1067,7 @@ fn a_call_can_always_be_ended() {
 /// RESOURCE_EXHAUSTED instead of its status.
 #[test]
 fn end_within_the_metadata_limit_is_accepted() {
-    let cs = Settings {
-        max_metadata_size: 10,
-        ..Settings::default()
-    };
+    let cs = Settings::default().with_max_metadata_size(10);
     // 2 (msg_len) + 6 message bytes + 2 bytes of empty trailers = 10 = the client's limit.
     let status = Status::new(Code::NotFound, "123456");
 
@@ -1114,10 +1101,7 @@ fn end_within_the_metadata_limit_is_accepted() {
 /// now -11), then a grant of 2^31 = 12 owed + 2147483636.
 #[test]
 fn huge_grant_on_an_overdrawn_call_is_a_valid_credit() {
-    let cs = Settings {
-        initial_call_window: 1,
-        ..Settings::default()
-    };
+    let cs = Settings::default().with_initial_call_window(1);
     let mut h = one_call(cs, Settings::default());
     h.auto_grant = false;
     h.run(&Cmd::ServerSend {

@@ -135,12 +135,13 @@ fn settings() -> impl Strategy<Value = Settings> {
         any::<u32>(),
         any::<u32>(),
     )
-        .prop_map(|(f, c, w, m, md)| Settings {
-            max_frame_size: f,
-            max_concurrent_calls: c,
-            initial_call_window: w,
-            max_message_size: m,
-            max_metadata_size: md,
+        .prop_map(|(f, c, w, m, md)| {
+            Settings::default()
+                .with_max_frame_size(f)
+                .with_max_concurrent_calls(c)
+                .with_initial_call_window(w)
+                .with_max_message_size(m)
+                .with_max_metadata_size(md)
         })
 }
 

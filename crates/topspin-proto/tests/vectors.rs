@@ -267,11 +267,11 @@ const SETTING_NAMES: [&str; 5] = [
 
 fn settings_values(s: &Settings) -> [u32; 5] {
     [
-        s.max_frame_size,
-        s.max_concurrent_calls,
-        s.initial_call_window,
-        s.max_message_size,
-        s.max_metadata_size,
+        s.max_frame_size(),
+        s.max_concurrent_calls(),
+        s.initial_call_window(),
+        s.max_message_size(),
+        s.max_metadata_size(),
     ]
 }
 
@@ -296,11 +296,11 @@ fn settings_from_json(v: Option<&Value>) -> Result<Settings, String> {
             .and_then(|x| u32::try_from(x).ok())
             .ok_or_else(|| format!("bad value for {name}"))?;
         match name.as_str() {
-            "MAX_FRAME_SIZE" => s.max_frame_size = value,
-            "MAX_CONCURRENT_CALLS" => s.max_concurrent_calls = value,
-            "INITIAL_CALL_WINDOW" => s.initial_call_window = value,
-            "MAX_MESSAGE_SIZE" => s.max_message_size = value,
-            "MAX_METADATA_SIZE" => s.max_metadata_size = value,
+            "MAX_FRAME_SIZE" => s = s.with_max_frame_size(value),
+            "MAX_CONCURRENT_CALLS" => s = s.with_max_concurrent_calls(value),
+            "INITIAL_CALL_WINDOW" => s = s.with_initial_call_window(value),
+            "MAX_MESSAGE_SIZE" => s = s.with_max_message_size(value),
+            "MAX_METADATA_SIZE" => s = s.with_max_metadata_size(value),
             other => return Err(format!("unknown setting {other:?}")),
         }
     }
@@ -367,13 +367,14 @@ fn json_to_frame(v: &Value) -> Result<Frame, String> {
     Ok(match text(v, "type")? {
         "SETTINGS" => {
             let s = field(v, "settings")?;
-            Frame::Settings(Settings {
-                max_frame_size: u32_field(s, "MAX_FRAME_SIZE")?,
-                max_concurrent_calls: u32_field(s, "MAX_CONCURRENT_CALLS")?,
-                initial_call_window: u32_field(s, "INITIAL_CALL_WINDOW")?,
-                max_message_size: u32_field(s, "MAX_MESSAGE_SIZE")?,
-                max_metadata_size: u32_field(s, "MAX_METADATA_SIZE")?,
-            })
+            Frame::Settings(
+                Settings::default()
+                    .with_max_frame_size(u32_field(s, "MAX_FRAME_SIZE")?)
+                    .with_max_concurrent_calls(u32_field(s, "MAX_CONCURRENT_CALLS")?)
+                    .with_initial_call_window(u32_field(s, "INITIAL_CALL_WINDOW")?)
+                    .with_max_message_size(u32_field(s, "MAX_MESSAGE_SIZE")?)
+                    .with_max_metadata_size(u32_field(s, "MAX_METADATA_SIZE")?),
+            )
         }
         "CALL" => Frame::Call(CallFrame {
             call_id,

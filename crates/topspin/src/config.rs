@@ -35,11 +35,11 @@ impl Default for Config {
     fn default() -> Config {
         let s = Settings::default();
         Config {
-            max_message_size: s.max_message_size,
-            max_concurrent_calls: s.max_concurrent_calls,
-            max_frame_size: s.max_frame_size,
-            max_metadata_size: s.max_metadata_size,
-            initial_call_window: s.initial_call_window,
+            max_message_size: s.max_message_size(),
+            max_concurrent_calls: s.max_concurrent_calls(),
+            max_frame_size: s.max_frame_size(),
+            max_metadata_size: s.max_metadata_size(),
+            initial_call_window: s.initial_call_window(),
             max_send_buffer: 4 * 1024 * 1024,
             max_pending_calls: 4096,
             handshake_timeout: Duration::from_secs(10),
@@ -126,12 +126,11 @@ impl Config {
     }
 
     pub(crate) fn settings(&self) -> Settings {
-        Settings {
-            max_frame_size: self.max_frame_size,
-            max_concurrent_calls: self.max_concurrent_calls,
-            initial_call_window: self.initial_call_window,
-            max_message_size: self.max_message_size,
-            max_metadata_size: self.max_metadata_size,
-        }
+        Settings::default()
+            .with_max_frame_size(self.max_frame_size)
+            .with_max_concurrent_calls(self.max_concurrent_calls)
+            .with_initial_call_window(self.initial_call_window)
+            .with_max_message_size(self.max_message_size)
+            .with_max_metadata_size(self.max_metadata_size)
     }
 }

@@ -716,15 +716,15 @@ def frames_valid() -> list:
     v.append(
         fv_decode_only(
             "goaway_unknown_error_code",
-            "GOAWAY with error code 300: unknown error codes are treated as INTERNAL_ERROR (§10). "
-            "Decode only.",
+            "GOAWAY with error code 300: a receiver handles an error code it does not know like "
+            "INTERNAL_ERROR and keeps its number, written here as a number (§10). Decode only.",
             raw(0x0B, 0, 0, u32(5) + u16(300) + u16(0)),
             {
                 "type": "GOAWAY",
                 "flags": 0,
                 "call_id": 0,
                 "last_call_id": 5,
-                "code": "INTERNAL_ERROR",
+                "code": 300,
                 "reason": "",
             },
         )

@@ -3,110 +3,113 @@
 use std::borrow::Cow;
 use std::fmt;
 
-/// A protocol error code, as carried by ERROR and GOAWAY frames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u16)]
-pub enum ErrorCode {
-    /// Graceful (GOAWAY only).
-    NoError = 0,
-    /// The first 7 bytes were not `TOPSPIN`.
-    BadPreface = 1,
-    /// The preface names a version the receiver does not speak.
-    UnsupportedVersion = 2,
-    /// SETTINGS missing, repeated, or with a value out of range.
-    SettingsError = 3,
-    /// Frame length above the receiver's `MAX_FRAME_SIZE`.
-    FrameTooLarge = 4,
-    /// Type `0x00` or an unknown type in `0x0D..=0x7F`.
-    UnknownFrameType = 5,
-    /// Payload does not match its layout.
-    MalformedFrame = 6,
-    /// A valid frame that is not allowed here (side, call id, state).
-    IllegalFrame = 7,
-    /// A call frame for an id that was never opened.
-    UnknownCall = 8,
-    /// CALL with an id not above every earlier one.
-    DuplicateCall = 9,
-    /// Unbound, rebound or out-of-range method id.
-    MethodIdError = 10,
-    /// Message frame without credit, or credit overflow.
-    FlowControl = 11,
-    /// Split message chunks that do not add up to `total_len`.
-    MessageLengthMismatch = 12,
-    /// Handshake or idle timeout.
-    Timeout = 13,
-    /// The sender failed on its own account.
-    InternalError = 14,
-}
+/// A protocol error code, as carried by ERROR and GOAWAY frames (protocol.md §10).
+///
+/// An open set, like [`FrameType`](crate::frame::FrameType): a code from a newer peer that this
+/// implementation does not know keeps its number (and is handled like `INTERNAL_ERROR`).
+///
+/// ```
+/// use topspin_proto::ErrorCode;
+/// assert_eq!(ErrorCode::from_u16(8), ErrorCode::UNKNOWN_CALL);
+/// assert_eq!(ErrorCode::UNKNOWN_CALL.to_string(), "UNKNOWN_CALL");
+/// let newer = ErrorCode::from_u16(300);
+/// assert!(!newer.is_known());
+/// assert_eq!(newer.to_string(), "UNKNOWN_ERROR_CODE(300)");
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ErrorCode(pub u16);
 
 impl ErrorCode {
-    const ALL: [ErrorCode; 15] = [
-        ErrorCode::NoError,
-        ErrorCode::BadPreface,
-        ErrorCode::UnsupportedVersion,
-        ErrorCode::SettingsError,
-        ErrorCode::FrameTooLarge,
-        ErrorCode::UnknownFrameType,
-        ErrorCode::MalformedFrame,
-        ErrorCode::IllegalFrame,
-        ErrorCode::UnknownCall,
-        ErrorCode::DuplicateCall,
-        ErrorCode::MethodIdError,
-        ErrorCode::FlowControl,
-        ErrorCode::MessageLengthMismatch,
-        ErrorCode::Timeout,
-        ErrorCode::InternalError,
-    ];
+    /// Graceful (GOAWAY only).
+    pub const NO_ERROR: ErrorCode = ErrorCode(0);
+    /// The first 7 bytes were not `TOPSPIN`.
+    pub const BAD_PREFACE: ErrorCode = ErrorCode(1);
+    /// The preface names a version the receiver does not speak.
+    pub const UNSUPPORTED_VERSION: ErrorCode = ErrorCode(2);
+    /// SETTINGS missing, repeated, or with a value out of range.
+    pub const SETTINGS_ERROR: ErrorCode = ErrorCode(3);
+    /// Frame length above the receiver's `MAX_FRAME_SIZE`.
+    pub const FRAME_TOO_LARGE: ErrorCode = ErrorCode(4);
+    /// Type `0x00` or an unknown type in `0x0D..=0x7F`.
+    pub const UNKNOWN_FRAME_TYPE: ErrorCode = ErrorCode(5);
+    /// Payload does not match its layout.
+    pub const MALFORMED_FRAME: ErrorCode = ErrorCode(6);
+    /// A valid frame that is not allowed here (side, call id, state).
+    pub const ILLEGAL_FRAME: ErrorCode = ErrorCode(7);
+    /// A call frame for an id that was never opened.
+    pub const UNKNOWN_CALL: ErrorCode = ErrorCode(8);
+    /// CALL with an id not above every earlier one.
+    pub const DUPLICATE_CALL: ErrorCode = ErrorCode(9);
+    /// Unbound, rebound or out-of-range method id.
+    pub const METHOD_ID_ERROR: ErrorCode = ErrorCode(10);
+    /// Message frame without credit, or credit overflow.
+    pub const FLOW_CONTROL: ErrorCode = ErrorCode(11);
+    /// Split message chunks that do not add up to `total_len`.
+    pub const MESSAGE_LENGTH_MISMATCH: ErrorCode = ErrorCode(12);
+    /// Handshake or idle timeout.
+    pub const TIMEOUT: ErrorCode = ErrorCode(13);
+    /// The sender failed on its own account.
+    pub const INTERNAL_ERROR: ErrorCode = ErrorCode(14);
 
-    /// The code for a wire value; unknown values map to [`ErrorCode::InternalError`].
-    ///
-    /// ```
-    /// use topspin_proto::ErrorCode;
-    /// assert_eq!(ErrorCode::from_u16(8), ErrorCode::UnknownCall);
-    /// assert_eq!(ErrorCode::from_u16(999), ErrorCode::InternalError);
-    /// ```
+    /// The code for a wire value (any value: unknown ones are kept).
     pub fn from_u16(v: u16) -> ErrorCode {
-        ErrorCode::ALL
-            .get(usize::from(v))
-            .copied()
-            .unwrap_or(ErrorCode::InternalError)
+        ErrorCode(v)
     }
 
     /// The wire value.
     pub fn as_u16(self) -> u16 {
-        self as u16
+        self.0
     }
 
-    /// The upper-case name used in the protocol document and the test vectors.
+    /// Whether protocol.md names this code.
+    pub fn is_known(self) -> bool {
+        self.0 <= ErrorCode::INTERNAL_ERROR.0
+    }
+
+    /// The upper-case name used in the protocol document and the test vectors (`"UNKNOWN"`
+    /// for a code it does not name).
     pub fn name(self) -> &'static str {
-        match self {
-            ErrorCode::NoError => "NO_ERROR",
-            ErrorCode::BadPreface => "BAD_PREFACE",
-            ErrorCode::UnsupportedVersion => "UNSUPPORTED_VERSION",
-            ErrorCode::SettingsError => "SETTINGS_ERROR",
-            ErrorCode::FrameTooLarge => "FRAME_TOO_LARGE",
-            ErrorCode::UnknownFrameType => "UNKNOWN_FRAME_TYPE",
-            ErrorCode::MalformedFrame => "MALFORMED_FRAME",
-            ErrorCode::IllegalFrame => "ILLEGAL_FRAME",
-            ErrorCode::UnknownCall => "UNKNOWN_CALL",
-            ErrorCode::DuplicateCall => "DUPLICATE_CALL",
-            ErrorCode::MethodIdError => "METHOD_ID_ERROR",
-            ErrorCode::FlowControl => "FLOW_CONTROL",
-            ErrorCode::MessageLengthMismatch => "MESSAGE_LENGTH_MISMATCH",
-            ErrorCode::Timeout => "TIMEOUT",
-            ErrorCode::InternalError => "INTERNAL_ERROR",
+        match self.0 {
+            0 => "NO_ERROR",
+            1 => "BAD_PREFACE",
+            2 => "UNSUPPORTED_VERSION",
+            3 => "SETTINGS_ERROR",
+            4 => "FRAME_TOO_LARGE",
+            5 => "UNKNOWN_FRAME_TYPE",
+            6 => "MALFORMED_FRAME",
+            7 => "ILLEGAL_FRAME",
+            8 => "UNKNOWN_CALL",
+            9 => "DUPLICATE_CALL",
+            10 => "METHOD_ID_ERROR",
+            11 => "FLOW_CONTROL",
+            12 => "MESSAGE_LENGTH_MISMATCH",
+            13 => "TIMEOUT",
+            14 => "INTERNAL_ERROR",
+            _ => "UNKNOWN",
         }
     }
 
     /// The code with this name, if any.
     pub fn from_name(name: &str) -> Option<ErrorCode> {
-        ErrorCode::ALL.iter().copied().find(|c| c.name() == name)
+        (0..=ErrorCode::INTERNAL_ERROR.0)
+            .map(ErrorCode)
+            .find(|c| c.name() == name)
     }
 }
 
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        if self.is_known() {
+            f.write_str(self.name())
+        } else {
+            write!(f, "UNKNOWN_ERROR_CODE({})", self.0)
+        }
+    }
+}
+
+impl fmt::Debug for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 
@@ -114,7 +117,7 @@ impl fmt::Display for ErrorCode {
 ///
 /// ```
 /// use topspin_proto::{ErrorCode, ProtocolError};
-/// let e = ProtocolError::new(ErrorCode::FrameTooLarge, "frame of 5 bytes");
+/// let e = ProtocolError::new(ErrorCode::FRAME_TOO_LARGE, "frame of 5 bytes");
 /// assert_eq!(e.to_string(), "FRAME_TOO_LARGE: frame of 5 bytes");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -136,7 +139,7 @@ impl ProtocolError {
     }
 
     pub(crate) fn malformed(reason: impl Into<Cow<'static, str>>) -> ProtocolError {
-        ProtocolError::new(ErrorCode::MalformedFrame, reason)
+        ProtocolError::new(ErrorCode::MALFORMED_FRAME, reason)
     }
 }
 
@@ -146,10 +149,16 @@ mod tests {
 
     #[test]
     fn codes_round_trip() {
-        for (i, c) in ErrorCode::ALL.iter().enumerate() {
-            assert_eq!(c.as_u16() as usize, i);
-            assert_eq!(ErrorCode::from_u16(i as u16), *c);
-            assert_eq!(ErrorCode::from_name(c.name()), Some(*c));
+        for v in 0..=14u16 {
+            let c = ErrorCode::from_u16(v);
+            assert!(c.is_known());
+            assert_eq!(c.as_u16(), v);
+            assert_eq!(ErrorCode::from_name(c.name()), Some(c));
         }
+        // A newer peer's code is kept, not folded into INTERNAL_ERROR.
+        let newer = ErrorCode::from_u16(15);
+        assert_ne!(newer, ErrorCode::INTERNAL_ERROR);
+        assert_eq!(newer.as_u16(), 15);
+        assert_eq!(ErrorCode::from_name("UNKNOWN"), None);
     }
 }

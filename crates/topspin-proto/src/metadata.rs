@@ -9,6 +9,7 @@ const EMPTY: &[u8] = &[0, 0];
 
 /// Why a key or value cannot be metadata.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InvalidMetadata {
     /// Key empty, longer than 255 bytes, or with a byte outside `0-9 a-z - _ .`.
     #[error("invalid metadata key {0:?}: keys are 1..=255 bytes of 0-9 a-z - _ . (lower case)")]
@@ -325,7 +326,7 @@ mod tests {
             b"\x01\x00\x00\x00\x00",
         ] {
             let e = Metadata::decode(&Bytes::copy_from_slice(bad)).unwrap_err();
-            assert_eq!(e.code, crate::ErrorCode::MalformedFrame, "{bad:?}");
+            assert_eq!(e.code, crate::ErrorCode::MALFORMED_FRAME, "{bad:?}");
         }
         let (md, n) = Metadata::decode(&Bytes::from_static(b"\x00\x00rest")).unwrap();
         assert!(md.is_empty());

@@ -21,7 +21,7 @@ pub const PREFACE: [u8; PREFACE_LEN] = [b'T', b'O', b'P', b'S', b'P', b'I', b'N'
 pub fn check(b: &[u8; PREFACE_LEN]) -> Result<(), ProtocolError> {
     if &b[..7] != MAGIC {
         return Err(ProtocolError::new(
-            ErrorCode::BadPreface,
+            ErrorCode::BAD_PREFACE,
             format!(
                 "connection does not start with the topspin preface (got {:02x?}); is the peer speaking another protocol?",
                 &b[..]
@@ -30,7 +30,7 @@ pub fn check(b: &[u8; PREFACE_LEN]) -> Result<(), ProtocolError> {
     }
     if b[7] != VERSION {
         return Err(ProtocolError::new(
-            ErrorCode::UnsupportedVersion,
+            ErrorCode::UNSUPPORTED_VERSION,
             format!(
                 "peer speaks topspin protocol version {}, this side speaks version {VERSION}",
                 b[7]

@@ -102,7 +102,7 @@ impl Settings {
     pub fn validate(&self) -> Result<(), ProtocolError> {
         if !(MIN_MAX_FRAME_SIZE..=MAX_WINDOW).contains(&self.max_frame_size) {
             return Err(ProtocolError::new(
-                ErrorCode::SettingsError,
+                ErrorCode::SETTINGS_ERROR,
                 format!(
                     "MAX_FRAME_SIZE {} is outside {MIN_MAX_FRAME_SIZE}..={MAX_WINDOW}",
                     self.max_frame_size
@@ -111,7 +111,7 @@ impl Settings {
         }
         if self.max_concurrent_calls > MAX_WINDOW {
             return Err(ProtocolError::new(
-                ErrorCode::SettingsError,
+                ErrorCode::SETTINGS_ERROR,
                 format!(
                     "MAX_CONCURRENT_CALLS {} is above {MAX_WINDOW}",
                     self.max_concurrent_calls
@@ -120,7 +120,7 @@ impl Settings {
         }
         if self.initial_call_window > MAX_WINDOW {
             return Err(ProtocolError::new(
-                ErrorCode::SettingsError,
+                ErrorCode::SETTINGS_ERROR,
                 format!(
                     "INITIAL_CALL_WINDOW {} is above {MAX_WINDOW}",
                     self.initial_call_window
@@ -201,10 +201,10 @@ mod tests {
         b.put_u16_le(SETTING_MAX_FRAME_SIZE);
         b.put_u32_le(100);
         let e = Settings::decode_payload(&b).unwrap_err();
-        assert_eq!(e.code, ErrorCode::SettingsError);
+        assert_eq!(e.code, ErrorCode::SETTINGS_ERROR);
         assert_eq!(
             Settings::decode_payload(&[1, 0, 0]).unwrap_err().code,
-            ErrorCode::MalformedFrame
+            ErrorCode::MALFORMED_FRAME
         );
     }
 }

@@ -461,7 +461,7 @@ fn go_away_lets_calls_in_flight_finish_and_refuses_later_ones() {
     let b = start(&mut p, "/g.G/M");
     p.drive();
     p.take_server();
-    p.server.go_away(ErrorCode::NoError, "restarting");
+    p.server.go_away(ErrorCode::NO_ERROR, "restarting");
     // A call the client starts before it hears of the go-away.
     let late = start(&mut p, "/g.G/M");
     p.client
@@ -701,7 +701,6 @@ fn raw(len: u32, ty: u8, flags: u8, id: u32, payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn every_protocol_error_closes_the_connection_with_its_code() {
-    use ErrorCode::*;
     let call_named = |id: u32, mid: u16| {
         let mut pl = Vec::new();
         pl.extend_from_slice(&mid.to_le_bytes());
@@ -713,40 +712,68 @@ fn every_protocol_error_closes_the_connection_with_its_code() {
         raw(pl.len() as u32, 0x02, 1, id, &pl)
     };
     let cases: Vec<(Dir, Vec<u8>, ErrorCode)> = vec![
-        (Dir::ToServer, raw(0, 0x01, 0, 0, &[]), SettingsError),
-        (Dir::ToServer, raw(u32::MAX, 0x03, 0, 1, &[]), FrameTooLarge),
-        (Dir::ToServer, raw(0, 0x0d, 0, 0, &[]), UnknownFrameType),
+        (
+            Dir::ToServer,
+            raw(0, 0x01, 0, 0, &[]),
+            ErrorCode::SETTINGS_ERROR,
+        ),
+        (
+            Dir::ToServer,
+            raw(u32::MAX, 0x03, 0, 1, &[]),
+            ErrorCode::FRAME_TOO_LARGE,
+        ),
+        (
+            Dir::ToServer,
+            raw(0, 0x0d, 0, 0, &[]),
+            ErrorCode::UNKNOWN_FRAME_TYPE,
+        ),
         (
             Dir::ToServer,
             raw(3, 0x09, 0, 1, &[1, 0, 0]),
-            MalformedFrame,
+            ErrorCode::MALFORMED_FRAME,
         ),
-        (Dir::ToServer, raw(6, 0x07, 0, 1, &[0; 6]), IllegalFrame),
-        (Dir::ToClient, call_named(5, 0), IllegalFrame),
-        (Dir::ToClient, raw(0, 0x03, 1, 1, &[]), IllegalFrame),
-        (Dir::ToServer, raw(0, 0x03, 0, 99, &[]), UnknownCall),
-        (Dir::ToClient, raw(0, 0x03, 0, 99, &[]), UnknownCall),
-        (Dir::ToServer, call_named(1, 0), DuplicateCall),
-        (Dir::ToServer, call_named(9, 1), MethodIdError), // id 1 already bound to /p.P/Open
+        (
+            Dir::ToServer,
+            raw(6, 0x07, 0, 1, &[0; 6]),
+            ErrorCode::ILLEGAL_FRAME,
+        ),
+        (Dir::ToClient, call_named(5, 0), ErrorCode::ILLEGAL_FRAME),
+        (
+            Dir::ToClient,
+            raw(0, 0x03, 1, 1, &[]),
+            ErrorCode::ILLEGAL_FRAME,
+        ),
+        (
+            Dir::ToServer,
+            raw(0, 0x03, 0, 99, &[]),
+            ErrorCode::UNKNOWN_CALL,
+        ),
+        (
+            Dir::ToClient,
+            raw(0, 0x03, 0, 99, &[]),
+            ErrorCode::UNKNOWN_CALL,
+        ),
+        (Dir::ToServer, call_named(1, 0), ErrorCode::DUPLICATE_CALL),
+        (Dir::ToServer, call_named(9, 1), ErrorCode::METHOD_ID_ERROR), // id 1 already bound to /p.P/Open
         (
             Dir::ToServer,
             raw(4, 0x09, 0, 1, &0x7fff_ffffu32.to_le_bytes()),
-            FlowControl,
+            ErrorCode::FLOW_CONTROL,
         ),
         (
             Dir::ToServer,
             raw(0, 0x04, 0, 1, &[]),
-            MessageLengthMismatch,
+            ErrorCode::MESSAGE_LENGTH_MISMATCH,
         ),
         (
             Dir::ToServer,
             raw(6, 0x03, 2, 1, &[2, 0, 0, 0, 1, 2]),
-            MessageLengthMismatch,
+            ErrorCode::MESSAGE_LENGTH_MISMATCH,
         ),
         (
             Dir::ToClient,
             raw(6, 0x0c, 0, 0, &[13, 0, 2, 0, b'h', b'i']),
-            Timeout,
+            ErrorCode::TIMEOUT,
         ),
     ];
     for (dir, bytes, want) in cases {
@@ -759,11 +786,11 @@ fn handshake_errors() {
     use topspin_proto::{Connection, Side};
     let now = std::time::Instant::now();
     for (bytes, want) in [
-        (&b"GET / HTTP/1.1\r\n"[..], ErrorCode::BadPreface),
-        (&b"TOPSPIN\x02"[..], ErrorCode::UnsupportedVersion),
+        (&b"GET / HTTP/1.1\r\n"[..], ErrorCode::BAD_PREFACE),
+        (&b"TOPSPIN\x02"[..], ErrorCode::UNSUPPORTED_VERSION),
         (
             &b"TOPSPIN\x01\x08\x00\x00\x00\x0a\x00\x00\x00\x00\x00\x00\x0012345678"[..],
-            ErrorCode::SettingsError,
+            ErrorCode::SETTINGS_ERROR,
         ),
     ] {
         let mut s = Connection::new(Side::Server, Settings::default());
@@ -791,7 +818,7 @@ fn flow_control_violation_by_a_sender_without_credit() {
     let frame = raw(200, 0x03, 0, id.0, &[0; 200]);
     p.inject(Dir::ToClient, &frame).unwrap();
     let err = p.inject(Dir::ToClient, &frame).unwrap_err();
-    assert_eq!(err.code, ErrorCode::FlowControl);
+    assert_eq!(err.code, ErrorCode::FLOW_CONTROL);
 }
 
 /// Regression: with the smallest legal `max_frame_size` and a `max_metadata_size` as large, a

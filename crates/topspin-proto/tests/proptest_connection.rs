@@ -742,10 +742,10 @@ impl Harness {
             }
             Cmd::GoAway { client } => {
                 if *client {
-                    self.client.go_away(ErrorCode::NoError, "client leaving");
+                    self.client.go_away(ErrorCode::NO_ERROR, "client leaving");
                     self.go_away_sent[0] = true;
                 } else {
-                    self.server.go_away(ErrorCode::NoError, "server draining");
+                    self.server.go_away(ErrorCode::NO_ERROR, "server draining");
                     self.go_away_sent[1] = true;
                 }
             }

@@ -377,7 +377,7 @@ proptest! {
             prop_assert!(f.frame_type().name() != "UNKNOWN");
         }
         if let Err(e) = result {
-            prop_assert!(e.code != ErrorCode::NoError, "{e}");
+            prop_assert!(e.code != ErrorCode::NO_ERROR, "{e}");
             prop_assert!(!e.reason.is_empty());
         }
     }
@@ -420,9 +420,9 @@ proptest! {
         b.put_u8(ty);
         b.put_bytes(0, 7);
         let dec = FrameDecoder::new(max);
-        prop_assert_eq!(dec.bytes_needed(&b).unwrap_err().code, ErrorCode::FrameTooLarge);
+        prop_assert_eq!(dec.bytes_needed(&b).unwrap_err().code, ErrorCode::FRAME_TOO_LARGE);
         let e = FrameDecoder::new(max).decode(&mut b).unwrap_err();
-        prop_assert_eq!(e.code, ErrorCode::FrameTooLarge);
+        prop_assert_eq!(e.code, ErrorCode::FRAME_TOO_LARGE);
     }
 }
 
@@ -435,7 +435,7 @@ fn unknown_mandatory_types_are_refused() {
         b.put_bytes(0, 3);
         b.put_u32_le(1);
         let e = FrameDecoder::new(MAX_FRAME).decode(&mut b).unwrap_err();
-        assert_eq!(e.code, ErrorCode::UnknownFrameType, "type 0x{ty:02x}");
+        assert_eq!(e.code, ErrorCode::UNKNOWN_FRAME_TYPE, "type 0x{ty:02x}");
         assert_eq!(FrameType(ty).name(), "UNKNOWN");
     }
 }

@@ -221,7 +221,21 @@ fn status_code(v: &Value, key: &str) -> Result<Code, String> {
     Code::from_name(name).ok_or_else(|| format!("unknown status code name {name:?}"))
 }
 
+/// An error code as the vectors write it: its name, or its number if protocol.md names none.
+fn error_json(code: ErrorCode) -> Value {
+    if code.is_known() {
+        json!(code.name())
+    } else {
+        json!(code.as_u16())
+    }
+}
+
 fn error_code(v: &Value, key: &str) -> Result<ErrorCode, String> {
+    if let Some(n) = v.get(key).and_then(Value::as_u64) {
+        return u16::try_from(n)
+            .map(ErrorCode::from_u16)
+            .map_err(|_| format!("error code {n} out of range"));
+    }
     let name = text(v, key)?;
     ErrorCode::from_name(name).ok_or_else(|| format!("unknown error code name {name:?}"))
 }
@@ -348,8 +362,10 @@ fn frame_to_json(flags: u8, f: &Frame) -> Value {
             last_call_id,
             code,
             reason,
-        } => json!({"last_call_id": last_call_id.0, "code": code.name(), "reason": &**reason}),
-        Frame::Error { code, reason } => json!({"code": code.name(), "reason": &**reason}),
+        } => {
+            json!({"last_call_id": last_call_id.0, "code": error_json(*code), "reason": &**reason})
+        }
+        Frame::Error { code, reason } => json!({"code": error_json(*code), "reason": &**reason}),
         Frame::Extension { ty, payload, .. } => {
             json!({"ext_type": ty, "payload_hex": hex::encode(payload)})
         }
@@ -647,6 +663,7 @@ impl Session {
             Event::Closed { error } => {
                 json!({"type": "Closed", "error": error.as_ref().map(|e| e.code.name())})
             }
+            other => json!({"type": format!("{other:?}")}),
         }
     }
 

@@ -52,7 +52,7 @@ async fn garbage_bytes_get_bad_preface() {
         .await
         .unwrap();
     let (code, reason) = server_error(&mut sock).await.unwrap();
-    assert_eq!(code, ErrorCode::BadPreface);
+    assert_eq!(code, ErrorCode::BAD_PREFACE);
     assert!(reason.contains("preface"), "{reason}");
     assert_still_serving(&server).await;
     server.stop().await;
@@ -66,7 +66,7 @@ async fn a_four_gigabyte_length_prefix_is_refused_without_allocating() {
     bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x03, 0, 0, 0, 1, 0, 0, 0]);
     sock.write_all(&bytes).await.unwrap();
     let (code, reason) = server_error(&mut sock).await.unwrap();
-    assert_eq!(code, ErrorCode::FrameTooLarge);
+    assert_eq!(code, ErrorCode::FRAME_TOO_LARGE);
     assert!(reason.contains("MAX_FRAME_SIZE"), "{reason}");
     assert_still_serving(&server).await;
     server.stop().await;
@@ -95,7 +95,7 @@ async fn half_a_frame_and_a_stall_is_disconnected_after_frame_timeout() {
     bytes.extend_from_slice(&[0, 0, 1, 0, 0x03, 0, 0, 0, 1, 0, 0, 0, 1, 2, 3]); // 64 KiB promised
     sock.write_all(&bytes).await.unwrap();
     let (code, reason) = server_error(&mut sock).await.unwrap();
-    assert_eq!(code, ErrorCode::Timeout);
+    assert_eq!(code, ErrorCode::TIMEOUT);
     assert!(reason.contains("frame_timeout"), "{reason}");
     assert_still_serving(&server).await;
     server.stop().await;
@@ -107,7 +107,7 @@ async fn a_silent_peer_is_disconnected_after_handshake_timeout() {
     let server = serve(builder(Probe::default()).config(config), Transport::Tcp).await;
     let mut sock = TcpStream::connect(tcp_addr(&server)).await.unwrap();
     let (code, _) = server_error(&mut sock).await.unwrap();
-    assert_eq!(code, ErrorCode::Timeout);
+    assert_eq!(code, ErrorCode::TIMEOUT);
     server.stop().await;
 }
 

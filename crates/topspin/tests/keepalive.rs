@@ -38,7 +38,7 @@ async fn a_peer_that_never_answers_pings_is_disconnected() {
     }
     assert!(pings >= 1);
     let (code, reason) = error.expect("ERROR frame");
-    assert_eq!(code, ErrorCode::Timeout);
+    assert_eq!(code, ErrorCode::TIMEOUT);
     assert!(reason.contains("PING"), "{reason}");
     server.stop().await;
 }

@@ -67,7 +67,7 @@ impl CallState {
 /// The error for state the engine checked a moment before and then did not find (a bug, never
 /// the peer's doing): the connection closes with `INTERNAL_ERROR` rather than panicking.
 pub(crate) fn state_lost(id: u32) -> ProtocolError {
-    ProtocolError::new(ErrorCode::InternalError, format!("call {id} state lost"))
+    ProtocolError::new(ErrorCode::INTERNAL_ERROR, format!("call {id} state lost"))
 }
 
 /// The open calls by id, and their deadlines.

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 /// Something that happened on the connection, in the order it happened.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Event {
     /// The peer's SETTINGS arrived: calls may start.
     Established,
@@ -95,6 +96,7 @@ pub enum Event {
 
 /// Why a command was refused. The connection itself is unaffected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CallError {
     /// The handshake has not completed: wait for [`Event::Established`].
     #[error("the connection handshake has not completed yet")]

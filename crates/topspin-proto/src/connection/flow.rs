@@ -39,7 +39,7 @@ impl Connection {
         let call = self.calls.open(id)?;
         if call.recv_window <= 0 {
             let e = ProtocolError::new(
-                ErrorCode::FlowControl,
+                ErrorCode::FLOW_CONTROL,
                 format!(
                     "message frame on call {id} sent without credit (the sender's credit is {})",
                     call.recv_window

@@ -28,7 +28,7 @@ impl Connection {
     pub(super) fn on_first_frame(&mut self, frame: Frame) -> Result<(), ProtocolError> {
         let Frame::Settings(s) = frame else {
             let e = ProtocolError::new(
-                ErrorCode::SettingsError,
+                ErrorCode::SETTINGS_ERROR,
                 format!(
                     "the first frame after the preface must be SETTINGS, got {}",
                     frame.frame_type().name()

@@ -249,7 +249,7 @@ impl Connection {
     pub fn handle_input(&mut self, src: &mut BytesMut, now: Instant) -> Result<(), ProtocolError> {
         if let Some(err) = &self.closed {
             return Err(err.clone().unwrap_or_else(|| {
-                ProtocolError::new(ErrorCode::NoError, "the connection is closed")
+                ProtocolError::new(ErrorCode::NO_ERROR, "the connection is closed")
             }));
         }
         if !self.on_preface(src)? {
@@ -324,7 +324,7 @@ impl Connection {
     }
 
     fn illegal(&mut self, reason: String) -> Result<(), ProtocolError> {
-        Err(self.fail(ProtocolError::new(ErrorCode::IllegalFrame, reason), true))
+        Err(self.fail(ProtocolError::new(ErrorCode::ILLEGAL_FRAME, reason), true))
     }
 
     /// The largest metadata block (for END: status size) this side may send the peer in a frame

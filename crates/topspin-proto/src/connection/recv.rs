@@ -23,7 +23,7 @@ impl Connection {
         self.check_sender(frame.frame_type())?;
         match frame {
             Frame::Settings(_) => {
-                let e = ProtocolError::new(ErrorCode::SettingsError, "SETTINGS sent twice");
+                let e = ProtocolError::new(ErrorCode::SETTINGS_ERROR, "SETTINGS sent twice");
                 Err(self.fail(e, true))
             }
             Frame::Ping { ack: false, data } => {
@@ -105,7 +105,7 @@ impl Connection {
         let id = c.call_id.0;
         if id <= self.highest {
             let e = ProtocolError::new(
-                ErrorCode::DuplicateCall,
+                ErrorCode::DUPLICATE_CALL,
                 format!(
                     "CALL with call id {id} is not above the highest call id so far ({})",
                     self.highest
@@ -173,7 +173,7 @@ impl Connection {
                 }
                 if let Some(old) = &self.methods_in[slot] {
                     let e = ProtocolError::new(
-                        ErrorCode::MethodIdError,
+                        ErrorCode::METHOD_ID_ERROR,
                         format!("method id {mid} is already bound to {:?}", &**old),
                     );
                     return Err(self.fail(e, true));
@@ -190,7 +190,7 @@ impl Connection {
                     Some(name) => Ok(name),
                     None => {
                         let e = ProtocolError::new(
-                            ErrorCode::MethodIdError,
+                            ErrorCode::METHOD_ID_ERROR,
                             format!("method id {mid} was never bound on this connection"),
                         );
                         Err(self.fail(e, true))
@@ -199,7 +199,7 @@ impl Connection {
             }
             (_, mid) => {
                 let e = ProtocolError::new(
-                    ErrorCode::MethodIdError,
+                    ErrorCode::METHOD_ID_ERROR,
                     format!("method id {mid} without a name is out of range 1..={MAX_METHOD_ID}"),
                 );
                 Err(self.fail(e, true))
@@ -216,7 +216,7 @@ impl Connection {
                 return Ok(()); // crossed an END or CANCEL on the wire (protocol.md §6)
             }
             let e = ProtocolError::new(
-                ErrorCode::UnknownCall,
+                ErrorCode::UNKNOWN_CALL,
                 format!(
                     "{} frame for call id {id}, which was never opened (highest so far: {})",
                     frame.frame_type().name(),
@@ -255,7 +255,7 @@ impl Connection {
         }
         if call.assembling.is_some() {
             let e = ProtocolError::new(
-                ErrorCode::MessageLengthMismatch,
+                ErrorCode::MESSAGE_LENGTH_MISMATCH,
                 format!("MESSAGE on call {id} while a split message is incomplete"),
             );
             return Err(self.fail(e, true));
@@ -291,7 +291,7 @@ impl Connection {
             }
             Some(_) if m.chunk.len() >= total => {
                 let e = ProtocolError::new(
-                    ErrorCode::MessageLengthMismatch,
+                    ErrorCode::MESSAGE_LENGTH_MISMATCH,
                     format!(
                         "split MESSAGE on call {id} already holds {} of its {total} bytes; it should not be split",
                         m.chunk.len()
@@ -320,14 +320,14 @@ impl Connection {
         let call = self.calls.open(id)?;
         let Some(asm) = &call.assembling else {
             let e = ProtocolError::new(
-                ErrorCode::MessageLengthMismatch,
+                ErrorCode::MESSAGE_LENGTH_MISMATCH,
                 format!("CONTINUATION on call {id} with no split message open"),
             );
             return Err(self.fail(e, true));
         };
         if asm.buf.len() + chunk.len() > asm.total {
             let e = ProtocolError::new(
-                ErrorCode::MessageLengthMismatch,
+                ErrorCode::MESSAGE_LENGTH_MISMATCH,
                 format!(
                     "CONTINUATION on call {id} goes past the declared total of {} bytes ({} + {})",
                     asm.total,
@@ -393,7 +393,7 @@ impl Connection {
         }
         if call.assembling.is_some() {
             let e = ProtocolError::new(
-                ErrorCode::MessageLengthMismatch,
+                ErrorCode::MESSAGE_LENGTH_MISMATCH,
                 format!("HALF_CLOSE on call {id} in the middle of a split message"),
             );
             return Err(self.fail(e, true));
@@ -448,7 +448,7 @@ impl Connection {
         let credit = call.send_credit + i64::from(increment);
         if credit > i64::from(MAX_WINDOW) {
             let e = ProtocolError::new(
-                ErrorCode::FlowControl,
+                ErrorCode::FLOW_CONTROL,
                 format!("CREDIT of {increment} on call {id} raises its credit to {credit}, above 2147483647"),
             );
             return Err(self.fail(e, true));

@@ -46,7 +46,7 @@ impl FrameDecoder {
         let header = Header::parse(h);
         if header.length > self.max_frame_size {
             return Err(ProtocolError::new(
-                ErrorCode::FrameTooLarge,
+                ErrorCode::FRAME_TOO_LARGE,
                 format!(
                     "frame of type 0x{:02x} declares a {}-byte payload, above this side's MAX_FRAME_SIZE of {}",
                     header.ty, header.length, self.max_frame_size

@@ -245,7 +245,7 @@ impl Frame {
         );
         if (0x01..=0x0C).contains(&ty.0) && connection_frame != (call_id == CallId::CONNECTION) {
             return Err(ProtocolError::new(
-                ErrorCode::IllegalFrame,
+                ErrorCode::ILLEGAL_FRAME,
                 if connection_frame {
                     format!("{} frame must use call id 0, got {}", ty.name(), call_id.0)
                 } else {
@@ -282,7 +282,7 @@ impl Frame {
                 payload,
             }),
             FrameType(t) => Err(ProtocolError::new(
-                ErrorCode::UnknownFrameType,
+                ErrorCode::UNKNOWN_FRAME_TYPE,
                 format!("unknown frame type 0x{t:02x} (types 0x0d..=0x7f must be understood; 0x80..=0xff may be skipped)"),
             )),
         }

@@ -102,11 +102,11 @@ fn connection_frames() {
     assert_eq!(w[5], FLAG_ACK);
     round_trip(Frame::GoAway {
         last_call_id: CallId(41),
-        code: ErrorCode::NoError,
+        code: ErrorCode::NO_ERROR,
         reason: ByteString::from_static("server shutting down"),
     });
     round_trip(Frame::Error {
-        code: ErrorCode::FlowControl,
+        code: ErrorCode::FLOW_CONTROL,
         reason: ByteString::from_static("no credit"),
     });
     round_trip(Frame::Extension {
@@ -142,44 +142,44 @@ fn partial_input_waits_and_reports_bytes_needed() {
 fn errors_are_specific() {
     // 4 GB length prefix: refused from the header alone.
     let e = decode_err(&[0xff, 0xff, 0xff, 0xff, 0x03, 0, 0, 0, 1, 0, 0, 0]);
-    assert_eq!(e.code, ErrorCode::FrameTooLarge);
+    assert_eq!(e.code, ErrorCode::FRAME_TOO_LARGE);
     assert!(e.reason.contains("MAX_FRAME_SIZE"), "{e}");
     // Unknown strict type.
     assert_eq!(
         decode_err(&[0, 0, 0, 0, 0x0d, 0, 0, 0, 0, 0, 0, 0]).code,
-        ErrorCode::UnknownFrameType
+        ErrorCode::UNKNOWN_FRAME_TYPE
     );
     assert_eq!(
         decode_err(&[0, 0, 0, 0, 0x00, 0, 0, 0, 0, 0, 0, 0]).code,
-        ErrorCode::UnknownFrameType
+        ErrorCode::UNKNOWN_FRAME_TYPE
     );
     // Connection frame on a call, call frame on the connection.
     assert_eq!(
         decode_err(&[8, 0, 0, 0, 0x0a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).code,
-        ErrorCode::IllegalFrame
+        ErrorCode::ILLEGAL_FRAME
     );
     assert_eq!(
         decode_err(&[0, 0, 0, 0, 0x06, 0, 0, 0, 0, 0, 0, 0]).code,
-        ErrorCode::IllegalFrame
+        ErrorCode::ILLEGAL_FRAME
     );
     // Wrong fixed sizes.
     assert_eq!(
         decode_err(&[1, 0, 0, 0, 0x06, 0, 0, 0, 1, 0, 0, 0, 0]).code,
-        ErrorCode::MalformedFrame
+        ErrorCode::MALFORMED_FRAME
     );
     assert_eq!(
         decode_err(&[4, 0, 0, 0, 0x09, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]).code,
-        ErrorCode::MalformedFrame
+        ErrorCode::MALFORMED_FRAME
     );
     // Truncated CALL.
     assert_eq!(
         decode_err(&[3, 0, 0, 0, 0x02, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0]).code,
-        ErrorCode::MalformedFrame
+        ErrorCode::MALFORMED_FRAME
     );
     // END with trailing garbage.
     assert_eq!(
         decode_err(&[7, 0, 0, 0, 0x07, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]).code,
-        ErrorCode::MalformedFrame
+        ErrorCode::MALFORMED_FRAME
     );
 }
 
@@ -221,7 +221,7 @@ fn long_multibyte_texts_are_clipped_at_a_character_boundary() {
     }
     let go_away = Frame::GoAway {
         last_call_id: CallId(3),
-        code: ErrorCode::NoError,
+        code: ErrorCode::NO_ERROR,
         reason: ByteString::from(long.clone()),
     };
     match encode_decode(&go_away) {
@@ -229,7 +229,7 @@ fn long_multibyte_texts_are_clipped_at_a_character_boundary() {
         other => panic!("{other:?}"),
     }
     let error = Frame::Error {
-        code: ErrorCode::InternalError,
+        code: ErrorCode::INTERNAL_ERROR,
         reason: ByteString::from(long),
     };
     match encode_decode(&error) {

@@ -370,7 +370,7 @@ impl Role for ClientRole {
 impl ClientRole {
     fn handshake_failure(&self, why: &str) -> Status {
         let reason = match &self.close_error {
-            Some(e) if e.code == ErrorCode::Timeout => {
+            Some(e) if e.code == ErrorCode::TIMEOUT => {
                 format!("{} (is it a topspin server?)", e.reason)
             }
             Some(e) => format!("the server does not speak the topspin protocol ({e})"),

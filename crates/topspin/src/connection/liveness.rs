@@ -61,7 +61,7 @@ impl Liveness {
         conn: &mut Connection,
         idle: bool,
     ) -> Lapse {
-        let timeout = |what: String| ProtocolError::new(topspin_proto::ErrorCode::Timeout, what);
+        let timeout = |what: String| ProtocolError::new(topspin_proto::ErrorCode::TIMEOUT, what);
         if io
             .partial_since
             .is_some_and(|since| now >= since + config.frame_timeout())
@@ -90,7 +90,7 @@ impl Liveness {
         }
         if let (Some(limit), true) = (config.idle_timeout(), idle) {
             if now >= io.last_read + limit && !conn.is_going_away() {
-                conn.go_away(topspin_proto::ErrorCode::NoError, "idle timeout");
+                conn.go_away(topspin_proto::ErrorCode::NO_ERROR, "idle timeout");
                 return Lapse::Idle;
             }
         }

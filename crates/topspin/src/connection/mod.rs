@@ -192,7 +192,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             Ok(true) => {}
             Ok(false) => self.conn.handle_eof(),
             Err(ReadError::Io(e)) => self.conn.close(ProtocolError::new(
-                ErrorCode::InternalError,
+                ErrorCode::INTERNAL_ERROR,
                 format!("read failed: {e}"),
             )),
             // The engine queued ERROR and ended the calls.
@@ -221,7 +221,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
         self.conn.handle_timeout(now);
         if !self.conn.is_established() && now >= self.started + self.config.handshake_timeout() {
             self.conn.close(ProtocolError::new(
-                ErrorCode::Timeout,
+                ErrorCode::TIMEOUT,
                 format!(
                     "no topspin handshake within {:?} (handshake_timeout)",
                     self.config.handshake_timeout()

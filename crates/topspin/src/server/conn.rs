@@ -106,7 +106,7 @@ impl Role for ServerRole {
     ) -> Poll<()> {
         if self.go_away_pending {
             self.go_away_pending = false;
-            conn.go_away(ErrorCode::NoError, "server shutting down");
+            conn.go_away(ErrorCode::NO_ERROR, "server shutting down");
             return Poll::Ready(());
         }
         // While the client does not read what it was sent, handlers get no turn and their
@@ -134,7 +134,7 @@ impl Role for ServerRole {
         }
         if self.grace_deadline.is_none() && self.shutdown_signal.as_mut().poll(cx).is_ready() {
             self.grace_deadline = Some(self.shutdown.deadline().unwrap_or_else(Instant::now));
-            conn.go_away(ErrorCode::NoError, "server shutting down");
+            conn.go_away(ErrorCode::NO_ERROR, "server shutting down");
             return Poll::Ready(());
         }
         Poll::Pending

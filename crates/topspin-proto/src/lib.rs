@@ -25,4 +25,4 @@ pub use error::{ErrorCode, ProtocolError};
 pub use frame::CallId;
 pub use metadata::{is_binary_key, is_valid_key, InvalidMetadata, Metadata, MetadataBuilder};
 pub use settings::{Settings, MAX_WINDOW, MIN_MAX_FRAME_SIZE};
-pub use status::{Code, Status};
+pub use status::{Code, Status, DETAILS_KEY};

@@ -1,5 +1,7 @@
-//! Call status: the 17 gRPC status codes and a [`Status`] (code + message).
+//! Call status: the 17 gRPC status codes and [`Status`] (code, message, details, trailers).
 
+use crate::metadata::Metadata;
+use bytes::Bytes;
 use bytestring::ByteString;
 use std::fmt;
 
@@ -119,18 +121,35 @@ impl fmt::Display for Code {
     }
 }
 
-/// A status: a [`Code`] and a message for people.
+/// Trailer key that carries a status's binary details (for example an encoded
+/// `google.rpc.Status`).
+pub const DETAILS_KEY: &str = "topspin-status-details-bin";
+
+/// How a call ends: a [`Code`], a message for people, optional binary details and trailing
+/// metadata. One type for the engine, the runtime and the applications: a received status's
+/// message is a slice of the receive buffer, never copied.
 ///
 /// ```
 /// use topspin_proto::{Code, Status};
-/// let s = Status::new(Code::NotFound, "no such key: 'apple'");
+/// let s = Status::not_found("no such key: 'apple'");
 /// assert_eq!(s.code(), Code::NotFound);
 /// assert_eq!(s.to_string(), "NOT_FOUND: no such key: 'apple'");
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Status {
     code: Code,
     message: ByteString,
+    details: Bytes,
+    metadata: Metadata,
+}
+
+macro_rules! ctor {
+    ($($name:ident => $code:ident),* $(,)?) => {$(
+        #[doc = concat!("A `", stringify!($code), "` status.")]
+        pub fn $name(message: impl Into<ByteString>) -> Status {
+            Status::new(Code::$code, message)
+        }
+    )*};
 }
 
 impl Status {
@@ -139,15 +158,36 @@ impl Status {
         Status {
             code,
             message: message.into(),
+            details: Bytes::new(),
+            metadata: Metadata::new(),
         }
     }
 
     /// `OK` with an empty message (allocates nothing).
     pub fn ok() -> Status {
-        Status {
-            code: Code::Ok,
-            message: ByteString::new(),
-        }
+        Status::new(Code::Ok, ByteString::new())
+    }
+
+    ctor! {
+        cancelled => Cancelled, unknown => Unknown, invalid_argument => InvalidArgument,
+        deadline_exceeded => DeadlineExceeded, not_found => NotFound,
+        already_exists => AlreadyExists, permission_denied => PermissionDenied,
+        resource_exhausted => ResourceExhausted, failed_precondition => FailedPrecondition,
+        aborted => Aborted, out_of_range => OutOfRange, unimplemented => Unimplemented,
+        internal => Internal, unavailable => Unavailable, data_loss => DataLoss,
+        unauthenticated => Unauthenticated,
+    }
+
+    /// Adds binary details.
+    pub fn with_details(mut self, details: impl Into<Bytes>) -> Status {
+        self.details = details.into();
+        self
+    }
+
+    /// Adds trailing metadata.
+    pub fn with_metadata(mut self, metadata: Metadata) -> Status {
+        self.metadata = metadata;
+        self
     }
 
     /// The code.
@@ -165,9 +205,78 @@ impl Status {
         &self.message
     }
 
+    /// Binary details (empty if none).
+    pub fn details(&self) -> &Bytes {
+        &self.details
+    }
+
+    /// Trailing metadata that came with the status.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
     /// Whether the code is `OK`.
     pub fn is_ok(&self) -> bool {
         self.code == Code::Ok
+    }
+
+    /// A status as received in an END: the trailers become its metadata and the details come
+    /// from their [`DETAILS_KEY`] entry.
+    ///
+    /// ```
+    /// use topspin_proto::{Code, Metadata, Status, DETAILS_KEY};
+    /// let sent = Status::aborted("conflict").with_details(vec![1, 2, 3]);
+    /// let back = Status::from_wire(Status::new(Code::Aborted, "conflict"), sent.wire_trailers());
+    /// assert_eq!(back.details().as_ref(), &[1, 2, 3]);
+    /// ```
+    pub fn from_wire(status: Status, trailers: Metadata) -> Status {
+        let details = trailers
+            .get(DETAILS_KEY)
+            .map(Bytes::copy_from_slice)
+            .unwrap_or_default();
+        Status {
+            details,
+            metadata: trailers,
+            ..status
+        }
+    }
+
+    /// The trailers to send with this status: its metadata plus the details entry (details
+    /// over 64 KiB, which a metadata value cannot hold, are left out).
+    pub fn wire_trailers(&self) -> Metadata {
+        if self.details.is_empty() {
+            return self.metadata.clone();
+        }
+        let mut b = Metadata::builder();
+        for (k, v) in self.metadata.iter() {
+            if k != DETAILS_KEY {
+                // Entries of a valid Metadata are valid; should one not be, keep the trailers
+                // whole and drop the details rather than lose entries.
+                match b.entry(k, v) {
+                    Ok(next) => b = next,
+                    Err(_) => return self.metadata.clone(),
+                }
+            }
+        }
+        match b.binary(DETAILS_KEY, &self.details) {
+            Ok(b) => b.build(),
+            Err(_) => self.metadata.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Status");
+        d.field("code", &self.code)
+            .field("message", &&*self.message);
+        if !self.details.is_empty() {
+            d.field("details", &self.details);
+        }
+        if !self.metadata.is_empty() {
+            d.field("metadata", &self.metadata);
+        }
+        d.finish()
     }
 }
 
@@ -183,6 +292,12 @@ impl fmt::Display for Status {
 
 impl std::error::Error for Status {}
 
+impl From<std::io::Error> for Status {
+    fn from(e: std::io::Error) -> Status {
+        Status::unavailable(format!("I/O error: {e}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +312,22 @@ mod tests {
         assert_eq!(Code::from_u16(17), Code::Unknown);
         assert_eq!(Code::from_u16(u16::MAX), Code::Unknown);
         assert_eq!(Code::from_name("NOPE"), None);
+    }
+
+    #[test]
+    fn details_travel_in_trailers() {
+        let md = Metadata::builder()
+            .text("retry-after", "3")
+            .unwrap()
+            .build();
+        let s = Status::aborted("conflict")
+            .with_details(Bytes::from_static(&[1, 2, 3]))
+            .with_metadata(md);
+        let t = s.wire_trailers();
+        assert_eq!(t.get(DETAILS_KEY), Some(&[1u8, 2, 3][..]));
+        let back = Status::from_wire(Status::new(Code::Aborted, "conflict"), t);
+        assert_eq!(back.details(), &Bytes::from_static(&[1, 2, 3]));
+        assert_eq!(back.metadata().get_str("retry-after"), Some("3"));
     }
 
     #[test]

@@ -616,18 +616,12 @@ impl ClientRole {
         }
     }
 
-    fn on_ended(
-        &mut self,
-        id: CallId,
-        status: topspin_proto::Status,
-        trailers: Metadata,
-        conn: &mut Connection,
-    ) {
+    fn on_ended(&mut self, id: CallId, status: Status, trailers: Metadata, conn: &mut Connection) {
         let Some(mut call) = self.finish(id.0, conn) else {
             return;
         };
         if let Some((_, ack)) = call.blocked.take().map(|b| *b) {
-            let _ = ack.send(Err(Status::from_wire(status.clone(), Metadata::new())));
+            let _ = ack.send(Err(status.clone()));
         }
         let Some(sink) = call.sink.take() else {
             return;

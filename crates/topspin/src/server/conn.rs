@@ -270,7 +270,7 @@ impl ServerRole {
         }
     }
 
-    fn on_cancelled(&mut self, id: u32, status: topspin_proto::Status) {
+    fn on_cancelled(&mut self, id: u32, status: Status) {
         if let Some(Call::Running {
             cancel,
             inbound,
@@ -279,12 +279,11 @@ impl ServerRole {
         }) = self.calls.remove(&id)
         {
             cancel.cancel();
-            let st = Status::new(status.code(), status.message().to_owned());
             if let Some(tx) = inbound {
-                let _ = tx.send(Item::End(Err(st.clone())));
+                let _ = tx.send(Item::End(Err(status.clone())));
             }
             if let Some((_, ack)) = blocked.map(|b| *b) {
-                let _ = ack.send(Err(st));
+                let _ = ack.send(Err(status));
             }
         }
     }
@@ -444,8 +443,7 @@ impl ServerRole {
     /// Ends a call with a status (waiting for a message still being sent, if any). Also used
     /// to refuse a call that never got state here (unknown method, wrong codec).
     fn end(&mut self, id: u32, status: Status, trailers: Metadata, conn: &mut Connection) {
-        let st = topspin_proto::Status::new(status.code(), status.message().to_owned());
-        match conn.end_call(CallId(id), &st, &trailers) {
+        match conn.end_call(CallId(id), &status, &trailers) {
             Ok(()) => {}
             Err(CallError::WouldBlock) => {
                 if let Some(Call::Running { end, .. }) = self.calls.get_mut(&id) {

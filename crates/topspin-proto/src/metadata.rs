@@ -65,7 +65,7 @@ impl Default for Metadata {
 
 impl Metadata {
     /// No entries; does not allocate.
-    pub fn new() -> Metadata {
+    pub const fn new() -> Metadata {
         Metadata {
             raw: Bytes::from_static(EMPTY),
         }

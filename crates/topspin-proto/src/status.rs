@@ -139,9 +139,19 @@ pub const DETAILS_KEY: &str = "topspin-status-details-bin";
 pub struct Status {
     code: Code,
     message: ByteString,
+    /// Details and trailers, out of line: most statuses have neither, and a small status is
+    /// cheap to move through the engine's event queue.
+    extra: Option<Box<Extra>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Extra {
     details: Bytes,
     metadata: Metadata,
 }
+
+static NO_DETAILS: Bytes = Bytes::new();
+static NO_METADATA: Metadata = Metadata::new();
 
 macro_rules! ctor {
     ($($name:ident => $code:ident),* $(,)?) => {$(
@@ -158,8 +168,7 @@ impl Status {
         Status {
             code,
             message: message.into(),
-            details: Bytes::new(),
-            metadata: Metadata::new(),
+            extra: None,
         }
     }
 
@@ -180,13 +189,13 @@ impl Status {
 
     /// Adds binary details.
     pub fn with_details(mut self, details: impl Into<Bytes>) -> Status {
-        self.details = details.into();
+        self.extra.get_or_insert_default().details = details.into();
         self
     }
 
     /// Adds trailing metadata.
     pub fn with_metadata(mut self, metadata: Metadata) -> Status {
-        self.metadata = metadata;
+        self.extra.get_or_insert_default().metadata = metadata;
         self
     }
 
@@ -207,12 +216,12 @@ impl Status {
 
     /// Binary details (empty if none).
     pub fn details(&self) -> &Bytes {
-        &self.details
+        self.extra.as_ref().map_or(&NO_DETAILS, |e| &e.details)
     }
 
     /// Trailing metadata that came with the status.
     pub fn metadata(&self) -> &Metadata {
-        &self.metadata
+        self.extra.as_ref().map_or(&NO_METADATA, |e| &e.metadata)
     }
 
     /// Whether the code is `OK`.
@@ -230,13 +239,18 @@ impl Status {
     /// assert_eq!(back.details().as_ref(), &[1, 2, 3]);
     /// ```
     pub fn from_wire(status: Status, trailers: Metadata) -> Status {
+        if trailers.is_empty() {
+            return status;
+        }
         let details = trailers
             .get(DETAILS_KEY)
             .map(Bytes::copy_from_slice)
             .unwrap_or_default();
         Status {
-            details,
-            metadata: trailers,
+            extra: Some(Box::new(Extra {
+                details,
+                metadata: trailers,
+            })),
             ..status
         }
     }
@@ -244,23 +258,24 @@ impl Status {
     /// The trailers to send with this status: its metadata plus the details entry (details
     /// over 64 KiB, which a metadata value cannot hold, are left out).
     pub fn wire_trailers(&self) -> Metadata {
-        if self.details.is_empty() {
-            return self.metadata.clone();
+        let (details, metadata) = (self.details(), self.metadata());
+        if details.is_empty() {
+            return metadata.clone();
         }
         let mut b = Metadata::builder();
-        for (k, v) in self.metadata.iter() {
+        for (k, v) in metadata.iter() {
             if k != DETAILS_KEY {
                 // Entries of a valid Metadata are valid; should one not be, keep the trailers
                 // whole and drop the details rather than lose entries.
                 match b.entry(k, v) {
                     Ok(next) => b = next,
-                    Err(_) => return self.metadata.clone(),
+                    Err(_) => return metadata.clone(),
                 }
             }
         }
-        match b.binary(DETAILS_KEY, &self.details) {
+        match b.binary(DETAILS_KEY, details) {
             Ok(b) => b.build(),
-            Err(_) => self.metadata.clone(),
+            Err(_) => metadata.clone(),
         }
     }
 }
@@ -270,11 +285,11 @@ impl fmt::Debug for Status {
         let mut d = f.debug_struct("Status");
         d.field("code", &self.code)
             .field("message", &&*self.message);
-        if !self.details.is_empty() {
-            d.field("details", &self.details);
+        if !self.details().is_empty() {
+            d.field("details", self.details());
         }
-        if !self.metadata.is_empty() {
-            d.field("metadata", &self.metadata);
+        if !self.metadata().is_empty() {
+            d.field("metadata", self.metadata());
         }
         d.finish()
     }

@@ -66,6 +66,7 @@ impl CallState {
 
 /// The error for state the engine checked a moment before and then did not find (a bug, never
 /// the peer's doing): the connection closes with `INTERNAL_ERROR` rather than panicking.
+#[cold]
 pub(crate) fn state_lost(id: u32) -> ProtocolError {
     ProtocolError::new(ErrorCode::INTERNAL_ERROR, format!("call {id} state lost"))
 }
@@ -84,28 +85,34 @@ pub(crate) struct Calls {
 }
 
 impl Calls {
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
+    #[inline]
     pub(crate) fn contains(&self, id: u32) -> bool {
         self.map.contains_key(&id)
     }
 
+    #[inline]
     pub(crate) fn get(&self, id: u32) -> Option<&CallState> {
         self.map.get(&id)
     }
 
+    #[inline]
     pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut CallState> {
         self.map.get_mut(&id)
     }
 
     /// A call the caller knows is open (it checked): its state, or an internal error should
     /// the store disagree.
+    #[inline]
     pub(crate) fn open(&mut self, id: u32) -> Result<&mut CallState, ProtocolError> {
         self.map.get_mut(&id).ok_or_else(|| state_lost(id))
     }

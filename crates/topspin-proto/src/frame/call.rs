@@ -65,6 +65,7 @@ pub fn encode_call(
     metadata.encode(dst);
 }
 
+#[inline]
 pub(super) fn decode(header: &Header, payload: Bytes) -> Result<Frame, ProtocolError> {
     at_least(&payload, CALL_FIXED_LEN, FrameType::CALL)?;
     let method_id = u16_at(&payload, 0);

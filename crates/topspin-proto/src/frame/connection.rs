@@ -66,6 +66,7 @@ pub fn encode_error(dst: &mut impl BufMut, code: ErrorCode, reason: &str, max_pa
     put_clipped(dst, reason);
 }
 
+#[inline]
 pub(super) fn decode_ping(header: &Header, payload: &Bytes) -> Result<Frame, ProtocolError> {
     exact_len(payload, 8, FrameType::PING)?;
     let mut data = [0u8; 8];
@@ -76,6 +77,7 @@ pub(super) fn decode_ping(header: &Header, payload: &Bytes) -> Result<Frame, Pro
     })
 }
 
+#[inline]
 pub(super) fn decode_go_away(payload: &Bytes) -> Result<Frame, ProtocolError> {
     at_least(payload, GOAWAY_FIXED_LEN, FrameType::GOAWAY)?;
     let last_call_id = CallId(u32_at(payload, 0));
@@ -89,6 +91,7 @@ pub(super) fn decode_go_away(payload: &Bytes) -> Result<Frame, ProtocolError> {
     })
 }
 
+#[inline]
 pub(super) fn decode_error(payload: &Bytes) -> Result<Frame, ProtocolError> {
     at_least(payload, ERROR_FIXED_LEN, FrameType::ERROR)?;
     let code = ErrorCode::from_u16(u16_at(payload, 0));

@@ -28,6 +28,7 @@ pub fn encode_credit(dst: &mut impl BufMut, call_id: CallId, increment: u32) {
     dst.put_u32_le(increment);
 }
 
+#[inline]
 pub(super) fn decode_half_close(header: &Header, payload: &Bytes) -> Result<Frame, ProtocolError> {
     exact_len(payload, 0, FrameType::HALF_CLOSE)?;
     Ok(Frame::HalfClose {
@@ -35,6 +36,7 @@ pub(super) fn decode_half_close(header: &Header, payload: &Bytes) -> Result<Fram
     })
 }
 
+#[inline]
 pub(super) fn decode_cancel(header: &Header, payload: &Bytes) -> Result<Frame, ProtocolError> {
     exact_len(payload, 2, FrameType::CANCEL)?;
     Ok(Frame::Cancel {
@@ -43,6 +45,7 @@ pub(super) fn decode_cancel(header: &Header, payload: &Bytes) -> Result<Frame, P
     })
 }
 
+#[inline]
 pub(super) fn decode_credit(header: &Header, payload: &Bytes) -> Result<Frame, ProtocolError> {
     exact_len(payload, 4, FrameType::CREDIT)?;
     let increment = u32_at(payload, 0);

@@ -44,6 +44,7 @@ pub fn encode_continuation_head(dst: &mut impl BufMut, call_id: CallId, chunk_le
     head(dst, chunk_len, FrameType::CONTINUATION, 0, call_id);
 }
 
+#[inline]
 pub(super) fn decode_message(header: &Header, payload: Bytes) -> Result<Frame, ProtocolError> {
     let end_stream = header.flags & FLAG_END_STREAM != 0;
     if header.flags & FLAG_SPLIT == 0 {
@@ -67,6 +68,7 @@ pub(super) fn decode_message(header: &Header, payload: Bytes) -> Result<Frame, P
     }))
 }
 
+#[inline]
 pub(super) fn decode_continuation(header: &Header, payload: Bytes) -> Frame {
     Frame::Continuation {
         call_id: header.call_id,

@@ -53,6 +53,7 @@ pub fn encode_end(
     trailers.encode(dst);
 }
 
+#[inline]
 pub(super) fn decode_headers(header: &Header, payload: Bytes) -> Result<Frame, ProtocolError> {
     let (metadata, used) = Metadata::decode(&payload)?;
     no_trailing(&payload, used, FrameType::HEADERS)?;
@@ -62,6 +63,7 @@ pub(super) fn decode_headers(header: &Header, payload: Bytes) -> Result<Frame, P
     })
 }
 
+#[inline]
 pub(super) fn decode_end(header: &Header, payload: Bytes) -> Result<Frame, ProtocolError> {
     at_least(&payload, END_FIXED_LEN, FrameType::END)?;
     let code = Code::from_u16(u16_at(&payload, 0));

@@ -35,20 +35,24 @@ pub(crate) fn put_clipped(dst: &mut impl BufMut, s: &str) {
     dst.put_slice(s.as_bytes());
 }
 
+#[inline]
 pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
+#[inline]
 pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+#[inline]
 fn text(payload: &Bytes, what: &'static str) -> Result<ByteString, ProtocolError> {
     ByteString::try_from(payload.clone())
         .map_err(|_| ProtocolError::malformed(format!("{what} is not valid UTF-8")))
 }
 
 /// A length-prefixed (u16) text at `at`; returns it and the offset after it.
+#[inline]
 pub(crate) fn text_u16(
     payload: &Bytes,
     at: usize,
@@ -71,6 +75,7 @@ pub(crate) fn text_u16(
 }
 
 /// The payload is at least `n` bytes (the fixed part of `ty`).
+#[inline]
 pub(crate) fn at_least(payload: &Bytes, n: usize, ty: FrameType) -> Result<(), ProtocolError> {
     if payload.len() < n {
         return Err(ProtocolError::malformed(format!(
@@ -82,6 +87,7 @@ pub(crate) fn at_least(payload: &Bytes, n: usize, ty: FrameType) -> Result<(), P
     Ok(())
 }
 
+#[inline]
 pub(crate) fn exact_len(payload: &Bytes, n: usize, ty: FrameType) -> Result<(), ProtocolError> {
     if payload.len() != n {
         return Err(ProtocolError::malformed(format!(
@@ -93,6 +99,7 @@ pub(crate) fn exact_len(payload: &Bytes, n: usize, ty: FrameType) -> Result<(), 
     Ok(())
 }
 
+#[inline]
 pub(crate) fn no_trailing(
     payload: &Bytes,
     used: usize,

@@ -63,6 +63,9 @@ impl<T: Transport> Io<T> {
         cx: &mut Context<'_>,
         conn: &mut Connection,
     ) -> Poll<io::Result<()>> {
+        if conn.transmit_len() == 0 && self.wq.is_empty() {
+            return Poll::Ready(Ok(())); // the common idle turn: nothing to write
+        }
         while let Some(b) = conn.poll_transmit() {
             if !b.is_empty() {
                 self.queued += b.len();

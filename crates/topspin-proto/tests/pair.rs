@@ -59,7 +59,7 @@ fn unary_call_with_headers_trailers_and_interning() {
     p.drive();
     let ev = p.take_server();
     assert!(
-        matches!(&ev[0], Event::CallStarted { id: i, method, codec: 0, deadline: None, metadata }
+        matches!(&ev[0], Event::CallStarted { id: i, method, codec: 0, deadline: None, metadata, .. }
         if *i == id && &**method == "/kv.Store/Get" && metadata.get_str("user") == Some("ann"))
     );
     assert!(matches!(&ev[1], Event::Message { message, .. } if &message[..] == b"key"));

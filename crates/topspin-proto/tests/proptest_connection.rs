@@ -491,6 +491,7 @@ impl Harness {
                 codec,
                 deadline,
                 metadata,
+                ..
             } => {
                 let c = self
                     .ccalls

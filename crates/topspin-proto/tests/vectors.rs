@@ -616,6 +616,7 @@ impl Session {
                 codec,
                 deadline,
                 metadata,
+                ..
             } => json!({
                 "type": "CallStarted",
                 "call_id": id.0,

@@ -20,6 +20,10 @@ pub enum Event {
         id: CallId,
         /// Full method name, e.g. `/echo.Echo/Say`.
         method: ByteString,
+        /// The id the client interned the method under on this connection (1 ..= 1023), or 0:
+        /// the same id names the same method for the connection's lifetime, so an owner can
+        /// cache its lookup by id instead of hashing the name on every call.
+        method_id: u16,
         /// Payload codec of the call's messages.
         codec: u8,
         /// When the call's deadline passes, if it has one.

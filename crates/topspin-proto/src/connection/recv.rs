@@ -150,6 +150,11 @@ impl Connection {
         self.events.push_back(Event::CallStarted {
             id: c.call_id,
             method,
+            method_id: if c.method_id <= MAX_METHOD_ID {
+                c.method_id
+            } else {
+                0
+            },
             codec: c.codec,
             deadline,
             metadata: c.metadata,

@@ -2,7 +2,7 @@
 //! them itself, so a call is answered without a hand-off to another thread. The connection loop
 //! is `crate::connection`'s.
 
-use super::handler::{BoxFut, CallIo, Input, Outcome, Running, SCmd, ServerCredit};
+use super::handler::{BoxFut, CallIo, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit};
 use super::Registry;
 use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
 use crate::request::{Cancellation, ServerContext};
@@ -66,6 +66,7 @@ pub(crate) async fn serve<T: Transport>(
         grace_deadline: None,
         cancel_pool: Vec::new(),
         fut_pool: Vec::new(),
+        by_id: Vec::new(),
         go_away_pending: false,
     };
     // A shutdown that began before this connection was accepted applies at once.
@@ -93,6 +94,8 @@ pub(crate) struct ServerRole {
     cancel_pool: Vec<Cancellation>,
     /// Boxes of finished handler futures, reused.
     fut_pool: Vec<BoxFut>,
+    /// Handlers by the method ids the client interned on this connection.
+    by_id: Vec<Option<HandlerRef>>,
 }
 
 impl Role for ServerRole {
@@ -142,13 +145,7 @@ impl Role for ServerRole {
 
     fn on_event(&mut self, event: Event, conn: &mut Connection) {
         match event {
-            Event::CallStarted {
-                id,
-                method,
-                codec,
-                deadline,
-                metadata,
-            } => self.on_call(id.0, method, codec, deadline, metadata, conn),
+            started @ Event::CallStarted { .. } => self.on_call(started, conn),
             Event::Message {
                 id,
                 message,
@@ -288,16 +285,36 @@ impl ServerRole {
         }
     }
 
-    fn on_call(
-        &mut self,
-        id: u32,
-        method: bytestring::ByteString,
-        codec: u8,
-        deadline: Option<Instant>,
-        metadata: Metadata,
-        conn: &mut Connection,
-    ) {
-        let Some(handler) = self.registry.get(&method) else {
+    /// The handler of a method, looked up by the id the client interned it under when it has
+    /// one (a vector index), by name otherwise.
+    fn handler(&mut self, method: &str, method_id: u16) -> Option<HandlerRef> {
+        let slot = usize::from(method_id);
+        if let Some(Some(h)) = self.by_id.get(slot) {
+            return Some(h.clone());
+        }
+        let h = self.registry.get(method)?;
+        if method_id != 0 {
+            if self.by_id.len() <= slot {
+                self.by_id.resize(slot + 1, None);
+            }
+            self.by_id[slot] = Some(h.clone());
+        }
+        Some(h)
+    }
+
+    fn on_call(&mut self, started: Event, conn: &mut Connection) {
+        let Event::CallStarted {
+            id: CallId(id),
+            method,
+            method_id,
+            codec,
+            deadline,
+            metadata,
+        } = started
+        else {
+            return;
+        };
+        let Some(handler) = self.handler(&method, method_id) else {
             let st = Status::unimplemented(format!(
                 "method {} is not implemented by this server",
                 &*method

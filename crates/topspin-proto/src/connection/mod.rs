@@ -336,6 +336,15 @@ impl Connection {
         (self.peer.max_metadata_size as usize).min(frame_room)
     }
 
+    /// A new call's state: the peer's window to send into, ours to receive with.
+    fn new_call(&self, deadline: Option<Instant>) -> calls::CallState {
+        calls::CallState::new(
+            self.peer.initial_call_window,
+            self.local.initial_call_window,
+            deadline,
+        )
+    }
+
     fn check_open(&self) -> Result<(), CallError> {
         if self.closed.is_some() {
             return Err(CallError::Closed);

@@ -1,7 +1,7 @@
 //! What a connection does with each received frame (protocol.md §5, §6, §8): one function per
 //! frame type, after the dispatch.
 
-use super::calls::{state_lost, Assembly, CallState};
+use super::calls::{state_lost, Assembly};
 use super::{Connection, Event, Handshake, Side};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::frame::{
@@ -139,14 +139,7 @@ impl Connection {
         let deadline = (c.timeout_us > 0)
             .then(|| now.checked_add(Duration::from_micros(c.timeout_us)))
             .flatten();
-        self.calls.insert(
-            id,
-            CallState::new(
-                self.peer.initial_call_window,
-                self.local.initial_call_window,
-                deadline,
-            ),
-        );
+        self.calls.insert(id, self.new_call(deadline));
         self.events.push_back(Event::CallStarted {
             id: c.call_id,
             method,

@@ -1,7 +1,7 @@
 //! Sending (protocol.md §5, §7.2): starting calls, messages (split when larger than the peer's
 //! frames, resumed as credit arrives), half-closing, cancelling, response headers and ends.
 
-use super::calls::{CallState, PendingSend};
+use super::calls::PendingSend;
 use super::{CallError, Connection, Event, Side};
 use crate::frame::{
     self, call_len, clip, CallId, END_FIXED_LEN, HEADER_LEN, MAX_METHOD_ID, MAX_METHOD_NAME_LEN,
@@ -76,14 +76,7 @@ impl Connection {
             metadata,
         );
         let deadline = timeout.and_then(|t| now.checked_add(t));
-        self.calls.insert(
-            id,
-            CallState::new(
-                self.peer.initial_call_window,
-                self.local.initial_call_window,
-                deadline,
-            ),
-        );
+        self.calls.insert(id, self.new_call(deadline));
         Ok(CallId(id))
     }
 

@@ -240,14 +240,9 @@ pub(crate) struct ClientRole {
 impl Role for ClientRole {
     const SIDE: Side = Side::Client;
 
-    fn poll_work(
-        &mut self,
-        cx: &mut Context<'_>,
-        conn: &mut Connection,
-        backlogged: bool,
-    ) -> Poll<()> {
+    fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, full: bool) -> Poll<()> {
         // While the server does not take what was sent, callers wait (the queue is bounded).
-        if backlogged || !self.handles_open {
+        if full || !self.handles_open {
             return Poll::Pending;
         }
         match self.rx.poll_recv(cx) {

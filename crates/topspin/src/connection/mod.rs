@@ -32,7 +32,7 @@ pub(crate) trait Role: Send + 'static {
     const SIDE: Side;
 
     /// Polls the role's own sources (commands from callers or handlers, running handlers, a
-    /// shutdown signal) and applies what arrives to the engine. While `backlogged` (more unsent
+    /// shutdown signal) and applies what arrives to the engine. While `full` (more unsent
     /// bytes than `Config::max_send_buffer`) it takes no new work. `Ready` if anything happened.
     fn poll_work(
         &mut self,

@@ -101,12 +101,7 @@ pub(crate) struct ServerRole {
 impl Role for ServerRole {
     const SIDE: Side = Side::Server;
 
-    fn poll_work(
-        &mut self,
-        cx: &mut Context<'_>,
-        conn: &mut Connection,
-        backlogged: bool,
-    ) -> Poll<()> {
+    fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, full: bool) -> Poll<()> {
         if self.go_away_pending {
             self.go_away_pending = false;
             conn.go_away(ErrorCode::NO_ERROR, "server shutting down");
@@ -114,7 +109,7 @@ impl Role for ServerRole {
         }
         // While the client does not read what it was sent, handlers get no turn and their
         // output waits in the (bounded) queue.
-        if !backlogged {
+        if !full {
             if !self.handlers.is_empty() {
                 if let Poll::Ready(Some((id, outcome, fut))) = self.handlers.poll_next_unpin(cx) {
                     self.recycle(fut);

@@ -34,12 +34,7 @@ pub(crate) trait Role: Send + 'static {
     /// Polls the role's own sources (commands from callers or handlers, running handlers, a
     /// shutdown signal) and applies what arrives to the engine. While `full` (more unsent
     /// bytes than `Config::max_send_buffer`) it takes no new work. `Ready` if anything happened.
-    fn poll_work(
-        &mut self,
-        cx: &mut Context<'_>,
-        conn: &mut Connection,
-        backlogged: bool,
-    ) -> Poll<()>;
+    fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, full: bool) -> Poll<()>;
 
     /// One event of the engine (`Pong` is the loop's own).
     fn on_event(&mut self, event: Event, conn: &mut Connection);
@@ -163,10 +158,10 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// progress (the loop comes back for the others); `false` when none is ready and every
     /// one has registered the task's waker.
     fn poll_sources(&mut self, cx: &mut Context<'_>) -> bool {
-        let backlogged = self.io.unsent(&self.conn) > self.config.max_send_buffer();
+        let full = self.io.unsent(&self.conn) > self.config.max_send_buffer();
         // A server stops reading while the peer does not take what it is sent: a client that
         // never reads cannot make it queue more. A client keeps reading (its server drains it).
-        if !(backlogged && R::SIDE == Side::Server) {
+        if !(full && R::SIDE == Side::Server) {
             if let Poll::Ready(r) = self.io.poll_read(cx, &mut self.conn) {
                 self.on_read(r);
                 return true;

@@ -167,11 +167,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
                 return true;
             }
         }
-        if self
-            .role
-            .poll_work(cx, &mut self.conn, backlogged)
-            .is_ready()
-        {
+        if self.role.poll_work(cx, &mut self.conn, full).is_ready() {
             return true;
         }
         if self.armed.is_some() && self.sleep.poll(cx).is_ready() {

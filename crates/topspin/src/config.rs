@@ -92,15 +92,16 @@ impl Config {
     field! {
         /// Bytes a connection may have produced and not yet handed to the transport (default
         /// 4 MiB; a single larger message still goes, as one unit). Past it a server stops
-        /// reading from that connection and its handlers' sends wait, and a client's callers
-        /// wait for room to start calls or send messages — until the peer reads. This bounds
-        /// what a peer that never reads can make this side hold.
+        /// reading from that connection and its handlers' sends wait; a client keeps new calls
+        /// waiting (at most `max_pending_calls`, their deadlines running) and holds stream
+        /// messages — until the peer reads. This bounds what a peer that never reads can make
+        /// this side hold.
         max_send_buffer, with_max_send_buffer: usize
     }
     field! {
         /// Client: calls kept waiting on one connection because the server's
-        /// `max_concurrent_calls` is reached (default 4096); more fail at once with
-        /// `RESOURCE_EXHAUSTED`. A waiting call's deadline keeps running.
+        /// `max_concurrent_calls` is reached or the send buffer is full (default 4096); more
+        /// fail at once with `RESOURCE_EXHAUSTED`. A waiting call's deadline keeps running.
         max_pending_calls, with_max_pending_calls: usize
     }
     field! {

@@ -124,3 +124,71 @@ async fn a_server_stops_taking_calls_from_a_client_that_never_reads() {
     assert_eq!(r.into_inner().len(), 1024 * 1024);
     drop(sock);
 }
+
+/// While a server takes nothing it is sent, a client holds new calls among its bounded pending
+/// ones, their deadlines running, instead of queueing (and encoding) them without end.
+#[tokio::test]
+async fn calls_wait_with_their_deadline_while_the_server_reads_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // A server that completes the handshake and then never reads a byte.
+    let server = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.expect("accept");
+        let mut hello = BytesMut::new();
+        hello.extend_from_slice(&PREFACE);
+        Frame::Settings(Settings::default()).encode(&mut hello);
+        sock.write_all(&hello).await.expect("hello");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        drop(sock);
+    });
+    let ch = Channel::connect(format!("tcp://{addr}"))
+        .await
+        .expect("connect");
+    // 16 MiB of requests: more than the kernel's buffers and the 4 MiB send buffer hold.
+    let big: Vec<_> = (0..16)
+        .map(|_| {
+            let ch = ch.clone();
+            tokio::spawn(async move {
+                ch.unary(RawCodec, "/t.S/M", Bytes::from(vec![0u8; 1 << 20]))
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let small = (0..3000).map(|_| {
+        let ch = ch.clone();
+        async move {
+            ch.unary(
+                RawCodec,
+                "/t.S/M",
+                Request::new(Bytes::from_static(b"x")).with_timeout(Duration::from_millis(300)),
+            )
+            .await
+        }
+    });
+    let t0 = Instant::now();
+    let results = futures_util::future::join_all(small).await;
+    let waited = results
+        .iter()
+        .filter(|r| {
+            r.as_ref().err().is_some_and(|e| {
+                e.code() == Code::DeadlineExceeded && e.message().contains("waited")
+            })
+        })
+        .count();
+    // Every one of them ends within its deadline (plus slack), having waited to be sent.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(
+        waited,
+        results.len(),
+        "{:?}",
+        results.iter().find_map(|r| r.as_ref().err())
+    );
+    for b in big {
+        b.abort();
+    }
+    server.abort();
+}

@@ -205,6 +205,8 @@ pub(crate) async fn start<T: Transport>(
         calls: FxHashMap::default(),
         tokens: FxHashMap::default(),
         waiting: VecDeque::new(),
+        deferred: Vec::new(),
+        held_for_room: false,
         shared: shared.clone(),
         ready: Some(ready_tx),
         close_error: None,
@@ -227,36 +229,55 @@ pub(crate) struct ClientRole {
     handles_open: bool,
     calls: FxHashMap<u32, Call>,
     tokens: FxHashMap<u64, u32>,
-    /// Calls over the server's concurrency limit, started when others end (at most
-    /// `max_pending_calls`).
+    /// Calls waiting to start: over the server's concurrency limit, or while the send buffer
+    /// is full (at most `max_pending_calls`; their deadlines run).
     waiting: VecDeque<Start>,
     shared: Arc<ConnShared>,
     /// Told when the handshake completes or fails.
     ready: Option<oneshot::Sender<Result<(), Status>>>,
     /// Why the engine closed the connection, if it said.
     close_error: Option<topspin_proto::ProtocolError>,
+    /// Stream messages and half-closes held while the send buffer was full (at most one
+    /// message per stream: each request pump waits for its message to be taken).
+    deferred: Vec<Cmd>,
+    /// Something waits for the send buffer to have room.
+    held_for_room: bool,
 }
 
 impl Role for ClientRole {
     const SIDE: Side = Side::Client;
 
     fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, full: bool) -> Poll<()> {
-        // While the server does not take what was sent, callers wait (the queue is bounded).
-        if full || !self.handles_open {
-            return Poll::Pending;
+        let mut progressed = false;
+        if !full && self.held_for_room {
+            // The server has taken what was sent: what waited for room goes now.
+            self.held_for_room = false;
+            for cmd in std::mem::take(&mut self.deferred) {
+                self.apply(cmd, conn);
+            }
+            self.start_waiting(conn);
+            progressed = true;
+        }
+        if !self.handles_open {
+            return if progressed {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            };
         }
         match self.rx.poll_recv(cx) {
+            Poll::Pending if progressed => Poll::Ready(()),
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
                 self.handles_open = false;
                 Poll::Ready(())
             }
             Poll::Ready(Some(cmd)) => {
-                self.apply(cmd, conn);
+                self.take(cmd, conn, full);
                 // Take what else is queued so it all leaves in one write.
                 for _ in 0..COMMANDS_PER_TURN {
                     match self.rx.try_recv() {
-                        Ok(cmd) => self.apply(cmd, conn),
+                        Ok(cmd) => self.take(cmd, conn, full),
                         Err(_) => break,
                     }
                 }
@@ -325,7 +346,7 @@ impl Role for ClientRole {
             self.waiting = kept;
             for s in Vec::from(expired) {
                 s.sink.fail(Status::deadline_exceeded(format!(
-                    "deadline exceeded while {} waited for the server's max_concurrent_calls",
+                    "deadline exceeded while {} waited to be sent (the server's max_concurrent_calls was reached, or it was not reading)",
                     &*s.call.method
                 )));
             }
@@ -355,6 +376,9 @@ impl Role for ClientRole {
         for s in self.waiting.drain(..) {
             s.sink.fail(status.clone());
         }
+        for cmd in self.deferred.drain(..) {
+            cmd.fail(&status);
+        }
         self.rx.close();
         while let Ok(cmd) = self.rx.try_recv() {
             cmd.fail(&status);
@@ -375,6 +399,31 @@ impl ClientRole {
             None => why.to_owned(),
         };
         Status::unavailable(format!("could not connect to {}: {reason}", self.address))
+    }
+
+    /// A command from a caller. While the connection's send buffer is full (the server is not
+    /// taking what it is sent) new calls wait among the parked ones — bounded by
+    /// `max_pending_calls`, their deadlines running — and stream messages wait too (each
+    /// stream has at most one in flight); the rest (cancels, credit) apply at once.
+    fn take(&mut self, cmd: Cmd, conn: &mut Connection, full: bool) {
+        if !full {
+            return self.apply(cmd, conn);
+        }
+        match cmd {
+            Cmd::Start(s) => {
+                self.held_for_room = true;
+                self.park(s);
+            }
+            Cmd::Batch(v) => {
+                self.held_for_room = true;
+                v.into_iter().for_each(|s| self.park(s));
+            }
+            Cmd::Send { .. } | Cmd::HalfClose { .. } => {
+                self.held_for_room = true;
+                self.deferred.push(cmd);
+            }
+            Cmd::Cancel { .. } | Cmd::Credit { .. } => self.apply(cmd, conn),
+        }
     }
 
     fn apply(&mut self, cmd: Cmd, conn: &mut Connection) {
@@ -439,7 +488,7 @@ impl ClientRole {
     fn park(&mut self, s: Start) {
         if self.waiting.len() >= self.max_pending_calls {
             s.sink.fail(Status::resource_exhausted(format!(
-                "{}: {} calls already wait for the server's max_concurrent_calls on this connection (Config::max_pending_calls)",
+                "{}: {} calls already wait to be sent on this connection (Config::max_pending_calls): the server's max_concurrent_calls is reached or it is not reading",
                 &*s.call.method, self.max_pending_calls
             )));
             return;

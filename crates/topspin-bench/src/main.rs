@@ -315,7 +315,7 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
                data; exits non-zero on any failure; asserts no timings (CI)
   --syscalls   syscalls and write syscalls per call (echo 20 B; burst of 8) of every system,
                counted with strace -f -c (needs strace)
-  --callgrind  instructions per call of topspin's echo 20 B and answer (client + server), from
+  --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight) and answer (client + server), from
                two valgrind runs of different lengths (needs valgrind)
   systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift";
 
@@ -533,7 +533,12 @@ fn callgrind(bin_dir: &Path) -> i32 {
     let dir = std::env::temp_dir().join(format!("topspin-callgrind-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let (n1, n2) = (1000u64, 6000u64);
-    for (workload, transport) in [("echo", "tcp"), ("answer", "tcp"), ("echo", "uds")] {
+    for (workload, transport, inflight) in [
+        ("echo", "tcp", 1),
+        ("answer", "tcp", 1),
+        ("echo", "uds", 1),
+        ("echo", "tcp", 64),
+    ] {
         // Three pairs of runs; the median pair is reported (an occasional run takes a different
         // scheduling path under valgrind's serialised threads and lands a few % off).
         let mut per_call = Vec::new();
@@ -541,12 +546,13 @@ fn callgrind(bin_dir: &Path) -> i32 {
         for rep in 0..3 {
             let mut irs = Vec::new();
             for n in [n1, n2] {
-                let out = dir.join(format!("{workload}-{transport}-{n}-{rep}.out"));
+                let out = dir.join(format!("{workload}-{transport}-x{inflight}-{n}-{rep}.out"));
                 let mut c = Command::new("valgrind");
                 c.arg("--tool=callgrind")
                     .arg(format!("--callgrind-out-file={}", out.display()))
                     .arg(&bin)
-                    .args(["--callgrind", &n.to_string(), "--workload", workload]);
+                    .args(["--callgrind", &n.to_string(), "--workload", workload])
+                    .args(["--inflight", &inflight.to_string()]);
                 if transport == "uds" {
                     c.arg("--uds");
                 }
@@ -579,9 +585,14 @@ fn callgrind(bin_dir: &Path) -> i32 {
         let all = per_call.clone();
         per_call.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
         println!(
-            "topspin {workload} {}{transport}: {:.0} instructions per call (client + server; \
+            "topspin {workload} {}{transport}{}: {:.0} instructions per call (client + server; \
              median of 3: {}); profile: {}",
             if workload == "echo" { "20 B " } else { "" },
+            if inflight > 1 {
+                format!(", {inflight} in flight")
+            } else {
+                String::new()
+            },
             per_call[1],
             all.iter()
                 .map(|x| format!("{x:.0}"))

@@ -224,12 +224,26 @@ fn callgrind(rt: &tokio::runtime::Runtime, c: &Client) {
     } else {
         Input::Echo(common::payload(20))
     };
+    // `--inflight K`: K calls at a time (the throughput shape), n in all.
+    let inflight: u32 = std::env::args()
+        .skip_while(|a| a != "--inflight")
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     rt.block_on(async {
         for i in 0..200 {
             c.call(&input, i == 0).await.expect("warm-up call");
         }
-        for _ in 0..n {
-            c.call(&input, false).await.expect("call");
-        }
+        let lanes = (0..inflight).map(|lane| {
+            let input = &input;
+            let calls = n / inflight + u32::from(lane < n % inflight);
+            async move {
+                for _ in 0..calls {
+                    c.call(input, false).await.expect("call");
+                }
+            }
+        });
+        futures_util::future::join_all(lanes).await;
     });
 }

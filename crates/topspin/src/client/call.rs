@@ -10,6 +10,7 @@ use crate::streaming::CreditReturn;
 use crate::{Response, Status};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
+use std::future::Future;
 use std::time::Instant;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
@@ -95,17 +96,89 @@ async fn wait_for_room(h: &ConnHandle, cmd: Cmd, deadline: Option<Instant>) -> R
     sent.map_err(|_| not_sent())
 }
 
+/// What keeps a call from starting at once.
+pub(crate) enum Slow {
+    /// The pooled connection is not up: (re)connect first.
+    Connect {
+        slot: usize,
+        call: CallStart,
+        sink: Sink,
+    },
+    /// The connection's queue is full: wait for room.
+    Room {
+        h: ConnHandle,
+        guard: CallGuard,
+        cmd: Cmd,
+        deadline: Option<Instant>,
+    },
+    Failed(Status),
+}
+
 /// Starts a call on the channel's next connection; returns the connection and the call's guard.
-pub(crate) async fn begin(
+///
+/// The common case — a live connection with room in its queue — happens synchronously when the
+/// call's future is first polled, and the future keeps only a small result; connecting and
+/// waiting for room are rare and run in a boxed future of their own.
+pub(crate) fn begin(
     pool: &Pool,
     call: CallStart,
     sink: Sink,
-) -> Result<(ConnHandle, CallGuard), Status> {
+) -> impl Future<Output = Result<(ConnHandle, CallGuard), Status>> + '_ {
+    let first = begin_now(pool, call, sink);
+    async move {
+        match first {
+            Ok(started) => Ok(started),
+            Err(slow) => Box::pin(begin_later(pool, *slow)).await,
+        }
+    }
+}
+
+fn begin_now(
+    pool: &Pool,
+    call: CallStart,
+    sink: Sink,
+) -> Result<(ConnHandle, CallGuard), Box<Slow>> {
+    let h = match pool.pick_now() {
+        Ok(h) => h,
+        Err(slot) => return Err(Box::new(Slow::Connect { slot, call, sink })),
+    };
+    let mut guard = CallGuard::new(&h, call.token);
     let deadline = call.deadline;
-    let h = pool.pick(deadline).await?;
-    let guard = CallGuard::new(&h, call.token);
-    queue(&h, Cmd::Start(call.into_start(sink)), deadline).await?;
-    Ok((h, guard))
+    match h.tx.try_send(Cmd::Start(call.into_start(sink))) {
+        Ok(()) => Ok((h, guard)),
+        Err(TrySendError::Full(cmd)) => Err(Box::new(Slow::Room {
+            h,
+            guard,
+            cmd,
+            deadline,
+        })),
+        Err(TrySendError::Closed(_)) => {
+            guard.disarm();
+            Err(Box::new(Slow::Failed(not_sent())))
+        }
+    }
+}
+
+async fn begin_later(pool: &Pool, slow: Slow) -> Result<(ConnHandle, CallGuard), Status> {
+    match slow {
+        Slow::Connect { slot, call, sink } => {
+            let deadline = call.deadline;
+            let h = pool.conn_within(slot, deadline).await?;
+            let guard = CallGuard::new(&h, call.token);
+            queue(&h, Cmd::Start(call.into_start(sink)), deadline).await?;
+            Ok((h, guard))
+        }
+        Slow::Room {
+            h,
+            guard,
+            cmd,
+            deadline,
+        } => {
+            wait_for_room(&h, cmd, deadline).await?;
+            Ok((h, guard))
+        }
+        Slow::Failed(status) => Err(status),
+    }
 }
 
 /// Waits for a call's one response and decodes it; the call is no longer cancelled on drop once

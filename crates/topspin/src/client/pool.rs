@@ -145,26 +145,36 @@ impl Pool {
         Ok(())
     }
 
+    /// The next slot (round robin over the pool).
+    fn next_slot(&self) -> usize {
+        let n = self.slots.len();
+        if n == 1 {
+            0
+        } else {
+            self.next.fetch_add(1, Ordering::Relaxed) % n
+        }
+    }
+
+    /// The connection for the next call if it is up, else the slot to connect.
+    pub(crate) fn pick_now(&self) -> Result<ConnHandle, usize> {
+        let slot = self.next_slot();
+        self.cached(slot).ok_or(slot)
+    }
+
     /// The connection for the next call (round robin over the pool), (re)connecting if needed.
     /// Connecting and the handshake count inside the call's deadline: past it the call fails
     /// with `DEADLINE_EXCEEDED` naming what it waited for (the attempt itself goes on, for the
     /// calls after it).
     pub(crate) async fn pick(&self, deadline: Option<Instant>) -> Result<ConnHandle, Status> {
-        let n = self.slots.len();
-        let slot = if n == 1 {
-            0
-        } else {
-            self.next.fetch_add(1, Ordering::Relaxed) % n
-        };
-        if let Some(h) = self.cached(slot) {
-            return Ok(h);
+        match self.pick_now() {
+            Ok(h) => Ok(h),
+            // (Re)connecting is rare and its future is large: boxed, it stays out of every
+            // call's future (which would otherwise be over a kilobyte).
+            Err(slot) => Box::pin(self.conn_within(slot, deadline)).await,
         }
-        // (Re)connecting is rare and its future is large: boxed, it stays out of every call's
-        // future (which would otherwise be over a kilobyte, copied wherever calls are queued).
-        Box::pin(self.conn_within(slot, deadline)).await
     }
 
-    async fn conn_within(
+    pub(crate) async fn conn_within(
         &self,
         slot: usize,
         deadline: Option<Instant>,

@@ -198,6 +198,11 @@ impl Connection {
         self.decoder.bytes_needed(src).unwrap_or(0)
     }
 
+    /// Whether events are waiting for [`Connection::poll_event`].
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The next event, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

@@ -158,6 +158,11 @@ impl<T: Transport> Io<T> {
                         // Drained (a socket's readiness is cleared with it): wait for more.
                         return Poll::Ready(Ok(true));
                     }
+                    if conn.has_events() {
+                        // Let the role act on what came in (and the send-buffer bound apply)
+                        // before taking in more: a turn takes in at most one read of calls.
+                        return Poll::Ready(Ok(true));
+                    }
                 }
                 Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(ReadError::Io(e))),

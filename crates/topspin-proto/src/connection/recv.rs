@@ -298,6 +298,9 @@ impl Connection {
                 return Err(self.fail(e, true));
             }
             Some(_) => {
+                // Bounded by this side's max_message_size (checked above), but reserved before
+                // the bytes arrive: the hostile-peers issue replaces this with a small reserve
+                // that grows as chunks come in.
                 let mut buf = BytesMut::with_capacity(total);
                 buf.extend_from_slice(&m.chunk);
                 call.assembling = Some(Box::new(Assembly {

@@ -1,5 +1,5 @@
 //! An echo server: `cargo run -p topspin --example echo_server -- [ADDRESS]`
-//! (default `tcp://127.0.0.1:50051`; `unix:///tmp/echo.sock` works too). Ctrl-C shuts it down
+//! (default `tcp://127.0.0.1:50051`; `unix:///tmp/echo.sock` works too). Ctrl-C or SIGTERM shuts it down
 //! gracefully.
 
 use bytes::Bytes;
@@ -34,12 +34,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bind(address.as_str())
         .await?;
     println!("echo server listening on {}", server.local_addr());
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
+    let stop = async {
+        topspin::shutdown_signal().await;
         println!("shutting down (in-flight calls get 5 s)");
     };
     server
-        .serve_with_shutdown(ctrl_c, Duration::from_secs(5))
+        .serve_with_shutdown(stop, Duration::from_secs(5))
         .await;
     Ok(())
 }

@@ -50,7 +50,9 @@ pub use address::{Address, AddressError, IntoAddress};
 pub use client::{Channel, Endpoint, MethodName};
 pub use config::Config;
 pub use request::{Cancellation, IntoRequest, Request, Response};
-pub use server::{CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle};
+pub use server::{
+    shutdown_signal, CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle,
+};
 pub use status::{Code, Status, DETAILS_KEY};
 pub use streaming::Streaming;
 pub use topspin_proto::{Metadata, MetadataBuilder};

@@ -207,3 +207,54 @@ fn server_and_client_binaries() {
     assert_eq!(code, Some(1));
     assert!(err.contains("NOT_FOUND"), "{err}");
 }
+
+/// SIGTERM — what process managers, systemd and Kubernetes send — drains the server like
+/// Ctrl-C: a GOAWAY, no new calls, in-flight calls get the grace period, then exit 0. (It used
+/// to kill the process at once.)
+#[test]
+fn sigterm_drains_and_exits_zero() {
+    let mut server = Child(
+        Command::new(env!("CARGO_BIN_EXE_kvstore-server"))
+            .arg("tcp://127.0.0.1:0")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    BufReader::new(server.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let address = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    // A watch stays open: the server must give it the grace period rather than die under it.
+    let mut watch = Child(
+        Command::new(env!("CARGO_BIN_EXE_kvstore-client"))
+            .args([address.as_str(), "watch"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = server.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = server.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the server did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status after SIGTERM: {status:?}");
+    // It drained: the open watch was held for the grace period (5 s), not cut at once.
+    assert!(t0.elapsed() >= Duration::from_secs(4), "{:?}", t0.elapsed());
+    let _ = watch.0.kill();
+}

@@ -313,7 +313,18 @@ impl Server {
         let _ = done.send(true);
     }
 
-    /// Serves until `signal` completes, then shuts down gracefully with `grace`.
+    /// Serves until `signal` completes, then shuts down gracefully with `grace` (a GOAWAY on
+    /// every connection, no new calls, calls in flight get `grace`, then the rest end
+    /// `UNAVAILABLE`). With [`shutdown_signal`] a server drains on Ctrl-C and on SIGTERM.
+    ///
+    /// ```no_run
+    /// # async fn f(server: topspin::Server) {
+    /// use std::time::Duration;
+    /// server
+    ///     .serve_with_shutdown(topspin::shutdown_signal(), Duration::from_secs(5))
+    ///     .await;
+    /// # }
+    /// ```
     pub async fn serve_with_shutdown(self, signal: impl Future<Output = ()>, grace: Duration) {
         let handle = self.shutdown_handle();
         let serve = self.serve();
@@ -323,5 +334,24 @@ impl Server {
             _ = signal => {}
         }
         tokio::join!(serve, handle.shutdown(grace));
+    }
+}
+
+/// Completes when the process is asked to stop: SIGINT (Ctrl-C) or SIGTERM, which process
+/// managers, systemd and Kubernetes send before they kill a process. Give it to
+/// [`Server::serve_with_shutdown`] so that a server drains instead of dying mid-call.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot watch SIGTERM ({e}); shutting down on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! Serves the key-value store (with server reflection) until Ctrl-C.
+//! Serves the key-value store (with server reflection) until Ctrl-C or SIGTERM, then drains:
+//! calls in flight get 5 s.
 //!
 //! Usage: `kvstore-server [ADDRESS]` (default `tcp://127.0.0.1:50051`; port 0 picks one). Prints
 //! `listening on ADDRESS` once it accepts connections.
@@ -23,10 +24,7 @@ async fn main() {
     };
     println!("listening on {}", server.local_addr());
     let _ = std::io::stdout().flush();
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
     server
-        .serve_with_shutdown(ctrl_c, Duration::from_secs(5))
+        .serve_with_shutdown(topspin::shutdown_signal(), Duration::from_secs(5))
         .await;
 }

@@ -3,13 +3,47 @@
 use super::socket::SocketTransport;
 use crate::address::Address;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tokio::net::{TcpListener, UnixListener};
 
 #[derive(Debug)]
 pub(crate) enum Listener {
     Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
+    /// The listener, its path, and the socket file's identity (device, inode) so that only
+    /// this server's own file is removed when it stops.
+    Unix(UnixListener, PathBuf, (u64, u64)),
+}
+
+/// The (device, inode) of the file at `p`.
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Makes way for binding a Unix socket at `p`: a socket file that nothing answers on (left by
+/// a server that died) is removed; one a live server answers on is "address in use" — never
+/// taken over.
+fn clear_stale_socket(p: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(p) else {
+        return Ok(()); // nothing there
+    };
+    if !meta.file_type().is_socket() {
+        return Ok(()); // bind will say what is wrong
+    }
+    match std::os::unix::net::UnixStream::connect(p) {
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("address in use: another server answers on {}", p.display()),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            let _ = std::fs::remove_file(p);
+            Ok(())
+        }
+        Err(_) => Ok(()),
+    }
 }
 
 impl Listener {
@@ -17,14 +51,10 @@ impl Listener {
         match addr {
             Address::Tcp(hp) => Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?)),
             Address::Unix(p) => {
-                // A stale socket file from a previous run would make bind fail.
-                if let Ok(meta) = std::fs::symlink_metadata(p) {
-                    use std::os::unix::fs::FileTypeExt;
-                    if meta.file_type().is_socket() {
-                        let _ = std::fs::remove_file(p);
-                    }
-                }
-                Ok(Listener::Unix(UnixListener::bind(p)?, p.clone()))
+                clear_stale_socket(p)?;
+                let l = UnixListener::bind(p)?;
+                let id = file_id(p).unwrap_or_default();
+                Ok(Listener::Unix(l, p.clone(), id))
             }
         }
     }
@@ -32,22 +62,26 @@ impl Listener {
     pub(crate) fn local_addr(&self) -> io::Result<Address> {
         match self {
             Listener::Tcp(l) => Ok(Address::from(l.local_addr()?)),
-            Listener::Unix(_, p) => Ok(Address::Unix(p.clone())),
+            Listener::Unix(_, p, _) => Ok(Address::Unix(p.clone())),
         }
     }
 
     pub(crate) async fn accept(&self) -> io::Result<SocketTransport> {
         match self {
             Listener::Tcp(l) => SocketTransport::from_tcp(l.accept().await?.0),
-            Listener::Unix(l, _) => SocketTransport::from_unix(l.accept().await?.0),
+            Listener::Unix(l, _, _) => SocketTransport::from_unix(l.accept().await?.0),
         }
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix(_, p) = self {
-            let _ = std::fs::remove_file(p);
+        // Only this server's own socket file: if another server has bound the path since,
+        // the file there is that server's.
+        if let Listener::Unix(_, p, id) = self {
+            if file_id(p) == Some(*id) {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 }

@@ -163,8 +163,8 @@ impl Drop for Child {
     }
 }
 
-#[test]
-fn server_and_client_binaries() {
+/// Starts the server binary on a free port; returns it and its address.
+fn server_binary() -> (Child, String) {
     let mut server = Child(
         Command::new(env!("CARGO_BIN_EXE_kvstore-server"))
             .arg("tcp://127.0.0.1:0")
@@ -182,6 +182,12 @@ fn server_and_client_binaries() {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
+    (server, address)
+}
+
+#[test]
+fn server_and_client_binaries() {
+    let (_server, address) = server_binary();
 
     let client = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_kvstore-client"))
@@ -213,22 +219,7 @@ fn server_and_client_binaries() {
 /// to kill the process at once.)
 #[test]
 fn sigterm_drains_and_exits_zero() {
-    let mut server = Child(
-        Command::new(env!("CARGO_BIN_EXE_kvstore-server"))
-            .arg("tcp://127.0.0.1:0")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    BufReader::new(server.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    let (mut server, address) = server_binary();
     // A watch stays open: the server must give it the grace period rather than die under it.
     let mut watch = Child(
         Command::new(env!("CARGO_BIN_EXE_kvstore-client"))

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, clippy::too_many_lines)]
 
+mod budget;
 pub mod connection;
 mod error;
 pub mod frame;
@@ -20,6 +21,7 @@ pub mod preface;
 pub mod settings;
 mod status;
 
+pub use budget::{MemoryBudget, DEFAULT_MEMORY_BUDGET};
 pub use connection::{CallError, Connection, Event, Side};
 pub use error::{ErrorCode, ProtocolError};
 pub use frame::CallId;

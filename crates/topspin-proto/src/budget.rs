@@ -1,0 +1,104 @@
+//! A shared budget of bytes reserved for data a peer has announced but not yet sent.
+//!
+//! A frame header or a split message's `total_len` is a claim, not a fact: a receiver that
+//! reserved what every peer announced could be made to reserve far more memory than it has
+//! (protocol.md §9). Reservations larger than a small per-message bound are charged to a
+//! [`MemoryBudget`] shared by every connection of a process (or of one server or channel); when
+//! it is spent, receivers fall back to growing their buffers as bytes arrive, refuse new calls
+//! with `RESOURCE_EXHAUSTED` and withhold credit, instead of reserving more.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Default limit of a [`MemoryBudget`]: 1 GiB.
+pub const DEFAULT_MEMORY_BUDGET: usize = 1 << 30;
+
+/// A thread-safe count of reserved bytes with a limit, shared by the connections that charge it.
+///
+/// ```
+/// use topspin_proto::MemoryBudget;
+/// let budget = MemoryBudget::new(100);
+/// assert!(budget.try_reserve(60));
+/// assert!(!budget.try_reserve(60)); // would pass the limit: nothing is taken
+/// budget.release(60);
+/// assert_eq!(budget.used(), 0);
+/// ```
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl MemoryBudget {
+    /// A budget of `limit` bytes, to share with [`Arc::clone`].
+    pub fn new(limit: usize) -> Arc<MemoryBudget> {
+        Arc::new(MemoryBudget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// A budget that never refuses (it still counts).
+    pub fn unlimited() -> Arc<MemoryBudget> {
+        MemoryBudget::new(usize::MAX)
+    }
+
+    /// Takes `n` bytes from the budget if that keeps it within its limit; `false` (and nothing
+    /// taken) otherwise.
+    pub fn try_reserve(&self, n: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|&total| total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `n` bytes taken earlier with [`MemoryBudget::try_reserve`].
+    pub fn release(&self, n: usize) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(n))
+            });
+    }
+
+    /// Bytes reserved now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// The limit this budget was made with.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Whether the budget is spent down to less than `n` bytes of room.
+    pub fn is_short_of(&self, n: usize) -> bool {
+        self.used().saturating_add(n) > self.limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_stay_within_the_limit() {
+        let b = MemoryBudget::new(10);
+        assert!(b.try_reserve(10));
+        assert!(!b.try_reserve(1));
+        assert!(b.is_short_of(1));
+        b.release(4);
+        assert!(b.try_reserve(4));
+        assert!(!b.try_reserve(usize::MAX)); // no overflow
+        b.release(100); // never below zero
+        assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn unlimited_counts_but_never_refuses() {
+        let b = MemoryBudget::unlimited();
+        assert!(b.try_reserve(usize::MAX / 2));
+        assert_eq!(b.used(), usize::MAX / 2);
+    }
+}

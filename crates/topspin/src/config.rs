@@ -1,7 +1,8 @@
 //! Limits and timeouts shared by [`Channel`](crate::Channel) and [`Server`](crate::Server).
 
+use std::sync::Arc;
 use std::time::Duration;
-use topspin_proto::Settings;
+use topspin_proto::{MemoryBudget, Settings};
 
 /// Limits and timeouts of one side of a connection, with documented defaults. Every bound on
 /// what a peer can make this side hold is here.
@@ -29,6 +30,9 @@ pub struct Config {
     idle_timeout: Option<Duration>,
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Duration,
+    memory_budget: Option<Arc<MemoryBudget>>,
+    /// Set by the server (or channel) that uses this config.
+    pub(crate) gauges: Option<crate::Gauges>,
 }
 
 impl Default for Config {
@@ -47,6 +51,8 @@ impl Default for Config {
             idle_timeout: None,
             keepalive_interval: None,
             keepalive_timeout: Duration::from_secs(20),
+            memory_budget: None,
+            gauges: None,
         }
     }
 }
@@ -124,6 +130,26 @@ impl Config {
     field! {
         /// Close the connection if a keep-alive PING is not answered within this (default 20 s).
         keepalive_timeout, with_keepalive_timeout: Duration
+    }
+
+    /// The budget of bytes this side may reserve for messages it is receiving (frames larger
+    /// than its read buffer, split messages), shared by every connection that charges it:
+    /// by default the process-wide [`process_memory_budget`](crate::process_memory_budget)
+    /// (1 GiB). A connection never reserves what a peer merely announced beyond this: past it,
+    /// buffers grow only as bytes arrive, new calls are refused with `RESOURCE_EXHAUSTED` and
+    /// credit is withheld until room is back.
+    pub fn memory_budget(&self) -> Arc<MemoryBudget> {
+        self.memory_budget
+            .clone()
+            .unwrap_or_else(crate::process_memory_budget)
+    }
+
+    /// Sets [`Config::memory_budget`] (for example `MemoryBudget::new(256 << 20)`, shared by
+    /// several servers).
+    #[must_use]
+    pub fn with_memory_budget(mut self, budget: Arc<MemoryBudget>) -> Config {
+        self.memory_budget = Some(budget);
+        self
     }
 
     pub(crate) fn settings(&self) -> Settings {

@@ -42,6 +42,7 @@ mod config;
 mod connection;
 mod request;
 mod server;
+mod stats;
 mod status;
 mod streaming;
 mod transport;
@@ -53,7 +54,9 @@ pub use request::{Cancellation, IntoRequest, Request, Response};
 pub use server::{
     shutdown_signal, CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle,
 };
+pub use stats::{process_memory_budget, GaugeSnapshot, Gauges};
 pub use status::{Code, Status, DETAILS_KEY};
 pub use streaming::Streaming;
+pub use topspin_proto::MemoryBudget;
 pub use topspin_proto::{Metadata, MetadataBuilder};
 pub use transport::PeerAddr;

@@ -5,9 +5,10 @@ use crate::transport::Transport;
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
-use topspin_proto::{Connection, ProtocolError};
+use topspin_proto::{Connection, MemoryBudget, ProtocolError};
 
 /// Most iovec entries per write (Linux allows 1024). Small frames arrive coalesced, so a
 /// handful covers a turn; more go in the next write of the same flush.
@@ -36,11 +37,19 @@ pub(crate) struct Io<T> {
     pub(crate) partial_since: Option<Instant>,
     /// Time of the last byte received.
     pub(crate) last_read: Instant,
+    /// Charged for a frame larger than a read: its whole size is reserved only while the
+    /// budget has room; otherwise the buffer grows as the bytes arrive (a header's length is a
+    /// claim, not a fact).
+    budget: Arc<MemoryBudget>,
+    /// Bytes of `budget` held for the frame being received.
+    charged: usize,
 }
 
 impl<T: Transport> Io<T> {
-    pub(crate) fn new(transport: T) -> Io<T> {
+    pub(crate) fn new(transport: T, budget: Arc<MemoryBudget>) -> Io<T> {
         Io {
+            budget,
+            charged: 0,
             transport,
             rbuf: BytesMut::with_capacity(READ_CHUNK),
             wq: VecDeque::new(),
@@ -130,13 +139,14 @@ impl<T: Transport> Io<T> {
             } else {
                 conn.bytes_needed(&self.rbuf)
             };
-            // A large frame gets exactly the room it needs, so it lands in one buffer that is
-            // then handed out by reference. Otherwise only grow when little room is left:
-            // `reserve` then reclaims the buffer in place once the frames handed out earlier
-            // are dropped, so steady state allocates nothing.
+            // A large frame gets exactly the room it needs (while the memory budget allows), so
+            // it lands in one buffer that is then handed out by reference. Otherwise only grow
+            // when little room is left: `reserve` then reclaims the buffer in place once the
+            // frames handed out earlier are dropped, so steady state allocates nothing.
             let room = self.rbuf.capacity() - self.rbuf.len();
             if room < need || room < MIN_READ_ROOM {
-                self.rbuf.reserve(need.max(READ_CHUNK));
+                let grow = self.room_for(need);
+                self.rbuf.reserve(grow.max(READ_CHUNK));
             }
             let spare = self.rbuf.capacity() - self.rbuf.len();
             match self.transport.poll_read(cx, &mut self.rbuf) {
@@ -146,7 +156,11 @@ impl<T: Transport> Io<T> {
                 Poll::Ready(Ok(n)) => {
                     let now = Instant::now();
                     self.last_read = now;
-                    if let Err(e) = conn.handle_input(&mut self.rbuf, now) {
+                    let handled = conn.handle_input(&mut self.rbuf, now);
+                    if self.charged > 0 {
+                        self.release_if_taken(conn);
+                    }
+                    if let Err(e) = handled {
                         return Poll::Ready(Err(ReadError::Protocol(e)));
                     }
                     self.partial_since = if self.rbuf.is_empty() {
@@ -171,6 +185,44 @@ impl<T: Transport> Io<T> {
         Poll::Ready(Ok(true))
     }
 
+    /// How much room to add to the read buffer for a frame that needs `need` more bytes: all
+    /// of it for a usual frame, or for a large one whose size the memory budget can hold;
+    /// otherwise at most as much as the buffer already holds (so a peer that announces a huge
+    /// frame and sends little makes us hold at most about twice what it sent).
+    fn room_for(&mut self, need: usize) -> usize {
+        if need <= READ_CHUNK {
+            return need;
+        }
+        let frame = self.rbuf.len() + need;
+        if self.charged >= frame {
+            return need;
+        }
+        if self.budget.try_reserve(frame - self.charged) {
+            self.charged = frame;
+            return need;
+        }
+        need.min(self.rbuf.len().max(READ_CHUNK))
+    }
+
+    /// Gives the budget back once the charged frame has been taken off the buffer.
+    fn release_if_taken(&mut self, conn: &Connection) {
+        let pending = if self.rbuf.is_empty() {
+            0
+        } else {
+            self.rbuf.len() + conn.bytes_needed(&self.rbuf)
+        };
+        if pending < self.charged {
+            self.budget.release(self.charged);
+            self.charged = 0;
+        }
+    }
+
+    /// Bytes of the memory budget held for the frame being received.
+    #[cfg(test)]
+    pub(crate) fn charged(&self) -> usize {
+        self.charged
+    }
+
     /// Best-effort final flush (e.g. of an ERROR or the last END), then close our write side.
     pub(crate) async fn close(&mut self, conn: &mut Connection, grace: std::time::Duration) {
         let _ = tokio::time::timeout(grace, async {
@@ -182,5 +234,11 @@ impl<T: Transport> Io<T> {
             std::future::poll_fn(|cx| self.transport.poll_shutdown(cx)),
         )
         .await;
+    }
+}
+
+impl<T> Drop for Io<T> {
+    fn drop(&mut self) {
+        self.budget.release(self.charged);
     }
 }

@@ -68,6 +68,8 @@ pub(crate) struct Driver<R, T> {
     /// the runtime looks at it); the box is reused, so this allocates nothing.
     sleep: ReusableBoxFuture<'static, ()>,
     armed: Option<Instant>,
+    /// This connection's share of its server's (or channel's) gauges.
+    share: crate::stats::Share,
 }
 
 fn to_tokio(t: Instant) -> tokio::time::Instant {
@@ -78,15 +80,17 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// A connection over `transport`; the preface and SETTINGS are queued at once.
     pub(crate) fn new(transport: T, role: R, config: Config) -> Driver<R, T> {
         let now = Instant::now();
+        let share = crate::stats::Share::new(config.gauges.as_ref());
         Driver {
             conn: Connection::new(R::SIDE, config.settings()),
-            io: Io::new(transport),
+            io: Io::new(transport, config.memory_budget()),
             role,
             config,
             liveness: Liveness::default(),
             started: now,
             sleep: ReusableBoxFuture::new(tokio::time::sleep_until(to_tokio(now))),
             armed: None,
+            share,
         }
     }
 
@@ -121,11 +125,15 @@ impl<R: Role, T: Transport> Driver<R, T> {
                 return Poll::Ready("drained after go-away".into());
             }
             if !self.poll_sources(cx) && !self.arm_timer(cx) {
+                self.share
+                    .report(self.conn.open_calls(), self.io.unsent(&self.conn));
                 return Poll::Pending;
             }
             self.process_events();
         }
         // Busy: let other tasks run, then go on.
+        self.share
+            .report(self.conn.open_calls(), self.io.unsent(&self.conn));
         cx.waker().wake_by_ref();
         Poll::Pending
     }

@@ -174,11 +174,15 @@ impl ServerBuilder {
             source,
         })?;
         let (done_tx, done_rx) = watch::channel(false);
+        let mut config = self.config;
+        let gauges = crate::Gauges::new(config.memory_budget());
+        config.gauges = Some(gauges.clone());
         Ok(Server {
+            gauges,
             listener,
             local,
             registry: Arc::new(self.registry),
-            config: self.config,
+            config,
             shutdown: ShutdownHandle {
                 signal: Shutdown::default(),
                 done: done_rx,
@@ -239,6 +243,7 @@ pub struct Server {
     config: Config,
     shutdown: ShutdownHandle,
     done: watch::Sender<bool>,
+    gauges: crate::Gauges,
 }
 
 impl Server {
@@ -250,6 +255,12 @@ impl Server {
     /// The address it listens on (with the real port when bound to port 0).
     pub fn local_addr(&self) -> &Address {
         &self.local
+    }
+
+    /// Live gauges of this server's connections: connections, open calls, unsent bytes, bytes
+    /// reserved for incoming messages (see [`Gauges`](crate::Gauges)).
+    pub fn gauges(&self) -> crate::Gauges {
+        self.gauges.clone()
     }
 
     /// A handle to shut it down gracefully.

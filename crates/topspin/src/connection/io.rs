@@ -217,12 +217,6 @@ impl<T: Transport> Io<T> {
         }
     }
 
-    /// Bytes of the memory budget held for the frame being received.
-    #[cfg(test)]
-    pub(crate) fn charged(&self) -> usize {
-        self.charged
-    }
-
     /// Best-effort final flush (e.g. of an ERROR or the last END), then close our write side.
     pub(crate) async fn close(&mut self, conn: &mut Connection, grace: std::time::Duration) {
         let _ = tokio::time::timeout(grace, async {

@@ -38,6 +38,7 @@
 mod address;
 mod client;
 pub mod codec;
+mod compression;
 mod config;
 mod connection;
 mod request;
@@ -49,6 +50,7 @@ mod transport;
 
 pub use address::{Address, AddressError, IntoAddress};
 pub use client::{Channel, Endpoint, MethodName};
+pub use compression::{Compression, Encoding};
 pub use config::Config;
 pub use request::{Cancellation, IntoRequest, Request, Response};
 pub use server::{

@@ -525,6 +525,32 @@ mod tests {
     }
 
     #[test]
+    fn foreign_protocols_are_recognised_from_the_bytes_they_sent() {
+        let seen = |got: &str| {
+            let e = anyhow::Error::new(CallFailed(Status::unavailable(format!(
+                "could not connect: the server does not speak the topspin protocol (BAD_PREFACE: \
+                 connection does not start with the topspin preface (got [{got}]); is the peer \
+                 speaking another protocol?)"
+            ))));
+            foreign_protocol(&e.context("the reflection call failed")).map(|(p, _)| p)
+        };
+        // grpc-go's and hyper's first frame: SETTINGS with 3 settings (18 bytes).
+        assert_eq!(
+            seen("00, 00, 12, 04, 00, 00, 00, 00"),
+            Some("HTTP/2 (gRPC?)")
+        );
+        assert_eq!(
+            seen("00, 00, 00, 04, 01, 00, 00, 00"),
+            Some("HTTP/2 (gRPC?)")
+        );
+        assert_eq!(seen("48, 54, 54, 50, 2f, 31, 2e, 31"), Some("HTTP/1"));
+        // A DATA frame, a SETTINGS length that is not a multiple of 6, garbage: not named.
+        assert_eq!(seen("00, 00, 12, 00, 00, 00, 00, 01"), None);
+        assert_eq!(seen("00, 00, 07, 04, 00, 00, 00, 00"), None);
+        assert_eq!(seen("de, ad, be, ef, 00, 00, 00, 00"), None);
+    }
+
+    #[test]
     fn call_failed_names_the_code() {
         let e = CallFailed(Status::not_found("no key"));
         assert_eq!(e.to_string(), "NOT_FOUND (code 5): no key");

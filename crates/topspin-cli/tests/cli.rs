@@ -138,7 +138,12 @@ fn list_and_describe_through_reflection() {
     let server = TestServer::kvstore();
     let a = server.address.as_str();
     let out = ok(&["list", a], None);
-    assert!(out.starts_with("kv.v1.Store\n  Get(kv.v1.GetRequest) returns (kv.v1.Entry)\n"));
+    assert!(out.contains("\nkv.v1.Store\n  Get(kv.v1.GetRequest) returns (kv.v1.Entry)\n"));
+    // The health service is described too, so `topspin call` can reach it.
+    assert!(out.starts_with(
+        "grpc.health.v1.Health\n  Check(grpc.health.v1.HealthCheckRequest) returns \
+         (grpc.health.v1.HealthCheckResponse)\n"
+    ));
     assert!(out.contains("  Watch(kv.v1.WatchRequest) returns (stream kv.v1.Event)\n"));
     assert!(out.contains("  GetMany(stream kv.v1.GetRequest) returns (stream kv.v1.Entry)\n"));
     assert!(out.contains("topspin.reflection.v1.Reflection\n"));
@@ -505,7 +510,7 @@ fn unix_sockets() {
     let path = format!("unix://{}", dir.path().join("kv.sock").display());
     let server = TestServer::start(kvstore::server_builder(kvstore::KvStore::default()), &path);
     let out = ok(&["list", &server.address], None);
-    assert!(out.starts_with("kv.v1.Store\n"));
+    assert!(out.contains("\nkv.v1.Store\n"), "{out}");
     let out = ok(
         &[
             "call",
@@ -698,6 +703,8 @@ fn health_of_the_kvstore_server() {
         "{}",
         out.stderr
     );
+    let out = ok(&["call", a, "grpc.health.v1.Health/Check"], None);
+    assert_eq!(json(&out), json(r#"{"status": "SERVING"}"#));
     let out = topspin(&["health", a, "no.such.Service"], None);
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("no.such.Service"), "{}", out.stderr);

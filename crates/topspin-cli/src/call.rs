@@ -316,22 +316,41 @@ async fn drain(
     Ok(())
 }
 
-/// Parses `-H key:value` into metadata.
+/// Parses `-H key:value` into metadata, as grpcurl does: keys are lower-cased (metadata keys
+/// are lower case on the wire), and the values of `-bin` keys are base64, in any of its
+/// flavours (standard or URL-safe, padded or not).
 pub(crate) fn metadata(headers: &[String]) -> anyhow::Result<Metadata> {
     let mut b = Metadata::builder();
     for h in headers {
         let Some((k, v)) = h.split_once(':') else {
             bail!("header {h:?} is not key:value");
         };
-        let (k, v) = (k.trim(), v.trim_start());
+        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
         b = if k.ends_with("-bin") {
-            b.binary(k, v.as_bytes())
+            let bytes = base64_decode(v).with_context(|| {
+                format!("header {k:?}: the value of a -bin key must be base64, {v:?} is not")
+            })?;
+            b.binary(&k, &bytes)
         } else {
-            b.text(k, v)
+            b.text(&k, v)
         }
         .map_err(|e| anyhow!("header {h:?}: {e}"))?;
     }
     Ok(b.build())
+}
+
+/// Decodes base64 of any flavour: standard or URL-safe alphabet, with or without padding.
+fn base64_decode(value: &str) -> Result<Vec<u8>, base64::DecodeError> {
+    use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+    use base64::engine::DecodePaddingMode;
+    use base64::Engine;
+    let lenient =
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
+    let standard = GeneralPurpose::new(&base64::alphabet::STANDARD, lenient);
+    let url_safe = GeneralPurpose::new(&base64::alphabet::URL_SAFE, lenient);
+    standard
+        .decode(value)
+        .or_else(|e| url_safe.decode(value).map_err(|_| e))
 }
 
 #[cfg(test)]
@@ -350,9 +369,14 @@ mod tests {
 
     #[test]
     fn headers() {
-        let md = metadata(&["user: ann".into(), "trace-bin:xyz".into()]).unwrap();
+        let md = metadata(&["User: ann".into(), "Trace-Bin:eHl6".into()]).unwrap();
         assert_eq!(md.get_str("user"), Some("ann"));
         assert_eq!(md.get("trace-bin"), Some(&b"xyz"[..]));
+        for flavour in ["AAH/", "AAH_", "AAE=", "AAE"] {
+            assert!(base64_decode(flavour).is_ok(), "{flavour}");
+        }
+        let e = metadata(&["trace-bin: xyz!".into()]).unwrap_err();
+        assert!(format!("{e:#}").contains("must be base64"), "{e:#}");
         assert!(metadata(&["no-colon".into()]).is_err());
         assert!(metadata(&["Bad Key:v".into()]).is_err());
     }

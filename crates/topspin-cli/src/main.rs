@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod call;
+mod health;
 mod protofmt;
 mod schema;
 
@@ -20,14 +21,37 @@ Addresses are tcp://host:port (or just host:port) and unix:///path.
 Examples:
   topspin list localhost:50051
   topspin describe localhost:50051 kv.v1.Store
+  topspin describe localhost:50051               # every service
   topspin call localhost:50051 kv.v1.Store/Put -d '{\"key\": \"a\", \"value\": \"1\"}'
   echo '{\"key\": \"a\"}' | topspin call localhost:50051 kv.v1.Store/Get -d @-
   topspin call localhost:50051 kv.v1.Store/Watch -d '{\"prefix\": \"user/\"}'
-  topspin call --proto proto/kv/v1/kv.proto -I proto localhost:50051 kv.v1.Store/Get -d '{\"key\": \"a\"}'
+  topspin call --proto kv/v1/kv.proto -I proto localhost:50051 kv.v1.Store/Get -d '{\"key\": \"a\"}'
+  topspin health localhost:50051 kv.v1.Store
 
 Exit status: 0 on success; 1 for a local problem (bad JSON, unknown method, unreadable
 .proto); 2 for bad usage; 64 + the status code when the server answers with an error
-(e.g. 69 NOT_FOUND, 68 DEADLINE_EXCEEDED, 78 UNAVAILABLE).";
+(e.g. 69 NOT_FOUND, 68 DEADLINE_EXCEEDED, 78 UNAVAILABLE). `topspin health` has its own
+(see topspin health --help).";
+
+const HEALTH_AFTER_HELP: &str = "\
+Prints the status (SERVING, NOT_SERVING, UNKNOWN; with --watch also SERVICE_UNKNOWN), one per
+line. Without --timeout a check gives up after 10 s; a watch runs until the server ends it (a
+graceful shutdown does, after NOT_SERVING) or --timeout.
+
+Exit status:
+  0  SERVING
+  1  NOT_SERVING or UNKNOWN
+  2  the service is unknown (NOT_FOUND; SERVICE_UNKNOWN at the end of a watch), or the server
+     has no health service (UNIMPLEMENTED); clap also uses 2 for bad usage
+  3  the server could not be reached: refused, not a topspin server, connection lost
+     (UNAVAILABLE)
+  4  no answer in time (DEADLINE_EXCEEDED, --timeout)
+  5  any other error
+
+Examples:
+  topspin health localhost:50051                 # the server as a whole
+  topspin health localhost:50051 kv.v1.Store
+  topspin health --watch unix:///run/kv.sock kv.v1.Store";
 
 /// Call any topspin server from the terminal: list its services, describe them as .proto
 /// text, and call its methods with JSON.
@@ -48,8 +72,8 @@ struct SchemaArgs {
     /// Read the API from this .proto file instead of server reflection (repeatable).
     #[arg(long = "proto", value_name = "FILE", global = true)]
     protos: Vec<PathBuf>,
-    /// Directory to resolve .proto imports against (repeatable; default: each --proto file's
-    /// directory).
+    /// Directory to resolve --proto files and their imports against, as protoc does
+    /// (repeatable; default: each --proto file's directory).
     #[arg(short = 'I', long = "import-path", value_name = "DIR", global = true)]
     includes: Vec<PathBuf>,
     /// Give up after this long, e.g. 500ms, 5s, 1m (sent to the server as the call's deadline).
@@ -67,14 +91,14 @@ enum Command {
         #[arg(value_name = "ADDR")]
         address: Option<String>,
     },
-    /// Print a service, method, message or enum as .proto text.
+    /// Print a service, method, message or enum as .proto text; without NAME, every service.
     ///
     /// NAME is a full name: kv.v1.Store, kv.v1.Store/Get, kv.v1.Entry. ADDR may be left out
-    /// with --proto.
-    #[command(override_usage = "topspin describe [OPTIONS] [ADDR] NAME")]
+    /// with --proto. A lone argument with a ':' is an ADDR, otherwise a NAME.
+    #[command(override_usage = "topspin describe [OPTIONS] [ADDR] [NAME]")]
     Describe {
         /// The server's address (optional with --proto), then the full NAME to describe.
-        #[arg(value_name = "ADDR NAME", num_args = 1..=2, required = true)]
+        #[arg(value_name = "ADDR NAME", num_args = 0..=2)]
         targets: Vec<String>,
     },
     /// Call a method with JSON; print the response(s) as JSON.
@@ -93,7 +117,8 @@ enum Command {
         /// (or, for a request stream, JSON lines from stdin).
         #[arg(short = 'd', long = "data", value_name = "JSON")]
         data: Option<String>,
-        /// Request metadata, key:value (repeatable). Keys ending in -bin are binary.
+        /// Request metadata, key:value (repeatable). Keys are lower-cased; the values of keys
+        /// ending in -bin are base64 (standard or URL-safe, padded or not), as with grpcurl.
         #[arg(short = 'H', long = "header", value_name = "KEY:VALUE")]
         headers: Vec<String>,
         /// Print fields that hold their default value too.
@@ -106,7 +131,55 @@ enum Command {
         #[arg(short, long)]
         verbose: bool,
     },
+    /// Ask the server's health service (grpc.health.v1.Health) whether it, or a service, is
+    /// serving.
+    #[command(after_help = HEALTH_AFTER_HELP)]
+    Health {
+        /// The server, e.g. localhost:50051 or unix:///run/kv.sock.
+        #[arg(value_name = "ADDR")]
+        address: String,
+        /// The service's full name, e.g. kv.v1.Store (default: the server as a whole).
+        #[arg(value_name = "SERVICE")]
+        service: Option<String>,
+        /// Print the status, then every change, until the server ends the stream.
+        #[arg(long)]
+        watch: bool,
+    },
 }
+
+impl Command {
+    /// The server's address, if the command names one.
+    fn address(&self) -> Option<&str> {
+        match self {
+            Command::List { address } => address.as_deref(),
+            Command::Describe { targets } => describe_targets(targets).0,
+            Command::Call { address, .. } | Command::Health { address, .. } => Some(address),
+        }
+    }
+}
+
+/// `describe`'s arguments: the address, the name.
+fn describe_targets(targets: &[String]) -> (Option<&str>, Option<&str>) {
+    match targets {
+        [] => (None, None),
+        // Full names never hold a ':'; addresses do (host:port, unix:///path).
+        [one] if one.contains(':') => (Some(one), None),
+        [name] => (None, Some(name)),
+        [address, name, ..] => (Some(address), Some(name)),
+    }
+}
+
+/// `topspin health` failed: the error, and the exit status it calls for.
+#[derive(Debug)]
+struct HealthFailed(anyhow::Error, u8);
+
+impl fmt::Display for HealthFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for HealthFailed {}
 
 /// An error status from the server.
 #[derive(Debug)]
@@ -170,7 +243,8 @@ async fn schema_for(args: &SchemaArgs, address: Option<&str>) -> anyhow::Result<
     ))
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command; the exit status when it succeeds.
+async fn run(cli: Cli) -> anyhow::Result<u8> {
     let args = &cli.schema;
     match &cli.command {
         Command::List { address } => {
@@ -191,17 +265,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
             print!("{out}");
-            Ok(())
+            Ok(0)
         }
         Command::Describe { targets } => {
-            let (address, name) = match targets.as_slice() {
-                [name] => (None, name.as_str()),
-                [address, name] => (Some(address.as_str()), name.as_str()),
-                _ => unreachable!("clap takes one or two"),
-            };
+            let (address, name) = describe_targets(targets);
             let schema = schema_for(args, address).await?;
-            print!("{}", describe(&schema, name).await?);
-            Ok(())
+            match name {
+                Some(name) => print!("{}", describe(&schema, name).await?),
+                None => print!("{}", describe_all(&schema).await?),
+            }
+            Ok(0)
         }
         Command::Call {
             address,
@@ -226,9 +299,72 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 proto_names: *proto_names,
                 verbose: *verbose,
             };
-            call::call(&channel, &method, &input, metadata, args.timeout, &output).await
+            call::call(&channel, &method, &input, metadata, args.timeout, &output).await?;
+            Ok(0)
+        }
+        Command::Health {
+            address,
+            service,
+            watch,
+        } => {
+            let channel =
+                channel(address, args.timeout).map_err(|e| HealthFailed(e, health::OTHER))?;
+            let service = service.as_deref().unwrap_or("");
+            let result = if *watch {
+                health::watch(channel, service, args.timeout).await
+            } else {
+                health::check(channel, service, args.timeout).await
+            };
+            result.map_err(|(e, code)| HealthFailed(e, code).into())
         }
     }
+}
+
+/// Every service, as `.proto` text, one after the other.
+async fn describe_all(schema: &schema::Schema) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for info in schema.services().await? {
+        let pool = schema.pool_for(&info.name).await?;
+        if let Some(s) = pool.and_then(|p| p.get_service_by_name(&info.name)) {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            protofmt::service(&s, &mut out);
+        }
+    }
+    Ok(out)
+}
+
+/// The protocol a peer that does not speak topspin seems to speak, from the bytes it sent
+/// instead of a topspin preface (which the connect error quotes: `got [00, 00, ...]`).
+fn foreign_protocol(e: &anyhow::Error) -> Option<(&'static str, String)> {
+    let e = e.downcast_ref::<HealthFailed>().map_or(e, |h| &h.0);
+    let message = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<CallFailed>())?
+        .0
+        .message();
+    let start = message.find("preface (got [")? + "preface (got [".len();
+    let end = start + message[start..].find(']')?;
+    let bytes: Vec<u8> = message[start..end]
+        .split(", ")
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let hex = message[start..end].replace(',', "");
+    let protocol = match bytes.as_slice() {
+        // An HTTP/2 frame header: 24-bit length, then type 4 (SETTINGS), flags 0 or 1 (ACK),
+        // stream 0 — the first thing an HTTP/2 server sends.
+        [l0, l1, l2, 4, flags, 0, 0, 0, ..]
+            if *flags <= 1 && u32::from_be_bytes([0, *l0, *l1, *l2]) % 6 == 0 =>
+        {
+            "HTTP/2 (gRPC?)"
+        }
+        [b'P', b'R', b'I', b' ', b'*', ..] => "HTTP/2 (gRPC?)",
+        [b'H', b'T', b'T', b'P', b'/', b'1', ..] => "HTTP/1",
+        _ => return None,
+    };
+    Some((protocol, hex))
 }
 
 /// `.proto` text for a service, method, message or enum.
@@ -268,7 +404,12 @@ async fn describe(schema: &schema::Schema, name: &str) -> anyhow::Result<String>
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if let Command::Health { watch: false, .. } = cli.command {
+        // A probe must not hang: a single check gives up after 10 s unless told otherwise.
+        cli.schema.timeout.get_or_insert(Duration::from_secs(10));
+    }
+    let address = cli.command.address().map(str::to_owned);
     let timeout = cli.schema.timeout;
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -281,6 +422,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let is_health = matches!(cli.command, Command::Health { .. });
     let result = runtime.block_on(async {
         match timeout {
             // A little longer than the call's own deadline, so the server's answer wins.
@@ -296,7 +438,7 @@ fn main() -> ExitCode {
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         // The reader of stdout went away (`topspin call ... | head -1`): not an error.
         Err(e)
             if e.chain().any(|c| {
@@ -307,7 +449,19 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("topspin: error: {e:#}");
+            match (foreign_protocol(&e), &address) {
+                (Some((protocol, got)), Some(address)) => eprintln!(
+                    "topspin: error: the server at {address} speaks {protocol}, not topspin (it \
+                     answered {got})"
+                ),
+                _ => eprintln!("topspin: error: {e:#}"),
+            }
+            if let Some(HealthFailed(_, code)) = e.downcast_ref::<HealthFailed>() {
+                return ExitCode::from(*code);
+            }
+            if is_health {
+                return ExitCode::from(health::exit_status_of(&e));
+            }
             match e.chain().find_map(|c| c.downcast_ref::<CallFailed>()) {
                 Some(CallFailed(s)) => ExitCode::from(64 + s.code().as_u16() as u8),
                 None => ExitCode::from(1),
@@ -350,8 +504,50 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.schema.timeout, Some(Duration::from_secs(1)));
-        assert!(Cli::try_parse_from(["topspin", "describe"]).is_err());
+        let described = |args: &[&str]| {
+            let mut argv = vec!["topspin", "describe"];
+            argv.extend(args);
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Describe { targets } => describe_targets(&targets)
+                    .0
+                    .map(str::to_owned)
+                    .into_iter()
+                    .chain(describe_targets(&targets).1.map(str::to_owned))
+                    .collect::<Vec<_>>(),
+                _ => unreachable!(),
+            }
+        };
+        assert_eq!(described(&["h:1"]), ["h:1"]);
+        assert_eq!(described(&["h:1", "a.B"]), ["h:1", "a.B"]);
+        assert_eq!(described(&["a.B"]), ["a.B"]);
+        assert!(described(&[]).is_empty());
         assert!(Cli::try_parse_from(["topspin", "describe", "a", "b", "c"]).is_err());
+    }
+
+    #[test]
+    fn foreign_protocols_are_recognised_from_the_bytes_they_sent() {
+        let seen = |got: &str| {
+            let e = anyhow::Error::new(CallFailed(Status::unavailable(format!(
+                "could not connect: the server does not speak the topspin protocol (BAD_PREFACE: \
+                 connection does not start with the topspin preface (got [{got}]); is the peer \
+                 speaking another protocol?)"
+            ))));
+            foreign_protocol(&e.context("the reflection call failed")).map(|(p, _)| p)
+        };
+        // grpc-go's and hyper's first frame: SETTINGS with 3 settings (18 bytes).
+        assert_eq!(
+            seen("00, 00, 12, 04, 00, 00, 00, 00"),
+            Some("HTTP/2 (gRPC?)")
+        );
+        assert_eq!(
+            seen("00, 00, 00, 04, 01, 00, 00, 00"),
+            Some("HTTP/2 (gRPC?)")
+        );
+        assert_eq!(seen("48, 54, 54, 50, 2f, 31, 2e, 31"), Some("HTTP/1"));
+        // A DATA frame, a SETTINGS length that is not a multiple of 6, garbage: not named.
+        assert_eq!(seen("00, 00, 12, 00, 00, 00, 00, 01"), None);
+        assert_eq!(seen("00, 00, 07, 04, 00, 00, 00, 00"), None);
+        assert_eq!(seen("de, ad, be, ef, 00, 00, 00, 00"), None);
     }
 
     #[test]

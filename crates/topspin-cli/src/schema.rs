@@ -3,7 +3,7 @@
 use anyhow::{anyhow, bail, Context};
 use prost::Message;
 use prost_reflect::{DescriptorPool, MethodDescriptor};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use topspin::{Channel, Code, Request};
 use topspin_reflection::v1;
@@ -19,17 +19,46 @@ pub(crate) enum Schema {
     Files(DescriptorPool),
 }
 
-/// Compiles `--proto` files with `-I` import paths (default: each file's directory).
+/// Where a `--proto` file is: the path itself if it exists, else (a relative path) under the
+/// first `-I` directory that holds it, as protoc resolves its inputs.
+fn locate(proto: &Path, includes: &[PathBuf]) -> anyhow::Result<PathBuf> {
+    if proto.exists() {
+        return Ok(proto.to_owned());
+    }
+    if proto.is_relative() {
+        if let Some(found) = includes.iter().map(|i| i.join(proto)).find(|p| p.exists()) {
+            return Ok(found);
+        }
+    }
+    // Not found anywhere: name every place looked at.
+    let error = std::fs::metadata(proto).err();
+    let mut message = format!("could not read {}", proto.display());
+    if let Some(e) = error {
+        message.push_str(&format!(": {e}"));
+    }
+    if proto.is_relative() && !includes.is_empty() {
+        let dirs: Vec<String> = includes.iter().map(|i| i.display().to_string()).collect();
+        message.push_str(&format!(
+            " (nor found under the import paths {})",
+            dirs.join(", ")
+        ));
+    }
+    bail!(message)
+}
+
+/// Compiles `--proto` files with `-I` import paths (default: each file's directory). A file
+/// is found as given or, relative, under an import path.
 pub(crate) fn compile_files(
     protos: &[PathBuf],
     includes: &[PathBuf],
 ) -> anyhow::Result<DescriptorPool> {
-    for p in protos {
-        std::fs::metadata(p).with_context(|| format!("could not read {}", p.display()))?;
-    }
+    let protos = protos
+        .iter()
+        .map(|p| locate(p, includes))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut includes = includes.to_vec();
     if includes.is_empty() {
-        for p in protos {
+        for p in &protos {
             let dir = p.parent().map(PathBuf::from).unwrap_or_default();
             let dir = if dir.as_os_str().is_empty() {
                 PathBuf::from(".")
@@ -44,7 +73,7 @@ pub(crate) fn compile_files(
     let mut compiler = protox::Compiler::new(&includes).map_err(|e| anyhow!("{e}"))?;
     compiler.include_imports(true).include_source_info(true);
     compiler
-        .open_files(protos)
+        .open_files(&protos)
         .map_err(|e| anyhow!("{}", topspin_build::Error::from(e)))?;
     Ok(compiler.descriptor_pool())
 }

@@ -115,8 +115,19 @@ fn help_reads_well() {
         assert!(out.contains(word), "--help lacks {word:?}:\n{out}");
     }
     let out = ok(&["call", "--help"], None);
-    for word in ["--data", "--header", "@FILE", "JSON lines", "--timeout"] {
+    for word in [
+        "--data",
+        "--header",
+        "@FILE",
+        "JSON lines",
+        "--timeout",
+        "base64",
+    ] {
         assert!(out.contains(word), "call --help lacks {word:?}:\n{out}");
+    }
+    let out = ok(&["health", "--help"], None);
+    for word in ["--watch", "SERVING", "NOT_FOUND", "Exit status"] {
+        assert!(out.contains(word), "health --help lacks {word:?}:\n{out}");
     }
     let out = topspin(&["frobnicate"], None);
     assert_eq!(out.code, 2);
@@ -127,7 +138,12 @@ fn list_and_describe_through_reflection() {
     let server = TestServer::kvstore();
     let a = server.address.as_str();
     let out = ok(&["list", a], None);
-    assert!(out.starts_with("kv.v1.Store\n  Get(kv.v1.GetRequest) returns (kv.v1.Entry)\n"));
+    assert!(out.contains("\nkv.v1.Store\n  Get(kv.v1.GetRequest) returns (kv.v1.Entry)\n"));
+    // The health service is described too, so `topspin call` can reach it.
+    assert!(out.starts_with(
+        "grpc.health.v1.Health\n  Check(grpc.health.v1.HealthCheckRequest) returns \
+         (grpc.health.v1.HealthCheckResponse)\n"
+    ));
     assert!(out.contains("  Watch(kv.v1.WatchRequest) returns (stream kv.v1.Event)\n"));
     assert!(out.contains("  GetMany(stream kv.v1.GetRequest) returns (stream kv.v1.Entry)\n"));
     assert!(out.contains("topspin.reflection.v1.Reflection\n"));
@@ -494,7 +510,7 @@ fn unix_sockets() {
     let path = format!("unix://{}", dir.path().join("kv.sock").display());
     let server = TestServer::start(kvstore::server_builder(kvstore::KvStore::default()), &path);
     let out = ok(&["list", &server.address], None);
-    assert!(out.starts_with("kv.v1.Store\n"));
+    assert!(out.contains("\nkv.v1.Store\n"), "{out}");
     let out = ok(
         &[
             "call",
@@ -506,4 +522,223 @@ fn unix_sockets() {
         None,
     );
     assert_eq!(json(&out), json(r#"{"version": "1"}"#));
+}
+
+#[test]
+fn describe_without_a_name_describes_every_service() {
+    let server = TestServer::kvstore();
+    let out = ok(&["describe", &server.address], None);
+    assert!(out.contains("service Store {\n"), "{out}");
+    assert!(out.contains("service Reflection {\n"), "{out}");
+    assert!(
+        out.contains("  rpc Apply(stream kv.v1.Mutation) returns (kv.v1.ApplySummary);\n"),
+        "{out}"
+    );
+
+    // With --proto and no ADDR nor NAME: every service of the files.
+    let (proto, _) = kv_proto();
+    let out = ok(&["describe", "--proto", proto.to_str().unwrap()], None);
+    assert!(out.contains("service Store {\n"), "{out}");
+    // With --proto, one argument that is an address (it has a ':') is the server, not a name.
+    let out = ok(
+        &[
+            "describe",
+            "--proto",
+            proto.to_str().unwrap(),
+            &server.address,
+        ],
+        None,
+    );
+    assert!(out.contains("service Store {\n"), "{out}");
+}
+
+/// A server without reflection whose `kv.v1.Store/Get` answers with the `x-user` header and
+/// the hex of the `x-trace-bin` header: `{"value": "ann|0001ff"}`.
+fn header_echo() -> TestServer {
+    let builder = Server::builder().unary(
+        kv::store_descriptor::GET.path,
+        ProstCodec::<kv::Entry, kv::GetRequest>::default(),
+        |req: Request<kv::GetRequest>| async move {
+            let user = req.metadata().get_str("x-user").unwrap_or("nobody");
+            let trace: String = req
+                .metadata()
+                .get("x-trace-bin")
+                .unwrap_or_default()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            Ok(Response::new(kv::Entry {
+                value: format!("{user}|{trace}"),
+                ..Default::default()
+            }))
+        },
+    );
+    TestServer::start(builder, "tcp://127.0.0.1:0")
+}
+
+#[test]
+fn header_keys_are_lower_cased_and_binary_values_are_base64() {
+    let server = header_echo();
+    let (proto, include) = kv_proto();
+    let (proto, include) = (proto.to_str().unwrap(), include.to_str().unwrap());
+    let call = |headers: &[&str]| {
+        let mut args = vec![
+            "call",
+            server.address.as_str(),
+            "kv.v1.Store/Get",
+            "--proto",
+            proto,
+            "-I",
+            include,
+        ];
+        for h in headers {
+            args.extend(["-H", h]);
+        }
+        topspin(&args, None)
+    };
+    let out = call(&["X-User: ann", "X-Trace-Bin: AAH/"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(json(&out.stdout), json(r#"{"value": "ann|0001ff"}"#));
+    // Every flavour of base64 grpcurl takes: padded or not, standard or URL-safe.
+    for value in ["AAE=", "AAE", "_-8", "/+8="] {
+        let out = call(&[&format!("x-trace-bin: {value}")]);
+        assert_eq!(out.code, 0, "{value}: {}", out.stderr);
+        let want = if value.starts_with('A') {
+            "nobody|0001"
+        } else {
+            "nobody|ffef"
+        };
+        assert_eq!(json(&out.stdout)["value"], want, "{value}");
+    }
+    let out = call(&["x-trace-bin: not base64!"]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains("x-trace-bin") && out.stderr.contains("base64"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn proto_paths_resolve_against_include_dirs() {
+    let (_, include) = kv_proto();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_topspin"))
+        .current_dir(dir.path()) // kv/v1/kv.proto is not here: only under -I
+        .args(["list", "--proto", "kv/v1/kv.proto", "-I"])
+        .arg(&include)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("kv.v1.Store\n"));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_topspin"))
+        .current_dir(dir.path())
+        .args(["list", "--proto", "kv/v1/nope.proto", "-I"])
+        .arg(&include)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("kv/v1/nope.proto"), "{stderr}");
+}
+
+/// A fake HTTP/2 server (as a gRPC server is): answers every connection with an empty
+/// SETTINGS frame, then reads until the client hangs up. Serves `connections` of them.
+fn fake_http2_server(connections: usize) -> String {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(connections) {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let _ = conn.write_all(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00");
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(20)));
+                let mut buf = [0u8; 256];
+                while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    address
+}
+
+#[test]
+fn an_http2_peer_is_named() {
+    let address = fake_http2_server(2);
+    let out = topspin(&["list", &address], None);
+    assert_eq!(out.code, 64 + 14, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "the server at {address} speaks HTTP/2 (gRPC?), not topspin"
+        )),
+        "{}",
+        out.stderr
+    );
+    let out = topspin(&["health", &address], None);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("speaks HTTP/2 (gRPC?)"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn health_of_the_kvstore_server() {
+    let server = TestServer::kvstore();
+    let a = server.address.as_str();
+    let out = topspin(&["health", a], None);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "SERVING\n"),
+        "{}",
+        out.stderr
+    );
+    let out = topspin(&["health", a, "kv.v1.Store"], None);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "SERVING\n"),
+        "{}",
+        out.stderr
+    );
+    let out = ok(&["call", a, "grpc.health.v1.Health/Check"], None);
+    assert_eq!(json(&out), json(r#"{"status": "SERVING"}"#));
+    let out = topspin(&["health", a, "no.such.Service"], None);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("no.such.Service"), "{}", out.stderr);
+
+    // A server without the health service.
+    let plain = header_echo();
+    let out = topspin(&["health", &plain.address], None);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("health checking"), "{}", out.stderr);
+
+    // Nobody listens there.
+    let out = topspin(&["health", "tcp://127.0.0.1:1"], None);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+
+    // --watch: SERVING, then NOT_SERVING when the server begins a graceful shutdown, which
+    // ends the watch; the exit code is the last status's.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_topspin"))
+        .args(["health", a, "kv.v1.Store", "--watch", "--timeout", "30s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "SERVING");
+    server
+        .runtime
+        .block_on(server.shutdown.shutdown(Duration::from_secs(10)));
+    assert_eq!(lines.next().unwrap().unwrap(), "NOT_SERVING");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("topspin health --watch did not end with the server")
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
 }

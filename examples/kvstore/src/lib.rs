@@ -65,14 +65,21 @@ impl Default for KvStore {
     }
 }
 
-/// A server builder with the store and server reflection (so `topspin list` and `topspin
-/// call` work without the `.proto`).
+/// A server builder with the store, server reflection (so `topspin list` and `topspin call`
+/// work without the `.proto`) and health checking (`topspin health ADDR kv.v1.Store`: the
+/// server and `kv.v1.Store` are `SERVING` until a graceful shutdown begins).
 pub fn server_builder(store: KvStore) -> ServerBuilder {
-    let reflection = topspin_reflection::Reflection::new(&[kv::FILE_DESCRIPTOR_SET])
-        .expect("the generated descriptor set is valid");
+    let reflection = topspin_reflection::Reflection::new(&[
+        kv::FILE_DESCRIPTOR_SET,
+        topspin_health::v1::FILE_DESCRIPTOR_SET,
+    ])
+    .expect("the generated descriptor sets are valid");
+    let (health, reporter) = topspin_health::service();
+    reporter.set_serving(kv::store_descriptor::SERVICE);
     Server::builder()
         .add_service(kv::StoreServer::new(store))
         .add_service(reflection)
+        .add_service(health)
 }
 
 impl KvStore {

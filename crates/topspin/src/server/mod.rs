@@ -14,8 +14,8 @@ use futures_util::Stream;
 use handler::{Bidi, ClientStreaming, HandlerRef, ServerStreaming, Unary};
 use rustc_hash::FxHashMap;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::OnceLock;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -81,6 +81,7 @@ pub struct ServerBuilder {
     config: Config,
     registry: Registry,
     kinds: Vec<(String, CallKind)>,
+    hooks: Vec<ShutdownHook>,
 }
 
 impl ServerBuilder {
@@ -155,6 +156,34 @@ impl ServerBuilder {
         service.register(self)
     }
 
+    /// Runs `hook` once, when a graceful shutdown begins ([`ShutdownHandle::shutdown`] or
+    /// [`Server::serve_with_shutdown`]'s signal): before the server stops accepting and sends
+    /// GOAWAY, so that what it changes (a health service turning `NOT_SERVING`, say) is seen by
+    /// the calls still open. Hooks run in the order they were added, on the task that began
+    /// the shutdown; keep them short and non-blocking.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let stopping = Arc::new(AtomicBool::new(false));
+    /// let flag = stopping.clone();
+    /// let server = topspin::Server::builder()
+    ///     .on_shutdown(move || flag.store(true, Ordering::SeqCst))
+    ///     .bind("tcp://127.0.0.1:0")
+    ///     .await
+    ///     .unwrap();
+    /// let handle = server.shutdown_handle();
+    /// tokio::spawn(server.serve());
+    /// handle.shutdown(std::time::Duration::from_secs(1)).await;
+    /// assert!(stopping.load(Ordering::SeqCst));
+    /// # }
+    /// ```
+    pub fn on_shutdown(mut self, hook: impl FnOnce() + Send + 'static) -> ServerBuilder {
+        self.hooks.push(Box::new(hook));
+        self
+    }
+
     /// The registered methods and their kinds, in registration order.
     pub fn methods(&self) -> &[(String, CallKind)] {
         &self.kinds
@@ -186,6 +215,7 @@ impl ServerBuilder {
             shutdown: ShutdownHandle {
                 signal: Shutdown::default(),
                 done: done_rx,
+                hooks: ShutdownHooks(Arc::new(Mutex::new(self.hooks))),
             },
             done: done_tx,
         })
@@ -211,23 +241,44 @@ impl Shutdown {
     }
 }
 
+/// A callback of [`ServerBuilder::on_shutdown`].
+type ShutdownHook = Box<dyn FnOnce() + Send>;
+
+/// The [`ServerBuilder::on_shutdown`] hooks; the first shutdown takes and runs them.
+#[derive(Clone)]
+struct ShutdownHooks(Arc<Mutex<Vec<ShutdownHook>>>);
+
+impl std::fmt::Debug for ShutdownHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map_or(0, |h| h.len());
+        write!(f, "{n} shutdown hook(s)")
+    }
+}
+
 /// Starts or awaits a server's graceful shutdown. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct ShutdownHandle {
     signal: Shutdown,
     done: watch::Receiver<bool>,
+    hooks: ShutdownHooks,
 }
 
 impl ShutdownHandle {
     /// Begins a graceful shutdown: stop accepting, send GOAWAY on every connection, let calls
     /// in flight finish for up to `grace`, then end the rest with `UNAVAILABLE`. Returns when
-    /// every connection is closed.
+    /// every connection is closed. The first call runs the [`ServerBuilder::on_shutdown`]
+    /// hooks before anything else.
     pub async fn shutdown(&self, grace: Duration) {
         let deadline = Instant::now()
             .checked_add(grace)
             .unwrap_or_else(Instant::now);
         // The first shutdown's grace period stands.
         let _ = self.signal.deadline.set(deadline);
+        // The first shutdown runs the hooks, before any connection hears of it.
+        let hooks = std::mem::take(&mut *self.hooks.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for hook in hooks {
+            hook();
+        }
         self.signal.token.cancel();
         let mut done = self.done.clone();
         let _ = done.wait_for(|d| *d).await;

@@ -326,7 +326,8 @@ impl Server {
             tokio::select! {
                 accepted = async { listener.as_ref().map(|l| l.accept()).expect("listener present").await }, if listener.is_some() && !paused => {
                     match accepted {
-                        Ok(transport) => {
+                        Ok(Err(e)) => tracing::debug!("an accepted connection failed at once: {e}"),
+                        Ok(Ok(transport)) => {
                             backoff = Duration::ZERO;
                             if conns.len() < config.max_connections() {
                                 conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
@@ -416,6 +417,7 @@ fn serve_connection<T: crate::transport::Transport>(
         let serve = conn::serve(transport, registry, config, signal.clone());
         tokio::pin!(serve);
         tokio::select! {
+            biased; // the connection first: the timer is the rare case
             () = &mut serve => return,
             () = tokio::time::sleep(age) => {}
         }

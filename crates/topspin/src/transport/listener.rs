@@ -144,6 +144,7 @@ async fn bind_unix(p: &Path, mode: u32) -> io::Result<Listener> {
 }
 
 /// Binds a Linux abstract Unix socket (no file, so no lock, no permissions, nothing to remove).
+#[cfg(any(target_os = "linux", target_os = "android"))]
 fn bind_abstract(name: &str) -> io::Result<Listener> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
@@ -152,6 +153,14 @@ fn bind_abstract(name: &str) -> io::Result<Listener> {
     Ok(Listener::UnixAbstract(
         UnixListener::from_std(l)?,
         name.to_owned(),
+    ))
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn bind_abstract(_name: &str) -> io::Result<Listener> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "abstract Unix socket addresses (unix:@name) exist on Linux only",
     ))
 }
 
@@ -173,13 +182,16 @@ impl Listener {
         }
     }
 
-    pub(crate) async fn accept(&self) -> io::Result<SocketTransport> {
-        match self {
+    /// Accepts a connection. The outer error is the listener's (out of file descriptors and
+    /// the like: worth a pause before trying again); the inner one is that connection's alone
+    /// (it was reset before it could be set up).
+    pub(crate) async fn accept(&self) -> io::Result<io::Result<SocketTransport>> {
+        Ok(match self {
             Listener::Tcp(l) => SocketTransport::from_tcp(l.accept().await?.0),
             Listener::Unix(l, _, _) | Listener::UnixAbstract(l, _) => {
                 SocketTransport::from_unix(l.accept().await?.0)
             }
-        }
+        })
     }
 }
 

@@ -135,38 +135,48 @@ fn servers_starting_at_once_on_a_stale_path_do_not_race() {
     }
 }
 
-#[tokio::test]
-async fn a_bind_waits_for_the_lock_and_names_it() {
-    let p = path("locked");
-    let _ = std::fs::remove_file(&p);
+/// Takes `<p>.lock` the way another server would.
+fn hold_lock(p: &std::path::Path) -> std::fs::File {
     let mut lock = p.as_os_str().to_owned();
     lock.push(".lock");
-    // Another process is in the middle of binding: it holds the lock (flock on the file).
-    let holder = std::fs::File::create(&lock).expect("lock file");
-    let out = std::process::Command::new("flock")
-        .arg("--nonblock")
-        .arg(&lock)
-        .arg("sleep")
-        .arg("3")
-        .spawn();
-    let Ok(mut child) = out else {
-        eprintln!("no flock(1) here; skipping");
-        return;
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let f = std::fs::File::create(&lock).expect("lock file");
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).expect("flock");
+    f
+}
+
+#[tokio::test]
+async fn a_bind_waits_for_the_lock_and_names_it_if_it_stays_held() {
+    let p = path("locked");
+    let _ = std::fs::remove_file(&p);
     let addr = format!("unix://{}", p.display());
+
+    // Another server is in the middle of binding: this one waits for it…
+    let holder = hold_lock(&p);
+    let bind = tokio::spawn({
+        let addr = addr.clone();
+        async move { builder().bind(addr.as_str()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!bind.is_finished() && !p.exists(), "it waits for the lock");
+    drop(holder);
+    let server = bind
+        .await
+        .expect("task")
+        .expect("bound once the lock was released");
+    drop(server);
+    assert!(!p.exists());
+
+    // …but not forever: a lock held for long is an error that names it.
+    let _holder = hold_lock(&p);
     let err = builder()
         .bind(addr.as_str())
         .await
-        .expect_err("the lock is held");
+        .expect_err("the lock stays held");
     assert!(err.to_string().contains(".lock"), "{err}");
     assert!(!p.exists(), "nothing was bound");
-    let _ = child.wait();
-    drop(holder);
-    // Released: the next bind goes through.
-    let server = builder().bind(addr.as_str()).await.expect("bind");
-    drop(server);
-    assert!(!p.exists());
+    let mut lock = p.into_os_string();
+    lock.push(".lock");
+    let _ = std::fs::remove_file(lock);
 }
 
 #[tokio::test]

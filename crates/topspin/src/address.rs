@@ -1,4 +1,5 @@
-//! Where a server listens and a channel connects: `tcp://host:port` or `unix:///path`.
+//! Where a server listens and a channel connects: `tcp://host:port`, `unix:///path`, or (Linux)
+//! an abstract Unix socket name `unix:@name`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -12,6 +13,10 @@ use std::str::FromStr;
 /// assert_eq!(a, Address::Tcp("[::1]:50051".into()));
 /// let u: Address = "unix:///run/kv.sock".parse().unwrap();
 /// assert_eq!(u.to_string(), "unix:///run/kv.sock");
+/// // A Linux abstract socket: a name, not a file.
+/// let a: Address = "unix:@kv".parse().unwrap();
+/// assert_eq!(a, Address::UnixAbstract("kv".into()));
+/// assert_eq!(a.to_string(), "unix:@kv");
 /// // A bare host:port is TCP.
 /// assert_eq!("127.0.0.1:80".parse::<Address>().unwrap(), Address::Tcp("127.0.0.1:80".into()));
 /// assert!("http://x".parse::<Address>().is_err());
@@ -23,11 +28,18 @@ pub enum Address {
     Tcp(String),
     /// A Unix domain socket at a path.
     Unix(PathBuf),
+    /// A Linux abstract Unix socket (`unix:@name`): a name in the network namespace, not a
+    /// file, so there is nothing to clean up, lock or set permissions on; it disappears with
+    /// the last socket bound to it. Anyone in the same network namespace can connect: check
+    /// [`PeerAddr::credentials`](crate::PeerAddr::credentials) to authorise callers.
+    UnixAbstract(String),
 }
 
 /// Why an address string could not be parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid address {input:?}: {reason} (expected tcp://host:port or unix:///path)")]
+#[error(
+    "invalid address {input:?}: {reason} (expected tcp://host:port, unix:///path or unix:@name)"
+)]
 pub struct AddressError {
     input: String,
     reason: &'static str,
@@ -46,6 +58,16 @@ impl FromStr for Address {
                 return Err(err("empty socket path"));
             }
             return Ok(Address::Unix(PathBuf::from(path)));
+        }
+        if let Some(name) = s.strip_prefix("unix:@") {
+            if name.is_empty() {
+                return Err(err("empty abstract socket name"));
+            }
+            // sun_path holds 108 bytes, the first of which is the NUL that marks the name.
+            if name.len() > 107 {
+                return Err(err("abstract socket name longer than 107 bytes"));
+            }
+            return Ok(Address::UnixAbstract(name.to_owned()));
         }
         if let Some(path) = s.strip_prefix("unix:") {
             if path.is_empty() {
@@ -92,6 +114,7 @@ impl fmt::Display for Address {
         match self {
             Address::Tcp(hp) => write!(f, "tcp://{hp}"),
             Address::Unix(p) => write!(f, "unix://{}", p.display()),
+            Address::UnixAbstract(name) => write!(f, "unix:@{name}"),
         }
     }
 }
@@ -177,6 +200,8 @@ mod tests {
             ("tcp://127.0.0.1:0/", Address::Tcp("127.0.0.1:0".into())),
             ("[::1]:9", Address::Tcp("[::1]:9".into())),
             ("unix:rel.sock", Address::Unix("rel.sock".into())),
+            ("unix:@svc", Address::UnixAbstract("svc".into())),
+            ("unix:@a/b c", Address::UnixAbstract("a/b c".into())),
             (
                 "unix:///tmp/a b.sock",
                 Address::Unix("/tmp/a b.sock".into()),
@@ -192,10 +217,15 @@ mod tests {
             "[::1:80",
             "[zz]:80",
             "unix://",
+            "unix:@",
             "http://x:1",
         ] {
             let e = bad.parse::<Address>().unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");
         }
+        let long = format!("unix:@{}", "x".repeat(108));
+        assert!(long.parse::<Address>().is_err());
+        let longest = format!("unix:@{}", "x".repeat(107));
+        assert!(longest.parse::<Address>().is_ok());
     }
 }

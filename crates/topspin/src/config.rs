@@ -33,6 +33,11 @@ pub struct Config {
     memory_budget: Option<Arc<MemoryBudget>>,
     /// Set by the server (or channel) that uses this config.
     pub(crate) gauges: Option<crate::Gauges>,
+    // Server: connection lifecycle (count, age, Unix socket file mode).
+    max_connections: usize,
+    max_connection_age: Option<Duration>,
+    max_connection_age_grace: Duration,
+    unix_socket_mode: u32,
 }
 
 impl Default for Config {
@@ -53,6 +58,11 @@ impl Default for Config {
             keepalive_timeout: Duration::from_secs(20),
             memory_budget: None,
             gauges: None,
+            // Server: connection lifecycle.
+            max_connections: 10_000,
+            max_connection_age: None,
+            max_connection_age_grace: Duration::from_secs(30),
+            unix_socket_mode: 0o660,
         }
     }
 }
@@ -150,6 +160,37 @@ impl Config {
     pub fn with_memory_budget(mut self, budget: Arc<MemoryBudget>) -> Config {
         self.memory_budget = Some(budget);
         self
+    }
+
+    // Server: connection lifecycle (count, age, Unix socket file mode).
+    field! {
+        /// Server: most connections open at once (default 10,000). Past it a new connection
+        /// is told why and closed: it gets the preface, SETTINGS and, once its first call
+        /// arrives (or after a second), an ERROR frame naming `max_connections (N) reached`,
+        /// so that call fails `UNAVAILABLE` with that reason. Connections already open are
+        /// not affected. Keep it below the process's file descriptor limit (`ulimit -n`).
+        max_connections, with_max_connections: usize
+    }
+    field! {
+        /// Server: a connection older than this is asked to go away (default: never), like
+        /// gRPC's `MaxConnectionAge`: it gets a GOAWAY, takes no new calls, and its calls in
+        /// flight get [`Config::max_connection_age_grace`] to finish. Clients reconnect for
+        /// later calls, which spreads them again after servers were added behind a load
+        /// balancer. Each connection's age is jittered by ±10% so that connections made
+        /// together do not all go away together.
+        max_connection_age, with_max_connection_age: Option<Duration>
+    }
+    field! {
+        /// Server: how long calls in flight on a connection past its
+        /// [`Config::max_connection_age`] may still run (default 30 s); then they end
+        /// `UNAVAILABLE` and the connection closes.
+        max_connection_age_grace, with_max_connection_age_grace: Duration
+    }
+    field! {
+        /// Server: permission bits of a Unix socket file (default `0o660`: the owner and its
+        /// group may connect, nobody else), set right after it is bound. Not used for
+        /// abstract sockets (`unix:@name`), which have no file.
+        unix_socket_mode, with_unix_socket_mode: u32
     }
 
     pub(crate) fn settings(&self) -> Settings {

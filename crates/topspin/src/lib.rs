@@ -61,4 +61,4 @@ pub use status::{Code, Status, DETAILS_KEY};
 pub use streaming::Streaming;
 pub use topspin_proto::MemoryBudget;
 pub use topspin_proto::{Metadata, MetadataBuilder};
-pub use transport::PeerAddr;
+pub use transport::{PeerAddr, PeerCredentials};

@@ -189,10 +189,14 @@ impl ServerBuilder {
         &self.kinds
     }
 
-    /// Binds the listener (`tcp://host:port`, port 0 for any; `unix:///path`).
+    /// Binds the listener (`tcp://host:port`, port 0 for any; `unix:///path`; on Linux
+    /// `unix:@name`, an abstract socket). A Unix socket file is bound under a lock
+    /// (`<path>.lock`, removed once bound), replaces a stale socket file nothing answers on,
+    /// never one a live server answers on, gets the permission bits of
+    /// [`Config::unix_socket_mode`] (default `0o660`) and is removed when the server stops.
     pub async fn bind(self, address: impl crate::IntoAddress) -> Result<Server, ServeError> {
         let address = address.into_address()?;
-        let listener = Listener::bind(&address)
+        let listener = Listener::bind(&address, self.config.unix_socket_mode())
             .await
             .map_err(|source| ServeError::Bind {
                 address: address.clone(),
@@ -223,21 +227,48 @@ impl ServerBuilder {
 }
 
 /// The shutdown signal a server shares with its connections: a token, and the end of the grace
-/// period (set before the token is cancelled).
+/// period (set before the token is cancelled). A connection with a maximum age has its own,
+/// a child of the server's.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Shutdown {
     pub(crate) token: CancellationToken,
     deadline: Arc<OnceLock<Instant>>,
+    /// The server's grace deadline, for a connection's own signal.
+    parent: Option<Arc<OnceLock<Instant>>>,
 }
 
 impl Shutdown {
     /// The end of the grace period, once a shutdown has begun.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        if self.token.is_cancelled() {
-            Some(self.deadline.get().copied().unwrap_or_else(Instant::now))
-        } else {
-            None
+        if !self.token.is_cancelled() {
+            return None;
         }
+        let own = self.deadline.get().copied();
+        let server = self.parent.as_ref().and_then(|p| p.get().copied());
+        Some(match (own, server) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or_else(Instant::now),
+        })
+    }
+
+    /// A signal for one connection: cancelled with the server's (whose grace then applies)
+    /// or on its own by [`Shutdown::begin`].
+    fn child(&self) -> Shutdown {
+        Shutdown {
+            token: self.token.child_token(),
+            deadline: Arc::default(),
+            parent: Some(self.deadline.clone()),
+        }
+    }
+
+    /// Begins a graceful shutdown with `grace` for the calls in flight.
+    fn begin(&self, grace: Duration) {
+        let deadline = Instant::now()
+            .checked_add(grace)
+            .unwrap_or_else(Instant::now);
+        // The first shutdown's grace period stands.
+        let _ = self.deadline.set(deadline);
+        self.token.cancel();
     }
 }
 
@@ -269,17 +300,12 @@ impl ShutdownHandle {
     /// every connection is closed. The first call runs the [`ServerBuilder::on_shutdown`]
     /// hooks before anything else.
     pub async fn shutdown(&self, grace: Duration) {
-        let deadline = Instant::now()
-            .checked_add(grace)
-            .unwrap_or_else(Instant::now);
-        // The first shutdown's grace period stands.
-        let _ = self.signal.deadline.set(deadline);
         // The first shutdown runs the hooks, before any connection hears of it.
         let hooks = std::mem::take(&mut *self.hooks.0.lock().unwrap_or_else(|e| e.into_inner()));
         for hook in hooks {
             hook();
         }
-        self.signal.token.cancel();
+        self.signal.begin(grace);
         let mut done = self.done.clone();
         let _ = done.wait_for(|d| *d).await;
     }
@@ -336,6 +362,11 @@ impl Server {
 
     /// Serves connections until a shutdown completes. Each connection is a task of its own;
     /// its calls are handled on it.
+    ///
+    /// At most [`Config::max_connections`] connections are served at once: one more is told
+    /// why and closed (see there). When accepting fails — typically the process is out of file
+    /// descriptors (`EMFILE`) — the server keeps serving the connections it has and tries
+    /// again after a pause that doubles up to half a second, then accepts as soon as it can.
     pub async fn serve(self) {
         let Server {
             listener,
@@ -347,28 +378,46 @@ impl Server {
         } = self;
         let signal = shutdown.signal.clone();
         let mut conns = JoinSet::new();
+        let mut refusals = JoinSet::new();
         let mut listener = Some(listener);
+        let mut backoff = Duration::ZERO;
+        let pause = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(pause);
+        let mut paused = false;
         loop {
             tokio::select! {
-                accepted = async { listener.as_ref().map(|l| l.accept()).expect("listener present").await }, if listener.is_some() => {
+                accepted = async { listener.as_ref().map(|l| l.accept()).expect("listener present").await }, if listener.is_some() && !paused => {
                     match accepted {
-                        Ok(transport) => {
-                            conns.spawn(conn::serve(transport, registry.clone(), config.clone(), signal.clone()));
+                        Ok(Err(e)) => tracing::debug!("an accepted connection failed at once: {e}"),
+                        Ok(Ok(transport)) => {
+                            backoff = Duration::ZERO;
+                            if conns.len() < config.max_connections() {
+                                conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
+                            } else if refusals.len() < MAX_REFUSALS {
+                                refusals.spawn(refuse(transport, config.clone()));
+                            } // else: dropped at once; the client sees the connection close.
                         }
                         Err(e) => {
-                            // Out of file descriptors and the like: keep serving the rest.
-                            tracing::warn!("accept failed: {e}");
-                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            // Out of file descriptors and the like: keep serving the rest, and
+                            // try again after a pause (the error repeats until a descriptor
+                            // is freed).
+                            backoff = (backoff * 2).clamp(ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX);
+                            tracing::warn!("accept failed: {e}; trying again in {backoff:?}");
+                            pause.as_mut().reset(tokio::time::Instant::now() + backoff);
+                            paused = true;
                         }
                     }
                 }
+                () = &mut pause, if paused => paused = false,
                 _ = signal.token.cancelled(), if listener.is_some() => {
                     listener = None; // stop accepting (and remove a Unix socket file)
+                    refusals.abort_all();
                 }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
                 else => break,
             }
-            if listener.is_none() && conns.is_empty() {
+            if listener.is_none() && conns.is_empty() && refusals.is_empty() {
                 break;
             }
         }
@@ -397,6 +446,111 @@ impl Server {
         }
         tokio::join!(serve, handle.shutdown(grace));
     }
+}
+
+/// Connections over `max_connections` being told so at once; more are closed without a word.
+const MAX_REFUSALS: usize = 64;
+/// The first and the longest pause after accepting failed.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// How long a refused connection is kept waiting for its first call (which then carries the
+/// reason to the caller) before it is told anyway.
+const REFUSAL_WAIT: Duration = Duration::from_secs(1);
+/// Bytes read from a refused connection at most.
+const REFUSAL_READ_LIMIT: usize = 64 * 1024;
+
+/// Serves one accepted connection; with `Config::max_connection_age`, asks it to go away once
+/// it is that old (±10%) and gives its calls `max_connection_age_grace`.
+fn serve_connection<T: crate::transport::Transport>(
+    transport: T,
+    registry: Arc<Registry>,
+    config: Config,
+    server: &Shutdown,
+) -> impl Future<Output = ()> + Send + 'static {
+    let age = config.max_connection_age().map(|age| {
+        let jittered = age.mul_f64(0.9 + 0.2 * fastrand::f64());
+        (jittered, config.max_connection_age_grace(), server.child())
+    });
+    let server = server.clone();
+    async move {
+        let Some((age, grace, signal)) = age else {
+            return conn::serve(transport, registry, config, server).await;
+        };
+        let serve = conn::serve(transport, registry, config, signal.clone());
+        tokio::pin!(serve);
+        tokio::select! {
+            biased; // the connection first: the timer is the rare case
+            () = &mut serve => return,
+            () = tokio::time::sleep(age) => {}
+        }
+        tracing::debug!("connection reached its max_connection_age ({age:?}): going away");
+        signal.begin(grace);
+        serve.await;
+    }
+}
+
+/// Tells a connection over `Config::max_connections` why it is refused, then closes it: it
+/// gets the preface and SETTINGS, and once its first call arrives (so that the call fails with
+/// the reason) or after [`REFUSAL_WAIT`], an ERROR frame naming the limit. No connection task,
+/// no handler, a small buffer and a bounded time.
+async fn refuse<T: crate::transport::Transport>(mut transport: T, config: Config) {
+    use topspin_proto::{Connection, ErrorCode, Event, ProtocolError, Side};
+    let limit = config.max_connections();
+    tracing::debug!(peer = %transport.peer_addr(), "refusing a connection: max_connections ({limit}) reached");
+    let mut conn = Connection::new(Side::Server, config.settings());
+    let wait = REFUSAL_WAIT.min(config.handshake_timeout());
+    let _ = tokio::time::timeout(wait, async {
+        let mut buf = bytes::BytesMut::with_capacity(4096);
+        write_all(&mut transport, &mut conn).await?;
+        loop {
+            if buf.capacity() - buf.len() < 1024 {
+                if buf.len() >= REFUSAL_READ_LIMIT {
+                    return Ok(());
+                }
+                buf.reserve(4096);
+            }
+            let n = std::future::poll_fn(|cx| transport.poll_read(cx, &mut buf)).await?;
+            if n == 0 || conn.handle_input(&mut buf, Instant::now()).is_err() {
+                return Ok(());
+            }
+            while let Some(event) = conn.poll_event() {
+                if let Event::CallStarted { .. } = event {
+                    return Ok(());
+                }
+            }
+            write_all(&mut transport, &mut conn).await?; // PING answers
+        }
+    })
+    .await
+    .unwrap_or(Ok::<(), std::io::Error>(()));
+    conn.close(ProtocolError::new(
+        ErrorCode::INTERNAL_ERROR,
+        format!("max_connections ({limit}) reached: the server takes no more connections now; try again later"),
+    ));
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = write_all(&mut transport, &mut conn).await;
+        let _ = std::future::poll_fn(|cx| transport.poll_shutdown(cx)).await;
+    })
+    .await;
+}
+
+/// Writes everything the engine has queued.
+async fn write_all<T: crate::transport::Transport>(
+    transport: &mut T,
+    conn: &mut topspin_proto::Connection,
+) -> std::io::Result<()> {
+    use bytes::Buf;
+    while let Some(mut b) = conn.poll_transmit() {
+        while !b.is_empty() {
+            let slice = [std::io::IoSlice::new(&b)];
+            let n = std::future::poll_fn(|cx| transport.poll_write_vectored(cx, &slice)).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            b.advance(n);
+        }
+    }
+    Ok(())
 }
 
 /// Completes when the process is asked to stop: SIGINT (Ctrl-C) or SIGTERM, which process

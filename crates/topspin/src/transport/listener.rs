@@ -1,9 +1,12 @@
-//! Listening sockets: TCP and Unix.
+//! Listening sockets: TCP, Unix (a file, bound under a lock file) and Linux abstract Unix
+//! sockets (a name, no file).
 
 use super::socket::SocketTransport;
 use crate::address::Address;
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, UnixListener};
 
 #[derive(Debug)]
@@ -12,6 +15,8 @@ pub(crate) enum Listener {
     /// The listener, its path, and the socket file's identity (device, inode) so that only
     /// this server's own file is removed when it stops.
     Unix(UnixListener, PathBuf, (u64, u64)),
+    /// A Linux abstract socket: nothing on the file system.
+    UnixAbstract(UnixListener, String),
 }
 
 /// The (device, inode) of the file at `p`.
@@ -24,7 +29,7 @@ fn file_id(p: &Path) -> Option<(u64, u64)> {
 
 /// Makes way for binding a Unix socket at `p`: a socket file that nothing answers on (left by
 /// a server that died) is removed; one a live server answers on is "address in use" — never
-/// taken over.
+/// taken over. Called with the path's [`BindLock`] held.
 fn clear_stale_socket(p: &Path) -> io::Result<()> {
     use std::os::unix::fs::FileTypeExt;
     let Ok(meta) = std::fs::symlink_metadata(p) else {
@@ -46,16 +51,126 @@ fn clear_stale_socket(p: &Path) -> io::Result<()> {
     }
 }
 
+/// How long a server waits for another one binding the same Unix socket path to finish.
+const BIND_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// An exclusive lock (`flock`, through rustix: std's `File::lock` is newer than the MSRV) on `<socket path>.lock`, held while a server checks for a stale
+/// socket file, removes it and binds: two servers starting at once on a stale path cannot
+/// both decide it is stale, and one cannot delete the socket the other just bound. The lock
+/// file is removed when the lock is released.
+struct BindLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl BindLock {
+    /// Takes the lock, waiting up to [`BIND_LOCK_WAIT`] for another server that holds it.
+    async fn acquire(socket: &Path) -> io::Result<BindLock> {
+        let mut path = socket.as_os_str().to_owned();
+        path.push(".lock");
+        let path = PathBuf::from(path);
+        let until = Instant::now() + BIND_LOCK_WAIT;
+        loop {
+            if let Some(lock) = BindLock::try_acquire(&path)? {
+                return Ok(lock);
+            }
+            if Instant::now() >= until {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "address in use: another server is binding {} (it holds {} for more than {BIND_LOCK_WAIT:?})",
+                        socket.display(),
+                        path.display()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// One attempt: `None` while another process holds the lock.
+    fn try_acquire(path: &Path) -> io::Result<Option<BindLock>> {
+        use std::os::unix::fs::MetadataExt;
+        let file = match File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+        {
+            Ok(f) => f,
+            // A lock file of another user that we may read: flock needs no write access.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => File::open(path)?,
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        // The holder before us removes the file as it releases the lock: if it did so between
+        // our open and our lock, we hold a lock on a file nobody else will open. Try again.
+        let ours = file.metadata()?;
+        if file_id(path) != Some((ours.dev(), ours.ino())) {
+            return Ok(None);
+        }
+        Ok(Some(BindLock {
+            file,
+            path: path.to_owned(),
+        }))
+    }
+}
+
+impl Drop for BindLock {
+    fn drop(&mut self) {
+        // Removed while still locked (the lock goes with the descriptor, right after), so a
+        // server that opened this file in between sees that it is gone and tries again.
+        let _ = std::fs::remove_file(&self.path);
+        let _ = rustix::fs::flock(&self.file, rustix::fs::FlockOperation::Unlock);
+    }
+}
+
+/// Binds a Unix socket file at `p` with permission bits `mode`, under the path's lock.
+async fn bind_unix(p: &Path, mode: u32) -> io::Result<Listener> {
+    use std::os::unix::fs::PermissionsExt;
+    let _lock = BindLock::acquire(p).await?;
+    clear_stale_socket(p)?;
+    let l = UnixListener::bind(p)?;
+    let id = file_id(p).unwrap_or_default();
+    // The listener owns the file from here: dropped on error, it removes it.
+    let listener = Listener::Unix(l, p.to_owned(), id);
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode & 0o7777))?;
+    Ok(listener)
+}
+
+/// Binds a Linux abstract Unix socket (no file, so no lock, no permissions, nothing to remove).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn bind_abstract(name: &str) -> io::Result<Listener> {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+    l.set_nonblocking(true)?;
+    Ok(Listener::UnixAbstract(
+        UnixListener::from_std(l)?,
+        name.to_owned(),
+    ))
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn bind_abstract(_name: &str) -> io::Result<Listener> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "abstract Unix socket addresses (unix:@name) exist on Linux only",
+    ))
+}
+
 impl Listener {
-    pub(crate) async fn bind(addr: &Address) -> io::Result<Listener> {
+    /// Binds `addr`; a Unix socket file gets the permission bits `unix_mode`.
+    pub(crate) async fn bind(addr: &Address, unix_mode: u32) -> io::Result<Listener> {
         match addr {
             Address::Tcp(hp) => Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?)),
-            Address::Unix(p) => {
-                clear_stale_socket(p)?;
-                let l = UnixListener::bind(p)?;
-                let id = file_id(p).unwrap_or_default();
-                Ok(Listener::Unix(l, p.clone(), id))
-            }
+            Address::Unix(p) => bind_unix(p, unix_mode).await,
+            Address::UnixAbstract(name) => bind_abstract(name),
         }
     }
 
@@ -63,14 +178,20 @@ impl Listener {
         match self {
             Listener::Tcp(l) => Ok(Address::from(l.local_addr()?)),
             Listener::Unix(_, p, _) => Ok(Address::Unix(p.clone())),
+            Listener::UnixAbstract(_, name) => Ok(Address::UnixAbstract(name.clone())),
         }
     }
 
-    pub(crate) async fn accept(&self) -> io::Result<SocketTransport> {
-        match self {
+    /// Accepts a connection. The outer error is the listener's (out of file descriptors and
+    /// the like: worth a pause before trying again); the inner one is that connection's alone
+    /// (it was reset before it could be set up).
+    pub(crate) async fn accept(&self) -> io::Result<io::Result<SocketTransport>> {
+        Ok(match self {
             Listener::Tcp(l) => SocketTransport::from_tcp(l.accept().await?.0),
-            Listener::Unix(l, _, _) => SocketTransport::from_unix(l.accept().await?.0),
-        }
+            Listener::Unix(l, _, _) | Listener::UnixAbstract(l, _) => {
+                SocketTransport::from_unix(l.accept().await?.0)
+            }
+        })
     }
 }
 

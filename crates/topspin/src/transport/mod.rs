@@ -25,23 +25,67 @@ use std::path::PathBuf;
 use std::task::{Context, Poll};
 
 /// The address of the other end of a connection.
+///
+/// ```
+/// use topspin::PeerAddr;
+/// let p: PeerAddr = "127.0.0.1:9".parse::<std::net::SocketAddr>().map(PeerAddr::Tcp).unwrap();
+/// assert_eq!(p.to_string(), "127.0.0.1:9");
+/// assert!(p.credentials().is_none());
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PeerAddr {
     /// A TCP peer.
     Tcp(SocketAddr),
-    /// A Unix socket peer (usually unnamed).
-    Unix(Option<PathBuf>),
+    /// A Unix socket peer.
+    #[non_exhaustive]
+    Unix {
+        /// The peer's socket path, if it bound one (usually not: client sockets are unnamed).
+        path: Option<PathBuf>,
+        /// Who the peer process is, as the kernel saw it when it connected (`SO_PEERCRED`).
+        credentials: Option<PeerCredentials>,
+    },
     /// A connection over a byte stream whose peer has no socket address.
     Stream,
+}
+
+impl PeerAddr {
+    /// The peer process's credentials: on a Unix socket, the user, group and process that
+    /// connected (as the kernel recorded them at `connect`); `None` for other transports.
+    /// Servers can use them to authorise local clients without any secret.
+    pub fn credentials(&self) -> Option<&PeerCredentials> {
+        match self {
+            PeerAddr::Unix { credentials, .. } => credentials.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// The credentials of the process at the other end of a Unix socket (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct PeerCredentials {
+    /// The peer's effective user id.
+    pub uid: u32,
+    /// The peer's effective group id.
+    pub gid: u32,
+    /// The peer's process id, when the kernel reports it.
+    pub pid: Option<i32>,
 }
 
 impl std::fmt::Display for PeerAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PeerAddr::Tcp(a) => write!(f, "{a}"),
-            PeerAddr::Unix(Some(p)) => write!(f, "unix:{}", p.display()),
-            PeerAddr::Unix(None) => f.write_str("unix:(unnamed)"),
+            PeerAddr::Unix { path: Some(p), .. } => write!(f, "unix:{}", p.display()),
+            PeerAddr::Unix {
+                path: None,
+                credentials: Some(c),
+            } => match c.pid {
+                Some(pid) => write!(f, "unix:(pid {pid}, uid {})", c.uid),
+                None => write!(f, "unix:(uid {})", c.uid),
+            },
+            PeerAddr::Unix { path: None, .. } => f.write_str("unix:(unnamed)"),
             PeerAddr::Stream => f.write_str("stream"),
         }
     }

@@ -2,11 +2,12 @@
 //! through readiness and non-blocking calls so one task can read and write at once. The
 //! crate's only readiness calls and raw descriptors live here.
 
-use super::{PeerAddr, Transport};
+use super::{PeerAddr, PeerCredentials, Transport};
 use crate::address::Address;
 use bytes::BytesMut;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::task::{ready, Context, Poll};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -40,61 +41,99 @@ impl AsFd for Sock {
 /// A connection's socket, used through readiness and non-blocking calls so one task can read
 /// while its writes wait.
 ///
-/// It is registered with the reactor for **read** readiness only: every write on a TCP or Unix
-/// socket later raises an `EPOLLOUT` edge (when the peer acknowledges or reads), and with both
-/// interests each of them woke the reactor for nothing — one `epoll_wait` per call and side
-/// (more on Unix sockets). Writes go straight to the non-blocking socket; only when one would
-/// block is a duplicate descriptor registered for write readiness, and dropped once the queue
-/// has drained.
+/// It is registered with the reactor for **read** readiness only while writes go through at
+/// once: every write on a TCP or Unix socket later raises an `EPOLLOUT` edge (when the peer
+/// acknowledges or reads), and with both interests each of them woke the reactor for nothing —
+/// one `epoll_wait` per call and side (more on Unix sockets). Writes go straight to the
+/// non-blocking socket; only when one would block is the same descriptor re-registered for
+/// read and write readiness (two `epoll_ctl`, no new descriptor: a connection never needs a
+/// second file descriptor, so it keeps working when the process is out of them), and back to
+/// read only once writes have stopped waiting.
 #[derive(Debug)]
 pub(crate) struct SocketTransport {
-    sock: AsyncFd<Sock>,
-    writer: Option<AsyncFd<OwnedFd>>,
+    /// The registered socket; `None` only if re-registering it failed (the connection then
+    /// reports that error and ends).
+    sock: Option<AsyncFd<Sock>>,
+    /// Whether the registration includes write readiness.
+    write_watched: bool,
     /// Writes that completed without waiting since write readiness was last needed.
     idle_writes: u32,
+    /// The peer's credentials (Unix sockets), read once when the connection is made.
+    credentials: Option<PeerCredentials>,
+}
+
+/// Registers `sock` with the reactor for `interest`; on failure the socket is dropped (closed).
+#[allow(unsafe_code)]
+fn register(sock: Sock, interest: Interest) -> io::Result<AsyncFd<Sock>> {
+    // SAFETY: `sock` owns its descriptor, which stays open and the same for as long as the
+    // AsyncFd owns `sock` (tokio's registration contract).
+    unsafe { AsyncFd::register_with_interest(sock, interest) }.map_err(|e| e.into_parts().1)
+}
+
+fn gone() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "the socket could not be re-registered with the reactor",
+    )
 }
 
 impl SocketTransport {
-    #[allow(unsafe_code)]
-    fn new(sock: Sock) -> io::Result<SocketTransport> {
-        // SAFETY: `sock` owns its descriptor, which stays open and the same for as long as the
-        // AsyncFd owns `sock` (tokio's registration contract).
-        let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }?;
+    fn new(sock: Sock, credentials: Option<PeerCredentials>) -> io::Result<SocketTransport> {
         Ok(SocketTransport {
-            sock,
-            writer: None,
+            sock: Some(register(sock, Interest::READABLE)?),
+            write_watched: false,
             idle_writes: 0,
+            credentials,
         })
     }
 
     pub(crate) fn from_tcp(s: TcpStream) -> io::Result<SocketTransport> {
         s.set_nodelay(true)?;
         // into_std leaves the socket non-blocking.
-        SocketTransport::new(Sock::Tcp(s.into_std()?))
+        SocketTransport::new(Sock::Tcp(s.into_std()?), None)
     }
 
     pub(crate) fn from_unix(s: UnixStream) -> io::Result<SocketTransport> {
-        SocketTransport::new(Sock::Unix(s.into_std()?))
+        let credentials = s.peer_cred().ok().map(|c| PeerCredentials {
+            uid: c.uid(),
+            gid: c.gid(),
+            pid: c.pid(),
+        });
+        SocketTransport::new(Sock::Unix(s.into_std()?), credentials)
     }
 
     pub(crate) async fn connect(addr: &Address) -> io::Result<SocketTransport> {
         match addr {
             Address::Tcp(hp) => SocketTransport::from_tcp(TcpStream::connect(hp.as_str()).await?),
             Address::Unix(p) => SocketTransport::from_unix(UnixStream::connect(p).await?),
+            Address::UnixAbstract(name) => SocketTransport::from_unix(connect_abstract(name)?),
         }
     }
 
-    /// Write readiness: registers for it on first use after a write would have blocked.
+    fn fd(&self) -> io::Result<&AsyncFd<Sock>> {
+        self.sock.as_ref().ok_or_else(gone)
+    }
+
+    /// Re-registers the socket's one descriptor with `interest` (deregister, register: two
+    /// `epoll_ctl`). Readiness that was already there is reported again by the new
+    /// registration (epoll reports a ready descriptor when it is added), so no wake-up is lost.
+    fn reregister(&mut self, interest: Interest) -> io::Result<()> {
+        let Some(fd) = self.sock.take() else {
+            return Err(gone());
+        };
+        self.sock = Some(register(fd.into_inner(), interest)?);
+        self.write_watched = interest.is_writable();
+        Ok(())
+    }
+
+    /// Write readiness: the registration takes it on first use after a write would have
+    /// blocked.
     fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.idle_writes = 0;
-        if self.writer.is_none() {
-            let fd = self.sock.get_ref().as_fd().try_clone_to_owned()?;
-            self.writer = Some(watch_writable(fd)?);
+        if !self.write_watched {
+            self.reregister(Interest::READABLE | Interest::WRITABLE)?;
         }
-        match &self.writer {
-            Some(w) => w.poll_write_ready(cx).map_ok(|_guard| ()),
-            None => Poll::Ready(Ok(())),
-        }
+        self.fd()?.poll_write_ready(cx).map_ok(|_guard| ())
     }
 
     /// Reads into `buf`'s spare capacity. When the read returns less than was offered, the
@@ -104,7 +143,7 @@ impl SocketTransport {
     /// that arrives after the `recv` raises a new readiness event that is not cleared.
     fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         let mut got = 0;
-        let r = self.sock.try_io(Interest::READABLE, |s| {
+        let r = self.fd()?.try_io(Interest::READABLE, |s| {
             recv_drained(socket2::SockRef::from(s), buf, &mut got)
         });
         match r {
@@ -114,12 +153,14 @@ impl SocketTransport {
     }
 
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let write = |_: &OwnedFd| socket2::SockRef::from(self.sock.get_ref()).send_vectored(bufs);
-        match &self.writer {
+        let fd = self.fd()?;
+        let write = |s: &Sock| socket2::SockRef::from(s).send_vectored(bufs);
+        if self.write_watched {
             // While write readiness is watched, writes go through it so that a write that
             // would block clears it (and the task waits for the next edge).
-            Some(w) => w.try_io(Interest::WRITABLE, write),
-            None => socket2::SockRef::from(self.sock.get_ref()).send_vectored(bufs),
+            fd.try_io(Interest::WRITABLE, write)
+        } else {
+            write(fd.get_ref())
         }
     }
 }
@@ -127,7 +168,7 @@ impl SocketTransport {
 impl Transport for SocketTransport {
     fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // Dropping the guard leaves the readiness set; `try_read_buf` clears it.
-        self.sock.poll_read_ready(cx).map_ok(|_guard| ())
+        self.fd()?.poll_read_ready(cx).map_ok(|_guard| ())
     }
 
     /// Reads at once (the caller polled readiness first); only when the socket turns out
@@ -139,7 +180,7 @@ impl Transport for SocketTransport {
                 r => return Poll::Ready(r),
             }
             // Dropping the guard leaves the readiness set; `try_read_buf` clears it.
-            if let Err(e) = ready!(self.sock.poll_read_ready(cx)) {
+            if let Err(e) = ready!(self.fd()?.poll_read_ready(cx)) {
                 return Poll::Ready(Err(e));
             }
         }
@@ -162,21 +203,24 @@ impl Transport for SocketTransport {
 
     /// Everything queued was written. Write readiness stops being watched once 64 writes in a
     /// row have not needed it: a connection moving large messages keeps its registration
-    /// (re-registering costs a dup, two epoll_ctl and a close), one making small calls loses
-    /// it and with it the spurious EPOLLOUT wake-ups.
+    /// (re-registering costs two epoll_ctl), one making small calls loses it and with it the
+    /// spurious EPOLLOUT wake-ups.
     fn poll_flush(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.writer.is_some() {
+        if self.write_watched {
             self.idle_writes += 1;
             if self.idle_writes >= 64 {
-                self.writer = None;
                 self.idle_writes = 0;
+                self.reregister(Interest::READABLE)?;
             }
         }
         Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = socket2::SockRef::from(self.sock.get_ref()).shutdown(std::net::Shutdown::Write);
+        let Ok(fd) = self.fd() else {
+            return Poll::Ready(Ok(()));
+        };
+        let r = socket2::SockRef::from(fd.get_ref()).shutdown(std::net::Shutdown::Write);
         if let Err(e) = &r {
             tracing::debug!("shutdown: {e}");
         }
@@ -184,25 +228,33 @@ impl Transport for SocketTransport {
     }
 
     fn peer_addr(&self) -> PeerAddr {
-        match self.sock.get_ref() {
-            Sock::Tcp(s) => s
-                .peer_addr()
-                .map(PeerAddr::Tcp)
-                .unwrap_or(PeerAddr::Unix(None)),
-            Sock::Unix(s) => PeerAddr::Unix(
+        let unix = |path| PeerAddr::Unix {
+            path,
+            credentials: self.credentials,
+        };
+        match self.sock.as_ref().map(AsyncFd::get_ref) {
+            Some(Sock::Tcp(s)) => s.peer_addr().map(PeerAddr::Tcp).unwrap_or(unix(None)),
+            Some(Sock::Unix(s)) => unix(
                 s.peer_addr()
                     .ok()
                     .and_then(|a| a.as_pathname().map(|p| p.to_path_buf())),
             ),
+            None => PeerAddr::Stream,
         }
     }
 }
 
-/// Registers a duplicate of a socket's descriptor for write readiness only.
-#[allow(unsafe_code)]
-fn watch_writable(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: the AsyncFd owns `fd`, which stays open and the same until it is dropped.
-    Ok(unsafe { AsyncFd::register_with_interest(fd, Interest::WRITABLE) }?)
+/// Connects to a Linux abstract Unix socket address (no file): non-blocking, so a full
+/// backlog is an error rather than a blocked thread.
+fn connect_abstract(name: &str) -> io::Result<UnixStream> {
+    let sock = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    sock.set_nonblocking(true)?;
+    let mut path = Vec::with_capacity(name.len() + 1);
+    path.push(0);
+    path.extend_from_slice(name.as_bytes());
+    let addr = socket2::SockAddr::unix(std::ffi::OsStr::from_bytes(&path))?;
+    sock.connect(&addr)?;
+    UnixStream::from_std(std::os::unix::net::UnixStream::from(OwnedFd::from(sock)))
 }
 
 /// One `recv` into the spare capacity of `buf`. A short read (the socket had less than we

@@ -1,8 +1,11 @@
 //! The server's side of a connection: the [`Role`] that dispatches calls to handlers and polls
-//! them itself, so a call is answered without a hand-off to another thread. The connection loop
-//! is `crate::connection`'s.
+//! each once itself, so a call answered at once needs no hand-off to another thread; a handler
+//! that is not done after that first poll goes on on a task of its own. The connection loop is
+//! `crate::connection`'s.
 
-use super::handler::{BoxFut, CallIo, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit};
+use super::handler::{
+    BoxFut, CallIo, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit, Spawned,
+};
 use super::Registry;
 use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
 use crate::request::{Cancellation, ServerContext};
@@ -82,7 +85,8 @@ pub(crate) struct ServerRole {
     registry: Arc<Registry>,
     peer: PeerAddr,
     calls: FxHashMap<u32, Call>,
-    handlers: FuturesUnordered<Running>,
+    /// Handlers that did not answer in their first poll, each on a task of its own.
+    handlers: FuturesUnordered<Spawned>,
     tx: mpsc::Sender<SCmd>,
     rx: mpsc::Receiver<SCmd>,
     shutdown: super::Shutdown,
@@ -386,7 +390,8 @@ impl ServerRole {
             fut: Some(handler.call(input, metadata, ctx, io, recycled)),
         };
         // Most handlers answer at once: poll once now, so the answer leaves in the same write
-        // as everything else this turn, without a trip through the scheduler.
+        // as everything else this turn, without a trip through the scheduler. (This first poll
+        // runs on the connection task: a handler that blocks in it holds up the connection.)
         let waker = futures_util::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
         match std::pin::Pin::new(&mut running).poll(&mut cx) {
@@ -397,8 +402,9 @@ impl ServerRole {
                     self.finish(id, o, conn);
                 }
             }
-            // Polled again by the set, which registers a real waker.
-            std::task::Poll::Pending => self.handlers.push(running),
+            // The rest runs on a task of its own, so a handler that waits, blocks its thread
+            // or burns CPU holds up no other call; the connection task collects its outcome.
+            std::task::Poll::Pending => self.handlers.push(Spawned::spawn(running)),
         }
     }
 

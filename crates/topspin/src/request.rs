@@ -98,7 +98,8 @@ impl<T> Request<T> {
 
     /// Server: a handle that tells whether the call was cancelled (client cancel, deadline,
     /// connection loss, shutdown). The handler's future is also dropped promptly when that
-    /// happens; the handle lets work spawned elsewhere stop too.
+    /// happens; the handle lets work spawned elsewhere stop too. It never fires for a call
+    /// that ended normally (its handler returned an answer or an error status).
     pub fn cancellation(&self) -> Option<Cancellation> {
         self.ctx.as_ref().map(|c| c.cancel.clone())
     }
@@ -165,7 +166,10 @@ pub(crate) struct ServerContext {
     pub(crate) cancel: Cancellation,
 }
 
-/// Tells a server handler whether its call was cancelled.
+/// Tells a server handler whether its call was cancelled: by the client, by its deadline, by
+/// the loss of its connection or by the server's shutdown (the grace period ran out). It
+/// fires only then, never after the call ended normally, so a task spawned with a clone can
+/// tell "the call was abandoned" from "the call is done".
 #[derive(Clone, Debug, Default)]
 pub struct Cancellation {
     inner: Arc<CancelInner>,

@@ -45,6 +45,8 @@ enum Call {
         blocked: Option<Box<Blocked>>,
         /// The handler finished while a message was still being sent.
         end: Option<Box<(Status, Metadata)>>,
+        /// The handler returned: ending the call is no cancellation.
+        returned: bool,
     },
 }
 
@@ -356,6 +358,17 @@ impl ServerRole {
         ctx: ServerContext,
         conn: &mut Connection,
     ) {
+        // A call whose deadline passed on its way in is not started (its handler's work could
+        // only be thrown away).
+        if ctx.deadline.is_some_and(|d| d <= Instant::now()) {
+            let st = Status::new(
+                Code::DeadlineExceeded,
+                "the deadline passed before the handler started",
+            );
+            self.end(id, st, Metadata::new(), conn);
+            ctx.cancel.recycle(&mut self.cancel_pool);
+            return;
+        }
         let (input, inbound) = match message {
             Some(m) => (Input::One(m), None),
             None => {
@@ -377,6 +390,7 @@ impl ServerRole {
                 inbound,
                 blocked: None,
                 end: None,
+                returned: false,
             },
         );
         let io = CallIo {
@@ -418,6 +432,9 @@ impl ServerRole {
 
     /// A handler returned.
     fn finish(&mut self, id: u32, outcome: Outcome, conn: &mut Connection) {
+        if let Some(Call::Running { returned, .. }) = self.calls.get_mut(&id) {
+            *returned = true;
+        }
         match outcome {
             Outcome::Reply(Ok((message, headers, trailers))) => {
                 if !self.calls.contains_key(&id) {
@@ -474,15 +491,21 @@ impl ServerRole {
             Err(_) => {}
         }
         if let Some(Call::Running {
-            cancel, blocked, ..
+            cancel,
+            blocked,
+            returned,
+            ..
         }) = self.calls.remove(&id)
         {
             if let Some((_, ack)) = blocked.map(|b| *b) {
                 let _ = ack.send(Err(Status::cancelled("the call ended")));
             }
-            // A handler still running (its call ended without it) must stop; a finished one
-            // has let go of the handle, which is then reused.
-            cancel.cancel();
+            // A handler still running (its call ended without it) must stop; a call whose
+            // handler returned was not cancelled (a clone of the handle the application kept
+            // must not fire), and the handle is reused if nothing else holds it.
+            if !returned {
+                cancel.cancel();
+            }
             cancel.recycle(&mut self.cancel_pool);
         }
     }

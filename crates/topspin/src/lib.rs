@@ -49,7 +49,7 @@ mod transport;
 pub use address::{Address, AddressError, IntoAddress};
 pub use client::{Channel, Endpoint, MethodName};
 pub use config::Config;
-pub use request::{Cancellation, IntoRequest, Request, Response};
+pub use request::{Cancellation, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use server::{
     shutdown_signal, CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle,
 };

@@ -2,6 +2,7 @@
 //! context (deadline, cancellation, peer).
 
 use crate::transport::PeerAddr;
+use futures_util::Stream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -153,6 +154,48 @@ impl<T> IntoRequest<T> for T {
 
 impl<T> IntoRequest<T> for Request<T> {
     fn into_request(self) -> Request<T> {
+        self
+    }
+}
+
+/// Anything a client-streaming or bidirectional call accepts as its requests: a stream of
+/// messages alone, or a [`Request`] around one (with metadata and a timeout), as tonic's
+/// `IntoStreamingRequest`.
+///
+/// ```
+/// use futures_util::stream;
+/// use topspin::{IntoStreamingRequest, Request};
+/// let a = stream::iter([1u32, 2]).into_streaming_request();
+/// let b = Request::new(stream::iter([1u32, 2])).into_streaming_request();
+/// assert!(a.metadata().is_empty() && b.metadata().is_empty());
+/// ```
+pub trait IntoStreamingRequest {
+    /// The stream of request messages.
+    type Stream: Stream<Item = Self::Message> + Send + 'static;
+    /// One request message.
+    type Message;
+    /// The request.
+    fn into_streaming_request(self) -> Request<Self::Stream>;
+}
+
+impl<S> IntoStreamingRequest for S
+where
+    S: Stream + Send + 'static,
+{
+    type Stream = S;
+    type Message = S::Item;
+    fn into_streaming_request(self) -> Request<S> {
+        Request::new(self)
+    }
+}
+
+impl<S> IntoStreamingRequest for Request<S>
+where
+    S: Stream + Send + 'static,
+{
+    type Stream = S;
+    type Message = S::Item;
+    fn into_streaming_request(self) -> Request<S> {
         self
     }
 }

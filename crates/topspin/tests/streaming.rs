@@ -52,6 +52,35 @@ async fn client_streaming() {
     server.stop().await;
 }
 
+/// A streaming call takes a bare stream as well as a `Request` around one (tonic's
+/// `IntoStreamingRequest`), with metadata and a timeout in the second form.
+#[tokio::test]
+async fn streaming_calls_take_a_bare_stream_or_a_request() {
+    let server = serve(builder(Probe::default()), Transport::Tcp).await;
+    let ch = server.channel().await;
+    let r = ch
+        .client_streaming(RawCodec, CLIENT_STREAM, stream::iter(["a", "b"].map(bytes)))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), bytes("ab"));
+    let req = Request::new(stream::iter(["c", "d"].map(bytes)))
+        .with_timeout(Duration::from_secs(5))
+        .with_metadata(topspin::Metadata::builder().text("k", "v").unwrap().build());
+    let r = ch
+        .client_streaming(RawCodec, CLIENT_STREAM, req)
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), bytes("cd"));
+    let replies = ch
+        .streaming(RawCodec, BIDI, stream::iter(["x", "y"].map(bytes)))
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<Bytes> = replies.map(|m| m.unwrap()).collect().await;
+    assert_eq!(got, vec![bytes("echo:x"), bytes("echo:y")]);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn bidirectional_ping_pong() {
     for t in BOTH {

@@ -185,15 +185,14 @@ async fn a_call_that_ends_normally_is_not_cancelled() {
 
     // Every call is over (its END reached the client); give a late signal time to show.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let kept = kept.lock().unwrap();
+    let kept: Vec<_> = std::mem::take(&mut *kept.lock().unwrap());
     assert_eq!(kept.len(), 6);
-    for (what, c) in kept.iter() {
+    for (what, c) in &kept {
         assert!(
             !c.is_cancelled(),
             "{what}: fired after the call ended normally"
         );
     }
-    drop(kept);
     server.stop().await;
 }
 

@@ -197,3 +197,34 @@ async fn slow_reader_bounds_the_writer() {
     eprintln!("max outstanding: {max_outstanding} bytes (window {window})");
     server.stop().await;
 }
+
+/// Response headers reach the client even when the response stream is empty (they go ahead of
+/// the END that closes it), whether the handler answers in its first poll or later.
+#[tokio::test]
+async fn headers_of_an_empty_response_stream_arrive() {
+    let server = Server::builder()
+        .server_streaming("/t.S/Empty", RawCodec, |r: Request<Bytes>| async move {
+            if r.get_ref().as_ref() == b"later" {
+                tokio::task::yield_now().await;
+            }
+            let md = topspin::Metadata::builder().text("h", "v").unwrap().build();
+            Ok(Response::new(stream::empty::<Result<Bytes, topspin::Status>>()).with_metadata(md))
+        })
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = server.local_addr().clone();
+    let handle = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    let ch = topspin::Channel::connect(addr).await.unwrap();
+    for body in ["now", "later"] {
+        let r = ch
+            .server_streaming(RawCodec, "/t.S/Empty", bytes(body))
+            .await
+            .unwrap();
+        assert_eq!(r.metadata().get_str("h"), Some("v"), "{body}");
+        let mut s = r.into_inner();
+        assert_eq!(s.message().await.unwrap(), None);
+    }
+    handle.shutdown(Duration::from_secs(1)).await;
+}

@@ -435,6 +435,15 @@ impl ServerRole {
         if let Some(Call::Running { returned, .. }) = self.calls.get_mut(&id) {
             *returned = true;
         }
+        if let Outcome::Finished(_) = outcome {
+            // A response stream's headers are queued, not awaited: they go before its END.
+            for _ in 0..COMMAND_QUEUE {
+                match self.rx.try_recv() {
+                    Ok(cmd) => self.apply(cmd, conn),
+                    Err(_) => break,
+                }
+            }
+        }
         match outcome {
             Outcome::Reply(Ok((message, headers, trailers))) => {
                 if !self.calls.contains_key(&id) {

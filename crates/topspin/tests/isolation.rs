@@ -286,3 +286,69 @@ async fn spawned_handlers_leave_no_open_call_behind() {
     );
     handle.shutdown(Duration::from_secs(1)).await;
 }
+
+/// The server's shutdown reaches a handler running on its own task: when the grace period
+/// ends, its call's cancellation fires and its future is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_reaches_a_spawned_handler() {
+    let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel::<()>();
+    let dropped_tx = std::sync::Mutex::new(Some(dropped_tx));
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let k = kept.clone();
+    let server = Server::builder()
+        .unary("/t.S/Forever", RawCodec, move |r: Request<Bytes>| {
+            *k.lock().unwrap() = r.cancellation();
+            let tx = dropped_tx.lock().unwrap().take();
+            async move {
+                struct Dropped(Option<tokio::sync::oneshot::Sender<()>>);
+                impl Drop for Dropped {
+                    fn drop(&mut self) {
+                        if let Some(tx) = self.0.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                }
+                let _dropped = Dropped(tx);
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok(Response::new(r.into_inner()))
+            }
+        })
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = server.local_addr().clone();
+    let handle = server.shutdown_handle();
+    let serving = tokio::spawn(server.serve());
+    let ch = Channel::connect(addr).await.expect("connect");
+    let call = tokio::spawn(async move {
+        ch.unary(RawCodec, "/t.S/Forever", Bytes::from_static(b"x"))
+            .await
+    });
+    // The handler is running (on its own task) once its handle is kept.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while kept.lock().unwrap().is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the handler starts");
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        handle.shutdown(Duration::from_millis(100)),
+    )
+    .await
+    .expect("shutdown ends");
+    tokio::time::timeout(Duration::from_secs(5), dropped_rx)
+        .await
+        .expect("the handler's future is dropped")
+        .expect("dropped once");
+    let c = kept.lock().unwrap().take().expect("kept");
+    assert!(c.is_cancelled());
+    let err = call
+        .await
+        .expect("task")
+        .expect_err("the call did not finish");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
+}

@@ -388,21 +388,16 @@ impl {name}Client {{
                 format!("::topspin::Streaming<{output}>"),
                 "server_streaming",
             ),
+            // A bare stream of requests, or a `Request` around one.
             Kind::ClientStreaming => (
-                format!(
-                    "<S: ::futures_core::Stream<Item = {input}> + ::core::marker::Send + 'static>"
-                ),
-                // Stream requests stay explicit: a blanket `IntoRequest<S>` would leave `S`
-                // ambiguous to type inference.
-                "::topspin::Request<S>".to_owned(),
+                String::new(),
+                format!("impl ::topspin::IntoStreamingRequest<Message = {input}>"),
                 output.clone(),
                 "client_streaming",
             ),
             Kind::Bidirectional => (
-                format!(
-                    "<S: ::futures_core::Stream<Item = {input}> + ::core::marker::Send + 'static>"
-                ),
-                "::topspin::Request<S>".to_owned(),
+                String::new(),
+                format!("impl ::topspin::IntoStreamingRequest<Message = {input}>"),
                 format!("::topspin::Streaming<{output}>"),
                 "streaming",
             ),

@@ -5,6 +5,13 @@
 //! metadata both ways, cancellation (drop the future), flow control and typed [`Status`]
 //! errors. The wire protocol is `topspin-proto`'s; this crate does the I/O.
 //!
+//! **Handlers and threads.** A handler is first polled on its connection's task: one that
+//! answers at once leaves in the same write, with no hop to another thread. A handler not done
+//! after that first poll goes on on a task of its own (`tokio::spawn`), where blocking or
+//! burning CPU holds up only its own call. So do not block before a handler's first `.await`
+//! that waits (that part holds up every call of the connection); run blocking work with
+//! `tokio::task::spawn_blocking`. A panicking handler ends its own call with `INTERNAL`.
+//!
 //! ```
 //! use bytes::Bytes;
 //! use topspin::{codec::RawCodec, Channel, Request, Response, Server};
@@ -52,7 +59,7 @@ pub use address::{Address, AddressError, IntoAddress};
 pub use client::{Channel, Endpoint, MethodName};
 pub use compression::{Compression, Encoding};
 pub use config::Config;
-pub use request::{Cancellation, IntoRequest, Request, Response};
+pub use request::{Cancellation, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use server::{
     shutdown_signal, CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle,
 };
@@ -62,3 +69,8 @@ pub use streaming::Streaming;
 pub use topspin_proto::MemoryBudget;
 pub use topspin_proto::{Metadata, MetadataBuilder};
 pub use transport::{PeerAddr, PeerCredentials};
+
+/// The crate README's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

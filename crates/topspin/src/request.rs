@@ -2,6 +2,7 @@
 //! context (deadline, cancellation, peer).
 
 use crate::transport::PeerAddr;
+use futures_util::Stream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -98,7 +99,8 @@ impl<T> Request<T> {
 
     /// Server: a handle that tells whether the call was cancelled (client cancel, deadline,
     /// connection loss, shutdown). The handler's future is also dropped promptly when that
-    /// happens; the handle lets work spawned elsewhere stop too.
+    /// happens; the handle lets work spawned elsewhere stop too. It never fires for a call
+    /// that ended normally (its handler returned an answer or an error status).
     pub fn cancellation(&self) -> Option<Cancellation> {
         self.ctx.as_ref().map(|c| c.cancel.clone())
     }
@@ -156,6 +158,48 @@ impl<T> IntoRequest<T> for Request<T> {
     }
 }
 
+/// Anything a client-streaming or bidirectional call accepts as its requests: a stream of
+/// messages alone, or a [`Request`] around one (with metadata and a timeout), as tonic's
+/// `IntoStreamingRequest`.
+///
+/// ```
+/// use futures_util::stream;
+/// use topspin::{IntoStreamingRequest, Request};
+/// let a = stream::iter([1u32, 2]).into_streaming_request();
+/// let b = Request::new(stream::iter([1u32, 2])).into_streaming_request();
+/// assert!(a.metadata().is_empty() && b.metadata().is_empty());
+/// ```
+pub trait IntoStreamingRequest {
+    /// The stream of request messages.
+    type Stream: Stream<Item = Self::Message> + Send + 'static;
+    /// One request message.
+    type Message;
+    /// The request.
+    fn into_streaming_request(self) -> Request<Self::Stream>;
+}
+
+impl<S> IntoStreamingRequest for S
+where
+    S: Stream + Send + 'static,
+{
+    type Stream = S;
+    type Message = S::Item;
+    fn into_streaming_request(self) -> Request<S> {
+        Request::new(self)
+    }
+}
+
+impl<S> IntoStreamingRequest for Request<S>
+where
+    S: Stream + Send + 'static,
+{
+    type Stream = S;
+    type Message = S::Item;
+    fn into_streaming_request(self) -> Request<S> {
+        self
+    }
+}
+
 /// What the server knows about a call besides its message.
 #[derive(Clone, Debug)]
 pub(crate) struct ServerContext {
@@ -165,7 +209,10 @@ pub(crate) struct ServerContext {
     pub(crate) cancel: Cancellation,
 }
 
-/// Tells a server handler whether its call was cancelled.
+/// Tells a server handler whether its call was cancelled: by the client, by its deadline, by
+/// the loss of its connection or by the server's shutdown (the grace period ran out). It
+/// fires only then, never after the call ended normally, so a task spawned with a clone can
+/// tell "the call was abandoned" from "the call is done".
 #[derive(Clone, Debug, Default)]
 pub struct Cancellation {
     inner: Arc<CancelInner>,

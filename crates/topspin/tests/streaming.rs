@@ -52,6 +52,35 @@ async fn client_streaming() {
     server.stop().await;
 }
 
+/// A streaming call takes a bare stream as well as a `Request` around one (tonic's
+/// `IntoStreamingRequest`), with metadata and a timeout in the second form.
+#[tokio::test]
+async fn streaming_calls_take_a_bare_stream_or_a_request() {
+    let server = serve(builder(Probe::default()), Transport::Tcp).await;
+    let ch = server.channel().await;
+    let r = ch
+        .client_streaming(RawCodec, CLIENT_STREAM, stream::iter(["a", "b"].map(bytes)))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), bytes("ab"));
+    let req = Request::new(stream::iter(["c", "d"].map(bytes)))
+        .with_timeout(Duration::from_secs(5))
+        .with_metadata(topspin::Metadata::builder().text("k", "v").unwrap().build());
+    let r = ch
+        .client_streaming(RawCodec, CLIENT_STREAM, req)
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), bytes("cd"));
+    let replies = ch
+        .streaming(RawCodec, BIDI, stream::iter(["x", "y"].map(bytes)))
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<Bytes> = replies.map(|m| m.unwrap()).collect().await;
+    assert_eq!(got, vec![bytes("echo:x"), bytes("echo:y")]);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn bidirectional_ping_pong() {
     for t in BOTH {
@@ -167,4 +196,35 @@ async fn slow_reader_bounds_the_writer() {
     assert_eq!(consumed, COUNT);
     eprintln!("max outstanding: {max_outstanding} bytes (window {window})");
     server.stop().await;
+}
+
+/// Response headers reach the client even when the response stream is empty (they go ahead of
+/// the END that closes it), whether the handler answers in its first poll or later.
+#[tokio::test]
+async fn headers_of_an_empty_response_stream_arrive() {
+    let server = Server::builder()
+        .server_streaming("/t.S/Empty", RawCodec, |r: Request<Bytes>| async move {
+            if r.get_ref().as_ref() == b"later" {
+                tokio::task::yield_now().await;
+            }
+            let md = topspin::Metadata::builder().text("h", "v").unwrap().build();
+            Ok(Response::new(stream::empty::<Result<Bytes, topspin::Status>>()).with_metadata(md))
+        })
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = server.local_addr().clone();
+    let handle = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    let ch = topspin::Channel::connect(addr).await.unwrap();
+    for body in ["now", "later"] {
+        let r = ch
+            .server_streaming(RawCodec, "/t.S/Empty", bytes(body))
+            .await
+            .unwrap();
+        assert_eq!(r.metadata().get_str("h"), Some("v"), "{body}");
+        let mut s = r.into_inner();
+        assert_eq!(s.message().await.unwrap(), None);
+    }
+    handle.shutdown(Duration::from_secs(1)).await;
 }

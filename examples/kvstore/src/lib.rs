@@ -247,3 +247,9 @@ impl kv::Store for KvStore {
         Ok(Response::new(entries.boxed()))
     }
 }
+
+/// The top-level README's Rust examples, compiled as doctests of this crate, whose
+/// dependencies are the ones the README lists.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExamples;

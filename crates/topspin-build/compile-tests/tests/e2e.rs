@@ -244,13 +244,9 @@ async fn shop_all_call_kinds() {
         }
         assert_eq!(got, ["p0", "p1", "p2", "p3", "p4"]);
 
-        // Client streaming.
+        // Client streaming, from a bare stream (`Request::new(stream)` works too, see chat).
         let uploads = stream::iter((0..3).map(|i| product(&format!("u{i}"))));
-        let summary = client
-            .upload_products(Request::new(uploads))
-            .await
-            .unwrap()
-            .into_inner();
+        let summary = client.upload_products(uploads).await.unwrap().into_inner();
         assert_eq!(summary.count, 3);
         assert_eq!(summary.ids, ["u0", "u1", "u2"]);
 

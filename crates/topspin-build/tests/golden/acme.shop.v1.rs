@@ -565,11 +565,9 @@ impl ShopClient {
     /// Uploads products; returns what was stored.
     ///
     /// Calls `/acme.shop.v1.Shop/UploadProducts` (client streaming).
-    pub async fn upload_products<
-        S: ::futures_core::Stream<Item = Product> + ::core::marker::Send + 'static,
-    >(
+    pub async fn upload_products(
         &self,
-        request: ::topspin::Request<S>,
+        request: impl ::topspin::IntoStreamingRequest<Message = Product>,
     ) -> ::core::result::Result<::topspin::Response<UploadSummary>, ::topspin::Status> {
         self.channel
             .client_streaming(
@@ -582,11 +580,9 @@ impl ShopClient {
     /// Talks back: every message is answered.
     ///
     /// Calls `/acme.shop.v1.Shop/Chat` (bidirectional streaming).
-    pub async fn chat<
-        S: ::futures_core::Stream<Item = ChatMessage> + ::core::marker::Send + 'static,
-    >(
+    pub async fn chat(
         &self,
-        request: ::topspin::Request<S>,
+        request: impl ::topspin::IntoStreamingRequest<Message = ChatMessage>,
     ) -> ::core::result::Result<
         ::topspin::Response<::topspin::Streaming<ChatMessage>>,
         ::topspin::Status,

@@ -375,11 +375,9 @@ impl AsyncClient {
             .await
     }
     /// Calls `/edge.type.Async/Match` (client streaming).
-    pub async fn r#match<
-        S: ::futures_core::Stream<Item = Send> + ::core::marker::Send + 'static,
-    >(
+    pub async fn r#match(
         &self,
-        request: ::topspin::Request<S>,
+        request: impl ::topspin::IntoStreamingRequest<Message = Send>,
     ) -> ::core::result::Result<::topspin::Response<Status>, ::topspin::Status> {
         self.channel
             .client_streaming(
@@ -406,11 +404,9 @@ impl AsyncClient {
             .await
     }
     /// Calls `/edge.type.Async/Loop` (bidirectional streaming).
-    pub async fn r#loop<
-        S: ::futures_core::Stream<Item = Status> + ::core::marker::Send + 'static,
-    >(
+    pub async fn r#loop(
         &self,
-        request: ::topspin::Request<S>,
+        request: impl ::topspin::IntoStreamingRequest<Message = Status>,
     ) -> ::core::result::Result<
         ::topspin::Response<::topspin::Streaming<Result>>,
         ::topspin::Status,

@@ -17,12 +17,11 @@ pub use endpoint::Endpoint;
 
 use crate::codec::Codec;
 use crate::streaming::{Item, Streaming};
-use crate::{IntoRequest, Request, Response, Status};
+use crate::{IntoRequest, IntoStreamingRequest, Request, Response, Status};
 use bytes::Bytes;
 use bytestring::ByteString;
 use call::{begin, CallGuard, ClientCredit};
 use conn::{CallStart, Cmd, Sink};
-use futures_util::Stream;
 use pool::Pool;
 use std::sync::Arc;
 use std::time::Instant;
@@ -237,17 +236,30 @@ impl Channel {
         Ok(Response::from_parts(stream, headers, Metadata::new()))
     }
 
-    /// A client-streaming call: a stream of requests, one response.
-    pub async fn client_streaming<C, S>(
+    /// A client-streaming call: a stream of requests, one response. `request` is a stream of
+    /// messages or a [`Request`] around one (for metadata or a timeout).
+    ///
+    /// ```no_run
+    /// # async fn f(channel: topspin::Channel) -> Result<(), topspin::Status> {
+    /// use bytes::Bytes;
+    /// use futures_util::stream;
+    /// use topspin::{codec::RawCodec, Request};
+    /// let parts = [Bytes::from_static(b"a"), Bytes::from_static(b"b")];
+    /// let all = channel.client_streaming(RawCodec, "/t.S/Concat", stream::iter(parts.clone())).await?;
+    /// let all = channel.client_streaming(RawCodec, "/t.S/Concat", Request::new(stream::iter(parts))).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn client_streaming<C, R>(
         &self,
         codec: C,
         method: impl Into<MethodName>,
-        request: Request<S>,
+        request: R,
     ) -> Result<Response<C::Decode>, Status>
     where
         C: Codec,
-        S: Stream<Item = C::Encode> + Send + 'static,
+        R: IntoStreamingRequest<Message = C::Encode>,
     {
+        let request = request.into_streaming_request();
         let (start, requests) = self.call_start(method.into().0, C::ID, request);
         let token = start.token;
         let (tx, rx) = self.inner.replies.pair();
@@ -257,17 +269,19 @@ impl Channel {
     }
 
     /// A bidirectional streaming call. Returns once the response headers (or the first
-    /// message, or the end) arrive; requests are sent as the stream yields them.
-    pub async fn streaming<C, S>(
+    /// message, or the end) arrive; requests are sent as the stream yields them. `request` is
+    /// a stream of messages or a [`Request`] around one.
+    pub async fn streaming<C, R>(
         &self,
         codec: C,
         method: impl Into<MethodName>,
-        request: Request<S>,
+        request: R,
     ) -> Result<Response<Streaming<C::Decode>>, Status>
     where
         C: Codec,
-        S: Stream<Item = C::Encode> + Send + 'static,
+        R: IntoStreamingRequest<Message = C::Encode>,
     {
+        let request = request.into_streaming_request();
         let (start, requests) = self.call_start(method.into().0, C::ID, request);
         let token = start.token;
         // The request pump runs before the headers arrive: a server may wait for a first

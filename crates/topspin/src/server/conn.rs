@@ -1,8 +1,11 @@
 //! The server's side of a connection: the [`Role`] that dispatches calls to handlers and polls
-//! them itself, so a call is answered without a hand-off to another thread. The connection loop
-//! is `crate::connection`'s.
+//! each once itself, so a call answered at once needs no hand-off to another thread; a handler
+//! that is not done after that first poll goes on on a task of its own. The connection loop is
+//! `crate::connection`'s.
 
-use super::handler::{BoxFut, CallIo, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit};
+use super::handler::{
+    BoxFut, CallIo, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit, Spawned,
+};
 use super::Registry;
 use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
 use crate::request::{Cancellation, ServerContext};
@@ -42,6 +45,8 @@ enum Call {
         blocked: Option<Box<Blocked>>,
         /// The handler finished while a message was still being sent.
         end: Option<Box<(Status, Metadata)>>,
+        /// The handler returned: ending the call is no cancellation.
+        returned: bool,
     },
 }
 
@@ -82,7 +87,8 @@ pub(crate) struct ServerRole {
     registry: Arc<Registry>,
     peer: PeerAddr,
     calls: FxHashMap<u32, Call>,
-    handlers: FuturesUnordered<Running>,
+    /// Handlers that did not answer in their first poll, each on a task of its own.
+    handlers: FuturesUnordered<Spawned>,
     tx: mpsc::Sender<SCmd>,
     rx: mpsc::Receiver<SCmd>,
     shutdown: super::Shutdown,
@@ -352,6 +358,17 @@ impl ServerRole {
         ctx: ServerContext,
         conn: &mut Connection,
     ) {
+        // A call whose deadline passed on its way in is not started (its handler's work could
+        // only be thrown away).
+        if ctx.deadline.is_some_and(|d| d <= Instant::now()) {
+            let st = Status::new(
+                Code::DeadlineExceeded,
+                "the deadline passed before the handler started",
+            );
+            self.end(id, st, Metadata::new(), conn);
+            ctx.cancel.recycle(&mut self.cancel_pool);
+            return;
+        }
         let (input, inbound) = match message {
             Some(m) => (Input::One(m), None),
             None => {
@@ -373,6 +390,7 @@ impl ServerRole {
                 inbound,
                 blocked: None,
                 end: None,
+                returned: false,
             },
         );
         let io = CallIo {
@@ -386,7 +404,8 @@ impl ServerRole {
             fut: Some(handler.call(input, metadata, ctx, io, recycled)),
         };
         // Most handlers answer at once: poll once now, so the answer leaves in the same write
-        // as everything else this turn, without a trip through the scheduler.
+        // as everything else this turn, without a trip through the scheduler. (This first poll
+        // runs on the connection task: a handler that blocks in it holds up the connection.)
         let waker = futures_util::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
         match std::pin::Pin::new(&mut running).poll(&mut cx) {
@@ -397,8 +416,9 @@ impl ServerRole {
                     self.finish(id, o, conn);
                 }
             }
-            // Polled again by the set, which registers a real waker.
-            std::task::Poll::Pending => self.handlers.push(running),
+            // The rest runs on a task of its own, so a handler that waits, blocks its thread
+            // or burns CPU holds up no other call; the connection task collects its outcome.
+            std::task::Poll::Pending => self.handlers.push(Spawned::spawn(running)),
         }
     }
 
@@ -412,6 +432,18 @@ impl ServerRole {
 
     /// A handler returned.
     fn finish(&mut self, id: u32, outcome: Outcome, conn: &mut Connection) {
+        if let Some(Call::Running { returned, .. }) = self.calls.get_mut(&id) {
+            *returned = true;
+        }
+        if let Outcome::Finished(_) = outcome {
+            // A response stream's headers are queued, not awaited: they go before its END.
+            for _ in 0..COMMAND_QUEUE {
+                match self.rx.try_recv() {
+                    Ok(cmd) => self.apply(cmd, conn),
+                    Err(_) => break,
+                }
+            }
+        }
         match outcome {
             Outcome::Reply(Ok((message, headers, trailers))) => {
                 if !self.calls.contains_key(&id) {
@@ -468,15 +500,21 @@ impl ServerRole {
             Err(_) => {}
         }
         if let Some(Call::Running {
-            cancel, blocked, ..
+            cancel,
+            blocked,
+            returned,
+            ..
         }) = self.calls.remove(&id)
         {
             if let Some((_, ack)) = blocked.map(|b| *b) {
                 let _ = ack.send(Err(Status::cancelled("the call ended")));
             }
-            // A handler still running (its call ended without it) must stop; a finished one
-            // has let go of the handle, which is then reused.
-            cancel.cancel();
+            // A handler still running (its call ended without it) must stop; a call whose
+            // handler returned was not cancelled (a clone of the handle the application kept
+            // must not fire), and the handle is reused if nothing else holds it.
+            if !returned {
+                cancel.cancel();
+            }
             cancel.recycle(&mut self.cancel_pool);
         }
     }

@@ -375,12 +375,62 @@ impl Future for Running {
                     call = self.id,
                     "a handler panicked; its call ends with INTERNAL"
                 );
-                let status =
-                    Status::internal("the handler panicked (the server's log has the details)");
-                Poll::Ready((self.id, Some(Outcome::Finished(Err(status))), None))
+                Poll::Ready((self.id, Some(Outcome::Finished(Err(panicked()))), None))
             }
         }
     }
+}
+
+/// A handler that did not finish in its first poll, running on a task of its own so that it
+/// holds up no other call of its connection (it may block its thread, await for long, burn
+/// CPU). The connection task polls this handle for the outcome.
+pub(crate) struct Spawned {
+    id: u32,
+    task: tokio::task::JoinHandle<Done>,
+}
+
+impl Spawned {
+    /// Moves a running handler to a task of its own. Its call's cancellation still reaches it
+    /// (`Running` drops the handler when it fires).
+    pub(crate) fn spawn(running: Running) -> Spawned {
+        Spawned {
+            id: running.id,
+            task: tokio::spawn(running),
+        }
+    }
+}
+
+impl Future for Spawned {
+    type Output = Done;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
+        match Pin::new(&mut self.task).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(done)) => Poll::Ready(done),
+            // `Running` catches a handler's panics; this is the same answer should one escape.
+            Poll::Ready(Err(e)) if e.is_panic() => {
+                tracing::error!(
+                    call = self.id,
+                    "a handler task panicked; its call ends with INTERNAL"
+                );
+                Poll::Ready((self.id, Some(Outcome::Finished(Err(panicked()))), None))
+            }
+            // Aborted (the runtime is shutting down): the call is over.
+            Poll::Ready(Err(_)) => Poll::Ready((self.id, None, None)),
+        }
+    }
+}
+
+impl Drop for Spawned {
+    /// The connection is gone: its handlers stop too (they were told through their calls'
+    /// cancellation already; this covers a handler between two polls).
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn panicked() -> Status {
+    Status::internal("the handler panicked (the server's log has the details)")
 }
 
 /// Credit for a server-side request stream goes back through the connection task.

@@ -71,17 +71,30 @@ fn server() -> topspin::ServerBuilder {
         .unary("/p.S/M", RawCodec, |req: Request<Bytes>| async move {
             Ok(Response::new(req.into_inner()))
         })
-        .unary("/helloworld.Greeter/SayHello", RawCodec, |req: Request<Bytes>| async move {
-            let md = Metadata::builder().text("x", "y").map(|b| b.build());
-            let md = md.unwrap_or_default();
-            Ok(Response::new(req.into_inner()).with_metadata(md.clone()).with_trailers(md))
-        })
-        .unary("/kv.Store/Get", RawCodec, |req: Request<Bytes>| async move {
-            Err::<Response<Bytes>, _>(
-                Status::new(Code::NotFound, String::from_utf8_lossy(req.get_ref()).into_owned())
+        .unary(
+            "/helloworld.Greeter/SayHello",
+            RawCodec,
+            |req: Request<Bytes>| async move {
+                let md = Metadata::builder().text("x", "y").map(|b| b.build());
+                let md = md.unwrap_or_default();
+                Ok(Response::new(req.into_inner())
+                    .with_metadata(md.clone())
+                    .with_trailers(md))
+            },
+        )
+        .unary(
+            "/kv.Store/Get",
+            RawCodec,
+            |req: Request<Bytes>| async move {
+                Err::<Response<Bytes>, _>(
+                    Status::new(
+                        Code::NotFound,
+                        String::from_utf8_lossy(req.get_ref()).into_owned(),
+                    )
                     .with_details(Bytes::from_static(b"details")),
-            )
-        })
+                )
+            },
+        )
         .unary("/p.S/Big", RawCodec, |_req: Request<Bytes>| async move {
             Ok(Response::new(Bytes::from(vec![7u8; 100 * 1024])))
         })
@@ -89,21 +102,29 @@ fn server() -> topspin::ServerBuilder {
         .server_streaming("/p.S/A", RawCodec, |req: Request<Bytes>| async move {
             let m = req.into_inner();
             let n = m.first().map_or(1, |b| usize::from(*b % 8));
-            Ok(Response::new(stream::iter((0..n).map(move |_| Ok(m.clone())))))
+            Ok(Response::new(stream::iter(
+                (0..n).map(move |_| Ok(m.clone())),
+            )))
         })
         // Client streaming: how many bytes came.
-        .client_streaming("/p.S/B", RawCodec, |req: Request<Streaming<Bytes>>| async move {
-            let mut s = req.into_inner();
-            let mut total = 0usize;
-            while let Some(m) = s.message().await? {
-                total += m.len();
-            }
-            Ok(Response::new(Bytes::from(total.to_string())))
-        })
+        .client_streaming(
+            "/p.S/B",
+            RawCodec,
+            |req: Request<Streaming<Bytes>>| async move {
+                let mut s = req.into_inner();
+                let mut total = 0usize;
+                while let Some(m) = s.message().await? {
+                    total += m.len();
+                }
+                Ok(Response::new(Bytes::from(total.to_string())))
+            },
+        )
         // Bidirectional: echo each message.
-        .streaming("/chat.Chat/Talk", RawCodec, |req: Request<Streaming<Bytes>>| async move {
-            Ok(Response::new(req.into_inner()))
-        })
+        .streaming(
+            "/chat.Chat/Talk",
+            RawCodec,
+            |req: Request<Streaming<Bytes>>| async move { Ok(Response::new(req.into_inner())) },
+        )
 }
 
 /// Checks what the server sent: its preface, then frames within the peer's limit (a partial
@@ -191,7 +212,12 @@ async fn run(data: &[u8]) {
         .expect("the serve task does not panic");
     let g: GaugeSnapshot = gauges.snapshot();
     assert_eq!(
-        (g.connections, g.open_calls, g.unsent_bytes, g.reserved_bytes),
+        (
+            g.connections,
+            g.open_calls,
+            g.unsent_bytes,
+            g.reserved_bytes
+        ),
         (0, 0, 0, 0),
         "gauges after the server stopped: {g:?}"
     );

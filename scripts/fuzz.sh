@@ -2,28 +2,29 @@
 # Fuzzes topspin-proto with cargo-fuzz (libFuzzer); see fuzz/README.md.
 #
 #   scripts/fuzz.sh                      seed from testdata/vectors, run every target 60 s
-#   scripts/fuzz.sh --time 600 frame_decoder
+#   scripts/fuzz.sh --seconds 600 frame_decoder      one target (or several), 600 s each
+#   FUZZ_SECONDS=30 scripts/fuzz.sh runtime_server
 #   scripts/fuzz.sh --build-only         just build the targets (what CI runs)
 #
 # Installs cargo-fuzz (and a nightly toolchain, with rustup) when missing. Exits non-zero when
 # a build fails or a target finds a crash; crashing inputs are left in fuzz/artifacts/<target>/.
-# Environment: FUZZ_TIME (seconds per target, default 60), FUZZ_TOOLCHAIN (default nightly),
-# FUZZ_ARGS (extra libFuzzer flags, e.g. "-jobs=2 -workers=2").
+# Environment: FUZZ_SECONDS (seconds per target, default 60; FUZZ_TIME is the old name),
+# FUZZ_TOOLCHAIN (default nightly), FUZZ_ARGS (extra libFuzzer flags, e.g. "-jobs=2 -workers=2").
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-time_per_target="${FUZZ_TIME:-60}"
+time_per_target="${FUZZ_SECONDS:-${FUZZ_TIME:-60}}"
 toolchain="${FUZZ_TOOLCHAIN:-nightly}"
 build_only=false
 targets=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --build-only) build_only=true ;;
-        --time) time_per_target="$2"; shift ;;
-        --time=*) time_per_target="${1#--time=}" ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        --seconds|--time) time_per_target="$2"; shift ;;
+        --seconds=*|--time=*) time_per_target="${1#*=}" ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
         *) targets+=("$1") ;;
     esac
@@ -44,9 +45,16 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 
+all_targets="$(cargo "+$toolchain" fuzz list)"
 if [ ${#targets[@]} -eq 0 ]; then
-    mapfile -t targets < <(cargo "+$toolchain" fuzz list)
+    mapfile -t targets <<<"$all_targets"
 fi
+for t in "${targets[@]}"; do
+    if ! grep -qx "$t" <<<"$all_targets"; then
+        echo "fuzz.sh: no target $t (targets: $(echo $all_targets))" >&2
+        exit 2
+    fi
+done
 
 if $build_only; then
     for t in "${targets[@]}"; do
@@ -56,6 +64,9 @@ if $build_only; then
 fi
 
 "$root/fuzz/seed.sh"
+# runtime_server reads connection_input's input layout: those seeds serve it as they are.
+mkdir -p fuzz/corpus/runtime_server
+cp -n fuzz/corpus/connection_input/* fuzz/corpus/runtime_server/ 2>/dev/null || true
 
 failed=()
 for t in "${targets[@]}"; do

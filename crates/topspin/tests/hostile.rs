@@ -277,7 +277,6 @@ async fn serial<F: Future<Output = ()>>(f: F) {
 /// unsent; `max_send_buffer` is only checked before the next read. Measured: 1,069,923,516
 /// unsent bytes (1020 answers) from one read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runtime bug: calls of one read are all answered inline past max_send_buffer (server/conn.rs spawn; runtime src, not this branch)"]
 async fn a_client_that_never_reads_is_held_to_the_send_buffer() {
     never_reading_client(|b| {
         for id in 1..=3000u32 {
@@ -302,7 +301,6 @@ async fn a_client_that_never_reads_a_stream_is_held_to_the_send_buffer() {
 /// stream with a send waiting adds its message past the bound (measured: 62,195,316 bytes
 /// unsent with 64 streams, for a bound of 5.06 MiB).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runtime bug: a turn applies up to 257 handler sends past max_send_buffer (server/conn.rs poll_work; runtime src, not this branch)"]
 async fn a_client_that_never_reads_many_streams_is_held_to_the_send_buffer() {
     never_reading_client(|b| streams(b, 64)).await;
 }

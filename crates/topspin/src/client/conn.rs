@@ -247,7 +247,8 @@ pub(crate) struct ClientRole {
 impl Role for ClientRole {
     const SIDE: Side = Side::Client;
 
-    fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, full: bool) -> Poll<()> {
+    fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, room: usize) -> Poll<()> {
+        let full = room == 0;
         let mut progressed = false;
         if !full && self.held_for_room {
             // The server has taken what was sent: what waited for room goes now.
@@ -274,10 +275,15 @@ impl Role for ClientRole {
             }
             Poll::Ready(Some(cmd)) => {
                 self.take(cmd, conn, full);
-                // Take what else is queued so it all leaves in one write.
+                // Take what else is queued so it all leaves in one write, holding back what
+                // would pass the send buffer's room.
+                let base = conn.transmit_len();
                 for _ in 0..COMMANDS_PER_TURN {
                     match self.rx.try_recv() {
-                        Ok(cmd) => self.take(cmd, conn, full),
+                        Ok(cmd) => {
+                            let full = conn.transmit_len().saturating_sub(base) >= room;
+                            self.take(cmd, conn, full);
+                        }
                         Err(_) => break,
                     }
                 }
@@ -286,7 +292,7 @@ impl Role for ClientRole {
         }
     }
 
-    fn on_event(&mut self, event: Event, conn: &mut Connection) {
+    fn on_event(&mut self, event: Event, conn: &mut Connection, _room: usize) {
         match event {
             Event::Established => {
                 if let Some(r) = self.ready.take() {

@@ -32,12 +32,14 @@ pub(crate) trait Role: Send + 'static {
     const SIDE: Side;
 
     /// Polls the role's own sources (commands from callers or handlers, running handlers, a
-    /// shutdown signal) and applies what arrives to the engine. While `full` (more unsent
-    /// bytes than `Config::max_send_buffer`) it takes no new work. `Ready` if anything happened.
-    fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, full: bool) -> Poll<()>;
+    /// shutdown signal) and applies what arrives to the engine. `room` is how many more bytes
+    /// the send buffer takes before `Config::max_send_buffer`: at 0 (full) the role takes no
+    /// new work, and it stops taking more once what it queued this turn passes `room`.
+    /// `Ready` if anything happened.
+    fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, room: usize) -> Poll<()>;
 
-    /// One event of the engine (`Pong` is the loop's own).
-    fn on_event(&mut self, event: Event, conn: &mut Connection);
+    /// One event of the engine (`Pong` is the loop's own); `room` as for `poll_work`.
+    fn on_event(&mut self, event: Event, conn: &mut Connection, room: usize);
 
     /// The role's next timer, if any.
     fn next_timer(&self) -> Option<Instant>;
@@ -166,7 +168,8 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// progress (the loop comes back for the others); `false` when none is ready and every
     /// one has registered the task's waker.
     fn poll_sources(&mut self, cx: &mut Context<'_>) -> bool {
-        let full = self.io.unsent(&self.conn) > self.config.max_send_buffer();
+        let room = self.room();
+        let full = room == 0;
         // A server stops reading while the peer does not take what it is sent: a client that
         // never reads cannot make it queue more. A client keeps reading (its server drains it).
         if !(full && R::SIDE == Side::Server) {
@@ -175,7 +178,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
                 return true;
             }
         }
-        if self.role.poll_work(cx, &mut self.conn, full).is_ready() {
+        if self.role.poll_work(cx, &mut self.conn, room).is_ready() {
             return true;
         }
         if self.armed.is_some() && self.sleep.poll(cx).is_ready() {
@@ -184,6 +187,14 @@ impl<R: Role, T: Transport> Driver<R, T> {
             return true;
         }
         false
+    }
+
+    /// Bytes the send buffer takes before it is full (`Config::max_send_buffer`).
+    #[inline]
+    fn room(&self) -> usize {
+        self.config
+            .max_send_buffer()
+            .saturating_sub(self.io.unsent(&self.conn))
     }
 
     fn on_read(&mut self, r: Result<bool, ReadError>) {
@@ -243,7 +254,8 @@ impl<R: Role, T: Transport> Driver<R, T> {
                 self.liveness.alive();
                 continue;
             }
-            self.role.on_event(ev, &mut self.conn);
+            let room = self.room();
+            self.role.on_event(ev, &mut self.conn, room);
         }
     }
 }

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -73,6 +74,8 @@ pub(crate) async fn serve<T: Transport>(
         fut_pool: Vec::new(),
         by_id: Vec::new(),
         go_away_pending: false,
+        deferred: VecDeque::new(),
+        room: usize::MAX,
     };
     // A shutdown that began before this connection was accepted applies at once.
     if let Some(d) = role.shutdown.deadline() {
@@ -102,12 +105,20 @@ pub(crate) struct ServerRole {
     fut_pool: Vec<BoxFut>,
     /// Handlers by the method ids the client interned on this connection.
     by_id: Vec<Option<HandlerRef>>,
+    /// Calls that arrived while the send buffer was full: started (in order) once the client
+    /// has read enough, so that a client that never reads cannot make the server answer — and
+    /// queue — more. Bounded by what one read brings in (the server stops reading while full)
+    /// and by `max_concurrent_calls`.
+    deferred: VecDeque<Running>,
+    /// The send buffer's room when the current event or command batch began.
+    room: usize,
 }
 
 impl Role for ServerRole {
     const SIDE: Side = Side::Server;
 
-    fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, full: bool) -> Poll<()> {
+    fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, room: usize) -> Poll<()> {
+        let full = room == 0;
         if self.go_away_pending {
             self.go_away_pending = false;
             conn.go_away(ErrorCode::NO_ERROR, "server shutting down");
@@ -116,6 +127,12 @@ impl Role for ServerRole {
         // While the client does not read what it was sent, handlers get no turn and their
         // output waits in the (bounded) queue.
         if !full {
+            if let Some(running) = self.deferred.pop_front() {
+                // A call that arrived while the client was not reading starts now.
+                self.room = room;
+                self.run_inline(running, conn);
+                return Poll::Ready(());
+            }
             if !self.handlers.is_empty() {
                 if let Poll::Ready(Some((id, outcome, fut))) = self.handlers.poll_next_unpin(cx) {
                     self.recycle(fut);
@@ -127,7 +144,12 @@ impl Role for ServerRole {
             }
             if let Poll::Ready(Some(cmd)) = self.rx.poll_recv(cx) {
                 self.apply(cmd, conn);
+                // What else is queued goes in the same write, up to the send buffer's room.
+                let base = conn.transmit_len();
                 for _ in 0..COMMANDS_PER_TURN {
+                    if conn.transmit_len().saturating_sub(base) >= room {
+                        break;
+                    }
                     match self.rx.try_recv() {
                         Ok(cmd) => self.apply(cmd, conn),
                         Err(_) => break,
@@ -144,7 +166,8 @@ impl Role for ServerRole {
         Poll::Pending
     }
 
-    fn on_event(&mut self, event: Event, conn: &mut Connection) {
+    fn on_event(&mut self, event: Event, conn: &mut Connection, room: usize) {
+        self.room = room;
         match event {
             started @ Event::CallStarted { .. } => self.on_call(started, conn),
             Event::Message {
@@ -192,6 +215,7 @@ impl Role for ServerRole {
     fn on_end(&mut self, _conn: &mut Connection, why: &str) {
         tracing::debug!(peer = %self.peer, "server connection ends: {why}");
         // Running handlers stop with their calls.
+        self.deferred.clear();
         for (_, call) in self.calls.drain() {
             if let Call::Running { cancel, .. } = call {
                 cancel.cancel();
@@ -398,11 +422,27 @@ impl ServerRole {
             id,
         };
         let recycled = self.fut_pool.pop();
-        let mut running = Running {
+        let running = Running {
             id,
             cancel,
             fut: Some(handler.call(input, metadata, ctx, io, recycled)),
         };
+        if self.room == 0 {
+            // The client is not reading what it is sent: answer nothing more for now.
+            self.deferred.push_back(running);
+            return;
+        }
+        self.run_inline(running, conn);
+    }
+
+    /// Polls a new handler once on the connection task, then leaves it to a task of its own
+    /// if it did not answer.
+    fn run_inline(&mut self, mut running: Running, conn: &mut Connection) {
+        if running.cancel.is_cancelled() {
+            // Cancelled (or past its deadline) while it waited to start.
+            drop(running);
+            return;
+        }
         // Most handlers answer at once: poll once now, so the answer leaves in the same write
         // as everything else this turn, without a trip through the scheduler. (This first poll
         // runs on the connection task: a handler that blocks in it holds up the connection.)

@@ -40,6 +40,8 @@ mod client;
 pub mod codec;
 mod config;
 mod connection;
+pub mod interceptor;
+pub mod observe;
 mod request;
 mod server;
 mod status;
@@ -49,6 +51,7 @@ mod transport;
 pub use address::{Address, AddressError, IntoAddress};
 pub use client::{Channel, Endpoint, MethodName};
 pub use config::Config;
+pub use interceptor::{AsyncInterceptor, CallEnd, CallInfo, Interceptor};
 pub use request::{Cancellation, IntoRequest, Request, Response};
 pub use server::{
     shutdown_signal, CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle,

@@ -174,8 +174,9 @@ impl CallEnd<'_> {
         self.duration
     }
 
-    /// Bytes of request messages: the request of a unary or server-streaming call; on the
-    /// server, the request stream's messages consumed by the handler.
+    /// Bytes of request messages: the request of a unary or server-streaming call. On the
+    /// server, for a request stream: the frames the handler consumed, as flow control counts
+    /// them (each message plus its 12-byte frame header); on the client, 0 for a stream.
     pub fn request_bytes(&self) -> u64 {
         self.request_bytes
     }

@@ -30,21 +30,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let server = Server::builder()
         .interceptor(metrics.clone())
-        .unary("/echo.Echo/Echo", RawCodec, |req: Request<Bytes>| async move {
-            if req.get_ref().is_empty() {
-                return Err(Status::invalid_argument("empty message"));
-            }
-            Ok(Response::new(req.into_inner()))
-        })
+        .unary(
+            "/echo.Echo/Echo",
+            RawCodec,
+            |req: Request<Bytes>| async move {
+                if req.get_ref().is_empty() {
+                    return Err(Status::invalid_argument("empty message"));
+                }
+                Ok(Response::new(req.into_inner()))
+            },
+        )
         .bind("tcp://127.0.0.1:0")
         .await?;
     let address = server.local_addr().clone();
     tokio::spawn(server.serve());
 
-    let channel = Endpoint::new(address)?.interceptor(metrics).connect().await?;
+    let channel = Endpoint::new(address)?
+        .interceptor(metrics)
+        .connect()
+        .await?;
     for i in 0..calls {
         // Every tenth call fails (INVALID_ARGUMENT), to show the `code` label.
-        let message = if i % 10 == 9 { Bytes::new() } else { Bytes::from("hello") };
+        let message = if i % 10 == 9 {
+            Bytes::new()
+        } else {
+            Bytes::from("hello")
+        };
         let _ = channel
             .unary(RawCodec, "/echo.Echo/Echo", Request::new(message))
             .await;

@@ -115,7 +115,9 @@ struct Running {
 
 impl Running {
     async fn channel(&self) -> Channel {
-        Channel::connect(self.channel_address.clone()).await.unwrap()
+        Channel::connect(self.channel_address.clone())
+            .await
+            .unwrap()
     }
     async fn channel_with(&self, f: impl FnOnce(Endpoint) -> Endpoint) -> Channel {
         f(Endpoint::new(self.channel_address.clone()).unwrap())

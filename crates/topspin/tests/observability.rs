@@ -51,8 +51,10 @@ struct Fields<'a>(&'a mut HashMap<String, String>);
 
 impl Visit for Fields<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0
-            .insert(field.name().to_owned(), format!("{value:?}").trim_matches('"').to_owned());
+        self.0.insert(
+            field.name().to_owned(),
+            format!("{value:?}").trim_matches('"').to_owned(),
+        );
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         self.0.insert(field.name().to_owned(), value.to_owned());
@@ -264,8 +266,11 @@ async fn call_metrics_are_scraped_from_a_prometheus_endpoint() {
         let mut out = Vec::new();
         s.read_to_end(&mut out).await.unwrap();
         body = String::from_utf8_lossy(&out).into_owned();
-        if value(&body, "topspin_calls_finished", &["side=\"server\"", "code=\"NOT_FOUND\""])
-            == Some(1.0)
+        if value(
+            &body,
+            "topspin_calls_finished",
+            &["side=\"server\"", "code=\"NOT_FOUND\""],
+        ) == Some(1.0)
         {
             break;
         }
@@ -277,8 +282,16 @@ async fn call_metrics_are_scraped_from_a_prometheus_endpoint() {
         let echo = format!("method=\"{ECHO}\"");
         let fail = format!("method=\"{FAIL}\"");
         let get = |name: &str, labels: &[&str]| value(&body, name, labels);
-        assert_eq!(get("topspin_calls_started", &[&s, &echo]), Some(3.0), "{body}");
-        assert_eq!(get("topspin_calls_started", &[&s, &fail]), Some(1.0), "{body}");
+        assert_eq!(
+            get("topspin_calls_started", &[&s, &echo]),
+            Some(3.0),
+            "{body}"
+        );
+        assert_eq!(
+            get("topspin_calls_started", &[&s, &fail]),
+            Some(1.0),
+            "{body}"
+        );
         assert_eq!(
             get("topspin_calls_finished", &[&s, &echo, "code=\"OK\""]),
             Some(3.0),
@@ -289,14 +302,26 @@ async fn call_metrics_are_scraped_from_a_prometheus_endpoint() {
             Some(1.0),
             "{body}"
         );
-        assert_eq!(get("topspin_calls_in_flight", &[&s, &echo]), Some(0.0), "{body}");
+        assert_eq!(
+            get("topspin_calls_in_flight", &[&s, &echo]),
+            Some(0.0),
+            "{body}"
+        );
         assert_eq!(
             get("topspin_call_duration_seconds_count", &[&s, &echo]),
             Some(3.0),
             "{body}"
         );
-        assert_eq!(get("topspin_request_bytes_sum", &[&s, &echo]), Some(15.0), "{body}");
-        assert_eq!(get("topspin_response_bytes_sum", &[&s, &echo]), Some(15.0), "{body}");
+        assert_eq!(
+            get("topspin_request_bytes_sum", &[&s, &echo]),
+            Some(15.0),
+            "{body}"
+        );
+        assert_eq!(
+            get("topspin_response_bytes_sum", &[&s, &echo]),
+            Some(15.0),
+            "{body}"
+        );
     }
     shutdown.shutdown(Duration::from_secs(1)).await;
 }

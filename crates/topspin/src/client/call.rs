@@ -116,7 +116,10 @@ pub(crate) enum Slow {
     },
     Failed(Status),
     /// Interceptors to run or a span to keep first (`crate::interceptor::client`).
-    Observed { call: CallStart, sink: Sink },
+    Observed {
+        call: CallStart,
+        sink: Sink,
+    },
 }
 
 /// Starts a call on the channel's next connection; returns the connection and the call's guard.
@@ -168,7 +171,10 @@ pub(crate) fn begin_now(
     }
 }
 
-pub(crate) async fn begin_later(pool: &Pool, slow: Slow) -> Result<(ConnHandle, CallGuard), Status> {
+pub(crate) async fn begin_later(
+    pool: &Pool,
+    slow: Slow,
+) -> Result<(ConnHandle, CallGuard), Status> {
     match slow {
         Slow::Connect { slot, call, sink } => {
             let deadline = call.deadline;

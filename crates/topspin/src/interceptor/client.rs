@@ -25,12 +25,7 @@ pub(crate) async fn begin(
     sink: Sink,
 ) -> Result<(ConnHandle, CallGuard), Status> {
     let endpoint = &pool.endpoint;
-    let span = crate::observe::call_span(
-        Side::Client,
-        &call.method,
-        &endpoint.address,
-        call.token,
-    );
+    let span = crate::observe::call_span(Side::Client, &call.method, &endpoint.address, call.token);
     let info = CallInfo::new(
         Side::Client,
         call.method.clone(),

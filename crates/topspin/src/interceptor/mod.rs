@@ -379,7 +379,11 @@ impl Chain {
 
     /// Runs every `on_call` from `from` on (the one at `from` is asynchronous). On rejection:
     /// how many ran, and the status.
-    pub(crate) async fn run_from(&self, from: usize, call: &mut CallInfo) -> Result<(), (usize, Status)> {
+    pub(crate) async fn run_from(
+        &self,
+        from: usize,
+        call: &mut CallInfo,
+    ) -> Result<(), (usize, Status)> {
         let mut next = from;
         loop {
             match self.run_sync(next, call) {
@@ -462,11 +466,14 @@ impl Record {
     /// Runs the `on_call`s from the asynchronous one at `from` on.
     pub(crate) async fn start_from(&mut self, from: usize) -> Result<(), Status> {
         let chain = self.chain.clone();
-        chain.run_from(from, &mut self.info).await.map_err(|(ran, status)| {
-            self.ran = ran;
-            self.finish(&status);
-            status
-        })
+        chain
+            .run_from(from, &mut self.info)
+            .await
+            .map_err(|(ran, status)| {
+                self.ran = ran;
+                self.finish(&status);
+                status
+            })
     }
 
     /// The call ended with `status` (only the first end counts).

@@ -116,7 +116,9 @@ impl Handler for Observed {
         match rec.start_sync() {
             Err(status) => place(recycled, std::future::ready(Outcome::Reply(Err(status)))),
             Ok(None) => {
-                let fut = self.inner.call(input, rec.info.metadata().clone(), ctx, io, None);
+                let fut = self
+                    .inner
+                    .call(input, rec.info.metadata().clone(), ctx, io, None);
                 place(recycled, run(rec, fut))
             }
             Ok(Some(i)) => {

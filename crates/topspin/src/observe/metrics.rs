@@ -34,8 +34,11 @@ use std::sync::{Arc, OnceLock, RwLock};
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
     /// Per-method handles, client side and server side.
-    methods: Arc<[RwLock<FxHashMap<Box<str>, Arc<MethodMetrics>>>; 2]>,
+    methods: Arc<[ByMethod; 2]>,
 }
+
+/// The handles of each method of one side.
+type ByMethod = RwLock<FxHashMap<Box<str>, Arc<MethodMetrics>>>;
 
 #[derive(Debug)]
 struct MethodMetrics {

@@ -222,7 +222,8 @@ impl ServerBuilder {
         // there are none and no subscriber wants spans).
         let mut registry = self.registry;
         for (method, handler) in registry.methods.iter_mut() {
-            *handler = crate::interceptor::server::wrap(handler.clone(), method, &self.interceptors);
+            *handler =
+                crate::interceptor::server::wrap(handler.clone(), method, &self.interceptors);
         }
         Ok(Server {
             listener,

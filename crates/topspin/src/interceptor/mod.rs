@@ -42,6 +42,7 @@ use crate::{Code, Metadata, Status};
 use bytestring::ByteString;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -367,7 +368,14 @@ impl Chain {
             }
             match &e.layer {
                 Layer::Sync(s) => {
-                    if let Err(status) = s.on_call(call) {
+                    // A panicking interceptor fails its call alone (INTERNAL), never the
+                    // connection task it may run on.
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| s.on_call(call)))
+                        .unwrap_or_else(|_| {
+                            tracing::error!(method = %call.method, "an interceptor panicked");
+                            Err(Status::internal("an interceptor panicked"))
+                        });
+                    if let Err(status) = r {
                         return Step::Rejected { ran: i + 1, status };
                     }
                 }
@@ -407,7 +415,10 @@ impl Chain {
     pub(crate) fn end(&self, ran: usize, call: &CallInfo, end: &CallEnd<'_>) {
         for e in self.entries[..ran.min(self.entries.len())].iter().rev() {
             if e.applies(&call.method) {
-                e.layer.on_end(call, end);
+                let r = std::panic::catch_unwind(AssertUnwindSafe(|| e.layer.on_end(call, end)));
+                if r.is_err() {
+                    tracing::error!(method = %call.method, "an interceptor panicked in on_end");
+                }
             }
         }
     }

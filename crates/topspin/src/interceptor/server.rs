@@ -11,7 +11,7 @@ use crate::Status;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use tokio_util::sync::ReusableBoxFuture;
 use topspin_proto::Metadata;
@@ -21,13 +21,22 @@ pub(crate) struct Observed {
     inner: HandlerRef,
     /// The interceptors that apply to this method (filtered once, at bind time).
     chain: Chain,
+    /// Boxes of finished handler futures of observed calls, reused (the connection reuses
+    /// the outer box).
+    pool: Pool,
 }
+
+type Pool = Arc<Mutex<Vec<BoxFut>>>;
+
+/// Boxes kept for reuse per method.
+const POOLED: usize = 64;
 
 /// Wraps `handler` (of `method`) with the interceptors of `chain` that apply to it.
 pub(crate) fn wrap(handler: HandlerRef, method: &str, chain: &Chain) -> HandlerRef {
     Arc::new(Observed {
         inner: handler,
         chain: chain.for_method(method),
+        pool: Pool::default(),
     })
 }
 
@@ -116,27 +125,29 @@ impl Handler for Observed {
         match rec.start_sync() {
             Err(status) => place(recycled, std::future::ready(Outcome::Reply(Err(status)))),
             Ok(None) => {
-                let fut = self
-                    .inner
-                    .call(input, rec.info.metadata().clone(), ctx, io, None);
-                place(recycled, run(rec, fut))
+                let reuse = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                let md = rec.info.metadata().clone();
+                let fut = self.inner.call(input, md, ctx, io, reuse);
+                place(recycled, run(rec, fut, self.pool.clone()))
             }
             Ok(Some(i)) => {
                 let inner = self.inner.clone();
+                let pool = self.pool.clone();
                 place(recycled, async move {
                     if let Err(status) = rec.start_from(i).await {
                         return Outcome::Reply(Err(status));
                     }
                     let fut = inner.call(input, rec.info.metadata().clone(), ctx, io, None);
-                    run(rec, fut).await
+                    run(rec, fut, pool).await
                 })
             }
         }
     }
 }
 
-/// Runs the handler inside the call's span and records how it ended.
-async fn run(mut rec: Record, mut fut: BoxFut) -> Outcome {
+/// Runs the handler inside the call's span and records how it ended; its box goes back to
+/// `pool`.
+async fn run(mut rec: Record, mut fut: BoxFut, pool: Pool) -> Outcome {
     let span = rec.span.clone();
     let out = std::future::poll_fn(|cx| {
         let _entered = span.as_ref().map(tracing::Span::enter);
@@ -161,5 +172,10 @@ async fn run(mut rec: Record, mut fut: BoxFut) -> Outcome {
         Outcome::Reply(Err(s)) | Outcome::Finished(Err(s)) => s,
     };
     rec.finish(status);
+    let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.len() < POOLED {
+        pool.push(fut);
+    }
+    drop(pool);
     out
 }

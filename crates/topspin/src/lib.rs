@@ -5,6 +5,10 @@
 //! metadata both ways, cancellation (drop the future), flow control and typed [`Status`]
 //! errors. The wire protocol is `topspin-proto`'s; this crate does the I/O.
 //!
+//! [`interceptor`]s run around calls on either side (authentication, logging, metrics), and
+//! [`observe`] gives every call a `tracing` span, with OpenTelemetry trace propagation (feature
+//! `otel`) and per-method metrics (feature `metrics`).
+//!
 //! ```
 //! use bytes::Bytes;
 //! use topspin::{codec::RawCodec, Channel, Request, Response, Server};

@@ -1,5 +1,5 @@
 //! Observability: a [`tracing`] span per call on both sides, W3C trace-context propagation
-//! (feature `otel`) and per-method metrics (feature `metrics`, [`Metrics`]).
+//! (feature `otel`) and per-method metrics (feature `metrics`, `Metrics`).
 //!
 //! **Spans.** Every call gets a span named `topspin.call` at level `INFO`, target
 //! `topspin::call`, with the fields `side`, `method`, `peer`, `call_id` and, when the call
@@ -14,7 +14,7 @@
 //! `tracestate`; the server reads them and makes them its span's parent, so both sides of a
 //! call are in one trace.
 //!
-//! **Metrics** (feature `metrics`): [`Metrics`] is an interceptor that records through the
+//! **Metrics** (feature `metrics`): `Metrics` is an interceptor that records through the
 //! `metrics` facade; register it like any other (see its documentation).
 
 #[cfg(feature = "metrics")]

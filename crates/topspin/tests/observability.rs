@@ -268,7 +268,7 @@ async fn call_metrics_are_scraped_from_a_prometheus_endpoint() {
         body = String::from_utf8_lossy(&out).into_owned();
         if value(
             &body,
-            "topspin_calls_finished",
+            "topspin_calls_finished_total",
             &["side=\"server\"", "code=\"NOT_FOUND\""],
         ) == Some(1.0)
         {
@@ -283,22 +283,25 @@ async fn call_metrics_are_scraped_from_a_prometheus_endpoint() {
         let fail = format!("method=\"{FAIL}\"");
         let get = |name: &str, labels: &[&str]| value(&body, name, labels);
         assert_eq!(
-            get("topspin_calls_started", &[&s, &echo]),
+            get("topspin_calls_started_total", &[&s, &echo]),
             Some(3.0),
             "{body}"
         );
         assert_eq!(
-            get("topspin_calls_started", &[&s, &fail]),
+            get("topspin_calls_started_total", &[&s, &fail]),
             Some(1.0),
             "{body}"
         );
         assert_eq!(
-            get("topspin_calls_finished", &[&s, &echo, "code=\"OK\""]),
+            get("topspin_calls_finished_total", &[&s, &echo, "code=\"OK\""]),
             Some(3.0),
             "{body}"
         );
         assert_eq!(
-            get("topspin_calls_finished", &[&s, &fail, "code=\"NOT_FOUND\""]),
+            get(
+                "topspin_calls_finished_total",
+                &[&s, &fail, "code=\"NOT_FOUND\""]
+            ),
             Some(1.0),
             "{body}"
         );

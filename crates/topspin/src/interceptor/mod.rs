@@ -476,15 +476,18 @@ impl Record {
 
     /// Runs the `on_call`s from the asynchronous one at `from` on.
     pub(crate) async fn start_from(&mut self, from: usize) -> Result<(), Status> {
+        use tracing::Instrument;
         let chain = self.chain.clone();
-        chain
-            .run_from(from, &mut self.info)
-            .await
-            .map_err(|(ran, status)| {
-                self.ran = ran;
-                self.finish(&status);
-                status
-            })
+        let run = chain.run_from(from, &mut self.info);
+        let result = match self.span.clone() {
+            Some(span) => run.instrument(span).await,
+            None => run.await,
+        };
+        result.map_err(|(ran, status)| {
+            self.ran = ran;
+            self.finish(&status);
+            status
+        })
     }
 
     /// The call ended with `status` (only the first end counts).

@@ -10,8 +10,8 @@ use std::sync::{Arc, OnceLock, RwLock};
 ///
 /// | name | kind | labels |
 /// |---|---|---|
-/// | `topspin_calls_started` | counter | `side`, `method` |
-/// | `topspin_calls_finished` | counter | `side`, `method`, `code` (e.g. `OK`, `NOT_FOUND`) |
+/// | `topspin_calls_started_total` | counter | `side`, `method` |
+/// | `topspin_calls_finished_total` | counter | `side`, `method`, `code` (e.g. `OK`, `NOT_FOUND`) |
 /// | `topspin_calls_in_flight` | gauge | `side`, `method` |
 /// | `topspin_call_duration_seconds` | histogram | `side`, `method` |
 /// | `topspin_request_bytes` | histogram | `side`, `method` |
@@ -60,7 +60,7 @@ impl MethodMetrics {
         ];
         let l = labels.to_vec();
         MethodMetrics {
-            started: metrics::counter!("topspin_calls_started", l.clone()),
+            started: metrics::counter!("topspin_calls_started_total", l.clone()),
             in_flight: metrics::gauge!("topspin_calls_in_flight", l.clone()),
             duration: metrics::histogram!("topspin_call_duration_seconds", l.clone()),
             request_bytes: metrics::histogram!("topspin_request_bytes", l.clone()),
@@ -75,7 +75,7 @@ impl MethodMetrics {
         Some(slot.get_or_init(|| {
             let mut l = self.labels.to_vec();
             l.push(Label::new("code", code.name()));
-            metrics::counter!("topspin_calls_finished", l)
+            metrics::counter!("topspin_calls_finished_total", l)
         }))
     }
 }
@@ -84,8 +84,11 @@ impl Metrics {
     /// A recorder of call metrics (clones share their per-method handles). Describes the
     /// metrics to the installed recorder.
     pub fn new() -> Metrics {
-        metrics::describe_counter!("topspin_calls_started", "Calls started");
-        metrics::describe_counter!("topspin_calls_finished", "Calls finished, by status code");
+        metrics::describe_counter!("topspin_calls_started_total", "Calls started");
+        metrics::describe_counter!(
+            "topspin_calls_finished_total",
+            "Calls finished, by status code"
+        );
         metrics::describe_gauge!("topspin_calls_in_flight", "Calls started and not finished");
         metrics::describe_histogram!(
             "topspin_call_duration_seconds",

@@ -1,8 +1,9 @@
 //! Observability: a [`tracing`] span per call on both sides, W3C trace-context propagation
 //! (feature `otel`) and per-method metrics (feature `metrics`, `Metrics`).
 //!
-//! **Spans.** Every call gets a span named `topspin.call` at level `INFO`, target
-//! `topspin::call`, with the fields `side`, `method`, `peer`, `call_id` and, when the call
+//! **Spans.** Every call gets a span named `topspin.call` at level `DEBUG` (so a service
+//! logging at `INFO` pays nothing; enable them with a filter such as `topspin::call=debug`),
+//! target `topspin::call`, with the fields `side`, `method`, `peer`, `call_id` and, when the call
 //! ends, `code` and `duration_us` (OpenTelemetry: `otel.name` is the method, `otel.kind`
 //! client or server, `otel.status_code` `ERROR` for a failed call). The span is created only
 //! when a subscriber is interested (`tracing::span_enabled!`), so without one a call pays a
@@ -34,10 +35,10 @@ use tracing::Span;
 
 /// A call's span, if a subscriber wants it.
 pub(crate) fn call_span(side: Side, method: &str, peer: &dyn Display, id: u64) -> Option<Span> {
-    if !tracing::span_enabled!(target: "topspin::call", tracing::Level::INFO) {
+    if !tracing::span_enabled!(target: "topspin::call", tracing::Level::DEBUG) {
         return None;
     }
-    let span = tracing::info_span!(
+    let span = tracing::debug_span!(
         target: "topspin::call",
         "topspin.call",
         otel.name = method,
@@ -67,5 +68,5 @@ pub(crate) fn record_end(span: &Span, code: Code, duration: Duration) {
 
 /// Whether a subscriber wants call spans (a cached callsite check).
 pub(crate) fn span_wanted() -> bool {
-    tracing::span_enabled!(target: "topspin::call", tracing::Level::INFO)
+    tracing::span_enabled!(target: "topspin::call", tracing::Level::DEBUG)
 }

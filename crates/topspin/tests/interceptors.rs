@@ -604,3 +604,62 @@ async fn interceptors_cost_nothing_where_they_do_not_apply_and_little_where_they
     assert!(per_call <= 4.0, "{per_call} allocations per call");
     server.stop().await;
 }
+
+/// Never decides.
+struct Hangs;
+
+impl AsyncInterceptor for Hangs {
+    fn on_call<'a>(&'a self, _call: &'a mut CallInfo) -> BoxFuture<'a, Result<(), Status>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test]
+async fn an_async_interceptor_that_never_decides_ends_its_call_at_the_deadline() {
+    let server_outcomes = Outcomes::default();
+    let server_log = Arc::new(Mutex::new(Vec::new()));
+    let (o, l) = (server_outcomes.clone(), server_log.clone());
+    let server = serve(move |s| {
+        s.interceptor(o)
+            .service_async_interceptor("/b.B/", Hangs)
+            .interceptor(Log { name: "inner", log: l })
+    })
+    .await;
+
+    // Client side: the call never leaves, and ends at its deadline.
+    let client_outcomes = Outcomes::default();
+    let client_log = Arc::new(Mutex::new(Vec::new()));
+    let l = client_log.clone();
+    let ch = server
+        .channel_with(|e| {
+            e.interceptor(client_outcomes.clone())
+                .service_async_interceptor("/a.A/", Hangs)
+                .interceptor(Log { name: "inner", log: l })
+        })
+        .await;
+    let err = ch
+        .unary(RawCodec, ECHO, hello().with_timeout(Duration::from_millis(50)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+    let ended = client_outcomes.wait_for(1).await;
+    assert_eq!(ended[0].code, Code::DeadlineExceeded);
+    assert!(
+        client_log.lock().unwrap().is_empty(),
+        "interceptors after the one that never decided neither start nor end"
+    );
+    assert_eq!(server.handled.load(Ordering::SeqCst), 0);
+
+    // Server side: the connection drops the call at its deadline, the handler never runs.
+    let err = ch
+        .unary(RawCodec, OTHER, hello().with_timeout(Duration::from_millis(50)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+    let ended = server_outcomes.wait_for(1).await;
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert_eq!(ended[0].code, Code::DeadlineExceeded);
+    assert!(server_log.lock().unwrap().is_empty());
+    assert_eq!(server.handled.load(Ordering::SeqCst), 0);
+    server.stop().await;
+}

@@ -37,7 +37,7 @@ pub(crate) async fn begin(
     let mut rec = Box::new(Record::new(endpoint.interceptors.clone(), info, span));
     rec.request_bytes = call.message.as_ref().map_or(0, |m| m.len() as u64);
     if let Some(i) = rec.start_sync()? {
-        rec.start_from(i).await?;
+        rec.start_from(i, call.deadline).await?;
     }
     call.metadata = rec.info.metadata().clone();
     #[cfg(feature = "otel")]

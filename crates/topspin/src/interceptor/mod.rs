@@ -385,25 +385,32 @@ impl Chain {
         Step::Done
     }
 
-    /// Runs every `on_call` from `from` on (the one at `from` is asynchronous). On rejection:
-    /// how many ran, and the status.
+    /// Runs every `on_call` from `from` on (the one at `from` is asynchronous). `ran` always
+    /// tells how far it got (the interceptors before it have started their `on_call`), also
+    /// when this future is dropped half-way (cancelled, deadline).
     pub(crate) async fn run_from(
         &self,
         from: usize,
         call: &mut CallInfo,
-    ) -> Result<(), (usize, Status)> {
+        ran: &mut usize,
+    ) -> Result<(), Status> {
         let mut next = from;
         loop {
             match self.run_sync(next, call) {
-                Step::Done => return Ok(()),
-                Step::Rejected { ran, status } => return Err((ran, status)),
+                Step::Done => {
+                    *ran = self.entries.len();
+                    return Ok(());
+                }
+                Step::Rejected { ran: r, status } => {
+                    *ran = r;
+                    return Err(status);
+                }
                 Step::Async(i) => {
                     let Layer::Async(a) = &self.entries[i].layer else {
                         unreachable!("run_sync stops at asynchronous interceptors only")
                     };
-                    if let Err(status) = a.on_call(call).await {
-                        return Err((i + 1, status));
-                    }
+                    *ran = i + 1;
+                    a.on_call(call).await?;
                     next = i + 1;
                 }
             }
@@ -465,7 +472,10 @@ impl Record {
         };
         match step {
             Step::Done => Ok(None),
-            Step::Async(i) => Ok(Some(i)),
+            Step::Async(i) => {
+                self.ran = i; // the rest has not run yet
+                Ok(Some(i))
+            }
             Step::Rejected { ran, status } => {
                 self.ran = ran;
                 self.finish(&status);
@@ -474,20 +484,34 @@ impl Record {
         }
     }
 
-    /// Runs the `on_call`s from the asynchronous one at `from` on.
-    pub(crate) async fn start_from(&mut self, from: usize) -> Result<(), Status> {
+    /// Runs the `on_call`s from the asynchronous one at `from` on, inside the call's span and
+    /// within its deadline, if any (past it the call ends `DEADLINE_EXCEEDED`).
+    pub(crate) async fn start_from(
+        &mut self,
+        from: usize,
+        deadline: Option<Instant>,
+    ) -> Result<(), Status> {
         use tracing::Instrument;
         let chain = self.chain.clone();
-        let run = chain.run_from(from, &mut self.info);
-        let result = match self.span.clone() {
-            Some(span) => run.instrument(span).await,
+        let span = self.span.clone();
+        let run = chain.run_from(from, &mut self.info, &mut self.ran);
+        let run = async move {
+            match span {
+                Some(span) => run.instrument(span).await,
+                None => run.await,
+            }
+        };
+        let result = match deadline {
+            Some(d) => tokio::time::timeout_at(d.into(), run)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Status::deadline_exceeded(
+                        "the deadline passed while an interceptor was deciding",
+                    ))
+                }),
             None => run.await,
         };
-        result.map_err(|(ran, status)| {
-            self.ran = ran;
-            self.finish(&status);
-            status
-        })
+        result.inspect_err(|status| self.finish(status))
     }
 
     /// The call ended with `status` (only the first end counts).

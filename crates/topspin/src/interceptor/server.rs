@@ -134,7 +134,7 @@ impl Handler for Observed {
                 let inner = self.inner.clone();
                 let pool = self.pool.clone();
                 place(recycled, async move {
-                    if let Err(status) = rec.start_from(i).await {
+                    if let Err(status) = rec.start_from(i, None).await {
                         return Outcome::Reply(Err(status));
                     }
                     let fut = inner.call(input, rec.info.metadata().clone(), ctx, io, None);

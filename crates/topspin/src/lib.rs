@@ -12,6 +12,10 @@
 //! that waits (that part holds up every call of the connection); run blocking work with
 //! `tokio::task::spawn_blocking`. A panicking handler ends its own call with `INTERNAL`.
 //!
+//! [`interceptor`]s run around calls on either side (authentication, logging, metrics), and
+//! [`observe`] gives every call a `tracing` span, with OpenTelemetry trace propagation (feature
+//! `otel`) and per-method metrics (feature `metrics`).
+//!
 //! ```
 //! use bytes::Bytes;
 //! use topspin::{codec::RawCodec, Channel, Request, Response, Server};
@@ -48,6 +52,8 @@ pub mod codec;
 mod compression;
 mod config;
 mod connection;
+pub mod interceptor;
+pub mod observe;
 mod request;
 mod server;
 mod stats;
@@ -59,6 +65,7 @@ pub use address::{Address, AddressError, IntoAddress};
 pub use client::{Channel, Endpoint, MethodName};
 pub use compression::{Compression, Encoding};
 pub use config::Config;
+pub use interceptor::{AsyncInterceptor, CallEnd, CallInfo, Interceptor};
 pub use request::{Cancellation, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use server::{
     shutdown_signal, CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle,

@@ -20,6 +20,8 @@ use topspin_proto::Metadata;
 pub(crate) struct CallGuard {
     tx: Option<mpsc::Sender<Cmd>>,
     token: u64,
+    /// Interceptors and span of an observed unary-response call (`crate::interceptor`).
+    pub(crate) obs: Option<Box<crate::interceptor::Record>>,
 }
 
 impl CallGuard {
@@ -27,6 +29,7 @@ impl CallGuard {
         CallGuard {
             tx: Some(h.tx.clone()),
             token,
+            obs: None,
         }
     }
 
@@ -112,6 +115,11 @@ pub(crate) enum Slow {
         deadline: Option<Instant>,
     },
     Failed(Status),
+    /// Interceptors to run or a span to keep first (`crate::interceptor::client`).
+    Observed {
+        call: CallStart,
+        sink: Sink,
+    },
 }
 
 /// Starts a call on the channel's next connection; returns the connection and the call's guard.
@@ -124,7 +132,11 @@ pub(crate) fn begin(
     call: CallStart,
     sink: Sink,
 ) -> impl Future<Output = Result<(ConnHandle, CallGuard), Status>> + '_ {
-    let first = begin_now(pool, call, sink);
+    let first = if crate::interceptor::client::wanted(&pool.endpoint.interceptors, &call.method) {
+        Err(Box::new(Slow::Observed { call, sink }))
+    } else {
+        begin_now(pool, call, sink)
+    };
     async move {
         match first {
             Ok(started) => Ok(started),
@@ -133,7 +145,7 @@ pub(crate) fn begin(
     }
 }
 
-fn begin_now(
+pub(crate) fn begin_now(
     pool: &Pool,
     call: CallStart,
     sink: Sink,
@@ -159,7 +171,10 @@ fn begin_now(
     }
 }
 
-async fn begin_later(pool: &Pool, slow: Slow) -> Result<(ConnHandle, CallGuard), Status> {
+pub(crate) async fn begin_later(
+    pool: &Pool,
+    slow: Slow,
+) -> Result<(ConnHandle, CallGuard), Status> {
     match slow {
         Slow::Connect { slot, call, sink } => {
             let deadline = call.deadline;
@@ -178,6 +193,7 @@ async fn begin_later(pool: &Pool, slow: Slow) -> Result<(ConnHandle, CallGuard),
             Ok((h, guard))
         }
         Slow::Failed(status) => Err(status),
+        Slow::Observed { call, sink } => crate::interceptor::client::begin(pool, call, sink).await,
     }
 }
 
@@ -190,6 +206,9 @@ pub(crate) async fn reply<C: Codec>(
 ) -> Result<Response<C::Decode>, Status> {
     let r = rx.await;
     guard.disarm();
+    if let Some(obs) = guard.obs.take() {
+        crate::interceptor::client::reply(obs, &r);
+    }
     let resp = r.ok_or_else(|| Status::unavailable("the connection task ended"))??;
     let (m, md, tr) = resp.into_parts();
     Ok(Response::from_parts(codec.decode(m)?, md, tr))

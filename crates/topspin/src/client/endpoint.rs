@@ -1,7 +1,9 @@
 //! [`Endpoint`]: where and how a [`Channel`] connects.
 
 use super::Channel;
+use crate::interceptor::{AsyncInterceptor, Chain, Interceptor, Layer};
 use crate::{Address, Config, Status};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Where and how a [`Channel`] connects: address, limits, pool size and reconnect backoff.
@@ -19,12 +21,14 @@ use std::time::Duration;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Endpoint {
-    pub(super) address: Address,
+    pub(crate) address: Address,
     pub(super) config: Config,
     pub(super) connections: usize,
     pub(super) default_timeout: Option<Duration>,
     pub(super) backoff_initial: Duration,
     pub(super) backoff_max: Duration,
+    /// Interceptors of every call, in registration order (outer to inner).
+    pub(crate) interceptors: Chain,
 }
 
 impl Endpoint {
@@ -40,6 +44,7 @@ impl Endpoint {
             default_timeout: None,
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
+            interceptors: Chain::default(),
         })
     }
 
@@ -72,6 +77,55 @@ impl Endpoint {
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Endpoint {
         self.backoff_initial = initial;
         self.backoff_max = max.max(initial);
+        self
+    }
+
+    /// Adds an interceptor run on every call of the channel (after those added before it:
+    /// registration order is outer to inner). See [`crate::interceptor`].
+    ///
+    /// ```
+    /// use topspin::interceptor::{from_fn, CallInfo};
+    /// use topspin::{Endpoint, Status};
+    /// let endpoint = Endpoint::new("tcp://127.0.0.1:50051")?
+    ///     .interceptor(from_fn(|call: &mut CallInfo| {
+    ///         call.append_metadata("authorization", b"Bearer s3cret")
+    ///             .map_err(|e| Status::internal(e.to_string()))
+    ///     }));
+    /// # Ok::<(), Status>(())
+    /// ```
+    pub fn interceptor(mut self, interceptor: impl Interceptor) -> Endpoint {
+        self.interceptors = self
+            .interceptors
+            .push(None, Layer::Sync(Arc::new(interceptor)));
+        self
+    }
+
+    /// Adds an interceptor run on the calls of one service only: the methods whose name
+    /// starts with `prefix`, e.g. `/kv.Store/`.
+    pub fn service_interceptor(mut self, prefix: &str, interceptor: impl Interceptor) -> Endpoint {
+        self.interceptors = self
+            .interceptors
+            .push(Some(prefix), Layer::Sync(Arc::new(interceptor)));
+        self
+    }
+
+    /// Adds an interceptor that may wait before a call is sent (its future is boxed).
+    pub fn async_interceptor(mut self, interceptor: impl AsyncInterceptor) -> Endpoint {
+        self.interceptors = self
+            .interceptors
+            .push(None, Layer::Async(Arc::new(interceptor)));
+        self
+    }
+
+    /// Adds an asynchronous interceptor for the methods whose name starts with `prefix`.
+    pub fn service_async_interceptor(
+        mut self,
+        prefix: &str,
+        interceptor: impl AsyncInterceptor,
+    ) -> Endpoint {
+        self.interceptors = self
+            .interceptors
+            .push(Some(prefix), Layer::Async(Arc::new(interceptor)));
         self
     }
 

@@ -7,11 +7,11 @@
 //! - `conn.rs`: the client's role in the connection loop (call bookkeeping);
 //!   `completion.rs`: the reusable completion a unary caller waits on.
 
-mod call;
+pub(crate) mod call;
 mod completion;
 pub(crate) mod conn;
 mod endpoint;
-mod pool;
+pub(crate) mod pool;
 
 pub use endpoint::Endpoint;
 
@@ -162,6 +162,13 @@ impl Channel {
         requests: Vec<Request<C::Encode>>,
     ) -> Vec<Result<Response<C::Decode>, Status>> {
         let method = method.into();
+        if crate::interceptor::client::wanted(&self.inner.endpoint.interceptors, method.as_str()) {
+            // Interceptors and spans see each call: they start one by one (still concurrently).
+            let calls = requests
+                .into_iter()
+                .map(|r| self.unary(codec.clone(), method.clone(), r));
+            return futures_util::future::join_all(calls).await;
+        }
         let encoded: Vec<_> = requests
             .into_iter()
             .map(|req| self.encoded(&codec, method.0.clone(), req))

@@ -7,6 +7,7 @@ pub(crate) mod handler;
 pub use handler::CallKind;
 
 use crate::codec::Codec;
+use crate::interceptor::{AsyncInterceptor, Chain, Interceptor, Layer};
 use crate::streaming::Streaming;
 use crate::transport::Listener;
 use crate::{Address, Config, Request, Response, Status};
@@ -82,6 +83,7 @@ pub struct ServerBuilder {
     registry: Registry,
     kinds: Vec<(String, CallKind)>,
     hooks: Vec<ShutdownHook>,
+    interceptors: Chain,
 }
 
 impl ServerBuilder {
@@ -151,6 +153,48 @@ impl ServerBuilder {
         self.add(method, Arc::new(Bidi(codec, f)))
     }
 
+    /// Adds an interceptor run on every call, before its handler (after those added before
+    /// it: registration order is outer to inner). See [`crate::interceptor`].
+    pub fn interceptor(mut self, interceptor: impl Interceptor) -> ServerBuilder {
+        self.interceptors = self
+            .interceptors
+            .push(None, Layer::Sync(Arc::new(interceptor)));
+        self
+    }
+
+    /// Adds an interceptor run on the calls of one service only: the methods whose name
+    /// starts with `prefix`, e.g. `/kv.Store/`.
+    pub fn service_interceptor(
+        mut self,
+        prefix: &str,
+        interceptor: impl Interceptor,
+    ) -> ServerBuilder {
+        self.interceptors = self
+            .interceptors
+            .push(Some(prefix), Layer::Sync(Arc::new(interceptor)));
+        self
+    }
+
+    /// Adds an interceptor that may wait before the handler runs (its future is boxed).
+    pub fn async_interceptor(mut self, interceptor: impl AsyncInterceptor) -> ServerBuilder {
+        self.interceptors = self
+            .interceptors
+            .push(None, Layer::Async(Arc::new(interceptor)));
+        self
+    }
+
+    /// Adds an asynchronous interceptor for the methods whose name starts with `prefix`.
+    pub fn service_async_interceptor(
+        mut self,
+        prefix: &str,
+        interceptor: impl AsyncInterceptor,
+    ) -> ServerBuilder {
+        self.interceptors = self
+            .interceptors
+            .push(Some(prefix), Layer::Async(Arc::new(interceptor)));
+        self
+    }
+
     /// Registers a whole service (for example a generated one).
     pub fn add_service(self, service: impl Service) -> ServerBuilder {
         service.register(self)
@@ -210,11 +254,18 @@ impl ServerBuilder {
         let mut config = self.config;
         let gauges = crate::Gauges::new(config.memory_budget());
         config.gauges = Some(gauges.clone());
+        // Every handler runs behind its method's interceptors and span (a direct call when
+        // there are none and no subscriber wants spans).
+        let mut registry = self.registry;
+        for (method, handler) in registry.methods.iter_mut() {
+            *handler =
+                crate::interceptor::server::wrap(handler.clone(), method, &self.interceptors);
+        }
         Ok(Server {
             gauges,
             listener,
             local,
-            registry: Arc::new(self.registry),
+            registry: Arc::new(registry),
             config,
             shutdown: ShutdownHandle {
                 signal: Shutdown::default(),

@@ -41,7 +41,7 @@ fn peer_settings(choice: u8) -> Settings {
             .with_max_concurrent_calls(0)
             .with_initial_call_window(0)
             .with_max_message_size(0)
-            .with_max_metadata_size(0),
+            .with_max_metadata_size(4),
     }
 }
 

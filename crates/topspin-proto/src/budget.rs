@@ -53,6 +53,21 @@ impl MemoryBudget {
             .is_ok()
     }
 
+    /// Takes `n` bytes even past the limit: for bytes that already arrived within the peer's
+    /// credit and must be held (the budget then stays spent until they are given back).
+    pub fn charge(&self, n: usize) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_add(n))
+            });
+    }
+
+    /// Whether nothing is left: `used() >= limit()`.
+    pub fn is_spent(&self) -> bool {
+        self.used() >= self.limit
+    }
+
     /// Gives back `n` bytes taken earlier with [`MemoryBudget::try_reserve`].
     pub fn release(&self, n: usize) {
         let _ = self

@@ -77,6 +77,7 @@ impl Connection {
         );
         let deadline = timeout.and_then(|t| now.checked_add(t));
         self.calls.insert(id, self.new_call(deadline));
+        self.grant_first_credit(id);
         Ok(CallId(id))
     }
 
@@ -225,9 +226,8 @@ impl Connection {
     /// a split message is still being sent on the call.
     ///
     /// A call can always be ended: if the status message and trailers are larger than the
-    /// client accepts, the trailers are dropped and the message is replaced by one that says
-    /// so (the code is kept); a client whose limit is below even that reports
-    /// `RESOURCE_EXHAUSTED` (protocol.md §5.6).
+    /// client accepts, the trailers are dropped and the message is cut at a character boundary
+    /// so that the END fits (the code is kept; protocol.md §5.6).
     pub fn end_call(
         &mut self,
         id: CallId,
@@ -252,16 +252,11 @@ impl Connection {
         if size <= limit {
             self.put_end(id.0, status.code(), message, trailers);
         } else {
-            let note = format!(
-                "the status message and trailers ({size} bytes) exceed the {limit} bytes this client accepts (max_metadata_size, max_frame_size) and were dropped"
-            );
-            // 2 (msg_len) + 2 (empty trailers) is the smallest END status.
+            // 2 (msg_len) + 2 (empty trailers) is the smallest END status, which always fits
+            // (MAX_METADATA_SIZE >= 4): the trailers go and the message is cut at a character
+            // boundary (protocol.md §5.6).
             let room = limit.saturating_sub(4);
-            let mut n = note.len().min(room);
-            while !note.is_char_boundary(n) {
-                n -= 1;
-            }
-            self.put_end(id.0, status.code(), &note[..n], &Metadata::new());
+            self.put_end(id.0, status.code(), clip(message, room), &Metadata::new());
         }
         Ok(())
     }

@@ -44,7 +44,7 @@ impl Bucket {
     pub(crate) fn take(&mut self, rate: Rate, now: Instant) -> bool {
         let tat = self.tat.map_or(now, |t| t.max(now));
         let allowed = rate.interval.saturating_mul(rate.burst);
-        if tat.saturating_duration_since(now) > allowed {
+        if tat.saturating_duration_since(now) >= allowed {
             return false;
         }
         self.tat = Some(tat + rate.interval);
@@ -137,11 +137,12 @@ mod tests {
         let now = Instant::now();
         let mut b = Bucket::default();
         let allowed = (0..10).filter(|_| b.take(rate, now)).count();
-        assert_eq!(allowed, 4); // the event itself plus a burst of 3
+        assert_eq!(allowed, 3);
         assert!(!b.take(rate, now + Duration::from_millis(5)));
-        assert!(b.take(rate, now + Duration::from_millis(15)));
+        assert!(b.take(rate, now + Duration::from_millis(10)));
+        assert!(!b.take(rate, now + Duration::from_millis(15)));
         // A long quiet period refills it, never beyond the burst.
         let later = now + Duration::from_secs(10);
-        assert_eq!((0..10).filter(|_| b.take(rate, later)).count(), 4);
+        assert_eq!((0..10).filter(|_| b.take(rate, later)).count(), 3);
     }
 }

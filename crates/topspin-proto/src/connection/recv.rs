@@ -491,7 +491,9 @@ impl Connection {
 
     /// CANCEL (protocol.md §5.9): the client abandons the call.
     fn on_cancel(&mut self, id: u32, code: Code, now: Instant) -> Result<(), ProtocolError> {
-        let answered = self.calls.remove(id).is_some_and(|c| c.headers_done);
+        // The check comes before the call is forgotten, so that closing the connection still
+        // tells this call's handler (with the others).
+        let answered = self.calls.get(id).is_some_and(|c| c.headers_done);
         if !answered && !self.reset_bucket.take(self.limits.rapid_reset_rate(), now) {
             let rate = self.limits.rapid_reset_rate();
             return self.calm_down(format!(
@@ -500,6 +502,7 @@ impl Connection {
                 rate.interval()
             ));
         }
+        self.calls.remove(id);
         let msg = match code {
             Code::DeadlineExceeded => "the client's deadline passed",
             Code::ResourceExhausted => "the client refused a message over its limit",

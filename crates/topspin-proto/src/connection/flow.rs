@@ -59,7 +59,7 @@ impl Connection {
     /// While the memory budget is spent the credit is withheld, and given once it has room
     /// (checked again on [`Connection::handle_timeout`]).
     pub(super) fn advance_credit_if_stalled(&mut self, id: u32, now: Instant) {
-        let spent = self.budget.is_spent();
+        let spent = self.budget.is_spent() && !self.may_progress(id);
         let Some(call) = self.calls.get_mut(id) else {
             return;
         };
@@ -84,13 +84,31 @@ impl Connection {
         self.put_credit(id, give as u32);
     }
 
+    /// Whether a call's split message may go on while the budget is spent: one per connection
+    /// (the first to ask, until it completes or ends) always does, so messages that each fit
+    /// `MAX_MESSAGE_SIZE` but together exceed the budget cannot wait for one another for ever
+    /// (protocol.md §9). What a connection holds is then bounded by its share of the budget
+    /// plus one message.
+    fn may_progress(&mut self, id: u32) -> bool {
+        let current = self
+            .progressing
+            .filter(|&p| self.calls.get(p).is_some_and(|c| c.assembling.is_some()));
+        match current {
+            Some(p) => p == id,
+            None => {
+                let assembling = self.calls.get(id).is_some_and(|c| c.assembling.is_some());
+                if assembling {
+                    self.progressing = Some(id);
+                }
+                assembling
+            }
+        }
+    }
+
     /// Grants the chunk credit withheld while the memory budget was spent, if it has room now;
     /// otherwise checks again after [`Limits::credit_recheck`](crate::Limits::credit_recheck).
     pub(super) fn grant_withheld_credit(&mut self, now: Instant) {
-        if self.budget.is_spent() {
-            self.credit_withheld = Some(now);
-            return;
-        }
+        // Each call still short of room sets it again.
         self.credit_withheld = None;
         for id in self.calls.ids_above(0) {
             self.advance_credit_if_stalled(id, now);

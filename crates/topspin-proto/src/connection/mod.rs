@@ -119,6 +119,8 @@ pub struct Connection {
     pings_outstanding: u32,
     /// Since when chunk credit has been withheld because the budget is spent.
     credit_withheld: Option<Instant>,
+    /// The call whose split message goes on even while the budget is spent.
+    progressing: Option<u32>,
 }
 
 impl Connection {
@@ -157,6 +159,7 @@ impl Connection {
             pong_queued: false,
             pings_outstanding: 0,
             credit_withheld: None,
+            progressing: None,
         };
         c.out.staging.extend_from_slice(&PREFACE);
         frame::encode_settings(&mut c.out.staging, &local);

@@ -13,8 +13,11 @@ use std::time::{Duration, Instant};
 
 impl Connection {
     /// Client: starts a call. `codec` is the payload codec byte (0 protobuf, 1 raw bytes, 2
-    /// JSON); `timeout` is sent as the call's relative deadline, and the call is expired
-    /// locally at `now + timeout` (see [`Connection::handle_timeout`]).
+    /// JSON); `timeout` is sent as the call's relative deadline, rounded up to whole
+    /// microseconds (at least 1: `timeout_us` 0 means "no deadline"), and the call is expired
+    /// locally at `now + timeout` (see [`Connection::handle_timeout`]). A zero timeout (the
+    /// deadline already passed) is refused with [`CallError::DeadlineExceeded`]: the CALL is
+    /// not sent.
     pub fn start_call(
         &mut self,
         method: &str,
@@ -32,6 +35,9 @@ impl Connection {
             return Err(CallError::TooManyCalls {
                 limit: self.peer.max_concurrent_calls,
             });
+        }
+        if timeout == Some(Duration::ZERO) {
+            return Err(CallError::DeadlineExceeded);
         }
         if method.is_empty() || method.len() > MAX_METHOD_NAME_LEN {
             return Err(CallError::InvalidMethod(method.to_owned()));

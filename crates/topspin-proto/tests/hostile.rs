@@ -453,3 +453,30 @@ fn an_expired_deadline_is_never_sent() {
         "{ev:?}"
     );
 }
+
+/// Regression: a half-close refused while a split message was still going out was only
+/// signalled (Writable) once the call had credit again, which a receiver that grants on
+/// consumption may never give: the half-close (or a server's END) waited for ever. HALF_CLOSE
+/// and END need no credit, so Writable now follows as soon as the message is out.
+#[test]
+fn a_half_close_behind_a_split_message_needs_no_credit() {
+    let zero = Settings::default()
+        .with_initial_call_window(0)
+        .with_max_frame_size(16 * 1024);
+    let mut p = Pair::new(Settings::default(), zero);
+    let id = start(&mut p, "/p.S/M");
+    p.drive();
+    p.client
+        .send_message(id, Bytes::from(vec![5u8; 100_000]), false)
+        .unwrap();
+    assert_eq!(p.client.half_close(id), Err(CallError::WouldBlock));
+    p.drive();
+    assert!(
+        p.client.send_credit(id).unwrap() <= 0,
+        "the test needs no credit left"
+    );
+    assert!(p.take_client().contains(&Event::Writable { id }));
+    p.client.half_close(id).unwrap();
+    p.drive();
+    assert!(p.take_server().contains(&Event::HalfClosed { id }));
+}

@@ -1,7 +1,8 @@
 //! Limits and timeouts shared by [`Channel`](crate::Channel) and [`Server`](crate::Server).
 
+use std::sync::Arc;
 use std::time::Duration;
-use topspin_proto::Settings;
+use topspin_proto::{Limits, MemoryBudget, Rate, Settings, DEFAULT_MEMORY_BUDGET};
 
 /// Limits and timeouts of one side of a connection, with documented defaults. Every bound on
 /// what a peer can make this side hold is here.
@@ -29,6 +30,11 @@ pub struct Config {
     idle_timeout: Option<Duration>,
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Duration,
+    // Engine-local limits (protocol.md §9, "Local limits"): never announced to the peer.
+    ping_rate: Rate,
+    rapid_reset_rate: Rate,
+    refused_call_rate: Rate,
+    memory_budget: Arc<MemoryBudget>,
 }
 
 impl Default for Config {
@@ -47,6 +53,10 @@ impl Default for Config {
             idle_timeout: None,
             keepalive_interval: None,
             keepalive_timeout: Duration::from_secs(20),
+            ping_rate: Limits::default().ping_rate(),
+            rapid_reset_rate: Limits::default().rapid_reset_rate(),
+            refused_call_rate: Limits::default().refused_call_rate(),
+            memory_budget: MemoryBudget::new(DEFAULT_MEMORY_BUDGET),
         }
     }
 }
@@ -118,12 +128,58 @@ impl Config {
         idle_timeout, with_idle_timeout: Option<Duration>
     }
     field! {
-        /// Send a PING after this long without receiving anything (default: never).
+        /// Send a PING after this long without receiving anything (default: never). A topspin
+        /// peer accepts PINGs at its `ping_rate` (default: a burst of 20, then one per 100 ms)
+        /// and closes the connection with `ENHANCE_YOUR_CALM` past it, so keep this at 100 ms
+        /// or more (and at least the peer's interval, if it was changed).
         keepalive_interval, with_keepalive_interval: Option<Duration>
     }
     field! {
         /// Close the connection if a keep-alive PING is not answered within this (default 20 s).
         keepalive_timeout, with_keepalive_timeout: Duration
+    }
+
+    field! {
+        /// PINGs the peer may send (default: a burst of 20, then one per 100 ms); past it the
+        /// connection is closed with GOAWAY and ERROR `ENHANCE_YOUR_CALM` ("too_many_pings").
+        /// PINGs that arrive while an answer is unsent share that answer.
+        ping_rate, with_ping_rate: Rate
+    }
+    field! {
+        /// Server: calls a client may cancel before they were answered ("Rapid Reset"; default:
+        /// a burst of 1000, then one per millisecond); past it the connection is closed with
+        /// `ENHANCE_YOUR_CALM`.
+        rapid_reset_rate, with_rapid_reset_rate: Rate
+    }
+    field! {
+        /// Server: CALLs refused for being over `max_concurrent_calls` (default: a burst of
+        /// 100, then one per 10 ms; a topspin client queues instead); past it the connection is
+        /// closed with `ENHANCE_YOUR_CALM`.
+        refused_call_rate, with_refused_call_rate: Rate
+    }
+
+    /// Memory for incoming split messages still being received, shared by every connection
+    /// made with this configuration (and its clones): default 1 GiB. While it is spent a server
+    /// refuses new calls with `RESOURCE_EXHAUSTED` and both sides withhold credit for
+    /// split-message chunks (one message per connection still goes on).
+    pub fn memory_budget(&self) -> &Arc<MemoryBudget> {
+        &self.memory_budget
+    }
+
+    /// Sets [`Config::memory_budget`] (share one budget between servers and channels with
+    /// [`Arc::clone`]).
+    #[must_use]
+    pub fn with_memory_budget(mut self, budget: Arc<MemoryBudget>) -> Config {
+        self.memory_budget = budget;
+        self
+    }
+
+    /// The engine-local limits of a connection.
+    pub(crate) fn limits(&self) -> Limits {
+        Limits::default()
+            .with_ping_rate(self.ping_rate)
+            .with_rapid_reset_rate(self.rapid_reset_rate)
+            .with_refused_call_rate(self.refused_call_rate)
     }
 
     pub(crate) fn settings(&self) -> Settings {

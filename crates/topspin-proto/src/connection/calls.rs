@@ -103,6 +103,9 @@ pub(crate) struct CallState {
     /// Response headers sent (server) or received (client), or a response message went by.
     pub(crate) headers_done: bool,
     pub(crate) writable_wanted: bool,
+    /// A half-close or END waits for a split message to finish going out (it needs no credit,
+    /// so Writable follows as soon as the message is out, whatever the credit).
+    pub(crate) close_wanted: bool,
     pub(crate) deadline: Option<Instant>,
 }
 
@@ -118,6 +121,7 @@ impl CallState {
             recv_closed: false,
             headers_done: false,
             writable_wanted: false,
+            close_wanted: false,
             deadline,
         }
     }

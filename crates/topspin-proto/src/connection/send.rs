@@ -146,6 +146,20 @@ impl Connection {
         Ok(())
     }
 
+    /// Whether [`Connection::send_message`] would take a message on this call now (it has
+    /// send credit and no message still going). When not, [`Event::Writable`] follows once it
+    /// would: an owner can keep a message back without offering it first.
+    pub fn is_writable(&mut self, id: CallId) -> bool {
+        let Some(call) = self.calls.get_mut(id.0) else {
+            return false;
+        };
+        if call.pending.is_some() || call.send_credit <= 0 {
+            call.writable_wanted = true;
+            return false;
+        }
+        true
+    }
+
     /// Sends what credit allows of a pending split message; reports writability.
     pub(super) fn resume_send(&mut self, id: u32) {
         let max_frame = self.peer.max_frame_size as usize;
@@ -166,14 +180,20 @@ impl Connection {
             call.send_credit -= (HEADER_LEN + n) as i64;
             self.out.push_body(&chunk);
         }
-        if call.writable_wanted && call.pending.is_none() && call.send_credit > 0 {
+        if call.writable_wanted
+            && call.pending.is_none()
+            && (call.send_credit > 0 || call.close_wanted)
+        {
             call.writable_wanted = false;
+            call.close_wanted = false;
             self.events.push_back(Event::Writable { id: CallId(id) });
         }
     }
 
     /// Client: no more messages on this call (HALF_CLOSE). Not needed after a message sent
-    /// with `end_stream`.
+    /// with `end_stream`. Returns [`CallError::WouldBlock`] while a split message is still
+    /// going out; [`Event::Writable`] follows as soon as it is out (HALF_CLOSE needs no
+    /// credit).
     pub fn half_close(&mut self, id: CallId) -> Result<(), CallError> {
         self.need_side(
             Side::Client,
@@ -186,6 +206,7 @@ impl Connection {
         }
         if call.pending.is_some() {
             call.writable_wanted = true;
+            call.close_wanted = true;
             return Err(CallError::WouldBlock);
         }
         call.send_closed = true;
@@ -250,6 +271,7 @@ impl Connection {
         let call = self.calls.get_mut(id.0).ok_or(CallError::NotOpen(id))?;
         if call.pending.is_some() {
             call.writable_wanted = true;
+            call.close_wanted = true;
             return Err(CallError::WouldBlock);
         }
         self.calls.remove(id.0);

@@ -78,8 +78,11 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// A connection over `transport`; the preface and SETTINGS are queued at once.
     pub(crate) fn new(transport: T, role: R, config: Config) -> Driver<R, T> {
         let now = Instant::now();
+        let mut conn = Connection::new(R::SIDE, config.settings());
+        conn.set_limits(config.limits());
+        conn.set_memory_budget(config.memory_budget().clone());
         Driver {
-            conn: Connection::new(R::SIDE, config.settings()),
+            conn,
             io: Io::new(transport),
             role,
             config,
@@ -282,6 +285,9 @@ pub(crate) fn call_error_status(e: CallError, what: &str) -> Status {
         CallError::MetadataTooLarge { size, limit } => Status::resource_exhausted(format!(
             "{what}: metadata of {size} bytes exceeds the peer's max_metadata_size of {limit} bytes"
         )),
+        CallError::DeadlineExceeded => {
+            Status::deadline_exceeded(format!("{what}: the deadline passed before it was sent"))
+        }
         CallError::InvalidMethod(m) => Status::invalid_argument(format!(
             "invalid method name {m:?}: must be 1..=1024 bytes, like /package.Service/Method"
         )),

@@ -649,6 +649,11 @@ def frames_valid() -> list:
             "error_empty_reason", "ERROR with an empty reason.", error("INTERNAL_ERROR")
         ),
         fv(
+            "error_enhance_your_calm",
+            "ERROR ENHANCE_YOUR_CALM (15): the peer went past a local limit (§9, §10).",
+            error("ENHANCE_YOUR_CALM", "too_many_pings"),
+        ),
+        fv(
             "extension_0x80_on_connection",
             "Ignorable extension frame type 0x80 on call 0: decoded as EXTENSION and skipped by "
             "a receiver that does not know it (§12).",

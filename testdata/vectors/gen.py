@@ -2271,6 +2271,26 @@ def sessions_valid() -> list:
     )
     v.append(
         session(
+            "client_refuses_calls_when_the_server_takes_none",
+            "The server's MAX_CONCURRENT_CALLS is 0: the client fails new calls locally (with "
+            "UNAVAILABLE) instead of queueing them for ever, and sends nothing (§9).",
+            "client",
+            client_hello_steps([(2, 0)])
+            + [
+                cmd(
+                    "start_call",
+                    method="/p.S/M",
+                    codec=0,
+                    timeout_us=0,
+                    metadata=[],
+                    refused=True,
+                ),
+                sent(),
+            ],
+        )
+    )
+    v.append(
+        session(
             "server_refused_calls_within_budget",
             "CALLs over MAX_CONCURRENT_CALLS (here 0) are refused with END RESOURCE_EXHAUSTED; "
             "within the local budget of refused calls (here 2) the connection goes on (§9).",

@@ -702,15 +702,20 @@ impl Session {
                     us => Some(Duration::from_micros(us)),
                 };
                 let md = json_to_md(field(step, "metadata")?)?;
-                let got = c
-                    .start_call(
-                        text(step, "method")?,
-                        u8::try_from(uint(step, "codec")?).map_err(|e| e.to_string())?,
-                        timeout,
-                        &md,
-                        self.now,
-                    )
-                    .map_err(|e| format!("start_call failed: {e}"))?;
+                let r = c.start_call(
+                    text(step, "method")?,
+                    u8::try_from(uint(step, "codec")?).map_err(|e| e.to_string())?,
+                    timeout,
+                    &md,
+                    self.now,
+                );
+                if step.get("refused").and_then(Value::as_bool) == Some(true) {
+                    return match r {
+                        Err(_) => Ok(()),
+                        Ok(id) => Err(format!("start_call should be refused, got {id}")),
+                    };
+                }
+                let got = r.map_err(|e| format!("start_call failed: {e}"))?;
                 if step.get("call_id").is_some() && got != id()? {
                     return Err(format!(
                         "start_call returned call id {}, expected {}",

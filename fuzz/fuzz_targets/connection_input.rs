@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use topspin_proto::connection::{Connection, Event, Side};
 use topspin_proto::frame::{Frame, FrameDecoder, HEADER_LEN};
 use topspin_proto::preface::{PREFACE, PREFACE_LEN};
-use topspin_proto::{Code, Metadata, Settings, Status};
+use topspin_proto::{Code, Limits, MemoryBudget, Metadata, Rate, Settings, Status};
 
 /// This side's limits: small enough that a hostile peer can reach every limit and that what
 /// it can make the engine hold stays small (8 calls × 256 KiB messages at most).
@@ -41,7 +41,7 @@ fn peer_settings(choice: u8) -> Settings {
             .with_max_concurrent_calls(0)
             .with_initial_call_window(0)
             .with_max_message_size(0)
-            .with_max_metadata_size(0),
+            .with_max_metadata_size(4),
     }
 }
 
@@ -168,6 +168,16 @@ fuzz_target!(|data: &[u8]| {
     let peer = peer_settings(choice);
 
     let mut conn = Connection::new(side, local);
+    // A small shared memory budget, so that refusing calls and withholding chunk credit are
+    // reached too; small flood budgets likewise.
+    let budget = MemoryBudget::new(200 * 1024);
+    conn.set_memory_budget(budget.clone());
+    conn.set_limits(
+        Limits::default()
+            .with_ping_rate(Rate::new(8, Duration::from_millis(10)))
+            .with_rapid_reset_rate(Rate::new(8, Duration::from_millis(10)))
+            .with_refused_call_rate(Rate::new(8, Duration::from_millis(10))),
+    );
     let mut out = OutputChecker::new(&peer);
     let mut now = Instant::now();
 
@@ -224,4 +234,7 @@ fuzz_target!(|data: &[u8]| {
             conn.handle_timeout(now);
         }
     }
+    // Incomplete split messages are charged to the budget, and given back with the connection.
+    drop(conn);
+    assert_eq!(budget.used(), 0, "the connection left charges in the memory budget");
 });

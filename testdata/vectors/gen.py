@@ -73,6 +73,7 @@ ERROR_CODES = [
     "MESSAGE_LENGTH_MISMATCH",
     "TIMEOUT",
     "INTERNAL_ERROR",
+    "ENHANCE_YOUR_CALM",
 ]
 
 STATUS_CODES = [
@@ -473,7 +474,7 @@ def frames_valid() -> list:
             "settings_range_limits",
             "SETTINGS with every value at the edge of its valid range (§4 table).",
             settings(
-                [(1, MAX_WINDOW), (2, 0), (3, MAX_WINDOW), (4, 2**32 - 1), (5, 0)]
+                [(1, MAX_WINDOW), (2, 0), (3, MAX_WINDOW), (4, 2**32 - 1), (5, 4)]
             ),
         ),
         fv(
@@ -646,6 +647,11 @@ def frames_valid() -> list:
         ),
         fv(
             "error_empty_reason", "ERROR with an empty reason.", error("INTERNAL_ERROR")
+        ),
+        fv(
+            "error_enhance_your_calm",
+            "ERROR ENHANCE_YOUR_CALM (15): the peer went past a local limit (§9, §10).",
+            error("ENHANCE_YOUR_CALM", "too_many_pings"),
         ),
         fv(
             "extension_0x80_on_connection",
@@ -907,6 +913,13 @@ def frames_invalid() -> list:
             "SETTINGS_ERROR",
         ),
         fv_err(
+            "settings_max_metadata_size_below_minimum",
+            "MAX_METADATA_SIZE 3: below 4, the size of the smallest END status (msg_len and an "
+            "empty trailer block), so no call could be ended (§4).",
+            raw(0x01, 0, 0, u16(5) + u32(3)),
+            "SETTINGS_ERROR",
+        ),
+        fv_err(
             "settings_max_frame_size_above_maximum",
             "MAX_FRAME_SIZE 2^31, above its valid range.",
             raw(0x01, 0, 0, u16(1) + u32(2**31)),
@@ -1066,10 +1079,14 @@ def expect_error(code) -> dict:
     return {"expect_error": code}
 
 
-def session(name, description, role, steps, local_settings=None) -> dict:
+def session(
+    name, description, role, steps, local_settings=None, local_limits=None
+) -> dict:
     v = {"name": name, "description": description, "kind": "session", "role": role}
     if local_settings:
         v["local_settings"] = local_settings
+    if local_limits:
+        v["local_limits"] = local_limits
     v["steps"] = steps
     return v
 
@@ -1519,7 +1536,7 @@ def sessions_valid() -> list:
             "The client allows 16,384-byte frames and 16,384 bytes of status: an END whose status "
             "size is 16,384 is within MAX_METADATA_SIZE but would be a 16,386-byte frame, so the "
             "server treats it as over the limit: it keeps the code, drops the trailers and "
-            "shortens the message (§5.6, §9). The message's wording is the implementation's.",
+            "truncates the message (here empty) (§5.6, §9).",
             "server",
             server_hello_steps(small_limits)
             + [
@@ -1532,7 +1549,7 @@ def sessions_valid() -> list:
                     message="",
                     trailers=md_json(trailer_block(16_382)),
                 ),
-                sent({"type": "END", "call_id": 1, "code": "NOT_FOUND", "trailers": []}),
+                sent(end(1, "NOT_FOUND", "")),
             ],
         )
     )
@@ -2121,6 +2138,176 @@ def sessions_valid() -> list:
             ],
         )
     )
+
+    # --- decisions of the hostile-peers issue (spec-review rows) ---------------------------------
+    v.append(
+        session(
+            "server_zero_window_grants_first_credit",
+            "The server's INITIAL_CALL_WINDOW is 0: a sender without credit waits, so the "
+            "receiver grants the first credit itself when the call starts (§7): CREDIT 1, enough "
+            "for one frame of any size. The client's MESSAGE then goes.",
+            "server",
+            server_hello_steps()
+            + [
+                recv(call(1, 0, "/p.S/M")),
+                events(started(1, "/p.S/M")),
+                sent(credit(1, 1), include_credit=True),
+                recv(message(1, b"hi", end_stream=True)),
+                events(
+                    ev("Message", call_id=1, message_hex=b"hi"),
+                    ev("HalfClosed", call_id=1),
+                ),
+            ],
+            local_settings={"INITIAL_CALL_WINDOW": 0},
+        )
+    )
+    v.append(
+        session(
+            "client_zero_window_grants_first_credit",
+            "The client's INITIAL_CALL_WINDOW is 0: it grants the first credit with its CALL "
+            "(§7), so the server's reply can go.",
+            "client",
+            client_hello_steps()
+            + [
+                cmd(
+                    "start_call",
+                    method="/p.S/M",
+                    codec=0,
+                    timeout_us=0,
+                    metadata=[],
+                    call_id=1,
+                ),
+                sent({"type": "CALL", "call_id": 1}, credit(1, 1), include_credit=True),
+                recv(message(1, b"reply")),
+                events(ev("Message", call_id=1, message_hex=b"reply")),
+            ],
+            local_settings={"INITIAL_CALL_WINDOW": 0},
+        )
+    )
+    v.append(
+        session(
+            "server_end_message_truncated_at_char_boundary",
+            "The client allows 9 bytes of status: an END with message 'ééé' (6 bytes) and a "
+            "trailer does not fit, so the server keeps the code, drops the trailers and truncates "
+            "the message at a UTF-8 boundary: 5 bytes of room hold 'éé' (4 bytes) (§5.6).",
+            "server",
+            server_hello_steps([(5, 9)])
+            + [
+                recv(call(1, 0, "/p.S/M")),
+                events(started(1, "/p.S/M")),
+                cmd(
+                    "end_call",
+                    call_id=1,
+                    code="NOT_FOUND",
+                    message="ééé",
+                    trailers=md_json([("k", "v")]),
+                ),
+                sent(end(1, "NOT_FOUND", "éé")),
+            ],
+        )
+    )
+    v.append(
+        session(
+            "server_cancel_unknown_code",
+            "CANCEL with code 99: any code is accepted; codes above 16 are reported as UNKNOWN "
+            "(§5.7).",
+            "server",
+            server_hello_steps()
+            + [
+                recv(call(1, 0, "/p.S/M"), raw(0x08, 0, 1, u16(99))),
+                events(started(1, "/p.S/M"), ev("Cancelled", call_id=1, code="UNKNOWN")),
+                sent(),
+            ],
+        )
+    )
+    v.append(
+        session(
+            "server_pings_share_one_answer",
+            "Three PINGs arrive while the answer to the first is unsent: one answer goes, with the "
+            "first PING's data (§5.9, §9); a PING after it was sent gets its own.",
+            "server",
+            server_hello_steps()
+            + [
+                recv(ping(b"pingone!"), ping(b"pingtwo!"), ping(b"pingthre")),
+                sent(ping(b"pingone!", ack=True)),
+                recv(ping(b"pingfour")),
+                sent(ping(b"pingfour", ack=True)),
+            ],
+        )
+    )
+    v.append(
+        session(
+            "client_unsolicited_ping_ack_ignored",
+            "A PING ACK that answers no PING of ours is ignored: no event (§5.9).",
+            "client",
+            client_hello_steps()
+            + [
+                recv(ping(b"whatever", ack=True)),
+                events(),
+                cmd("ping", data_hex=b"realping"),
+                sent(ping(b"realping")),
+                recv(ping(b"realping", ack=True)),
+                events(ev("Pong", data_hex=b"realping")),
+            ],
+        )
+    )
+    v.append(
+        session(
+            "server_split_violation_on_ended_call_ignored",
+            "Frames for calls that are not open are ignored before any other check of their "
+            "payload (§6): a SPLIT MESSAGE whose chunk already holds total_len, on an ended call.",
+            "server",
+            server_hello_steps()
+            + [
+                recv(call(1, 0, "/p.S/M")),
+                events(started(1, "/p.S/M")),
+                cmd("end_call", call_id=1, code="OK", message="", trailers=[]),
+                sent(end(1, "OK")),
+                recv(raw(0x03, 0x02, 1, u32(3) + b"abcdef")),
+                events(),
+                sent(),
+            ],
+        )
+    )
+    v.append(
+        session(
+            "client_refuses_calls_when_the_server_takes_none",
+            "The server's MAX_CONCURRENT_CALLS is 0: the client fails new calls locally (with "
+            "UNAVAILABLE) instead of queueing them for ever, and sends nothing (§9).",
+            "client",
+            client_hello_steps([(2, 0)])
+            + [
+                cmd(
+                    "start_call",
+                    method="/p.S/M",
+                    codec=0,
+                    timeout_us=0,
+                    metadata=[],
+                    refused=True,
+                ),
+                sent(),
+            ],
+        )
+    )
+    v.append(
+        session(
+            "server_refused_calls_within_budget",
+            "CALLs over MAX_CONCURRENT_CALLS (here 0) are refused with END RESOURCE_EXHAUSTED; "
+            "within the local budget of refused calls (here 2) the connection goes on (§9).",
+            "server",
+            server_hello_steps()
+            + [
+                recv(call(1, 0, "/p.S/M"), call(2, 0, "/p.S/M")),
+                events(),
+                sent(
+                    {"type": "END", "call_id": 1, "code": "RESOURCE_EXHAUSTED"},
+                    {"type": "END", "call_id": 2, "code": "RESOURCE_EXHAUSTED"},
+                ),
+            ],
+            local_settings={"MAX_CONCURRENT_CALLS": 0},
+            local_limits={"REFUSED_CALL_BURST": 2},
+        )
+    )
     return v
 
 
@@ -2132,6 +2319,7 @@ def bad(
     code,
     *,
     local_settings=None,
+    local_limits=None,
     check_error_frame=True,
     events_after=None,
 ) -> dict:
@@ -2140,7 +2328,7 @@ def bad(
         tail.append(sent({"type": "ERROR", "code": code}))
     if events_after is not None:
         tail.append(events(*events_after))
-    return session(name, description, role, steps + tail, local_settings)
+    return session(name, description, role, steps + tail, local_settings, local_limits)
 
 
 def sessions_invalid() -> list:
@@ -2375,17 +2563,19 @@ def sessions_invalid() -> list:
         ),
         bad(
             "message_without_credit",
-            "The server's INITIAL_CALL_WINDOW is 0: the client's first MESSAGE has no credit.",
+            "The server's INITIAL_CALL_WINDOW is 0: it grants 1 byte when the call starts (§7), "
+            "which the client's first MESSAGE uses up; a second MESSAGE has no credit.",
             "server",
-            sh + [recv(c1, message(1, b""))],
+            sh + [recv(c1, message(1, b""), message(1, b""))],
             "FLOW_CONTROL",
             local_settings={"INITIAL_CALL_WINDOW": 0},
         ),
         bad(
             "client_message_without_credit",
-            "The client's INITIAL_CALL_WINDOW is 0: the server's MESSAGE has no credit.",
+            "The client's INITIAL_CALL_WINDOW is 0: it grants 1 byte with its CALL (§7), which "
+            "the server's first MESSAGE uses up; a second MESSAGE has no credit.",
             "client",
-            ch + sc + [recv(headers(1), message(1, b"x"))],
+            ch + sc + [recv(headers(1), message(1, b"x"), message(1, b"y"))],
             "FLOW_CONTROL",
             local_settings={"INITIAL_CALL_WINDOW": 0},
         ),
@@ -2545,6 +2735,145 @@ def sessions_invalid() -> list:
             "client",
             ch + sc + [recv(raw(0x05, 0, 1, md_raw([(b"k", b"\xff")])))],
             "MALFORMED_FRAME",
+        ),
+        bad(
+            "goaway_raises_last_call_id",
+            "A second GOAWAY whose last_call_id is above the first's (§8.3).",
+            "client",
+            ch + [recv(goaway(0)), events(ev("GoAway", last_call_id=0)), recv(goaway(1))],
+            "ILLEGAL_FRAME",
+        ),
+        bad(
+            "call_after_clients_own_goaway",
+            "A CALL from a client after its own GOAWAY (§8.3).",
+            "server",
+            sh + [recv(goaway(0)), events(ev("GoAway", last_call_id=0)), recv(c1)],
+            "ILLEGAL_FRAME",
+        ),
+        bad(
+            "error_as_first_frame",
+            "An ERROR as the first frame after the preface is the peer's error, reported with its "
+            "code, not SETTINGS_ERROR; nothing is sent back (§2, §10).",
+            "server",
+            [recv(PREFACE, error("BAD_PREFACE", "that was not topspin"))],
+            "BAD_PREFACE",
+            check_error_frame=False,
+        ),
+        bad(
+            "unknown_frame_type_first",
+            "The first frame after the preface has type 0x0D: header checks come before the "
+            "SETTINGS-first rule (§2), so UNKNOWN_FRAME_TYPE.",
+            "server",
+            [recv(PREFACE, raw(0x0D, 0, 0, b""))],
+            "UNKNOWN_FRAME_TYPE",
+        ),
+        bad(
+            "extension_first",
+            "The first frame after the preface is an ignorable extension (0x80): it is valid on "
+            "its own, so the SETTINGS-first rule applies: SETTINGS_ERROR (§2).",
+            "server",
+            [recv(PREFACE, raw(0x80, 0, 0, b""))],
+            "SETTINGS_ERROR",
+        ),
+        bad(
+            "split_chunk_holds_total_before_size_limit",
+            "A SPLIT MESSAGE whose chunk holds all of total_len, over MAX_MESSAGE_SIZE too: the "
+            "connection error (visible in the frame) comes before the call error (§5.3).",
+            "server",
+            sh + [recv(c1, message(1, b"abcde", total_len=5))],
+            "MESSAGE_LENGTH_MISMATCH",
+            local_settings={"MAX_MESSAGE_SIZE": 2},
+        ),
+        bad(
+            "message_after_half_close_without_credit",
+            "A MESSAGE after END_STREAM on a call without credit: state checks come before flow "
+            "control (§5.3, §7), so ILLEGAL_FRAME.",
+            "server",
+            sh + [recv(c1, message(1, b"", end_stream=True), message(1, b""))],
+            "ILLEGAL_FRAME",
+            local_settings={"INITIAL_CALL_WINDOW": 0},
+        ),
+        bad(
+            "server_handlers_see_unavailable",
+            "A connection error with a call open: the server cancels the call's handler with "
+            "UNAVAILABLE (§10).",
+            "server",
+            sh + [recv(c1), events(started(1, "/p.S/M")), recv(raw(0x0D, 0, 0, b""))],
+            "UNKNOWN_FRAME_TYPE",
+            events_after=[
+                ev("Cancelled", call_id=1, code="UNAVAILABLE"),
+                ev("Closed", error="UNKNOWN_FRAME_TYPE"),
+            ],
+        ),
+        session(
+            "ping_flood",
+            "PINGs past the local ping budget (here a burst of 2, time not passing): the receiver "
+            "answers the first (one answer while unsent), then closes with GOAWAY and ERROR "
+            "ENHANCE_YOUR_CALM (§9, §10).",
+            "server",
+            sh
+            + [
+                recv(ping(b"pingone!"), ping(b"pingtwo!"), ping(b"pingthre")),
+                expect_error("ENHANCE_YOUR_CALM"),
+                sent(
+                    ping(b"pingone!", ack=True),
+                    {"type": "GOAWAY", "code": "ENHANCE_YOUR_CALM"},
+                    {"type": "ERROR", "code": "ENHANCE_YOUR_CALM"},
+                ),
+            ],
+            local_limits={"PING_BURST": 2},
+        ),
+        session(
+            "rapid_reset",
+            "Calls the client cancels before the server answered them, past the local budget "
+            "(here 2): GOAWAY and ERROR ENHANCE_YOUR_CALM; the third call's handler is told "
+            "UNAVAILABLE with the others (§9, §10).",
+            "server",
+            sh
+            + [
+                recv(
+                    c1,
+                    cancel(1, "CANCELLED"),
+                    call(2, 0, "/p.S/M"),
+                    cancel(2, "CANCELLED"),
+                    call(3, 0, "/p.S/M"),
+                    cancel(3, "CANCELLED"),
+                ),
+                expect_error("ENHANCE_YOUR_CALM"),
+                sent(
+                    {"type": "GOAWAY", "last_call_id": 3, "code": "ENHANCE_YOUR_CALM"},
+                    {"type": "ERROR", "code": "ENHANCE_YOUR_CALM"},
+                ),
+                events(
+                    started(1, "/p.S/M"),
+                    ev("Cancelled", call_id=1, code="CANCELLED"),
+                    started(2, "/p.S/M"),
+                    ev("Cancelled", call_id=2, code="CANCELLED"),
+                    started(3, "/p.S/M"),
+                    ev("Cancelled", call_id=3, code="UNAVAILABLE"),
+                    ev("Closed", error="ENHANCE_YOUR_CALM"),
+                ),
+            ],
+            local_limits={"RAPID_RESET_BURST": 2},
+        ),
+        session(
+            "refused_call_flood",
+            "CALLs over MAX_CONCURRENT_CALLS (here 0) past the local budget of refused calls "
+            "(here 1): the first is refused with END, the second closes the connection with "
+            "GOAWAY and ERROR ENHANCE_YOUR_CALM (§9, §10).",
+            "server",
+            sh
+            + [
+                recv(c1, call(2, 0, "/p.S/M")),
+                expect_error("ENHANCE_YOUR_CALM"),
+                sent(
+                    {"type": "END", "call_id": 1, "code": "RESOURCE_EXHAUSTED"},
+                    {"type": "GOAWAY", "last_call_id": 2, "code": "ENHANCE_YOUR_CALM"},
+                    {"type": "ERROR", "code": "ENHANCE_YOUR_CALM"},
+                ),
+            ],
+            local_settings={"MAX_CONCURRENT_CALLS": 0},
+            local_limits={"REFUSED_CALL_BURST": 1},
         ),
     ]
 

@@ -1,11 +1,12 @@
-//! A shared budget of bytes reserved for data a peer has announced but not yet sent.
+//! A shared budget of bytes held for data a peer has announced but not yet completed.
 //!
 //! A frame header or a split message's `total_len` is a claim, not a fact: a receiver that
 //! reserved what every peer announced could be made to reserve far more memory than it has
-//! (protocol.md §9). Reservations larger than a small per-message bound are charged to a
-//! [`MemoryBudget`] shared by every connection of a process (or of one server or channel); when
-//! it is spent, receivers fall back to growing their buffers as bytes arrive, refuse new calls
-//! with `RESOURCE_EXHAUSTED` and withhold credit, instead of reserving more.
+//! (protocol.md §5.3, §9). The engine grows a split message's buffer as its chunks arrive and
+//! charges it to a [`MemoryBudget`] shared by every connection of a process (or of one server or
+//! channel) until the message completes, its call ends or the connection is dropped. While the
+//! budget is spent, a server refuses new calls with `RESOURCE_EXHAUSTED` and both sides
+//! withhold credit for split-message chunks (one message per connection still goes on).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -51,6 +52,21 @@ impl MemoryBudget {
                 used.checked_add(n).filter(|&total| total <= self.limit)
             })
             .is_ok()
+    }
+
+    /// Takes `n` bytes even past the limit: for bytes that already arrived within the peer's
+    /// credit and must be held (the budget then stays spent until they are given back).
+    pub fn charge(&self, n: usize) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_add(n))
+            });
+    }
+
+    /// Whether nothing is left: `used() >= limit()`.
+    pub fn is_spent(&self) -> bool {
+        self.used() >= self.limit
     }
 
     /// Gives back `n` bytes taken earlier with [`MemoryBudget::try_reserve`].

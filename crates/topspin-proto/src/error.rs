@@ -50,6 +50,9 @@ impl ErrorCode {
     pub const TIMEOUT: ErrorCode = ErrorCode(13);
     /// The sender failed on its own account.
     pub const INTERNAL_ERROR: ErrorCode = ErrorCode(14);
+    /// The peer generates excessive load (PING flood, calls cancelled before an answer, calls
+    /// refused over the limit …): the receiver closes the connection (GOAWAY, then ERROR).
+    pub const ENHANCE_YOUR_CALM: ErrorCode = ErrorCode(15);
 
     /// The code for a wire value (any value: unknown ones are kept).
     pub fn from_u16(v: u16) -> ErrorCode {
@@ -63,7 +66,7 @@ impl ErrorCode {
 
     /// Whether protocol.md names this code.
     pub fn is_known(self) -> bool {
-        self.0 <= ErrorCode::INTERNAL_ERROR.0
+        self.0 <= ErrorCode::ENHANCE_YOUR_CALM.0
     }
 
     /// The upper-case name used in the protocol document and the test vectors (`"UNKNOWN"`
@@ -85,13 +88,14 @@ impl ErrorCode {
             12 => "MESSAGE_LENGTH_MISMATCH",
             13 => "TIMEOUT",
             14 => "INTERNAL_ERROR",
+            15 => "ENHANCE_YOUR_CALM",
             _ => "UNKNOWN",
         }
     }
 
     /// The code with this name, if any.
     pub fn from_name(name: &str) -> Option<ErrorCode> {
-        (0..=ErrorCode::INTERNAL_ERROR.0)
+        (0..=ErrorCode::ENHANCE_YOUR_CALM.0)
             .map(ErrorCode)
             .find(|c| c.name() == name)
     }

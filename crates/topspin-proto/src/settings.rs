@@ -16,6 +16,9 @@ pub const SETTING_MAX_METADATA_SIZE: u16 = 5;
 
 /// Smallest `MAX_FRAME_SIZE` a peer may announce.
 pub const MIN_MAX_FRAME_SIZE: u32 = 16 * 1024;
+/// Smallest `MAX_METADATA_SIZE` a peer may announce: the smallest END status (an empty message
+/// and an empty trailer block) must always fit, so that a call can always be ended.
+pub const MIN_MAX_METADATA_SIZE: u32 = 4;
 /// Largest frame size, window and credit value (2³¹ − 1).
 pub const MAX_WINDOW: u32 = i32::MAX as u32;
 
@@ -77,7 +80,7 @@ impl Settings {
     }
     setting! {
         /// `MAX_METADATA_SIZE`: largest metadata block (with the status message, for END)
-        /// accepted (default 16 KiB).
+        /// accepted (default 16 KiB; 4 ..= 2³²−1, so that the smallest END always fits).
         max_metadata_size, with_max_metadata_size
     }
 }
@@ -124,6 +127,15 @@ impl Settings {
                 format!(
                     "INITIAL_CALL_WINDOW {} is above {MAX_WINDOW}",
                     self.initial_call_window
+                ),
+            ));
+        }
+        if self.max_metadata_size < MIN_MAX_METADATA_SIZE {
+            return Err(ProtocolError::new(
+                ErrorCode::SETTINGS_ERROR,
+                format!(
+                    "MAX_METADATA_SIZE {} is below {MIN_MAX_METADATA_SIZE}: the smallest END (no message, no trailers) would not fit",
+                    self.max_metadata_size
                 ),
             ));
         }

@@ -10,7 +10,10 @@ use topspin_proto::frame::{
     clip, CallFrame, EndFrame, Frame, FrameDecoder, FrameType, MessageFrame, HEADER_LEN,
     MAX_METHOD_ID, MAX_METHOD_NAME_LEN,
 };
-use topspin_proto::{CallId, Code, ErrorCode, Metadata, Settings, MAX_WINDOW, MIN_MAX_FRAME_SIZE};
+use topspin_proto::{
+    CallId, Code, ErrorCode, Metadata, Settings, MAX_WINDOW, MIN_MAX_FRAME_SIZE,
+    MIN_MAX_METADATA_SIZE,
+};
 
 /// The receive limit used by the decoders here; generated frames stay far below it.
 const MAX_FRAME: u32 = 1 << 20;
@@ -133,7 +136,7 @@ fn settings() -> impl Strategy<Value = Settings> {
         0..=MAX_WINDOW,
         0..=MAX_WINDOW,
         any::<u32>(),
-        any::<u32>(),
+        MIN_MAX_METADATA_SIZE..=u32::MAX,
     )
         .prop_map(|(f, c, w, m, md)| {
             Settings::default()

@@ -12,8 +12,8 @@ use topspin_proto::frame::{
 };
 use topspin_proto::preface::PREFACE;
 use topspin_proto::{
-    is_binary_key, CallError, CallId, Code, Connection, ErrorCode, Event, Metadata, Settings, Side,
-    Status,
+    is_binary_key, CallError, CallId, Code, Connection, ErrorCode, Event, Limits, Metadata, Rate,
+    Settings, Side, Status,
 };
 
 /// The runner refuses to pass on (nearly) nothing, e.g. when the files went missing.
@@ -319,6 +319,30 @@ fn settings_from_json(v: Option<&Value>) -> Result<Settings, String> {
         }
     }
     Ok(s)
+}
+
+/// Engine-local limits (protocol.md §9) from defaults plus the bursts a vector names; time
+/// never passes in a session, so only the bursts matter.
+fn limits_from_json(v: Option<&Value>) -> Result<Limits, String> {
+    let mut l = Limits::default();
+    let Some(v) = v else { return Ok(l) };
+    let o = v
+        .as_object()
+        .ok_or_else(|| format!("local_limits are not an object: {v}"))?;
+    for (name, value) in o {
+        let burst = value
+            .as_u64()
+            .and_then(|x| u32::try_from(x).ok())
+            .ok_or_else(|| format!("bad value for {name}"))?;
+        let with = |r: Rate| Rate::new(burst, r.interval());
+        match name.as_str() {
+            "PING_BURST" => l = l.with_ping_rate(with(l.ping_rate())),
+            "RAPID_RESET_BURST" => l = l.with_rapid_reset_rate(with(l.rapid_reset_rate())),
+            "REFUSED_CALL_BURST" => l = l.with_refused_call_rate(with(l.refused_call_rate())),
+            other => return Err(format!("unknown local limit {other:?}")),
+        }
+    }
+    Ok(l)
 }
 
 // --- frames <-> JSON -----------------------------------------------------------------------------
@@ -678,15 +702,20 @@ impl Session {
                     us => Some(Duration::from_micros(us)),
                 };
                 let md = json_to_md(field(step, "metadata")?)?;
-                let got = c
-                    .start_call(
-                        text(step, "method")?,
-                        u8::try_from(uint(step, "codec")?).map_err(|e| e.to_string())?,
-                        timeout,
-                        &md,
-                        self.now,
-                    )
-                    .map_err(|e| format!("start_call failed: {e}"))?;
+                let r = c.start_call(
+                    text(step, "method")?,
+                    u8::try_from(uint(step, "codec")?).map_err(|e| e.to_string())?,
+                    timeout,
+                    &md,
+                    self.now,
+                );
+                if step.get("refused").and_then(Value::as_bool) == Some(true) {
+                    return match r {
+                        Err(_) => Ok(()),
+                        Ok(id) => Err(format!("start_call should be refused, got {id}")),
+                    };
+                }
+                let got = r.map_err(|e| format!("start_call failed: {e}"))?;
                 if step.get("call_id").is_some() && got != id()? {
                     return Err(format!(
                         "start_call returned call id {}, expected {}",
@@ -793,8 +822,10 @@ fn run_session(v: &Value, byte_at_a_time: bool) -> Outcome {
         other => return Err(format!("unknown role {other:?}")),
     };
     let settings = settings_from_json(v.get("local_settings"))?;
+    let mut conn = Connection::new(side, settings);
+    conn.set_limits(limits_from_json(v.get("local_limits"))?);
     let mut s = Session {
-        conn: Connection::new(side, settings),
+        conn,
         now: Instant::now(),
         rx: BytesMut::new(),
         tx: BytesMut::new(),

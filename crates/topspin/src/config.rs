@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use topspin_proto::{MemoryBudget, Settings};
+use topspin_proto::{Limits, MemoryBudget, Rate, Settings};
 
 /// Limits and timeouts of one side of a connection, with documented defaults. Every bound on
 /// what a peer can make this side hold is here.
@@ -38,6 +38,10 @@ pub struct Config {
     max_connection_age: Option<Duration>,
     max_connection_age_grace: Duration,
     unix_socket_mode: u32,
+    // Engine-local limits (protocol.md §9, "Local limits"): never announced to the peer.
+    ping_rate: Rate,
+    rapid_reset_rate: Rate,
+    refused_call_rate: Rate,
 }
 
 impl Default for Config {
@@ -63,6 +67,9 @@ impl Default for Config {
             max_connection_age: None,
             max_connection_age_grace: Duration::from_secs(30),
             unix_socket_mode: 0o660,
+            ping_rate: Limits::default().ping_rate(),
+            rapid_reset_rate: Limits::default().rapid_reset_rate(),
+            refused_call_rate: Limits::default().refused_call_rate(),
         }
     }
 }
@@ -134,7 +141,10 @@ impl Config {
         idle_timeout, with_idle_timeout: Option<Duration>
     }
     field! {
-        /// Send a PING after this long without receiving anything (default: never).
+        /// Send a PING after this long without receiving anything (default: never). A topspin
+        /// peer accepts PINGs at its `ping_rate` (default: a burst of 20, then one per 100 ms)
+        /// and closes the connection with `ENHANCE_YOUR_CALM` past it, so keep this at 100 ms
+        /// or more (and at least the peer's interval, if it was changed).
         keepalive_interval, with_keepalive_interval: Option<Duration>
     }
     field! {
@@ -191,6 +201,33 @@ impl Config {
         /// group may connect, nobody else), set right after it is bound. Not used for
         /// abstract sockets (`unix:@name`), which have no file.
         unix_socket_mode, with_unix_socket_mode: u32
+    }
+
+    field! {
+        /// PINGs the peer may send (default: a burst of 20, then one per 100 ms); past it the
+        /// connection is closed with GOAWAY and ERROR `ENHANCE_YOUR_CALM` ("too_many_pings").
+        /// PINGs that arrive while an answer is unsent share that answer.
+        ping_rate, with_ping_rate: Rate
+    }
+    field! {
+        /// Server: calls a client may cancel before they were answered ("Rapid Reset"; default:
+        /// a burst of 1000, then one per millisecond); past it the connection is closed with
+        /// `ENHANCE_YOUR_CALM`.
+        rapid_reset_rate, with_rapid_reset_rate: Rate
+    }
+    field! {
+        /// Server: CALLs refused for being over `max_concurrent_calls` (default: a burst of
+        /// 100, then one per 10 ms; a topspin client queues instead); past it the connection is
+        /// closed with `ENHANCE_YOUR_CALM`.
+        refused_call_rate, with_refused_call_rate: Rate
+    }
+
+    /// The engine-local limits of a connection.
+    pub(crate) fn limits(&self) -> Limits {
+        Limits::default()
+            .with_ping_rate(self.ping_rate)
+            .with_rapid_reset_rate(self.rapid_reset_rate)
+            .with_refused_call_rate(self.refused_call_rate)
     }
 
     pub(crate) fn settings(&self) -> Settings {

@@ -272,14 +272,18 @@ async fn serial<F: Future<Output = ()>>(f: F) {
 /// connection once `max_send_buffer` (4 MiB) is unsent, so what it holds stays within the
 /// buffer plus one answer, and stops growing.
 ///
-/// Fails today: one read of the socket (64 KiB) holds ~1000 such calls, and the server polls
-/// every one's handler inline as its request completes (`ServerRole::spawn`), whatever is
-/// unsent; `max_send_buffer` is only checked before the next read. Measured: 1,069,923,516
-/// unsent bytes (1020 answers) from one read.
+/// 1000 calls: within `max_concurrent_calls` (1024), so none is refused (past it, refused
+/// calls would soon close the connection: `refused_call_rate`).
+///
+/// Failed before the fix: one read of the socket (64 KiB) holds ~1000 such calls, and the
+/// server polled every one's handler inline as its request completed, whatever was unsent;
+/// `max_send_buffer` was only checked before the next read. Measured: 1,069,923,516 unsent
+/// bytes (1020 answers) from one read. Now calls that arrive while the buffer is full wait
+/// to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_held_to_the_send_buffer() {
     never_reading_client(|b| {
-        for id in 1..=3000u32 {
+        for id in 1..=1000u32 {
             unary_call(b, id * 2 - 1, BIG, b"x");
         }
     })
@@ -296,9 +300,9 @@ async fn a_client_that_never_reads_a_stream_is_held_to_the_send_buffer() {
 
 /// The same with 64 streams at once: still at most one message over the buffer.
 ///
-/// Fails today: the server applies up to 257 queued handler commands per turn
+/// Failed before the fix: the server applied up to 257 queued handler commands per turn
 /// (`COMMANDS_PER_TURN` in server/conn.rs) without checking the buffer between them, so each
-/// stream with a send waiting adds its message past the bound (measured: 62,195,316 bytes
+/// stream with a send waiting added its message past the bound (measured: 62,195,316 bytes
 /// unsent with 64 streams, for a bound of 5.06 MiB).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_many_streams_is_held_to_the_send_buffer() {
@@ -432,10 +436,9 @@ async fn announced_frames_that_never_come_stay_within_the_memory_budget() {
 
 /// 1000 calls on 4 connections each start a split message announcing 63 MiB (under the 64 MiB
 /// `max_message_size`) and send 1 byte of it. Nothing may be reserved up front beyond the
-/// memory budget: not in the gauges, and not in the process's address space (today the engine
-/// allocates `total_len` per call: 1000 × 63 MiB of address space).
+/// memory budget: not in the gauges, and not in the process's address space (before the fix the
+/// engine allocated `total_len` per call: 1000 × 63 MiB of address space).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the engine's bounded split reassembly (branch engine): recv.rs reserves total_len up front"]
 async fn announced_split_messages_that_never_come_stay_within_the_memory_budget() {
     serial(async {
         const CONNS: usize = 4;
@@ -678,9 +681,7 @@ async fn credit_ping_and_rapid_reset_floods_leave_the_server_responsive() {
 
 /// Once the engine caps control frames per connection, a peer that floods PINGs (reading the
 /// answers) is disconnected instead of being answered for ever.
-// TODO(engine caps): un-ignore when the engine's flood caps land; the error code may change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the engine's flood caps (branch engine)"]
 async fn a_ping_flood_is_disconnected_by_the_engine_caps() {
     serial(async {
         let t = start(config(64 * MIB)).await;

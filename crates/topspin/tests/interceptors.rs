@@ -622,7 +622,10 @@ async fn an_async_interceptor_that_never_decides_ends_its_call_at_the_deadline()
     let server = serve(move |s| {
         s.interceptor(o)
             .service_async_interceptor("/b.B/", Hangs)
-            .interceptor(Log { name: "inner", log: l })
+            .interceptor(Log {
+                name: "inner",
+                log: l,
+            })
     })
     .await;
 
@@ -634,11 +637,18 @@ async fn an_async_interceptor_that_never_decides_ends_its_call_at_the_deadline()
         .channel_with(|e| {
             e.interceptor(client_outcomes.clone())
                 .service_async_interceptor("/a.A/", Hangs)
-                .interceptor(Log { name: "inner", log: l })
+                .interceptor(Log {
+                    name: "inner",
+                    log: l,
+                })
         })
         .await;
     let err = ch
-        .unary(RawCodec, ECHO, hello().with_timeout(Duration::from_millis(50)))
+        .unary(
+            RawCodec,
+            ECHO,
+            hello().with_timeout(Duration::from_millis(50)),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
@@ -652,7 +662,11 @@ async fn an_async_interceptor_that_never_decides_ends_its_call_at_the_deadline()
 
     // Server side: the connection drops the call at its deadline, the handler never runs.
     let err = ch
-        .unary(RawCodec, OTHER, hello().with_timeout(Duration::from_millis(50)))
+        .unary(
+            RawCodec,
+            OTHER,
+            hello().with_timeout(Duration::from_millis(50)),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");

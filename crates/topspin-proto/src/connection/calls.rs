@@ -1,11 +1,13 @@
 //! The calls a connection has open: per-call state, and the store that keeps it with the
 //! deadline heap (protocol.md §6–§8).
 
+use crate::budget::MemoryBudget;
 use crate::error::{ErrorCode, ProtocolError};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The rest of a message being sent in several frames.
@@ -15,14 +17,71 @@ pub(crate) struct PendingSend {
     pub(crate) offset: usize,
 }
 
-/// A split message being received.
+/// A split message being received. Its buffer grows as chunks arrive (never past twice what
+/// has arrived, nor past `total`), and what it holds is charged to the connection's
+/// [`MemoryBudget`] until it completes or is dropped (the call ended, the connection went).
 #[derive(Debug)]
 pub(crate) struct Assembly {
-    pub(crate) buf: BytesMut,
+    buf: Vec<u8>,
     pub(crate) total: usize,
     pub(crate) end_stream: bool,
     /// Wire cost of its frames so far that the connection has not yet given back.
     pub(crate) owed: u64,
+    budget: Arc<MemoryBudget>,
+    charged: usize,
+}
+
+impl Assembly {
+    pub(crate) fn new(
+        total: usize,
+        end_stream: bool,
+        owed: u64,
+        budget: Arc<MemoryBudget>,
+    ) -> Assembly {
+        Assembly {
+            buf: Vec::new(),
+            total,
+            end_stream,
+            owed,
+            budget,
+            charged: 0,
+        }
+    }
+
+    /// Bytes arrived so far.
+    pub(crate) fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Appends a chunk (the caller checked it stays within `total`), growing the buffer to at
+    /// most twice what has arrived and charging the growth to the budget.
+    pub(crate) fn push(&mut self, chunk: &[u8]) {
+        let need = self.buf.len() + chunk.len();
+        if need > self.buf.capacity() {
+            let target = need.saturating_mul(2).min(self.total).max(need);
+            self.buf.reserve_exact(target - self.buf.len());
+            let cap = self.buf.capacity();
+            self.budget.charge(cap - self.charged);
+            self.charged = cap;
+        }
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// Whether every byte of the message arrived.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.buf.len() == self.total
+    }
+
+    /// The whole message (its charge is given back when `self` drops).
+    pub(crate) fn take(&mut self) -> Bytes {
+        Bytes::from(std::mem::take(&mut self.buf))
+    }
+}
+
+impl Drop for Assembly {
+    fn drop(&mut self) {
+        self.budget.release(self.charged);
+    }
 }
 
 #[derive(Debug)]
@@ -44,6 +103,9 @@ pub(crate) struct CallState {
     /// Response headers sent (server) or received (client), or a response message went by.
     pub(crate) headers_done: bool,
     pub(crate) writable_wanted: bool,
+    /// A half-close or END waits for a split message to finish going out (it needs no credit,
+    /// so Writable follows as soon as the message is out, whatever the credit).
+    pub(crate) close_wanted: bool,
     pub(crate) deadline: Option<Instant>,
 }
 
@@ -59,6 +121,7 @@ impl CallState {
             recv_closed: false,
             headers_done: false,
             writable_wanted: false,
+            close_wanted: false,
             deadline,
         }
     }

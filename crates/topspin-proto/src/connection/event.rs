@@ -143,6 +143,10 @@ pub enum CallError {
         /// The peer's limit.
         limit: u32,
     },
+    /// The call's deadline has already passed: a CALL is never sent with an expired deadline
+    /// (`timeout_us` 0 means "none"; protocol.md §5.2).
+    #[error("the call's deadline has already passed; it was not sent")]
+    DeadlineExceeded,
     /// The method name is empty or longer than 1024 bytes.
     #[error("invalid method name {0:?}: must be 1..=1024 bytes")]
     InvalidMethod(String),

@@ -5,6 +5,7 @@ use super::{CallError, Connection};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::frame::CallId;
 use crate::settings::MAX_WINDOW;
+use std::time::Instant;
 
 impl Connection {
     /// Gives back flow-control credit for consumed messages (the `credit` of
@@ -52,8 +53,13 @@ impl Connection {
     }
 
     /// A split message cannot complete if its chunks exhaust the window before the application
-    /// sees it, so its chunks' credit is given back early while it is assembled.
-    pub(super) fn advance_credit_if_stalled(&mut self, id: u32) {
+    /// sees it, so its chunks' credit is given back as they arrive while it is assembled
+    /// (protocol.md §7) — and not again when the message is consumed: the message's
+    /// [`Event::Message`](super::Event::Message) credit is only what was not given back here.
+    /// While the memory budget is spent the credit is withheld, and given once it has room
+    /// (checked again on [`Connection::handle_timeout`]).
+    pub(super) fn advance_credit_if_stalled(&mut self, id: u32, now: Instant) {
+        let spent = self.budget.is_spent() && !self.may_progress(id);
         let Some(call) = self.calls.get_mut(id) else {
             return;
         };
@@ -63,6 +69,10 @@ impl Connection {
         let Some(asm) = call.assembling.as_mut() else {
             return;
         };
+        if spent {
+            self.credit_withheld.get_or_insert(now);
+            return;
+        }
         let give = asm
             .owed
             .min(u64::from(MAX_WINDOW) - call.recv_window.max(0) as u64);
@@ -72,5 +82,48 @@ impl Connection {
         asm.owed -= give;
         call.recv_window += give as i64;
         self.put_credit(id, give as u32);
+    }
+
+    /// Whether a call's split message may go on while the budget is spent: one per connection
+    /// (the first to ask, until it completes or ends) always does, so messages that each fit
+    /// `MAX_MESSAGE_SIZE` but together exceed the budget cannot wait for one another for ever
+    /// (protocol.md §9). What a connection holds is then bounded by its share of the budget
+    /// plus one message.
+    fn may_progress(&mut self, id: u32) -> bool {
+        let current = self
+            .progressing
+            .filter(|&p| self.calls.get(p).is_some_and(|c| c.assembling.is_some()));
+        match current {
+            Some(p) => p == id,
+            None => {
+                let assembling = self.calls.get(id).is_some_and(|c| c.assembling.is_some());
+                if assembling {
+                    self.progressing = Some(id);
+                }
+                assembling
+            }
+        }
+    }
+
+    /// Grants the chunk credit withheld while the memory budget was spent, if it has room now;
+    /// otherwise checks again after [`Limits::credit_recheck`](crate::Limits::credit_recheck).
+    pub(super) fn grant_withheld_credit(&mut self, now: Instant) {
+        // Each call still short of room sets it again.
+        self.credit_withheld = None;
+        for id in self.calls.ids_above(0) {
+            self.advance_credit_if_stalled(id, now);
+        }
+    }
+
+    /// A receiver whose `INITIAL_CALL_WINDOW` is 0 grants the first credit itself when a call
+    /// starts (protocol.md §7): one byte, enough for one frame of any size (the overdraft
+    /// rule); more follows as the application consumes.
+    pub(super) fn grant_first_credit(&mut self, id: u32) {
+        if self.local.initial_call_window == 0 {
+            if let Some(call) = self.calls.get_mut(id) {
+                call.recv_window += 1;
+                self.put_credit(id, 1);
+            }
+        }
     }
 }

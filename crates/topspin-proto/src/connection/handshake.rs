@@ -26,6 +26,15 @@ impl Connection {
 
     /// The first frame after the preface, which must be SETTINGS.
     pub(super) fn on_first_frame(&mut self, frame: Frame) -> Result<(), ProtocolError> {
+        if let Frame::Error { code, reason } = frame {
+            // The peer explains why it closes (for example our preface was bad): report its
+            // code rather than SETTINGS_ERROR (protocol.md §2).
+            let e = ProtocolError::new(
+                code,
+                format!("the peer closed the connection with {code}: {}", &*reason),
+            );
+            return Err(self.fail(e, false));
+        }
         let Frame::Settings(s) = frame else {
             let e = ProtocolError::new(
                 ErrorCode::SETTINGS_ERROR,

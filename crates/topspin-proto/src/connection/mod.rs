@@ -18,8 +18,10 @@ mod transmit;
 
 pub use event::{CallError, Event};
 
+use crate::budget::MemoryBudget;
 use crate::error::{ErrorCode, ProtocolError};
 use crate::frame::{self, CallId, FrameDecoder};
+use crate::limits::{Bucket, Limits};
 use crate::metadata::Metadata;
 use crate::preface::{PREFACE, PREFACE_LEN};
 use crate::settings::{Settings, MAX_WINDOW};
@@ -29,6 +31,7 @@ use bytestring::ByteString;
 use calls::Calls;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 use transmit::Transmit;
 
@@ -104,6 +107,20 @@ pub struct Connection {
     go_away_sent: Option<u32>,
     go_away_received: Option<u32>,
     closed: Option<Option<ProtocolError>>,
+    limits: Limits,
+    /// Charged with the buffers of incomplete split messages.
+    budget: Arc<MemoryBudget>,
+    ping_bucket: Bucket,
+    reset_bucket: Bucket,
+    refused_bucket: Bucket,
+    /// A PING answer is queued and not yet handed to the owner (PINGs meanwhile share it).
+    pong_queued: bool,
+    /// PINGs sent and not yet answered (an ACK beyond them is ignored).
+    pings_outstanding: u32,
+    /// Since when chunk credit has been withheld because the budget is spent.
+    credit_withheld: Option<Instant>,
+    /// The call whose split message goes on even while the budget is spent.
+    progressing: Option<u32>,
 }
 
 impl Connection {
@@ -116,6 +133,9 @@ impl Connection {
             .clamp(crate::settings::MIN_MAX_FRAME_SIZE, MAX_WINDOW);
         local.max_concurrent_calls = local.max_concurrent_calls.min(MAX_WINDOW);
         local.initial_call_window = local.initial_call_window.min(MAX_WINDOW);
+        local.max_metadata_size = local
+            .max_metadata_size
+            .max(crate::settings::MIN_MAX_METADATA_SIZE);
         let mut c = Connection {
             side,
             local,
@@ -131,10 +151,44 @@ impl Connection {
             go_away_sent: None,
             go_away_received: None,
             closed: None,
+            limits: Limits::default(),
+            budget: MemoryBudget::unlimited(),
+            ping_bucket: Bucket::default(),
+            reset_bucket: Bucket::default(),
+            refused_bucket: Bucket::default(),
+            pong_queued: false,
+            pings_outstanding: 0,
+            credit_withheld: None,
+            progressing: None,
         };
         c.out.staging.extend_from_slice(&PREFACE);
         frame::encode_settings(&mut c.out.staging, &local);
         c
+    }
+
+    /// Sets this side's engine-local limits (protocol.md §9, "Local limits"); they apply from
+    /// the next frame on.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    /// This side's engine-local limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Shares a memory budget for the buffers of incomplete split messages (default: a budget
+    /// of this connection's own that never refuses). While it is spent, new calls a server
+    /// receives end with `RESOURCE_EXHAUSTED` and credit for split-message chunks is withheld
+    /// until it has room again. Set it before the first call: charges already made stay with
+    /// the budget they were made to (and are given back to it).
+    pub fn set_memory_budget(&mut self, budget: Arc<MemoryBudget>) {
+        self.budget = budget;
+    }
+
+    /// The memory budget this connection charges.
+    pub fn memory_budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
     }
 
     /// Which side this is.
@@ -212,18 +266,32 @@ impl Connection {
     /// bodies as their own [`Bytes`] (the caller's, never copied). Write them with one
     /// vectored write.
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
-        self.out.pop()
+        let b = self.out.pop();
+        if self.out.len() == 0 {
+            self.pong_queued = false;
+        }
+        b
     }
 
     /// When [`Connection::handle_timeout`] should next be called (a deadline), if ever.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.calls.next_deadline()
+        let deadline = self.calls.next_deadline();
+        match self.credit_withheld {
+            Some(since) if self.closed.is_none() => {
+                let recheck = since + self.limits.credit_recheck();
+                Some(deadline.map_or(recheck, |d| d.min(recheck)))
+            }
+            _ => deadline,
+        }
     }
 
     /// Expires every call whose deadline is at or before `now` (protocol.md §8.1): the client
     /// sends CANCEL and reports [`Event::Ended`] `DEADLINE_EXCEEDED`; the server sends END
     /// `DEADLINE_EXCEEDED` and reports [`Event::Cancelled`].
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.credit_withheld.is_some() && self.closed.is_none() {
+            self.grant_withheld_credit(now);
+        }
         while let Some(id) = self.calls.pop_expired(now) {
             let status = Status::new(Code::DeadlineExceeded, "deadline exceeded");
             match self.side {
@@ -370,8 +438,17 @@ impl Connection {
     /// Sends a PING; the answer arrives as [`Event::Pong`].
     pub fn ping(&mut self, data: [u8; 8]) {
         if self.closed.is_none() {
+            self.pings_outstanding = self.pings_outstanding.saturating_add(1);
             frame::encode_ping(&mut self.out.staging, false, &data);
         }
+    }
+
+    /// Closes the connection because the peer went past a local rate (protocol.md §9): GOAWAY
+    /// then ERROR, both `ENHANCE_YOUR_CALM` with the reason.
+    fn calm_down(&mut self, reason: String) -> Result<(), ProtocolError> {
+        self.go_away(ErrorCode::ENHANCE_YOUR_CALM, &reason);
+        let e = ProtocolError::new(ErrorCode::ENHANCE_YOUR_CALM, reason);
+        Err(self.fail(e, true))
     }
 
     /// Starts a graceful shutdown (GOAWAY): no new calls; open calls go on. A server names the

@@ -10,7 +10,7 @@ use crate::frame::{
 use crate::metadata::Metadata;
 use crate::settings::MAX_WINDOW;
 use crate::status::{Code, Status};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use bytestring::ByteString;
 use std::time::{Duration, Instant};
 
@@ -26,22 +26,20 @@ impl Connection {
                 let e = ProtocolError::new(ErrorCode::SETTINGS_ERROR, "SETTINGS sent twice");
                 Err(self.fail(e, true))
             }
-            Frame::Ping { ack: false, data } => {
-                frame::encode_ping(&mut self.out.staging, true, &data);
-                Ok(())
-            }
+            Frame::Ping { ack: false, data } => self.on_ping(data, now),
             Frame::Ping { ack: true, data } => {
-                self.events.push_back(Event::Pong { data });
+                // An answer to no PING of ours is ignored (it cannot make events pile up).
+                if self.pings_outstanding > 0 {
+                    self.pings_outstanding -= 1;
+                    self.events.push_back(Event::Pong { data });
+                }
                 Ok(())
             }
             Frame::GoAway {
                 last_call_id,
                 code,
                 reason,
-            } => {
-                self.on_go_away(last_call_id.0, code, reason);
-                Ok(())
-            }
+            } => self.on_go_away(last_call_id.0, code, reason),
             Frame::Error { code, reason } => {
                 let e = ProtocolError::new(
                     code,
@@ -51,7 +49,7 @@ impl Connection {
             }
             Frame::Extension { .. } => Ok(()),
             Frame::Call(c) => self.on_call(c, now),
-            other => self.on_call_frame(other),
+            other => self.on_call_frame(other, now),
         }
     }
 
@@ -75,8 +73,40 @@ impl Connection {
         Ok(())
     }
 
-    fn on_go_away(&mut self, last: u32, code: ErrorCode, reason: ByteString) {
-        let last = self.go_away_received.map_or(last, |prev| prev.min(last));
+    /// PING (protocol.md §5.9): answered, at most one answer queued at a time, within the
+    /// local ping rate (§9).
+    fn on_ping(&mut self, data: [u8; 8], now: Instant) -> Result<(), ProtocolError> {
+        if !self.ping_bucket.take(self.limits.ping_rate(), now) {
+            let rate = self.limits.ping_rate();
+            return self.calm_down(format!(
+                "too_many_pings: the peer sent PINGs faster than this side allows (a burst of {}, then one per {:?})",
+                rate.burst(),
+                rate.interval()
+            ));
+        }
+        if !self.pong_queued {
+            self.pong_queued = true;
+            frame::encode_ping(&mut self.out.staging, true, &data);
+        }
+        Ok(())
+    }
+
+    fn on_go_away(
+        &mut self,
+        last: u32,
+        code: ErrorCode,
+        reason: ByteString,
+    ) -> Result<(), ProtocolError> {
+        if let Some(prev) = self.go_away_received {
+            if last > prev {
+                return self.illegal(format!(
+                    "GOAWAY raises last_call_id from {prev} to {last}; a later GOAWAY may only lower it"
+                ));
+            }
+            if last == prev {
+                return Ok(()); // nothing new
+            }
+        }
         self.go_away_received = Some(last);
         if self.side == Side::Client {
             for id in self.calls.ids_above(last) {
@@ -99,6 +129,7 @@ impl Connection {
             code,
             reason,
         });
+        Ok(())
     }
 
     fn on_call(&mut self, c: CallFrame, now: Instant) -> Result<(), ProtocolError> {
@@ -114,6 +145,11 @@ impl Connection {
             return Err(self.fail(e, true));
         }
         self.highest = id;
+        if let Some(last) = self.go_away_received {
+            return self.illegal(format!(
+                "CALL {id} after the client's own GOAWAY (last call id {last})"
+            ));
+        }
         let method = self.bind_method(c.method_name, c.method_id)?;
         if self.go_away_sent.is_some_and(|last| id > last) {
             return Ok(()); // not processed; the client knows from our GOAWAY
@@ -128,9 +164,26 @@ impl Connection {
             return Ok(());
         }
         if self.calls.len() >= self.local.max_concurrent_calls as usize {
+            if !self
+                .refused_bucket
+                .take(self.limits.refused_call_rate(), now)
+            {
+                return self.calm_down(format!(
+                    "too_many_refused_calls: the client keeps starting calls over this server's max_concurrent_calls of {}",
+                    self.local.max_concurrent_calls
+                ));
+            }
             let msg = format!(
                 "too many concurrent calls: this server allows {} per connection (max_concurrent_calls)",
                 self.local.max_concurrent_calls
+            );
+            self.put_end(id, Code::ResourceExhausted, &msg, &Metadata::new());
+            return Ok(());
+        }
+        if self.budget.is_spent() {
+            let msg = format!(
+                "process memory budget for incoming messages exhausted ({} bytes)",
+                self.budget.limit()
             );
             self.put_end(id, Code::ResourceExhausted, &msg, &Metadata::new());
             return Ok(());
@@ -140,6 +193,7 @@ impl Connection {
             .then(|| now.checked_add(Duration::from_micros(c.timeout_us)))
             .flatten();
         self.calls.insert(id, self.new_call(deadline));
+        self.grant_first_credit(id);
         self.events.push_back(Event::CallStarted {
             id: c.call_id,
             method,
@@ -195,7 +249,16 @@ impl Connection {
                     }
                 }
             }
-            (_, mid) => {
+            (Some(_), mid) => {
+                let e = ProtocolError::new(
+                    ErrorCode::METHOD_ID_ERROR,
+                    format!(
+                        "NAMED CALL binds method id {mid}, which is out of range (0 for no binding, or 1..={MAX_METHOD_ID})"
+                    ),
+                );
+                Err(self.fail(e, true))
+            }
+            (None, mid) => {
                 let e = ProtocolError::new(
                     ErrorCode::METHOD_ID_ERROR,
                     format!("method id {mid} without a name is out of range 1..={MAX_METHOD_ID}"),
@@ -207,7 +270,7 @@ impl Connection {
 
     /// A frame of an open call: ignored if it crossed the call's end on the wire, an error if
     /// the call never existed (protocol.md §6), else handled by its type.
-    fn on_call_frame(&mut self, frame: Frame) -> Result<(), ProtocolError> {
+    fn on_call_frame(&mut self, frame: Frame, now: Instant) -> Result<(), ProtocolError> {
         let id = frame.call_id().0;
         if !self.calls.contains(id) {
             if id <= self.highest {
@@ -224,25 +287,22 @@ impl Connection {
             return Err(self.fail(e, true));
         }
         match frame {
-            Frame::Message(m) => self.on_message(id, m),
-            Frame::Continuation { chunk, .. } => self.on_continuation(id, chunk),
+            Frame::Message(m) => self.on_message(id, m, now),
+            Frame::Continuation { chunk, .. } => self.on_continuation(id, chunk, now),
             Frame::Headers { metadata, .. } => self.on_headers(id, metadata),
             Frame::HalfClose { .. } => self.on_half_close(id),
             Frame::End(e) => {
                 self.on_end(id, e);
                 Ok(())
             }
-            Frame::Cancel { code, .. } => {
-                self.on_cancel(id, code);
-                Ok(())
-            }
+            Frame::Cancel { code, .. } => self.on_cancel(id, code, now),
             Frame::Credit { increment, .. } => self.on_credit(id, increment),
             _ => Ok(()),
         }
     }
 
     /// MESSAGE (protocol.md §5.4): a whole message, or the first chunk of a split one.
-    fn on_message(&mut self, id: u32, m: MessageFrame) -> Result<(), ProtocolError> {
+    fn on_message(&mut self, id: u32, m: MessageFrame, now: Instant) -> Result<(), ProtocolError> {
         if m.end_stream && self.side == Side::Client {
             return self.illegal("MESSAGE with END_STREAM sent by the server".into());
         }
@@ -264,6 +324,16 @@ impl Connection {
             call.headers_done = true; // HEADERS may no longer follow
         }
         let total = m.total_len.map_or(m.chunk.len(), |t| t as usize);
+        if m.total_len.is_some() && m.chunk.len() >= total {
+            let e = ProtocolError::new(
+                ErrorCode::MESSAGE_LENGTH_MISMATCH,
+                format!(
+                    "split MESSAGE on call {id} already holds {} of its {total} bytes; it should not be split",
+                    m.chunk.len()
+                ),
+            );
+            return Err(self.fail(e, true));
+        }
         if total > self.local.max_message_size as usize {
             let msg = format!(
                 "{} message of {total} bytes exceeds this side's limit of {} bytes (max_message_size; raise it to accept larger messages)",
@@ -287,36 +357,26 @@ impl Connection {
                     self.events.push_back(Event::HalfClosed { id: CallId(id) });
                 }
             }
-            Some(_) if m.chunk.len() >= total => {
-                let e = ProtocolError::new(
-                    ErrorCode::MESSAGE_LENGTH_MISMATCH,
-                    format!(
-                        "split MESSAGE on call {id} already holds {} of its {total} bytes; it should not be split",
-                        m.chunk.len()
-                    ),
-                );
-                return Err(self.fail(e, true));
-            }
             Some(_) => {
-                // Bounded by this side's max_message_size (checked above), but reserved before
-                // the bytes arrive: the hostile-peers issue replaces this with a small reserve
-                // that grows as chunks come in.
-                let mut buf = BytesMut::with_capacity(total);
-                buf.extend_from_slice(&m.chunk);
-                call.assembling = Some(Box::new(Assembly {
-                    buf,
-                    total,
-                    end_stream: m.end_stream,
-                    owed: cost as u64,
-                }));
-                self.advance_credit_if_stalled(id);
+                // Nothing is reserved from `total_len` (a claim): the buffer grows as chunks
+                // arrive, charged to the memory budget (protocol.md §5.3, §9).
+                let budget = self.budget.clone();
+                let mut asm = Assembly::new(total, m.end_stream, cost as u64, budget);
+                asm.push(&m.chunk);
+                call.assembling = Some(Box::new(asm));
+                self.advance_credit_if_stalled(id, now);
             }
         }
         Ok(())
     }
 
     /// CONTINUATION (protocol.md §5.5): the next chunk of a split message.
-    fn on_continuation(&mut self, id: u32, chunk: Bytes) -> Result<(), ProtocolError> {
+    fn on_continuation(
+        &mut self,
+        id: u32,
+        chunk: Bytes,
+        now: Instant,
+    ) -> Result<(), ProtocolError> {
         let cost = (HEADER_LEN + chunk.len()) as i64;
         let call = self.calls.open(id)?;
         let Some(asm) = &call.assembling else {
@@ -326,13 +386,13 @@ impl Connection {
             );
             return Err(self.fail(e, true));
         };
-        if asm.buf.len() + chunk.len() > asm.total {
+        if asm.len() + chunk.len() > asm.total {
             let e = ProtocolError::new(
                 ErrorCode::MESSAGE_LENGTH_MISMATCH,
                 format!(
                     "CONTINUATION on call {id} goes past the declared total of {} bytes ({} + {})",
                     asm.total,
-                    asm.buf.len(),
+                    asm.len(),
                     chunk.len()
                 ),
             );
@@ -341,20 +401,20 @@ impl Connection {
         self.debit(id, cost)?;
         let call = self.calls.open(id)?;
         let asm = call.assembling.as_mut().ok_or_else(|| state_lost(id))?;
-        asm.buf.extend_from_slice(&chunk);
+        asm.push(&chunk);
         asm.owed += cost as u64;
-        if asm.buf.len() == asm.total {
-            let asm = call.assembling.take().ok_or_else(|| state_lost(id))?;
+        if asm.is_complete() {
+            let mut asm = call.assembling.take().ok_or_else(|| state_lost(id))?;
             self.events.push_back(Event::Message {
                 id: CallId(id),
-                message: asm.buf.freeze(),
+                message: asm.take(),
                 credit: asm.owed.min(u64::from(MAX_WINDOW)) as u32,
             });
             if asm.end_stream {
                 self.events.push_back(Event::HalfClosed { id: CallId(id) });
             }
         } else {
-            self.advance_credit_if_stalled(id);
+            self.advance_credit_if_stalled(id, now);
         }
         Ok(())
     }
@@ -430,7 +490,18 @@ impl Connection {
     }
 
     /// CANCEL (protocol.md §5.9): the client abandons the call.
-    fn on_cancel(&mut self, id: u32, code: Code) {
+    fn on_cancel(&mut self, id: u32, code: Code, now: Instant) -> Result<(), ProtocolError> {
+        // The check comes before the call is forgotten, so that closing the connection still
+        // tells this call's handler (with the others).
+        let answered = self.calls.get(id).is_some_and(|c| c.headers_done);
+        if !answered && !self.reset_bucket.take(self.limits.rapid_reset_rate(), now) {
+            let rate = self.limits.rapid_reset_rate();
+            return self.calm_down(format!(
+                "too_many_resets: the client cancelled calls before they were answered faster than this server allows (a burst of {}, then one per {:?})",
+                rate.burst(),
+                rate.interval()
+            ));
+        }
         self.calls.remove(id);
         let msg = match code {
             Code::DeadlineExceeded => "the client's deadline passed",
@@ -441,6 +512,7 @@ impl Connection {
             id: CallId(id),
             status: Status::new(code, msg),
         });
+        Ok(())
     }
 
     /// CREDIT (protocol.md §5.10, §7): more send credit on a call.

@@ -13,8 +13,11 @@ use std::time::{Duration, Instant};
 
 impl Connection {
     /// Client: starts a call. `codec` is the payload codec byte (0 protobuf, 1 raw bytes, 2
-    /// JSON); `timeout` is sent as the call's relative deadline, and the call is expired
-    /// locally at `now + timeout` (see [`Connection::handle_timeout`]).
+    /// JSON); `timeout` is sent as the call's relative deadline, rounded up to whole
+    /// microseconds (at least 1: `timeout_us` 0 means "no deadline"), and the call is expired
+    /// locally at `now + timeout` (see [`Connection::handle_timeout`]). A zero timeout (the
+    /// deadline already passed) is refused with [`CallError::DeadlineExceeded`]: the CALL is
+    /// not sent.
     pub fn start_call(
         &mut self,
         method: &str,
@@ -32,6 +35,9 @@ impl Connection {
             return Err(CallError::TooManyCalls {
                 limit: self.peer.max_concurrent_calls,
             });
+        }
+        if timeout == Some(Duration::ZERO) {
+            return Err(CallError::DeadlineExceeded);
         }
         if method.is_empty() || method.len() > MAX_METHOD_NAME_LEN {
             return Err(CallError::InvalidMethod(method.to_owned()));
@@ -77,6 +83,7 @@ impl Connection {
         );
         let deadline = timeout.and_then(|t| now.checked_add(t));
         self.calls.insert(id, self.new_call(deadline));
+        self.grant_first_credit(id);
         Ok(CallId(id))
     }
 
@@ -139,6 +146,20 @@ impl Connection {
         Ok(())
     }
 
+    /// Whether [`Connection::send_message`] would take a message on this call now (it has
+    /// send credit and no message still going). When not, [`Event::Writable`] follows once it
+    /// would: an owner can keep a message back without offering it first.
+    pub fn is_writable(&mut self, id: CallId) -> bool {
+        let Some(call) = self.calls.get_mut(id.0) else {
+            return false;
+        };
+        if call.pending.is_some() || call.send_credit <= 0 {
+            call.writable_wanted = true;
+            return false;
+        }
+        true
+    }
+
     /// Sends what credit allows of a pending split message; reports writability.
     pub(super) fn resume_send(&mut self, id: u32) {
         let max_frame = self.peer.max_frame_size as usize;
@@ -159,14 +180,20 @@ impl Connection {
             call.send_credit -= (HEADER_LEN + n) as i64;
             self.out.push_body(&chunk);
         }
-        if call.writable_wanted && call.pending.is_none() && call.send_credit > 0 {
+        if call.writable_wanted
+            && call.pending.is_none()
+            && (call.send_credit > 0 || call.close_wanted)
+        {
             call.writable_wanted = false;
+            call.close_wanted = false;
             self.events.push_back(Event::Writable { id: CallId(id) });
         }
     }
 
     /// Client: no more messages on this call (HALF_CLOSE). Not needed after a message sent
-    /// with `end_stream`.
+    /// with `end_stream`. Returns [`CallError::WouldBlock`] while a split message is still
+    /// going out; [`Event::Writable`] follows as soon as it is out (HALF_CLOSE needs no
+    /// credit).
     pub fn half_close(&mut self, id: CallId) -> Result<(), CallError> {
         self.need_side(
             Side::Client,
@@ -179,6 +206,7 @@ impl Connection {
         }
         if call.pending.is_some() {
             call.writable_wanted = true;
+            call.close_wanted = true;
             return Err(CallError::WouldBlock);
         }
         call.send_closed = true;
@@ -225,9 +253,8 @@ impl Connection {
     /// a split message is still being sent on the call.
     ///
     /// A call can always be ended: if the status message and trailers are larger than the
-    /// client accepts, the trailers are dropped and the message is replaced by one that says
-    /// so (the code is kept); a client whose limit is below even that reports
-    /// `RESOURCE_EXHAUSTED` (protocol.md §5.6).
+    /// client accepts, the trailers are dropped and the message is cut at a character boundary
+    /// so that the END fits (the code is kept; protocol.md §5.6).
     pub fn end_call(
         &mut self,
         id: CallId,
@@ -244,6 +271,7 @@ impl Connection {
         let call = self.calls.get_mut(id.0).ok_or(CallError::NotOpen(id))?;
         if call.pending.is_some() {
             call.writable_wanted = true;
+            call.close_wanted = true;
             return Err(CallError::WouldBlock);
         }
         self.calls.remove(id.0);
@@ -252,16 +280,11 @@ impl Connection {
         if size <= limit {
             self.put_end(id.0, status.code(), message, trailers);
         } else {
-            let note = format!(
-                "the status message and trailers ({size} bytes) exceed the {limit} bytes this client accepts (max_metadata_size, max_frame_size) and were dropped"
-            );
-            // 2 (msg_len) + 2 (empty trailers) is the smallest END status.
+            // 2 (msg_len) + 2 (empty trailers) is the smallest END status, which always fits
+            // (MAX_METADATA_SIZE >= 4): the trailers go and the message is cut at a character
+            // boundary (protocol.md §5.6).
             let room = limit.saturating_sub(4);
-            let mut n = note.len().min(room);
-            while !note.is_char_boundary(n) {
-                n -= 1;
-            }
-            self.put_end(id.0, status.code(), &note[..n], &Metadata::new());
+            self.put_end(id.0, status.code(), clip(message, room), &Metadata::new());
         }
         Ok(())
     }

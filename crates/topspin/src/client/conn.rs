@@ -520,6 +520,15 @@ impl ClientRole {
         let id = match conn.start_call(&s.call.method, s.call.codec, timeout, &s.call.metadata, now)
         {
             Ok(id) => id,
+            // MAX_CONCURRENT_CALLS 0: the server takes no calls at all; waiting would be for
+            // ever (protocol.md §9).
+            Err(CallError::TooManyCalls { limit: 0 }) => {
+                s.sink.fail(Status::unavailable(format!(
+                    "{} on {}: the server accepts no calls on this connection (its max_concurrent_calls is 0); the call was not sent and is safe to retry",
+                    &*s.call.method, self.address
+                )));
+                return true;
+            }
             Err(CallError::TooManyCalls { .. }) => {
                 self.park(s);
                 return false;
@@ -539,7 +548,14 @@ impl ClientRole {
             half_close_after_blocked: false,
         };
         if let Some(message) = s.call.message {
-            if let Err(e) = conn.send_message(id, message, true) {
+            if !conn.is_writable(id) {
+                // No credit yet (a server whose window is 0 grants it when the call arrives):
+                // the request waits for Event::Writable like a stream message, then
+                // half-closes (protocol.md §7: a sender without credit waits).
+                let (ack, _) = tokio::sync::oneshot::channel();
+                call.blocked = Some(Box::new((message, ack)));
+                call.half_close_after_blocked = true;
+            } else if let Err(e) = conn.send_message(id, message, true) {
                 let _ = conn.cancel(id, Code::Cancelled);
                 if let Some(sink) = call.sink.take() {
                     sink.fail(self.refused(e, &call.method));
@@ -610,8 +626,9 @@ impl ClientRole {
         if let Some(call) = self.calls.get_mut(&id) {
             if call.blocked.is_some() {
                 call.half_close_after_blocked = true;
-            } else {
-                let _ = conn.half_close(CallId(id));
+            } else if let Err(CallError::WouldBlock) = conn.half_close(CallId(id)) {
+                // A split message is still going out: half-close once it is (Writable).
+                call.half_close_after_blocked = true;
             }
         }
     }

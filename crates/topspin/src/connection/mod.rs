@@ -83,9 +83,13 @@ impl<R: Role, T: Transport> Driver<R, T> {
     pub(crate) fn new(transport: T, role: R, config: Config) -> Driver<R, T> {
         let now = Instant::now();
         let share = crate::stats::Share::new(config.gauges.as_ref());
+        let mut conn = Connection::new(R::SIDE, config.settings());
+        conn.set_limits(config.limits());
+        let budget = config.memory_budget();
+        conn.set_memory_budget(budget.clone());
         Driver {
-            conn: Connection::new(R::SIDE, config.settings()),
-            io: Io::new(transport, config.memory_budget()),
+            conn,
+            io: Io::new(transport, budget),
             role,
             config,
             liveness: Liveness::default(),
@@ -302,6 +306,9 @@ pub(crate) fn call_error_status(e: CallError, what: &str) -> Status {
         CallError::MetadataTooLarge { size, limit } => Status::resource_exhausted(format!(
             "{what}: metadata of {size} bytes exceeds the peer's max_metadata_size of {limit} bytes"
         )),
+        CallError::DeadlineExceeded => {
+            Status::deadline_exceeded(format!("{what}: the deadline passed before it was sent"))
+        }
         CallError::InvalidMethod(m) => Status::invalid_argument(format!(
             "invalid method name {m:?}: must be 1..=1024 bytes, like /package.Service/Method"
         )),

@@ -500,6 +500,16 @@ impl ServerRole {
                         return;
                     }
                 }
+                if !conn.is_writable(CallId(id)) {
+                    // No credit yet (a client whose window is 0 grants it with its CALL): the
+                    // reply and the END wait for Event::Writable (protocol.md §7).
+                    if let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) {
+                        let (ack, _) = tokio::sync::oneshot::channel();
+                        *blocked = Some(Box::new((message, ack)));
+                        *end = Some(Box::new((Status::new(Code::Ok, ""), trailers)));
+                        return;
+                    }
+                }
                 match conn.send_message(CallId(id), message, false) {
                     Ok(()) => self.end(id, Status::new(Code::Ok, ""), trailers, conn),
                     Err(e) => self.end(

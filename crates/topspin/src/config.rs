@@ -31,6 +31,7 @@ pub struct Config {
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Duration,
     memory_budget: Option<Arc<MemoryBudget>>,
+    compression: Option<crate::Compression>,
     /// Set by the server (or channel) that uses this config.
     pub(crate) gauges: Option<crate::Gauges>,
     // Server: connection lifecycle (count, age, Unix socket file mode).
@@ -61,6 +62,7 @@ impl Default for Config {
             keepalive_interval: None,
             keepalive_timeout: Duration::from_secs(20),
             memory_budget: None,
+            compression: None,
             gauges: None,
             // Server: connection lifecycle.
             max_connections: 10_000,
@@ -170,6 +172,16 @@ impl Config {
     pub fn with_memory_budget(mut self, budget: Arc<MemoryBudget>) -> Config {
         self.memory_budget = Some(budget);
         self
+    }
+
+    field! {
+        /// How this side compresses the messages it sends (default: not at all; protocol.md
+        /// §14). A client with it compresses its requests and accepts compressed responses
+        /// (per call: `Request::with_compression`); a server with it compresses its responses
+        /// to clients that accept its encoding. Either side always decodes zstd and gzip, and
+        /// a compressed message never decompresses past `max_message_size`
+        /// (`RESOURCE_EXHAUSTED`).
+        compression, with_compression: Option<crate::Compression>
     }
 
     // Server: connection lifecycle (count, age, Unix socket file mode).

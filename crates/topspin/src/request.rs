@@ -2,6 +2,7 @@
 //! context (deadline, cancellation, peer).
 
 use crate::transport::PeerAddr;
+use crate::Compression;
 use futures_util::Stream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +26,8 @@ pub struct Request<T> {
     metadata: Metadata,
     timeout: Option<Duration>,
     ctx: Option<ServerContext>,
+    /// Client: this call's compression; `None` follows the channel's `Config::compression`.
+    compression: Option<Option<Compression>>,
 }
 
 impl<T> Request<T> {
@@ -35,6 +38,7 @@ impl<T> Request<T> {
             metadata: Metadata::new(),
             timeout: None,
             ctx: None,
+            compression: None,
         }
     }
 
@@ -48,6 +52,19 @@ impl<T> Request<T> {
     /// with `DEADLINE_EXCEEDED` when it passes.
     pub fn with_timeout(mut self, timeout: Duration) -> Request<T> {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Client: compresses this call's request messages (and accepts compressed responses),
+    /// whatever the channel's `Config::compression` says; `None` sends them as they are.
+    ///
+    /// ```
+    /// use topspin::{Compression, Encoding, Request};
+    /// let req = Request::new(vec![0u8; 100_000]).with_compression(Some(Compression::new(Encoding::Zstd)));
+    /// # let _ = req;
+    /// ```
+    pub fn with_compression(mut self, compression: Option<Compression>) -> Request<T> {
+        self.compression = Some(compression);
         self
     }
 
@@ -112,11 +129,17 @@ impl<T> Request<T> {
             metadata: self.metadata,
             timeout: self.timeout,
             ctx: self.ctx,
+            compression: self.compression,
         }
     }
 
     pub(crate) fn into_parts(self) -> (T, Metadata, Option<Duration>) {
         (self.message, self.metadata, self.timeout)
+    }
+
+    /// Client: the compression this call asked for, if it overrides the channel's.
+    pub(crate) fn compression(&self) -> Option<Option<Compression>> {
+        self.compression
     }
 
     pub(crate) fn from_server(message: T, metadata: Metadata, ctx: ServerContext) -> Request<T> {
@@ -128,6 +151,7 @@ impl<T> Request<T> {
             metadata,
             timeout,
             ctx: Some(ctx),
+            compression: None,
         }
     }
 }
@@ -207,6 +231,9 @@ pub(crate) struct ServerContext {
     pub(crate) peer: PeerAddr,
     pub(crate) method: bytestring::ByteString,
     pub(crate) cancel: Cancellation,
+    /// The server's `Config::compression` and `max_message_size`, for this call's messages.
+    pub(crate) compression: Option<Compression>,
+    pub(crate) max_message_size: u32,
 }
 
 /// Tells a server handler whether its call was cancelled: by the client, by its deadline, by

@@ -16,8 +16,9 @@ pub(crate) mod pool;
 pub use endpoint::Endpoint;
 
 use crate::codec::Codec;
+use crate::compression;
 use crate::streaming::{Item, Streaming};
-use crate::{IntoRequest, IntoStreamingRequest, Request, Response, Status};
+use crate::{Compression, IntoRequest, IntoStreamingRequest, Request, Response, Status};
 use bytes::Bytes;
 use bytestring::ByteString;
 use call::{begin, CallGuard, ClientCredit};
@@ -74,6 +75,32 @@ pub struct Channel {
     inner: Arc<Pool>,
 }
 
+/// Feeds a request stream into a call, compressed when the call is.
+fn pump<C: Codec, S>(
+    codec: C,
+    compression: Option<Compression>,
+    tx: mpsc::Sender<Cmd>,
+    token: u64,
+    requests: S,
+) where
+    S: futures_util::Stream<Item = C::Encode> + Send + Unpin + 'static,
+{
+    match compression {
+        None => call::pump(codec, tx, token, requests),
+        Some(c) => call::pump(
+            compression::Compressed {
+                inner: codec,
+                send: Some(c),
+                recv: None,
+                limit: 0,
+            },
+            tx,
+            token,
+            requests,
+        ),
+    }
+}
+
 fn decoder<C: Codec>(codec: C) -> Box<dyn FnMut(Bytes) -> Result<C::Decode, Status> + Send> {
     Box::new(move |b| codec.decode(b))
 }
@@ -112,8 +139,19 @@ impl Channel {
     }
 
     /// A call's start from a request: a token, and the deadline running from now.
-    fn call_start<T>(&self, method: ByteString, codec: u8, request: Request<T>) -> (CallStart, T) {
-        let (message, metadata, timeout) = request.into_parts();
+    fn call_start<T>(
+        &self,
+        method: ByteString,
+        codec: u8,
+        request: Request<T>,
+    ) -> (CallStart, T, Option<Compression>) {
+        let compression = request
+            .compression()
+            .unwrap_or(self.inner.endpoint.config.compression());
+        let (message, mut metadata, timeout) = request.into_parts();
+        if let Some(c) = compression {
+            metadata = compression::client_metadata(metadata, c);
+        }
         let timeout = timeout.or(self.inner.endpoint.default_timeout);
         // A timeout too far away to represent is no deadline at all.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
@@ -125,7 +163,12 @@ impl Channel {
             metadata,
             message: None,
         };
-        (start, message)
+        (start, message, compression)
+    }
+
+    /// Largest response this channel accepts (also after decompression).
+    fn limit(&self) -> usize {
+        self.inner.endpoint.config.max_message_size() as usize
     }
 
     /// A call with one request message, encoded.
@@ -135,8 +178,12 @@ impl Channel {
         method: ByteString,
         request: Request<C::Encode>,
     ) -> Result<CallStart, Status> {
-        let (mut start, message) = self.call_start(method, C::ID, request);
-        start.message = Some(codec.encode(message)?);
+        let (mut start, message, compression) = self.call_start(method, C::ID, request);
+        let message = codec.encode(message)?;
+        start.message = Some(match compression {
+            Some(c) => c.encode(&message)?,
+            None => message,
+        });
         Ok(start)
     }
 
@@ -150,7 +197,7 @@ impl Channel {
         let start = self.encoded(&codec, method.into().0, request.into_request())?;
         let (tx, rx) = self.inner.replies.pair();
         let (_, guard) = begin(&self.inner, start, Sink::Unary(tx)).await?;
-        call::reply(&codec, rx, guard).await
+        call::reply(&codec, rx, guard, self.limit()).await
     }
 
     /// Several unary calls to one method, written to the socket together (one write for all
@@ -201,7 +248,7 @@ impl Channel {
         for w in waits {
             out.push(match w {
                 Err(e) => Err(e),
-                Ok((rx, guard)) => call::reply(&codec, rx, guard).await,
+                Ok((rx, guard)) => call::reply(&codec, rx, guard, self.limit()).await,
             });
         }
         out
@@ -239,7 +286,16 @@ impl Channel {
         after_start(&h.tx);
         let headers = call::headers(hrx, guard).await?;
         let credit = Box::new(ClientCredit { tx: h.tx, token });
-        let stream = Streaming::new(irx, decoder(codec), credit);
+        let decode = match compression::encoding_of(&headers)? {
+            None => decoder(codec),
+            Some(e) => decoder(compression::Compressed {
+                inner: codec,
+                send: None,
+                recv: Some(e),
+                limit: self.limit(),
+            }),
+        };
+        let stream = Streaming::new(irx, decode, credit);
         Ok(Response::from_parts(stream, headers, Metadata::new()))
     }
 
@@ -267,12 +323,12 @@ impl Channel {
         R: IntoStreamingRequest<Message = C::Encode>,
     {
         let request = request.into_streaming_request();
-        let (start, requests) = self.call_start(method.into().0, C::ID, request);
+        let (start, requests, compression) = self.call_start(method.into().0, C::ID, request);
         let token = start.token;
         let (tx, rx) = self.inner.replies.pair();
         let (h, guard) = begin(&self.inner, start, Sink::Unary(tx)).await?;
-        call::pump(codec.clone(), h.tx, token, Box::pin(requests));
-        call::reply(&codec, rx, guard).await
+        pump(codec.clone(), compression, h.tx, token, Box::pin(requests));
+        call::reply(&codec, rx, guard, self.limit()).await
     }
 
     /// A bidirectional streaming call. Returns once the response headers (or the first
@@ -289,13 +345,19 @@ impl Channel {
         R: IntoStreamingRequest<Message = C::Encode>,
     {
         let request = request.into_streaming_request();
-        let (start, requests) = self.call_start(method.into().0, C::ID, request);
+        let (start, requests, compression) = self.call_start(method.into().0, C::ID, request);
         let token = start.token;
         // The request pump runs before the headers arrive: a server may wait for a first
         // request before it answers anything.
         let pump_codec = codec.clone();
         self.open_stream(codec, start, move |tx| {
-            call::pump(pump_codec, tx.clone(), token, Box::pin(requests))
+            pump(
+                pump_codec,
+                compression,
+                tx.clone(),
+                token,
+                Box::pin(requests),
+            )
         })
         .await
     }

@@ -76,6 +76,8 @@ pub(crate) async fn serve<T: Transport>(
         go_away_pending: false,
         deferred: VecDeque::new(),
         room: usize::MAX,
+        compression: config.compression(),
+        max_message_size: config.max_message_size(),
     };
     // A shutdown that began before this connection was accepted applies at once.
     if let Some(d) = role.shutdown.deadline() {
@@ -112,6 +114,9 @@ pub(crate) struct ServerRole {
     deferred: VecDeque<Running>,
     /// The send buffer's room when the current event or command batch began.
     room: usize,
+    /// `Config::compression` and `max_message_size`, for every call's context.
+    compression: Option<crate::Compression>,
+    max_message_size: u32,
 }
 
 impl Role for ServerRole {
@@ -231,6 +236,8 @@ impl ServerRole {
             peer: self.peer.clone(),
             method,
             cancel: self.cancel_pool.pop().unwrap_or_default(),
+            compression: self.compression,
+            max_message_size: self.max_message_size,
         }
     }
 

@@ -2,6 +2,7 @@
 //! promptly when its call is cancelled.
 
 use crate::codec::Codec;
+use crate::compression::Compressed;
 use crate::request::{Cancellation, ServerContext};
 use crate::streaming::{CreditReturn, Item, Streaming};
 use crate::{Request, Response, Status};
@@ -162,20 +163,29 @@ fn typed_stream<C: Codec>(codec: C, input: Input) -> Option<Streaming<C::Decode>
 }
 
 async fn reply<C: Codec>(
-    codec: C,
+    codec: Compressed<C>,
     fut: impl Future<Output = Result<Response<C::Encode>, Status>>,
 ) -> Outcome {
     Outcome::Reply(match fut.await {
         Ok(r) => {
             let (m, h, t) = r.into_parts();
-            codec.encode(m).map(|b| (b, h, t))
+            codec.encode(m).map(|b| (b, codec.announce(h), t))
         }
         Err(s) => Err(s),
     })
 }
 
+/// The call's codec with the call's compression (protocol.md §14) around it.
+fn call_codec<C: Codec>(
+    codec: &C,
+    md: &Metadata,
+    ctx: &ServerContext,
+) -> Result<Compressed<C>, Status> {
+    Compressed::for_server_call(codec.clone(), md, ctx.compression, ctx.max_message_size)
+}
+
 async fn stream_out<C, S>(
-    codec: C,
+    codec: Compressed<C>,
     io: CallIo,
     fut: impl Future<Output = Result<Response<S>, Status>>,
 ) -> Outcome
@@ -190,7 +200,7 @@ where
     let (stream, headers, trailers) = resp.into_parts();
     // Headers go at once, so a client waiting for the stream to open is not held up until the
     // first message.
-    io.headers(headers).await;
+    io.headers(codec.announce(headers)).await;
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
         let msg = match item.and_then(|m| codec.encode(m)) {
@@ -232,7 +242,10 @@ where
         let Input::One(b) = input else {
             return wrong_input(recycled);
         };
-        let codec = self.0.clone();
+        let codec = match call_codec(&self.0, &md, &ctx) {
+            Ok(c) => c,
+            Err(s) => return place(recycled, std::future::ready(Outcome::Reply(Err(s)))),
+        };
         match codec.decode(b) {
             Ok(m) => place(
                 recycled,
@@ -267,7 +280,10 @@ where
         let Input::One(b) = input else {
             return wrong_input(recycled);
         };
-        let codec = self.0.clone();
+        let codec = match call_codec(&self.0, &md, &ctx) {
+            Ok(c) => c,
+            Err(s) => return place(recycled, std::future::ready(Outcome::Finished(Err(s)))),
+        };
         match codec.decode(b) {
             Ok(m) => place(
                 recycled,
@@ -298,7 +314,10 @@ where
         _io: CallIo,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
-        let codec = self.0.clone();
+        let codec = match call_codec(&self.0, &md, &ctx) {
+            Ok(c) => c,
+            Err(s) => return place(recycled, std::future::ready(Outcome::Reply(Err(s)))),
+        };
         let Some(stream) = typed_stream(codec.clone(), input) else {
             return wrong_input(recycled);
         };
@@ -330,7 +349,10 @@ where
         io: CallIo,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
-        let codec = self.0.clone();
+        let codec = match call_codec(&self.0, &md, &ctx) {
+            Ok(c) => c,
+            Err(s) => return place(recycled, std::future::ready(Outcome::Finished(Err(s)))),
+        };
         let Some(stream) = typed_stream(codec.clone(), input) else {
             return wrong_input(recycled);
         };

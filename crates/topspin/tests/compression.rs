@@ -1,0 +1,225 @@
+//! Per-message compression over real sockets (protocol.md §14): negotiated per call, every call
+//! kind, per channel and per call, bounded decompression, unknown encodings.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use futures_util::{stream, StreamExt};
+use topspin::codec::RawCodec;
+use topspin::{Channel, Code, Compression, Config, Encoding, Endpoint, Metadata, Request, Server};
+
+/// A compressible body of `n` bytes.
+fn body(n: usize) -> Bytes {
+    Bytes::from(
+        b"topspin compresses "
+            .iter()
+            .copied()
+            .cycle()
+            .take(n)
+            .collect::<Vec<u8>>(),
+    )
+}
+
+async fn server(compression: Option<Compression>, max_message_size: u32) -> TestServer {
+    let config = Config::default()
+        .with_compression(compression)
+        .with_max_message_size(max_message_size);
+    serve(builder(Probe::default()).config(config), Transport::Tcp).await
+}
+
+async fn channel(t: &TestServer, compression: Option<Compression>) -> Channel {
+    Endpoint::new(t.addr.clone())
+        .unwrap()
+        .config(Config::default().with_compression(compression))
+        .connect()
+        .await
+        .unwrap()
+}
+
+fn encoding(md: &Metadata) -> Option<&str> {
+    md.get_str("topspin-encoding")
+}
+
+#[tokio::test]
+async fn every_call_kind_round_trips_compressed_both_ways() {
+    let t = server(Some(Compression::new(Encoding::Gzip)), 64 << 20).await;
+    let ch = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
+    let big = body(1 << 20);
+
+    // Unary: the server decodes the zstd request and answers in gzip, which the client
+    // accepted.
+    let r = ch
+        .unary(RawCodec, UNARY, Request::new(big.clone()))
+        .await
+        .unwrap();
+    assert_eq!(encoding(r.metadata()), Some("gzip"));
+    assert_eq!(r.get_ref(), &big);
+
+    // Server streaming: three 200 kB messages.
+    let r = ch
+        .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("3:200000")))
+        .await
+        .unwrap();
+    assert_eq!(encoding(r.metadata()), Some("gzip"));
+    let got: Vec<_> = r.into_inner().map(|m| m.unwrap()).collect().await;
+    assert_eq!(got.len(), 3);
+    assert!(got
+        .iter()
+        .all(|m| m.len() == 200_000 && m.iter().all(|&b| b == 7)));
+
+    // Client streaming: small and large messages mixed (small ones go as they are).
+    let parts = vec![bytes("a"), big.clone(), bytes("b")];
+    let r = ch
+        .client_streaming(RawCodec, CLIENT_STREAM, stream::iter(parts))
+        .await
+        .unwrap();
+    assert_eq!(r.get_ref().len(), big.len() + 2);
+
+    // Bidirectional.
+    let r = ch
+        .streaming(RawCodec, BIDI, stream::iter(vec![big.clone(), bytes("x")]))
+        .await
+        .unwrap();
+    let got: Vec<_> = r.into_inner().map(|m| m.unwrap()).collect().await;
+    assert_eq!(got[0].len(), big.len() + 5);
+    assert_eq!(&got[1][..], b"echo:x");
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn compression_is_per_call_and_only_where_both_sides_agree() {
+    // A server without compression still decodes compressed requests; it answers plainly.
+    let t = server(None, 64 << 20).await;
+    let ch = channel(&t, None).await;
+    let big = body(300_000);
+    let r = ch
+        .unary(
+            RawCodec,
+            UNARY,
+            Request::new(big.clone()).with_compression(Some(Compression::new(Encoding::Gzip))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get_ref(), &big);
+    assert_eq!(encoding(r.metadata()), None);
+    t.stop().await;
+
+    // A compressing server answers a client that did not ask for it plainly, and a call can
+    // turn its channel's compression off.
+    let t = server(Some(Compression::new(Encoding::Zstd)), 64 << 20).await;
+    let plain = channel(&t, None).await;
+    let r = plain
+        .unary(RawCodec, UNARY, Request::new(big.clone()))
+        .await
+        .unwrap();
+    assert_eq!(encoding(r.metadata()), None);
+    let zstd = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
+    let r = zstd
+        .unary(
+            RawCodec,
+            UNARY,
+            Request::new(big.clone()).with_compression(None),
+        )
+        .await
+        .unwrap();
+    assert_eq!(encoding(r.metadata()), None);
+    let r = zstd
+        .unary(RawCodec, UNARY, Request::new(big.clone()))
+        .await
+        .unwrap();
+    assert_eq!(encoding(r.metadata()), Some("zstd"));
+    assert_eq!(r.get_ref(), &big);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn a_zip_bomb_fails_its_call_alone() {
+    // 64 MiB of zeros compress to a few kB: the wire size passes the 1 MiB limit, the
+    // decompressed size does not.
+    let t = server(None, 1 << 20).await;
+    let ch = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
+    let bomb = Bytes::from(vec![0u8; 64 << 20]);
+    let err = ch
+        .unary(RawCodec, UNARY, Request::new(bomb))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains("max_message_size"), "{err}");
+    // The connection and the next call are fine.
+    let r = ch
+        .unary(RawCodec, UNARY, Request::new(body(5000)))
+        .await
+        .unwrap();
+    assert_eq!(r.get_ref().len(), 5000);
+    t.stop().await;
+
+    // The same on the client side: a server's compressed answer over the client's limit.
+    let t = server(Some(Compression::new(Encoding::Gzip)), 64 << 20).await;
+    let ch = Endpoint::new(t.addr.clone())
+        .unwrap()
+        .config(
+            Config::default()
+                .with_compression(Some(Compression::new(Encoding::Gzip)))
+                .with_max_message_size(1 << 20),
+        )
+        .connect()
+        .await
+        .unwrap();
+    let err = ch
+        .unary(
+            RawCodec,
+            UNARY,
+            Request::new(Bytes::from(vec![0u8; 8 << 20])),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn an_unknown_encoding_is_refused_naming_what_is_accepted() {
+    let t = server(None, 64 << 20).await;
+    let ch = t.channel().await;
+    let md = Metadata::builder()
+        .text("topspin-encoding", "br")
+        .unwrap()
+        .build();
+    let err = ch
+        .unary(
+            RawCodec,
+            UNARY,
+            Request::new(bytes("\u{1}x")).with_metadata(md),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented, "{err}");
+    assert!(err.message().contains("\"br\""), "{err}");
+    assert_eq!(
+        err.metadata().get_str("topspin-accept-encoding"),
+        Some("zstd,gzip")
+    );
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn calls_without_compression_carry_no_compression_metadata() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let srv = Server::builder()
+        .unary("/t.T/M", RawCodec, move |req: Request<Bytes>| {
+            s2.lock().unwrap().push(req.metadata().iter().count());
+            async move { Ok(topspin::Response::new(req.into_inner())) }
+        })
+        .config(Config::default().with_compression(Some(Compression::new(Encoding::Zstd))));
+    let t = serve(srv, Transport::Tcp).await;
+    let ch = t.channel().await;
+    let r = ch
+        .unary(RawCodec, "/t.T/M", Request::new(body(100_000)))
+        .await
+        .unwrap();
+    assert!(r.metadata().is_empty());
+    assert_eq!(*seen.lock().unwrap(), vec![0]);
+    t.stop().await;
+}

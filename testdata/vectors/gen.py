@@ -2958,6 +2958,85 @@ def dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+# ---------------------------------------------------------------------------------------------
+# Message compression (protocol.md §14): a payload on a direction that uses an encoding, the
+# receiver's MAX_MESSAGE_SIZE, and what it decodes to (or the status its call ends with).
+
+# Made by the reference zstd encoder (level 1); Python's standard library has no zstd, and a
+# decoder must accept any valid zstd stream, not only these bytes.
+ZSTD_TOPSPIN_X40 = "28b52ffd6040007d000040746f707370696e20010035530b17"
+ZSTD_1MIB_ZEROS = (
+    "28b52ffd8048000010005400001000000100fbff39c00202001000020010000200100002"
+    "001000020010000200100003001000"
+)
+
+
+def gzip_bytes(data: bytes, level: int) -> bytes:
+    import gzip
+    import io
+
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=level) as f:
+        f.write(data)
+    return buf.getvalue()
+
+
+def compression_vectors() -> list:
+    msg = b"topspin " * 40
+    gz = gzip_bytes(msg, 6)
+    bomb = gzip_bytes(b"\0" * (1 << 20), 9)
+
+    def ok(name, enc, payload, limit, message, what):
+        return {
+            "name": name,
+            "description": what + " (protocol.md §14)",
+            "kind": "compression",
+            "encoding": enc,
+            "payload": payload.hex(),
+            "limit": limit,
+            "message": message.hex(),
+        }
+
+    def bad(name, enc, payload, limit, code, what):
+        return {
+            "name": name,
+            "description": what + " (protocol.md §14)",
+            "kind": "compression",
+            "encoding": enc,
+            "payload": payload.hex(),
+            "limit": limit,
+            "code": code,
+        }
+
+    z = bytes.fromhex(ZSTD_TOPSPIN_X40)
+    return [
+        ok("compression_plain_flag", "zstd", b"\x00hi", 1024, b"hi",
+           "Flag 0: the rest is the message as is"),
+        ok("compression_plain_empty_message", "gzip", b"\x00", 1024, b"",
+           "Flag 0 and nothing else: an empty message"),
+        ok("compression_zstd", "zstd", b"\x01" + z, 1024, msg,
+           "Flag 1: the rest is a zstd frame"),
+        ok("compression_gzip", "gzip", b"\x01" + gz, 1024, msg,
+           "Flag 1: the rest is a gzip member"),
+        ok("compression_exactly_at_the_limit", "gzip", b"\x01" + gz, len(msg), msg,
+           "A message that decompresses to exactly MAX_MESSAGE_SIZE is accepted"),
+        bad("compression_one_over_the_limit", "zstd", b"\x01" + z, len(msg) - 1,
+            "RESOURCE_EXHAUSTED", "One byte past MAX_MESSAGE_SIZE after decompression"),
+        bad("compression_zstd_bomb", "zstd", b"\x01" + bytes.fromhex(ZSTD_1MIB_ZEROS), 65536,
+            "RESOURCE_EXHAUSTED",
+            "1 MiB of zeros in 51 bytes: the receiver stops at its limit, never allocating more"),
+        bad("compression_gzip_bomb", "gzip", b"\x01" + bomb, 65536, "RESOURCE_EXHAUSTED",
+            "1 MiB of zeros in about 1 kB: the receiver stops at its limit"),
+        bad("compression_missing_flag", "zstd", b"", 1024, "INTERNAL",
+            "An empty payload on a compressed direction has no flag byte"),
+        bad("compression_unknown_flag", "gzip", b"\x02" + gz, 1024, "INTERNAL",
+            "Flag values other than 0 and 1 are call errors"),
+        bad("compression_corrupt_body", "zstd", b"\x01\xde\xad\xbe\xef", 1024, "INTERNAL",
+            "A compressed body that does not decode is a call error"),
+    ]
+
+
+
 def render(vectors) -> str:
     """JSON with one vector field, one session step, per line: easy to read and to diff."""
     out = ["{", '  "version": 1,', '  "vectors": [']
@@ -2988,6 +3067,7 @@ def outputs() -> dict:
         "frames_invalid.json": frames_invalid(),
         "sessions_valid.json": sessions_valid(),
         "sessions_invalid.json": sessions_invalid(),
+        "compression.json": compression_vectors(),
     }
     names = [v["name"] for vs in files.values() for v in vs]
     dupes = sorted({n for n in names if names.count(n) > 1})

@@ -380,13 +380,15 @@ mod tests {
         assert!(e.message().contains("flag byte is missing"), "{e}");
     }
 
-    /// testdata/vectors/compression.json: the cases every implementation decodes alike.
+    /// testdata/vectors/compression.json (kind `compression`): what every implementation decodes
+    /// alike.
     #[test]
     fn shared_vectors() {
         let doc: serde_json::Value =
             serde_json::from_str(include_str!("../../../testdata/vectors/compression.json"))
                 .unwrap();
-        let cases = doc["cases"].as_array().unwrap();
+        let cases = doc["vectors"].as_array().unwrap();
+        assert_eq!(doc["version"], 1);
         assert!(cases.len() >= 10);
         for c in cases {
             let name = c["name"].as_str().unwrap();

@@ -53,10 +53,15 @@ pub use config::Config;
 pub use request::{Cancellation, IntoRequest, Request, Response};
 pub use server::{
     shutdown_signal, CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle,
+    StreamAcceptor,
 };
 pub use stats::{process_memory_budget, GaugeSnapshot, Gauges};
 pub use status::{Code, Status, DETAILS_KEY};
 pub use streaming::Streaming;
 pub use topspin_proto::MemoryBudget;
 pub use topspin_proto::{Metadata, MetadataBuilder};
+#[cfg(feature = "tls")]
+pub use transport::tls;
+#[cfg(feature = "websocket")]
+pub use transport::ws;
 pub use transport::PeerAddr;

@@ -50,6 +50,10 @@ impl Listener {
     pub(crate) async fn bind(addr: &Address) -> io::Result<Listener> {
         match addr {
             Address::Tcp(hp) => Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?)),
+            // TLS and WebSocket listen on TCP; the server adds the layers per connection.
+            Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
+                Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?))
+            }
             Address::Unix(p) => {
                 clear_stale_socket(p)?;
                 let l = UnixListener::bind(p)?;
@@ -63,6 +67,18 @@ impl Listener {
         match self {
             Listener::Tcp(l) => Ok(Address::from(l.local_addr()?)),
             Listener::Unix(_, p, _) => Ok(Address::Unix(p.clone())),
+        }
+    }
+
+    /// Accepts a TCP connection as a tokio stream, for the transports layered over TCP (TLS,
+    /// WebSocket, sniffing); `None` on a Unix listener.
+    #[cfg(any(feature = "tls", feature = "websocket"))]
+    pub(crate) async fn accept_tcp(
+        &self,
+    ) -> Option<io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>> {
+        match self {
+            Listener::Tcp(l) => Some(l.accept().await),
+            Listener::Unix(..) => None,
         }
     }
 

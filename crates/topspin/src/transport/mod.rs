@@ -13,8 +13,14 @@
 //! A new transport is one file here implementing [`Transport`].
 
 mod listener;
+#[cfg(any(feature = "tls", feature = "websocket"))]
+pub(crate) mod sniff;
 pub(crate) mod socket;
 pub(crate) mod stream;
+#[cfg(feature = "tls")]
+pub mod tls;
+#[cfg(feature = "websocket")]
+pub mod ws;
 
 pub(crate) use listener::Listener;
 
@@ -45,6 +51,14 @@ impl std::fmt::Display for PeerAddr {
             PeerAddr::Stream => f.write_str("stream"),
         }
     }
+}
+
+/// The error for connecting a plain socket to an address of a layered transport.
+pub(crate) fn not_a_socket_address(a: &crate::Address) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{a} is not a tcp:// or unix:// address"),
+    )
 }
 
 /// A connected, bidirectional byte transport, used by exactly one connection task.
@@ -79,4 +93,10 @@ pub(crate) trait Transport: Send + 'static {
 
     /// The other end.
     fn peer_addr(&self) -> PeerAddr;
+
+    /// What a TLS handshake established about the other end (servers, TLS transports only).
+    #[cfg(feature = "tls")]
+    fn tls_peer(&self) -> Option<std::sync::Arc<tls::TlsPeer>> {
+        None
+    }
 }

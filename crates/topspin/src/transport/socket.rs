@@ -81,6 +81,7 @@ impl SocketTransport {
         match addr {
             Address::Tcp(hp) => SocketTransport::from_tcp(TcpStream::connect(hp.as_str()).await?),
             Address::Unix(p) => SocketTransport::from_unix(UnixStream::connect(p).await?),
+            other => Err(super::not_a_socket_address(other)),
         }
     }
 

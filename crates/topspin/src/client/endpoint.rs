@@ -123,6 +123,7 @@ impl Endpoint {
     /// Opens one connection: TCP or Unix on the socket fast path; TLS and WebSocket as byte
     /// streams. Connecting and the TLS and WebSocket handshakes share the handshake timeout.
     pub(super) async fn connect_one(&self) -> Result<super::conn::ConnHandle, Status> {
+        #[cfg(any(feature = "tls", feature = "websocket"))]
         use crate::transport::stream::StreamTransport;
         let address = &self.address;
         let config = &self.config;

@@ -32,7 +32,8 @@ pub(crate) struct Faces {
     pub(crate) sniff_timeout: Duration,
 }
 
-/// One accepted connection, its layers set up.
+/// One accepted connection, its layers set up (moved once into its connection task).
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Upgraded {
     Native(SocketTransport),
     #[cfg(feature = "tls")]

@@ -150,6 +150,7 @@ impl WebSocketSettings {
     }
 
     /// Server side: runs the upgrade handshake on `stream` for `path`.
+    #[allow(clippy::result_large_err)] // tungstenite's callback type
     pub(crate) async fn accept<S>(&self, stream: S, path: &str) -> Result<WsStream<S>, String>
     where
         S: AsyncRead + AsyncWrite + Unpin,

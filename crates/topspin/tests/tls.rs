@@ -298,3 +298,66 @@ async fn a_channel_over_a_stream_the_application_set_up() {
     let _ = pair;
     handle.shutdown(Duration::from_secs(1)).await;
 }
+
+/// Regression: a write the TLS layer buffered and could not flush at once (socket full) was
+/// never flushed once the topspin write queue was empty, so a 16 MiB message stalled until the
+/// peer's frame timeout.
+#[test]
+fn a_16_mib_message_each_way_over_tls() {
+    let ca = Ca::new("test CA");
+    let pair = ca.issue("server", &["localhost"], false);
+    // The server on a runtime of its own (other threads), the client on this thread's: the
+    // layout where the stall showed.
+    let server_rt = tokio::runtime::Runtime::new().unwrap();
+    let s = server_rt.block_on(start(service().tls(server_tls(&pair)), "tls://127.0.0.1:0"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ch = connect(&by_name(&s.addr), ClientTls::ca_pem_file(&ca.cert).unwrap())
+            .await
+            .expect("TLS connect");
+        let big = Bytes::from(vec![5u8; 16 << 20]);
+        for _ in 0..3 {
+            let r = within(
+                20,
+                ch.unary(RawCodec, common::UNARY, Request::new(big.clone())),
+            )
+            .await
+            .expect("16 MiB echo");
+            assert_eq!(r.into_inner(), big);
+        }
+    });
+    server_rt.block_on(s.handle.shutdown(Duration::from_secs(1)));
+}
+
+/// Regression: a transport that buffers writes (as TLS does) and cannot flush at once kept its
+/// buffered bytes forever once topspin's own write queue was empty, so the call hung. A
+/// `BufWriter` over a 64-byte pipe makes every flush wait for the reader.
+#[tokio::test]
+async fn a_buffering_stream_is_flushed_once_it_has_room() {
+    let server = service().bind("tcp://127.0.0.1:0").await.unwrap();
+    let acceptor = server.stream_acceptor();
+    let handle = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    let (a, b) = tokio::io::duplex(64);
+    tokio::spawn(acceptor.serve(tokio::io::BufWriter::with_capacity(8192, a)));
+    let ch = within(
+        10,
+        Channel::from_stream(tokio::io::BufWriter::with_capacity(8192, b)),
+    )
+    .await
+    .expect("handshake");
+    for n in [10usize, 1000, 100_000] {
+        let body = Bytes::from(vec![1u8; n]);
+        let r = within(
+            10,
+            ch.unary(RawCodec, common::UNARY, Request::new(body.clone())),
+        )
+        .await
+        .expect("echo");
+        assert_eq!(r.into_inner(), body);
+    }
+    handle.shutdown(Duration::from_secs(1)).await;
+}

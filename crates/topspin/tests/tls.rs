@@ -361,3 +361,26 @@ async fn a_buffering_stream_is_flushed_once_it_has_room() {
     }
     handle.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test]
+async fn a_client_offering_another_alpn_protocol_is_refused() {
+    use topspin::tls::rustls;
+    let ca = Ca::new("test CA");
+    let pair = ca.issue("server", &["localhost"], false);
+    let s = start(service().tls(server_tls(&pair)), "tls://127.0.0.1:0").await;
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read_to_string(&ca.cert).unwrap();
+    let der = rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes()).unwrap();
+    roots.add(der).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let r = connect(&by_name(&s.addr), ClientTls::from_config(config)).await;
+    expect_unavailable(r, "NoApplicationProtocol");
+    s.handle.shutdown(Duration::from_secs(1)).await;
+}

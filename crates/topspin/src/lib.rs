@@ -1,5 +1,6 @@
 //! The topspin RPC runtime: a [`Channel`] to call servers and a [`Server`] to serve them, over
-//! TCP and Unix sockets, on tokio.
+//! TCP and Unix sockets, TLS ([`tls`], feature `tls`), WebSocket ([`ws`], feature `websocket`)
+//! or any connected byte stream ([`Channel::from_stream`], [`Server::serve_stream`]), on tokio.
 //!
 //! Calls are unary, server-streaming, client-streaming or bidirectional, with deadlines,
 //! metadata both ways, cancellation (drop the future), flow control and typed [`Status`]

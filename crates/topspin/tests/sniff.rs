@@ -1,5 +1,6 @@
 //! One port, many faces: a sniffing server tells native topspin, TLS, WebSocket and WebSocket
 //! over TLS apart by the client's first byte, on one real TCP listener.
+#![cfg(all(feature = "tls", feature = "websocket"))]
 
 mod common;
 mod layered;

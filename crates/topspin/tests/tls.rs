@@ -1,6 +1,7 @@
 //! TLS and mutual TLS over real TCP sockets, with certificates made at test time: the four
 //! call kinds, the client's identity seen by handlers, certificate reload, and every way a
 //! handshake fails — each a prompt UNAVAILABLE naming the TLS problem, never a hang.
+#![cfg(feature = "tls")]
 
 mod common;
 mod layered;

@@ -2,6 +2,7 @@
 //! wss://, the upgrade's checks (path, subprotocol, origin), and bad input — a text message,
 //! an unmasked client frame, an oversized message, a close — each ending that one connection
 //! with the close code the RFC names while the server and its other connections go on.
+#![cfg(all(feature = "tls", feature = "websocket"))]
 
 mod common;
 mod layered;

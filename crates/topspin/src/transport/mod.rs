@@ -10,7 +10,12 @@
 //! - [`stream`]: any `AsyncRead + AsyncWrite` byte stream (TLS, WebSocket, user streams,
 //!   in-memory pipes such as `tokio::io::duplex`).
 //!
-//! A new transport is one file here implementing [`Transport`].
+//! Layers over TCP: `tls` (rustls), `ws` (WebSocket binary messages as a byte stream), and
+//! `sniff`, which sets up an accepted connection's layers — or tells them apart by its first
+//! byte — on the connection's own task.
+//!
+//! A new transport is one file here implementing [`Transport`] (or an `AsyncRead + AsyncWrite`
+//! for the stream transport).
 
 mod listener;
 #[cfg(any(feature = "tls", feature = "websocket"))]

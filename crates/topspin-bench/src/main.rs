@@ -653,10 +653,9 @@ fn syscalls(args: &Args) -> i32 {
         "  {:<12} {:>16} {:>16} {:>16}   echo: top syscalls",
         "system", "echo 20 B: all", "echo: writes", "burst: writes"
     );
-    for sys in SYSTEMS.iter().filter(|s| {
-        args.systems
-            .as_ref()
-            .is_none_or(|l| l.iter().any(|n| n == s.name))
+    for sys in SYSTEMS.iter().filter(|s| match &args.systems {
+        Some(l) => l.iter().any(|n| n == s.name),
+        None => !matches!(s.transport, "tls" | "ws"),
     }) {
         let mut cols: Vec<String> = Vec::new();
         let mut top = String::new();

@@ -247,12 +247,23 @@ impl ServerTls {
 
 /// A client's TLS settings (see the [module](self) docs). The default trusts the webpki roots
 /// (Mozilla's CA list) and checks the certificate against the address's host.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ClientTls {
     roots: Arc<RootCertStore>,
     identity: Option<Arc<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>>,
     server_name: Option<ServerName<'static>>,
     config: Option<Arc<ClientConfig>>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("roots", &self.roots.len())
+            .field("client_certificate", &self.identity.is_some())
+            .field("server_name", &self.server_name)
+            .field("rustls_config", &self.config.is_some())
+            .finish()
+    }
 }
 
 impl Default for ClientTls {

@@ -69,3 +69,25 @@ async fn every_face_on_one_port() {
     assert_eq!(unary(&ch, common::UNARY, "still").await.unwrap(), "still");
     h.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test]
+async fn a_shutdown_does_not_wait_for_a_silent_client_in_its_handshake() {
+    let ca = Ca::new("test CA");
+    let pair = ca.issue("server", &["localhost"], false);
+    let tls = ServerTls::from_pem_files(&pair.cert, &pair.key).unwrap();
+    let server = builder(Probe::default())
+        .tls(tls)
+        .bind("tls://127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hp = server.local_addr().host_port().unwrap().to_owned();
+    let h = server.shutdown_handle();
+    let task = tokio::spawn(server.serve());
+    // Connected, sends nothing: the TLS handshake waits (up to the 10 s handshake timeout).
+    let _silent = tokio::net::TcpStream::connect(&hp).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = std::time::Instant::now();
+    within(5, h.shutdown(Duration::from_millis(100))).await;
+    within(5, task).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}

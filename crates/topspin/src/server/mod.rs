@@ -535,7 +535,12 @@ async fn serve_layered(
     signal: Shutdown,
 ) {
     use crate::transport::sniff::Upgraded;
-    match faces.upgrade(tcp, addr, config.handshake_timeout()).await {
+    // A shutdown drops connections still in their TLS or WebSocket handshake.
+    let upgraded = tokio::select! {
+        r = faces.upgrade(tcp, addr, config.handshake_timeout()) => r,
+        _ = signal.token.cancelled() => Err("the server is shutting down".into()),
+    };
+    match upgraded {
         Ok(Upgraded::Native(t)) => conn::serve(t, registry, config, signal).await,
         #[cfg(feature = "tls")]
         Ok(Upgraded::Tls(t)) => conn::serve(t, registry, config, signal).await,

@@ -221,3 +221,26 @@ async fn a_ws_address_is_refused_by_a_plain_server_with_a_clear_error() {
     );
     h.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test]
+async fn pings_are_answered_and_invisible_to_topspin() {
+    let (addr, h) = start(builder(Probe::default()), "ws://127.0.0.1:0/").await;
+    let mut ws = raw(&addr, "/", Some("topspin.v1"), None)
+        .await
+        .expect("upgrade");
+    ws.send(Message::Ping(bytes::Bytes::from_static(b"hi")))
+        .await
+        .unwrap();
+    let pong = within(10, async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Pong(p))) => return Some(p),
+                Some(Ok(_)) => continue, // the server's preface and SETTINGS
+                _ => return None,
+            }
+        }
+    })
+    .await;
+    assert_eq!(pong.as_deref(), Some(&b"hi"[..]));
+    h.shutdown(Duration::from_secs(1)).await;
+}

@@ -27,7 +27,8 @@ for a in "$@"; do
     esac
 done
 
-packages=(topspin-bench topspin-bench-tonic topspin-bench-tarpc topspin-bench-capnp topspin-bench-thrift)
+packages=(topspin-bench topspin-bench-tonic topspin-bench-tarpc topspin-bench-capnp topspin-bench-thrift
+          topspin-bench-layered topspin-bench-tonic-tls)
 for p in "${packages[@]}"; do
     cargo build --release --locked -q -p "$p"
 done

@@ -2959,7 +2959,7 @@ def dumps(value) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Message compression (protocol.md §14): a payload on a direction that uses an encoding, the
+# Message compression (protocol.md §15): a payload on a direction that uses an encoding, the
 # receiver's MAX_MESSAGE_SIZE, and what it decodes to (or the status its call ends with).
 
 # Made by the reference zstd encoder (level 1); Python's standard library has no zstd, and a
@@ -2989,7 +2989,7 @@ def compression_vectors() -> list:
     def ok(name, enc, payload, limit, message, what):
         return {
             "name": name,
-            "description": what + " (protocol.md §14)",
+            "description": what + " (protocol.md §15)",
             "kind": "compression",
             "encoding": enc,
             "payload": payload.hex(),
@@ -3000,7 +3000,7 @@ def compression_vectors() -> list:
     def bad(name, enc, payload, limit, code, what):
         return {
             "name": name,
-            "description": what + " (protocol.md §14)",
+            "description": what + " (protocol.md §15)",
             "kind": "compression",
             "encoding": enc,
             "payload": payload.hex(),

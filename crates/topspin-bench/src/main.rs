@@ -59,6 +59,36 @@ const SYSTEMS: &[System] = &[
         transport: "tcp",
     },
     System {
+        name: "raw-tls",
+        bin: "topspin-bench-raw-layered",
+        args: &["--tls"],
+        transport: "tls",
+    },
+    System {
+        name: "topspin-tls",
+        bin: "topspin-bench-topspin-layered",
+        args: &["--tls"],
+        transport: "tls",
+    },
+    System {
+        name: "tonic-tls",
+        bin: "topspin-bench-tonic-tls",
+        args: &[],
+        transport: "tls",
+    },
+    System {
+        name: "raw-ws",
+        bin: "topspin-bench-raw-layered",
+        args: &["--ws"],
+        transport: "ws",
+    },
+    System {
+        name: "topspin-ws",
+        bin: "topspin-bench-topspin-layered",
+        args: &["--ws"],
+        transport: "ws",
+    },
+    System {
         name: "tarpc",
         bin: "topspin-bench-tarpc",
         args: &[],
@@ -317,7 +347,9 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
                counted with strace -f -c (needs strace)
   --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight) and answer (client + server), from
                two valgrind runs of different lengths (needs valgrind)
-  systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift";
+  systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
+           raw-tls topspin-tls tonic-tls raw-ws topspin-ws (TLS and WebSocket rows: in --smoke,
+           otherwise only when named with --systems)";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -387,12 +419,14 @@ fn main() {
     let t_start = Instant::now();
     let started = report::rfc3339_now();
     let load_start = load_avg();
+    // The TLS and WebSocket rows run in --smoke and when named with --systems (they would
+    // take the quick run past its time budget).
+    let layered = |s: &System| matches!(s.transport, "tls" | "ws");
     let systems: Vec<System> = SYSTEMS
         .iter()
-        .filter(|s| {
-            args.systems
-                .as_ref()
-                .is_none_or(|l| l.iter().any(|n| n == s.name))
+        .filter(|s| match &args.systems {
+            Some(l) => l.iter().any(|n| n == s.name),
+            None => args.mode == Mode::Smoke || !layered(s),
         })
         .cloned()
         .collect();
@@ -619,10 +653,9 @@ fn syscalls(args: &Args) -> i32 {
         "  {:<12} {:>16} {:>16} {:>16}   echo: top syscalls",
         "system", "echo 20 B: all", "echo: writes", "burst: writes"
     );
-    for sys in SYSTEMS.iter().filter(|s| {
-        args.systems
-            .as_ref()
-            .is_none_or(|l| l.iter().any(|n| n == s.name))
+    for sys in SYSTEMS.iter().filter(|s| match &args.systems {
+        Some(l) => l.iter().any(|n| n == s.name),
+        None => !matches!(s.transport, "tls" | "ws"),
     }) {
         let mut cols: Vec<String> = Vec::new();
         let mut top = String::new();

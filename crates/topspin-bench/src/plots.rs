@@ -42,6 +42,11 @@ fn color(system: &str) -> RGBColor {
         "tarpc" => RGBColor(44, 160, 44),
         "capnp" => RGBColor(148, 103, 189),
         "thrift" => RGBColor(140, 86, 75),
+        "raw-tls" => RGBColor(120, 120, 60),
+        "topspin-tls" => RGBColor(227, 119, 194),
+        "tonic-tls" => RGBColor(23, 190, 207),
+        "raw-ws" => RGBColor(60, 120, 120),
+        "topspin-ws" => RGBColor(188, 189, 34),
         _ => RGBColor(0, 0, 0),
     }
 }

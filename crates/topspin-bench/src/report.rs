@@ -123,18 +123,20 @@ impl Record {
     }
 }
 
-/// ratio_to_raw (raw for TCP systems, raw-uds for Unix-socket ones) and ratio to the best of
-/// tonic, tarpc, capnp and thrift, on the same workload point of the same run.
+/// ratio_to_raw (raw for TCP systems, raw-uds for Unix-socket ones, raw-tls and raw-ws for the
+/// TLS and WebSocket ones) and ratio to the best of tonic, tarpc, capnp and thrift (tonic-tls
+/// for TLS systems; WebSocket systems have no peer), on the same workload point of the same run.
 pub(crate) fn fill_ratios(records: &mut [Record]) {
     let snapshot = records.to_vec();
     for r in records.iter_mut() {
         if r.workload == "allocs" {
             continue; // 0 allocations at the floor: a ratio means nothing there.
         }
-        let floor = if r.transport == "uds" {
-            "raw-uds"
-        } else {
-            "raw"
+        let (floor, peers): (&str, &[&str]) = match r.transport {
+            "uds" => ("raw-uds", PEERS),
+            "tls" => ("raw-tls", &["tonic-tls"]),
+            "ws" => ("raw-ws", &[]),
+            _ => ("raw", PEERS),
         };
         let base = snapshot
             .iter()
@@ -142,7 +144,7 @@ pub(crate) fn fill_ratios(records: &mut [Record]) {
             .and_then(Record::cost);
         let best = snapshot
             .iter()
-            .filter(|o| PEERS.contains(&o.system) && o.same_point(r))
+            .filter(|o| peers.contains(&o.system) && o.same_point(r))
             .filter_map(Record::cost)
             .min_by(|a, b| a.partial_cmp(b).expect("finite"));
         if let Some(c) = r.cost() {

@@ -13,6 +13,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use topspin::tls::ClientTls;
 use topspin::{Channel, Endpoint, Status};
 
 const AFTER_HELP: &str = "\
@@ -79,6 +80,57 @@ struct SchemaArgs {
     /// Give up after this long, e.g. 500ms, 5s, 1m (sent to the server as the call's deadline).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, global = true)]
     timeout: Option<Duration>,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// How to connect over TLS (tls:// and wss:// addresses use TLS without --tls).
+#[derive(Debug, Args)]
+struct TlsArgs {
+    /// Connect with TLS: a host:port or tcp:// address becomes tls://.
+    #[arg(long, global = true)]
+    tls: bool,
+    /// Trust only this CA certificate (PEM) instead of the webpki roots.
+    #[arg(long, value_name = "FILE", global = true)]
+    ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for mutual TLS; needs --key.
+    #[arg(long, value_name = "FILE", global = true, requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long, value_name = "FILE", global = true, requires = "cert")]
+    key: Option<PathBuf>,
+    /// Check the server's certificate against this name instead of the address's host.
+    #[arg(long, value_name = "NAME", global = true)]
+    server_name: Option<String>,
+}
+
+impl TlsArgs {
+    /// The address to connect to (tls:// with --tls) and the endpoint's TLS settings.
+    fn apply(&self, address: &str) -> anyhow::Result<Endpoint> {
+        let mut address = address.to_owned();
+        if self.tls {
+            let bare = address.strip_prefix("tcp://").unwrap_or(&address);
+            if !bare.contains("://") {
+                address = format!("tls://{bare}");
+            }
+        }
+        let endpoint = Endpoint::new(address.as_str()).map_err(|s| anyhow!("{}", s.message()))?;
+        let any = self.ca.is_some() || self.cert.is_some() || self.server_name.is_some();
+        if !any {
+            return Ok(endpoint);
+        }
+        let mut tls = match &self.ca {
+            Some(ca) => ClientTls::ca_pem_file(ca)?,
+            None => ClientTls::webpki_roots(),
+        };
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            tls = tls.identity_pem_files(cert, key)?;
+        }
+        if let Some(name) = &self.server_name {
+            tls = tls.server_name(name)?;
+        }
+        Ok(endpoint.tls(tls))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -219,9 +271,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
 }
 
-fn channel(address: &str, timeout: Option<Duration>) -> anyhow::Result<Channel> {
-    let mut endpoint = Endpoint::new(address).map_err(|s| anyhow!("{}", s.message()))?;
-    if let Some(t) = timeout {
+fn channel(address: &str, args: &SchemaArgs) -> anyhow::Result<Channel> {
+    let mut endpoint = args.tls.apply(address)?;
+    if let Some(t) = args.timeout {
         endpoint = endpoint.timeout(t);
     }
     Ok(endpoint.connect_lazy())
@@ -238,7 +290,7 @@ async fn schema_for(args: &SchemaArgs, address: Option<&str>) -> anyhow::Result<
         bail!("give the server's ADDR, or .proto files with --proto");
     };
     Ok(schema::Schema::reflection(
-        channel(address, args.timeout)?,
+        channel(address, args)?,
         args.timeout,
     ))
 }
@@ -287,7 +339,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         } => {
             let metadata = call::metadata(headers)?;
             let input = call::Input::parse(data.as_deref());
-            let channel = channel(address, args.timeout)?;
+            let channel = channel(address, args)?;
             let schema = if args.protos.is_empty() {
                 schema::Schema::reflection(channel.clone(), args.timeout)
             } else {
@@ -307,8 +359,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             service,
             watch,
         } => {
-            let channel =
-                channel(address, args.timeout).map_err(|e| HealthFailed(e, health::OTHER))?;
+            let channel = channel(address, args).map_err(|e| HealthFailed(e, health::OTHER))?;
             let service = service.as_deref().unwrap_or("");
             let result = if *watch {
                 health::watch(channel, service, args.timeout).await

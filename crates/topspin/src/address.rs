@@ -1,5 +1,6 @@
-//! Where a server listens and a channel connects: `tcp://host:port`, `unix:///path`, or (Linux)
-//! an abstract Unix socket name `unix:@name`.
+//! Where a server listens and a channel connects: `tcp://host:port`, `unix:///path`, (Linux)
+//! an abstract Unix socket name `unix:@name`, `tls://host:port`, `ws://host:port/path` or
+//! `wss://host:port/path`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -33,12 +34,41 @@ pub enum Address {
     /// the last socket bound to it. Anyone in the same network namespace can connect: check
     /// [`PeerAddr::credentials`](crate::PeerAddr::credentials) to authorise callers.
     UnixAbstract(String),
+    /// TLS over TCP to `host:port` (`tls://host:port`; needs the `tls` feature to connect or
+    /// bind).
+    Tls(String),
+    /// A WebSocket over TCP (`ws://host:port/path`): `host:port` and the path (`/` when the
+    /// address names none). Needs the `websocket` feature.
+    Ws(String, String),
+    /// A WebSocket over TLS (`wss://host:port/path`). Needs the `tls` and `websocket` features.
+    Wss(String, String),
+}
+
+impl Address {
+    /// The `host:port` of a TCP, TLS or WebSocket address; `None` for a Unix socket.
+    pub fn host_port(&self) -> Option<&str> {
+        match self {
+            Address::Tcp(hp) | Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
+                Some(hp)
+            }
+            Address::Unix(_) | Address::UnixAbstract(_) => None,
+        }
+    }
+
+    /// The host of a TCP, TLS or WebSocket address (without the brackets of an IPv6 address):
+    /// the name a TLS client checks the server's certificate against.
+    pub fn host(&self) -> Option<&str> {
+        let hp = self.host_port()?;
+        let (h, _) = hp.rsplit_once(':')?;
+        Some(h.trim_start_matches('[').trim_end_matches(']'))
+    }
 }
 
 /// Why an address string could not be parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid address {input:?}: {reason} (expected tcp://host:port, unix:///path or unix:@name)"
+    "invalid address {input:?}: {reason} (expected tcp://host:port, unix:///path, unix:@name, \
+     tls://host:port, ws://host:port/path or wss://host:port/path)"
 )]
 pub struct AddressError {
     input: String,
@@ -75,12 +105,41 @@ impl FromStr for Address {
             }
             return Ok(Address::Unix(PathBuf::from(path)));
         }
+        for (scheme, secure) in [("ws://", false), ("wss://", true)] {
+            if let Some(rest) = s.strip_prefix(scheme) {
+                let (hp, path) = match rest.find('/') {
+                    Some(i) => (&rest[..i], &rest[i..]),
+                    None => (rest, "/"),
+                };
+                check_host_port(hp).map_err(err)?;
+                let (hp, path) = (hp.to_owned(), path.to_owned());
+                return Ok(if secure {
+                    Address::Wss(hp, path)
+                } else {
+                    Address::Ws(hp, path)
+                });
+            }
+        }
+        if let Some(rest) = s.strip_prefix("tls://") {
+            let hp = rest.trim_end_matches('/');
+            check_host_port(hp).map_err(err)?;
+            return Ok(Address::Tls(hp.to_owned()));
+        }
         let hostport = match s.strip_prefix("tcp://") {
             Some(rest) => rest,
             None if s.contains("://") => return Err(err("unknown scheme")),
             None => s,
         };
         let hostport = hostport.trim_end_matches('/');
+        check_host_port(hostport).map_err(err)?;
+        Ok(Address::Tcp(hostport.to_owned()))
+    }
+}
+
+/// Checks `host:port` (a name, an IPv4 address, or an IPv6 address in brackets).
+fn check_host_port(hostport: &str) -> Result<(), &'static str> {
+    {
+        let err = |reason| reason;
         let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
             let Some((v6, after)) = rest.split_once(']') else {
                 return Err(err("unclosed '[' in IPv6 address"));
@@ -105,7 +164,7 @@ impl FromStr for Address {
         if port.parse::<u16>().is_err() {
             return Err(err("port must be a number 0..=65535"));
         }
-        Ok(Address::Tcp(hostport.to_owned()))
+        Ok(())
     }
 }
 
@@ -115,6 +174,9 @@ impl fmt::Display for Address {
             Address::Tcp(hp) => write!(f, "tcp://{hp}"),
             Address::Unix(p) => write!(f, "unix://{}", p.display()),
             Address::UnixAbstract(name) => write!(f, "unix:@{name}"),
+            Address::Tls(hp) => write!(f, "tls://{hp}"),
+            Address::Ws(hp, path) => write!(f, "ws://{hp}{path}"),
+            Address::Wss(hp, path) => write!(f, "wss://{hp}{path}"),
         }
     }
 }
@@ -206,7 +268,16 @@ mod tests {
                 "unix:///tmp/a b.sock",
                 Address::Unix("/tmp/a b.sock".into()),
             ),
+            ("tls://localhost:443", Address::Tls("localhost:443".into())),
+            ("ws://h:80", Address::Ws("h:80".into(), "/".into())),
+            (
+                "wss://[::1]:443/rpc/x",
+                Address::Wss("[::1]:443".into(), "/rpc/x".into()),
+            ),
         ] {
+            if s.starts_with("tls") || s.starts_with("wss") {
+                assert_eq!(want.to_string(), s, "round trip");
+            }
             assert_eq!(s.parse::<Address>().unwrap(), want, "{s}");
         }
         for bad in [
@@ -219,6 +290,8 @@ mod tests {
             "unix://",
             "unix:@",
             "http://x:1",
+            "tls://host",
+            "ws://:80/x",
         ] {
             let e = bad.parse::<Address>().unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");

@@ -1,4 +1,4 @@
-//! Per-message compression (protocol.md §14): negotiated per call and direction through the
+//! Per-message compression (protocol.md §15): negotiated per call and direction through the
 //! `topspin-encoding` / `topspin-accept-encoding` metadata; on a direction that uses an
 //! encoding every message starts with a flag byte (0 as is, 1 compressed).
 //!

@@ -176,7 +176,7 @@ impl Config {
 
     field! {
         /// How this side compresses the messages it sends (default: not at all; protocol.md
-        /// §14). A client with it compresses its requests and accepts compressed responses
+        /// §15). A client with it compresses its requests and accepts compressed responses
         /// (per call: `Request::with_compression`); a server with it compresses its responses
         /// to clients that accept its encoding. Either side always decodes zstd and gzip, and
         /// a compressed message never decompresses past `max_message_size`

@@ -1,5 +1,6 @@
 //! The topspin RPC runtime: a [`Channel`] to call servers and a [`Server`] to serve them, over
-//! TCP and Unix sockets, on tokio.
+//! TCP and Unix sockets, TLS ([`tls`], feature `tls`), WebSocket ([`ws`], feature `websocket`)
+//! or any connected byte stream ([`Channel::from_stream`], [`Server::serve_stream`]), on tokio.
 //!
 //! Calls are unary, server-streaming, client-streaming or bidirectional, with deadlines,
 //! metadata both ways, cancellation (drop the future), flow control and typed [`Status`]
@@ -69,12 +70,17 @@ pub use interceptor::{AsyncInterceptor, CallEnd, CallInfo, Interceptor};
 pub use request::{Cancellation, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use server::{
     shutdown_signal, CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle,
+    StreamAcceptor,
 };
 pub use stats::{process_memory_budget, GaugeSnapshot, Gauges};
 pub use status::{Code, Status, DETAILS_KEY};
 pub use streaming::Streaming;
 pub use topspin_proto::MemoryBudget;
 pub use topspin_proto::{Metadata, MetadataBuilder};
+#[cfg(feature = "tls")]
+pub use transport::tls;
+#[cfg(feature = "websocket")]
+pub use transport::ws;
 pub use transport::{PeerAddr, PeerCredentials};
 
 /// The crate README's example, compiled as a doctest.

@@ -109,6 +109,23 @@ impl<T> Request<T> {
         self.ctx.as_ref().map(|c| &c.peer)
     }
 
+    /// Server, over TLS: what the handshake established about the client — its verified
+    /// certificate chain under mutual TLS ([`TlsPeer::certificates`](crate::tls::TlsPeer),
+    /// `dns_names`), the ALPN protocol, the server name it asked for.
+    #[cfg(feature = "tls")]
+    pub fn tls_peer(&self) -> Option<&crate::tls::TlsPeer> {
+        self.ctx.as_ref()?.tls.as_deref()
+    }
+
+    /// Server, over mutual TLS: the client's certificate chain (DER, leaf first).
+    #[cfg(feature = "tls")]
+    pub fn peer_certificates(
+        &self,
+    ) -> Option<&[crate::tls::rustls::pki_types::CertificateDer<'static>]> {
+        let c = self.tls_peer()?.certificates();
+        (!c.is_empty()).then_some(c)
+    }
+
     /// Server: the full method name, e.g. `/kv.Store/Get`.
     pub fn method(&self) -> Option<&str> {
         self.ctx.as_ref().map(|c| &*c.method)
@@ -229,6 +246,8 @@ where
 pub(crate) struct ServerContext {
     pub(crate) deadline: Option<Instant>,
     pub(crate) peer: PeerAddr,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<std::sync::Arc<crate::tls::TlsPeer>>,
     pub(crate) method: bytestring::ByteString,
     pub(crate) cancel: Cancellation,
     /// The server's `Config::compression` and `max_message_size`, for this call's messages.

@@ -1,4 +1,4 @@
-//! Per-message compression over real sockets (protocol.md §14): negotiated per call, every call
+//! Per-message compression over real sockets (protocol.md §15): negotiated per call, every call
 //! kind, per channel and per call, bounded decompression, unknown encodings.
 
 mod common;

@@ -7,6 +7,11 @@
 //! (body = u32 size, reply = the pool's first `size` bytes), 3 structs (reply = the students,
 //! protobuf-encoded once at start: the floor moves the same bytes but decodes nothing).
 //! NymphRPC calls echo the value's bytes.
+//!
+//! Built by the `topspin-bench-layered` package (feature `layered`) as
+//! `topspin-bench-raw-layered`: `--tls` is `raw-tls` (the same frames over blocking rustls, ring
+//! provider: the TLS floor) and `--ws` is `raw-ws` (the same frames in binary messages of
+//! blocking tungstenite, the crate topspin's WebSocket uses: the WebSocket floor).
 
 use bytes::Bytes;
 use prost::Message;
@@ -18,6 +23,10 @@ use topspin_bench_common::{
     self as common, blob_pool, check_blob, check_echo, check_eq, pb, Cmd, Input, Outcome, Series,
     SyncCall,
 };
+
+#[cfg(feature = "layered")]
+#[path = "../../peers/layered/src/pki.rs"]
+mod pki;
 
 const OP_ECHO: u8 = 0;
 const OP_ANSWER: u8 = 1;
@@ -366,7 +375,136 @@ fn run<S: Stream>(clients: &mut [Client<S>], cmd: &Cmd) -> Outcome {
 
 const CONNS: usize = 4;
 
+/// A blocking WebSocket as a byte stream: each write is one binary message (from a buffer
+/// reclaimed in place, so no allocation per message), reads concatenate the messages.
+#[cfg(feature = "layered")]
+struct WsIo {
+    ws: tungstenite::WebSocket<TcpStream>,
+    pending: Bytes,
+    out: bytes::BytesMut,
+}
+
+#[cfg(feature = "layered")]
+impl WsIo {
+    fn config() -> tungstenite::protocol::WebSocketConfig {
+        tungstenite::protocol::WebSocketConfig::default()
+            .max_message_size(None)
+            .max_frame_size(None)
+    }
+}
+
+#[cfg(feature = "layered")]
+impl Read for WsIo {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use tungstenite::{Error, Message};
+        while self.pending.is_empty() {
+            match self.ws.read() {
+                Ok(Message::Binary(b)) => self.pending = b,
+                Ok(Message::Close(_)) | Err(Error::ConnectionClosed | Error::AlreadyClosed) => {
+                    return Ok(0)
+                }
+                Ok(_) => {}
+                Err(Error::Io(e)) => return Err(e),
+                Err(e) => return Err(std::io::Error::other(e)),
+            }
+        }
+        let n = buf.len().min(self.pending.len());
+        buf[..n].copy_from_slice(&self.pending[..n]);
+        bytes::Buf::advance(&mut self.pending, n);
+        Ok(n)
+    }
+}
+
+#[cfg(feature = "layered")]
+impl Write for WsIo {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        for b in bufs {
+            self.out.extend_from_slice(b);
+        }
+        let msg = self.out.split().freeze();
+        let n = msg.len();
+        self.ws
+            .send(tungstenite::Message::Binary(msg))
+            .map_err(std::io::Error::other)?;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.ws.flush().map_err(std::io::Error::other)
+    }
+}
+
+/// `raw-tls` / `raw-ws`: the floor under topspin-tls and topspin-ws.
+#[cfg(feature = "layered")]
+fn layered_main(tls: bool) {
+    use std::sync::Arc;
+    let pki = pki::make();
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let server_cfg = Arc::new(pki.server_config(b"raw"));
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            s.set_nodelay(true).expect("nodelay");
+            let cfg = server_cfg.clone();
+            std::thread::spawn(move || {
+                if tls {
+                    let conn = rustls::ServerConnection::new(cfg).expect("TLS server");
+                    serve_conn(rustls::StreamOwned::new(conn, s));
+                } else if let Ok(ws) = tungstenite::accept_with_config(s, Some(WsIo::config())) {
+                    serve_conn(WsIo {
+                        ws,
+                        pending: Bytes::new(),
+                        out: bytes::BytesMut::new(),
+                    });
+                }
+            });
+        }
+    });
+    let tcp = || {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        s
+    };
+    if tls {
+        let cfg = Arc::new(pki.client_config(b"raw"));
+        let mut clients: Vec<_> = (0..CONNS)
+            .map(|_| {
+                let name = "localhost".try_into().expect("name");
+                let conn = rustls::ClientConnection::new(cfg.clone(), name).expect("TLS client");
+                Client::new(rustls::StreamOwned::new(conn, tcp()))
+            })
+            .collect();
+        common::serve_commands("raw-tls", |cmd| run(&mut clients, cmd));
+    } else {
+        let mut clients: Vec<_> = (0..CONNS)
+            .map(|_| {
+                let (ws, _) = tungstenite::client::client_with_config(
+                    "ws://localhost/",
+                    tcp(),
+                    Some(WsIo::config()),
+                )
+                .expect("WebSocket handshake");
+                Client::new(WsIo {
+                    ws,
+                    pending: Bytes::new(),
+                    out: bytes::BytesMut::new(),
+                })
+            })
+            .collect();
+        common::serve_commands("raw-ws", |cmd| run(&mut clients, cmd));
+    }
+}
+
 fn main() {
+    #[cfg(feature = "layered")]
+    {
+        let tls = std::env::args().any(|a| a == "--tls");
+        if tls || std::env::args().any(|a| a == "--ws") {
+            return layered_main(tls);
+        }
+    }
     let uds = std::env::args().any(|a| a == "--uds");
     common::blob_pool();
     structs_encoded();

@@ -2,9 +2,17 @@
 //! generates from proto/bench/v1/bench.proto (over topspin's Channel and Server, `ProstCodec`),
 //! default settings. The server runs on its own tokio multi-thread runtime (default worker
 //! count); the client on a current-thread runtime on the main thread.
+//!
+//! Built by the `topspin-bench-layered` package (feature `layered`, topspin with `tls` and
+//! `websocket`) as `topspin-bench-topspin-layered`: `--tls` is `topspin-tls` (tls://, a
+//! certificate made at start, ALPN topspin/1), `--ws` is `topspin-ws` (ws://127.0.0.1:P/).
 
 use std::time::Duration;
-use topspin::{Channel, Request, Response, Server, Status};
+#[cfg(feature = "layered")]
+#[path = "../../peers/layered/src/pki.rs"]
+mod pki;
+
+use topspin::{Endpoint, Request, Response, Server, Status};
 use topspin_bench_common::{
     self as common, check_array, check_blob, check_echo, check_eq, pb, AsyncCall, Input,
 };
@@ -165,7 +173,13 @@ fn main() {
         server_rt.worker_threads(1);
     }
     let server_rt = server_rt.enable_all().build().expect("server runtime");
-    let addr = if uds {
+    let tls = std::env::args().any(|a| a == "--tls");
+    let ws = std::env::args().any(|a| a == "--ws");
+    let addr = if tls {
+        "tls://127.0.0.1:0".to_string()
+    } else if ws {
+        "ws://127.0.0.1:0/".to_string()
+    } else if uds {
         let p =
             std::env::temp_dir().join(format!("topspin-bench-topspin-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&p);
@@ -173,12 +187,17 @@ fn main() {
     } else {
         "tcp://127.0.0.1:0".to_string()
     };
+    #[allow(unused_mut)]
+    let mut builder = Server::builder().add_service(BenchServer::new(Svc));
+    #[cfg(feature = "layered")]
+    let pki = pki::make();
+    #[cfg(feature = "layered")]
+    if tls {
+        let config = pki.server_config(topspin::tls::ALPN);
+        builder = builder.tls(topspin::tls::ServerTls::from_config(config));
+    }
     let srv = server_rt
-        .block_on(
-            Server::builder()
-                .add_service(BenchServer::new(Svc))
-                .bind(addr.as_str()),
-        )
+        .block_on(builder.bind(addr.as_str()))
         .expect("bind");
     let local = srv.local_addr().clone();
     let shutdown = srv.shutdown_handle();
@@ -191,13 +210,29 @@ fn main() {
     let clients: Vec<Client> = rt.block_on(async {
         let mut v = Vec::new();
         for _ in 0..CONNS {
+            #[allow(unused_mut)]
+            let mut endpoint = Endpoint::new(local.clone()).expect("endpoint");
+            #[cfg(feature = "layered")]
+            if tls {
+                let config = pki.client_config(topspin::tls::ALPN);
+                endpoint = endpoint.tls(
+                    topspin::tls::ClientTls::from_config(config)
+                        .server_name("localhost")
+                        .expect("name"),
+                );
+            }
             v.push(Client(BenchClient::new(
-                Channel::connect(local.clone()).await.expect("connect"),
+                endpoint.connect().await.expect("connect"),
             )));
         }
         v
     });
-    let name = if uds { "topspin-uds" } else { "topspin" };
+    let name = match (uds, tls, ws) {
+        (_, true, _) => "topspin-tls",
+        (_, _, true) => "topspin-ws",
+        (true, _, _) => "topspin-uds",
+        _ => "topspin",
+    };
     if callgrind_mode {
         callgrind(&rt, &clients[0]);
     } else {

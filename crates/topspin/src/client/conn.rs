@@ -400,7 +400,9 @@ impl ClientRole {
             }
             Some(e) => format!("the server does not speak the topspin protocol ({e})"),
             None if why == "connection closed" => {
-                "the server closed the connection during the handshake".to_owned()
+                "the server closed the connection during the handshake (a tls:// or ws:// \
+                 port closes a plaintext client so: is the address's scheme right?)"
+                    .to_owned()
             }
             None => why.to_owned(),
         };

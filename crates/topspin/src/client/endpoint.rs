@@ -29,6 +29,12 @@ pub struct Endpoint {
     pub(super) backoff_max: Duration,
     /// Interceptors of every call, in registration order (outer to inner).
     pub(crate) interceptors: Chain,
+    /// TLS settings of `tls://` and `wss://` addresses (default: the webpki roots).
+    #[cfg(feature = "tls")]
+    pub(super) tls: Option<crate::tls::ClientTls>,
+    /// WebSocket settings of `ws://` and `wss://` addresses.
+    #[cfg(feature = "websocket")]
+    pub(super) websocket: crate::ws::WebSocketSettings,
 }
 
 impl Endpoint {
@@ -45,7 +51,30 @@ impl Endpoint {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             interceptors: Chain::default(),
+            #[cfg(feature = "tls")]
+            tls: None,
+            #[cfg(feature = "websocket")]
+            websocket: crate::ws::WebSocketSettings::default(),
         })
+    }
+
+    /// The endpoint of [`Channel::from_stream`]: default settings, named `stream` in errors.
+    pub(crate) fn for_stream() -> Endpoint {
+        let mut e = Endpoint::new(Address::Unix("(stream)".into())).expect("a valid address");
+        e.connections = 1;
+        e
+    }
+
+    /// A channel over one connected byte stream (anything `AsyncRead + AsyncWrite`) with this
+    /// endpoint's limits; its address only names the peer in errors. The handshake runs now;
+    /// the channel does not reconnect once the stream ends (see [`Channel::from_stream`]).
+    pub async fn connect_stream<S>(self, stream: S) -> Result<Channel, Status>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let transport =
+            crate::transport::stream::StreamTransport::new(stream, crate::PeerAddr::Stream);
+        Channel::over_transport(transport, self).await
     }
 
     /// Limits and timeouts of the client side (see [`Config`]).
@@ -129,6 +158,88 @@ impl Endpoint {
         self
     }
 
+    /// TLS settings for `tls://` and `wss://` addresses: the CA to trust, a client
+    /// certificate for mutual TLS, a server-name override (default: the webpki roots, the
+    /// address's host).
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: crate::tls::ClientTls) -> Endpoint {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// WebSocket settings for `ws://` and `wss://` addresses.
+    #[cfg(feature = "websocket")]
+    pub fn websocket(mut self, settings: crate::ws::WebSocketSettings) -> Endpoint {
+        self.websocket = settings;
+        self
+    }
+
+    /// Opens one connection: TCP or Unix on the socket fast path; TLS and WebSocket as byte
+    /// streams. Connecting and the TLS and WebSocket handshakes share the handshake timeout.
+    pub(super) async fn connect_one(&self) -> Result<super::conn::ConnHandle, Status> {
+        #[cfg(any(feature = "tls", feature = "websocket"))]
+        use crate::transport::stream::StreamTransport;
+        let address = &self.address;
+        let config = &self.config;
+        let what = |e: &dyn std::fmt::Display| {
+            Status::unavailable(format!("could not connect to {address}: {e}"))
+        };
+        match address {
+            Address::Tcp(_) | Address::Unix(_) => super::conn::connect(address, config).await,
+            #[cfg(feature = "tls")]
+            Address::Tls(hp) => {
+                let tls = self.tls.clone().unwrap_or_default();
+                let host = address.host().unwrap_or_default();
+                let s = tokio::time::timeout(
+                    config.handshake_timeout(),
+                    tls.connect(hp, host, crate::tls::ALPN),
+                )
+                .await
+                .map_err(|_| what(&"connect and TLS handshake timed out"))?
+                .map_err(|e| what(&e))?;
+                let peer = peer_of(s.get_ref().0);
+                super::conn::start(StreamTransport::new(s, peer), address, config).await
+            }
+            #[cfg(feature = "websocket")]
+            Address::Ws(hp, _) => {
+                let url = address.to_string();
+                let ws = &self.websocket;
+                let s = tokio::time::timeout(config.handshake_timeout(), async {
+                    let tcp = tokio::net::TcpStream::connect(hp.as_str())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let _ = tcp.set_nodelay(true);
+                    ws.connect(tcp, &url).await
+                })
+                .await
+                .map_err(|_| what(&"connect and WebSocket handshake timed out"))?
+                .map_err(|e| what(&e))?;
+                let peer = peer_of(s.get_ref());
+                super::conn::start(StreamTransport::new(s, peer), address, config).await
+            }
+            #[cfg(all(feature = "tls", feature = "websocket"))]
+            Address::Wss(hp, _) => {
+                let url = address.to_string();
+                let ws = &self.websocket;
+                let tls = self.tls.clone().unwrap_or_default();
+                let host = address.host().unwrap_or_default();
+                let s = tokio::time::timeout(config.handshake_timeout(), async {
+                    let s = tls.connect(hp, host, b"http/1.1").await?;
+                    ws.connect(s, &url).await
+                })
+                .await
+                .map_err(|_| what(&"connect, TLS and WebSocket handshakes timed out"))?
+                .map_err(|e| what(&e))?;
+                let peer = peer_of(s.get_ref().get_ref().0);
+                super::conn::start(StreamTransport::new(s, peer), address, config).await
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(what(&format!(
+                "{other} needs the topspin crate's `tls` or `websocket` feature"
+            ))),
+        }
+    }
+
     /// The address.
     pub fn address(&self) -> &Address {
         &self.address
@@ -145,4 +256,12 @@ impl Endpoint {
     pub fn connect_lazy(self) -> Channel {
         Channel::from_pool(super::pool::Pool::new(self))
     }
+}
+
+/// The peer address of a TCP stream under a layered transport.
+#[cfg(any(feature = "tls", feature = "websocket"))]
+fn peer_of(s: &tokio::net::TcpStream) -> crate::PeerAddr {
+    s.peer_addr()
+        .map(crate::PeerAddr::Tcp)
+        .unwrap_or(crate::PeerAddr::Stream)
 }

@@ -114,13 +114,33 @@ impl Channel {
 
     /// A channel over one connected transport (an in-memory pipe, a TLS stream …), which it
     /// does not replace once it closes. `endpoint` gives the limits and the name used in errors.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) async fn over_transport<T: crate::transport::Transport>(
         transport: T,
         endpoint: Endpoint,
     ) -> Result<Channel, Status> {
         let handle = conn::start(transport, &endpoint.address, &endpoint.config).await?;
         Ok(Channel::from_pool(Pool::fixed(endpoint, handle)))
+    }
+
+    /// A channel over one connected byte stream: anything `AsyncRead + AsyncWrite` (a TLS or
+    /// SSH stream set up by the application, a serial line, an in-memory pipe). The topspin
+    /// handshake runs now; the channel does not reconnect once the stream ends. Default limits:
+    /// [`Endpoint::connect_stream`] takes an endpoint's.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use topspin::{Channel, Server};
+    /// let server = Server::builder().bind("tcp://127.0.0.1:0").await.unwrap();
+    /// let (a, b) = tokio::io::duplex(64 * 1024);
+    /// tokio::spawn(server.serve_stream(a));
+    /// let channel = Channel::from_stream(b).await.unwrap();
+    /// # drop(channel); }
+    /// ```
+    pub async fn from_stream<S>(stream: S) -> Result<Channel, Status>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        Endpoint::for_stream().connect_stream(stream).await
     }
 
     /// Connects to an address with default settings.

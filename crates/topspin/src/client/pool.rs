@@ -1,7 +1,7 @@
 //! The connections of a channel: a fixed pool of slots, each (re)connected on demand with
 //! exponential backoff and jitter after failures.
 
-use super::conn::{self, ConnHandle};
+use super::conn::ConnHandle;
 use super::Endpoint;
 use crate::Status;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -100,7 +100,7 @@ impl Pool {
         }
         self.backing_off(slot)?;
         let ep = &self.endpoint;
-        let r = conn::connect(&ep.address, &ep.config).await;
+        let r = ep.connect_one().await;
         let mut st = self.slots[slot]
             .state
             .lock()

@@ -43,6 +43,9 @@ pub(crate) struct Io<T> {
     budget: Arc<MemoryBudget>,
     /// Bytes of `budget` held for the frame being received.
     charged: usize,
+    /// The transport's own flush is unfinished (a TLS or buffered stream holds bytes it took
+    /// but could not pass on yet): it is flushed again even when the queue is empty.
+    flushing: bool,
 }
 
 impl<T: Transport> Io<T> {
@@ -50,6 +53,7 @@ impl<T: Transport> Io<T> {
         Io {
             budget,
             charged: 0,
+            flushing: false,
             transport,
             rbuf: BytesMut::with_capacity(READ_CHUNK),
             wq: VecDeque::new(),
@@ -72,7 +76,7 @@ impl<T: Transport> Io<T> {
         cx: &mut Context<'_>,
         conn: &mut Connection,
     ) -> Poll<io::Result<()>> {
-        if conn.transmit_len() == 0 && self.wq.is_empty() {
+        if conn.transmit_len() == 0 && self.wq.is_empty() && !self.flushing {
             return Poll::Ready(Ok(())); // the common idle turn: nothing to write
         }
         while let Some(b) = conn.poll_transmit() {
@@ -81,7 +85,7 @@ impl<T: Transport> Io<T> {
                 self.wq.push_back(b);
             }
         }
-        if self.wq.is_empty() {
+        if self.wq.is_empty() && !self.flushing {
             return Poll::Ready(Ok(()));
         }
         while !self.wq.is_empty() {
@@ -98,7 +102,9 @@ impl<T: Transport> Io<T> {
                 Poll::Pending => return Poll::Pending,
             }
         }
-        self.transport.poll_flush(cx)
+        let r = self.transport.poll_flush(cx);
+        self.flushing = r.is_pending();
+        r
     }
 
     /// Drops `written` bytes from the front of the write queue.

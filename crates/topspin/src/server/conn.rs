@@ -59,10 +59,14 @@ pub(crate) async fn serve<T: Transport>(
     shutdown: super::Shutdown,
 ) {
     let peer = transport.peer_addr();
+    #[cfg(feature = "tls")]
+    let tls = transport.tls_peer();
     let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
     let mut role = ServerRole {
         registry,
         peer,
+        #[cfg(feature = "tls")]
+        tls,
         calls: FxHashMap::default(),
         handlers: FuturesUnordered::new(),
         tx,
@@ -91,6 +95,8 @@ pub(crate) async fn serve<T: Transport>(
 pub(crate) struct ServerRole {
     registry: Arc<Registry>,
     peer: PeerAddr,
+    #[cfg(feature = "tls")]
+    tls: Option<Arc<crate::tls::TlsPeer>>,
     calls: FxHashMap<u32, Call>,
     /// Handlers that did not answer in their first poll, each on a task of its own.
     handlers: FuturesUnordered<Spawned>,
@@ -234,6 +240,8 @@ impl ServerRole {
         ServerContext {
             deadline,
             peer: self.peer.clone(),
+            #[cfg(feature = "tls")]
+            tls: self.tls.clone(),
             method,
             cancel: self.cancel_pool.pop().unwrap_or_default(),
             compression: self.compression,

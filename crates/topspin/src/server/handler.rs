@@ -175,7 +175,7 @@ async fn reply<C: Codec>(
     })
 }
 
-/// The call's codec with the call's compression (protocol.md §14) around it.
+/// The call's codec with the call's compression (protocol.md §15) around it.
 fn call_codec<C: Codec>(
     codec: &C,
     md: &Metadata,

@@ -29,6 +29,15 @@ pub enum ServeError {
     /// The address string is invalid.
     #[error(transparent)]
     Address(#[from] crate::AddressError),
+    /// The address needs settings the builder was not given (a `tls://` address without
+    /// [`ServerBuilder::tls`]), or a feature this build lacks.
+    #[error("cannot serve {address}: {reason}")]
+    Transport {
+        /// Where.
+        address: Address,
+        /// Why.
+        reason: String,
+    },
     /// Binding the listener failed.
     #[error("could not listen on {address}: {source}")]
     Bind {
@@ -84,6 +93,12 @@ pub struct ServerBuilder {
     kinds: Vec<(String, CallKind)>,
     hooks: Vec<ShutdownHook>,
     interceptors: Chain,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::tls::ServerTls>,
+    #[cfg(feature = "websocket")]
+    websocket: crate::ws::WebSocketSettings,
+    #[cfg(any(feature = "tls", feature = "websocket"))]
+    sniff: Option<Duration>,
 }
 
 impl ServerBuilder {
@@ -103,6 +118,97 @@ impl ServerBuilder {
     pub fn max_concurrent_calls(mut self, n: u32) -> ServerBuilder {
         self.config = self.config.with_max_concurrent_calls(n);
         self
+    }
+
+    /// TLS settings: needed to bind a `tls://` or `wss://` address, and accepted on a sniffing
+    /// port ([`ServerBuilder::sniff_transports`]).
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: crate::tls::ServerTls) -> ServerBuilder {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// WebSocket settings (origin allow-list, message size bound, the path of a sniffing
+    /// port) for `ws://` and `wss://` addresses.
+    #[cfg(feature = "websocket")]
+    pub fn websocket(mut self, settings: crate::ws::WebSocketSettings) -> ServerBuilder {
+        self.websocket = settings;
+        self
+    }
+
+    /// One port, many faces: a `tcp://` listener tells native topspin, TLS (when
+    /// [`ServerBuilder::tls`] is set) and WebSocket upgrades apart by the client's first byte,
+    /// which it peeks without consuming; a client that sends nothing within `timeout` is
+    /// dropped. Native connections then run on the same socket fast path as without sniffing.
+    #[cfg(any(feature = "tls", feature = "websocket"))]
+    pub fn sniff_transports(mut self, timeout: Duration) -> ServerBuilder {
+        self.sniff = Some(timeout);
+        self
+    }
+
+    /// The faces of a listener on `address`; `None` for the plain socket fast path.
+    #[cfg(any(feature = "tls", feature = "websocket"))]
+    #[allow(unused_mut, unused_variables)]
+    fn faces(
+        &self,
+        address: &Address,
+    ) -> Result<Option<crate::transport::sniff::Faces>, ServeError> {
+        let err = |reason: &str| ServeError::Transport {
+            address: address.clone(),
+            reason: reason.to_owned(),
+        };
+        let mut faces = crate::transport::sniff::Faces {
+            #[cfg(feature = "tls")]
+            tls: None,
+            #[cfg(feature = "websocket")]
+            ws: None,
+            sniff: false,
+            sniff_timeout: self.sniff.unwrap_or(Duration::from_secs(5)),
+        };
+        match address {
+            Address::Tcp(_) => {
+                if self.sniff.is_none() {
+                    return Ok(None);
+                }
+                faces.sniff = true;
+                #[cfg(feature = "tls")]
+                {
+                    faces.tls = self
+                        .tls
+                        .as_ref()
+                        .map(|t| t.with_alpn(&[crate::tls::ALPN, b"http/1.1"]));
+                }
+                #[cfg(feature = "websocket")]
+                {
+                    faces.ws = Some((self.websocket.clone(), self.websocket.get_path().to_owned()));
+                }
+            }
+            #[cfg(feature = "tls")]
+            Address::Tls(_) => {
+                let tls = self
+                    .tls
+                    .as_ref()
+                    .ok_or_else(|| err("a tls:// address needs ServerBuilder::tls"))?;
+                faces.tls = Some(tls.clone());
+            }
+            #[cfg(feature = "websocket")]
+            Address::Ws(_, path) => {
+                faces.ws = Some((self.websocket.clone(), path.clone()));
+            }
+            #[cfg(all(feature = "tls", feature = "websocket"))]
+            Address::Wss(_, path) => {
+                let tls = self
+                    .tls
+                    .as_ref()
+                    .ok_or_else(|| err("a wss:// address needs ServerBuilder::tls"))?;
+                faces.tls = Some(tls.with_alpn(&[b"http/1.1"]));
+                faces.ws = Some((self.websocket.clone(), path.clone()));
+            }
+            Address::Unix(_) => return Ok(None),
+            #[allow(unreachable_patterns)]
+            _ => return Err(err("this build lacks the feature for it (tls, websocket)")),
+        }
+        Ok(Some(faces))
     }
 
     fn add(mut self, method: &str, handler: HandlerRef) -> ServerBuilder {
@@ -240,6 +346,15 @@ impl ServerBuilder {
     /// [`Config::unix_socket_mode`] (default `0o660`) and is removed when the server stops.
     pub async fn bind(self, address: impl crate::IntoAddress) -> Result<Server, ServeError> {
         let address = address.into_address()?;
+        #[cfg(any(feature = "tls", feature = "websocket"))]
+        let faces = self.faces(&address)?.map(Arc::new);
+        #[cfg(not(any(feature = "tls", feature = "websocket")))]
+        if !matches!(address, Address::Tcp(_) | Address::Unix(_)) {
+            return Err(ServeError::Transport {
+                address,
+                reason: "this build lacks the `tls` and `websocket` features".into(),
+            });
+        }
         let listener = Listener::bind(&address, self.config.unix_socket_mode())
             .await
             .map_err(|source| ServeError::Bind {
@@ -250,6 +365,13 @@ impl ServerBuilder {
             address: address.clone(),
             source,
         })?;
+        // The real port, under the address's own scheme.
+        let local = match (&address, local) {
+            (Address::Tls(_), Address::Tcp(hp)) => Address::Tls(hp),
+            (Address::Ws(_, p), Address::Tcp(hp)) => Address::Ws(hp, p.clone()),
+            (Address::Wss(_, p), Address::Tcp(hp)) => Address::Wss(hp, p.clone()),
+            (_, local) => local,
+        };
         let (done_tx, done_rx) = watch::channel(false);
         let mut config = self.config;
         let gauges = crate::Gauges::new(config.memory_budget());
@@ -263,6 +385,8 @@ impl ServerBuilder {
         }
         Ok(Server {
             gauges,
+            #[cfg(any(feature = "tls", feature = "websocket"))]
+            faces,
             listener,
             local,
             registry: Arc::new(registry),
@@ -366,6 +490,9 @@ impl ShutdownHandle {
 #[derive(Debug)]
 pub struct Server {
     listener: Listener,
+    /// TLS, WebSocket or sniffing, for a listener that is not the plain socket fast path.
+    #[cfg(any(feature = "tls", feature = "websocket"))]
+    faces: Option<Arc<crate::transport::sniff::Faces>>,
     local: Address,
     registry: Arc<Registry>,
     config: Config,
@@ -394,6 +521,28 @@ impl Server {
     /// A handle to shut it down gracefully.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.shutdown.clone()
+    }
+
+    /// Serves one connection over a connected byte stream — anything `AsyncRead + AsyncWrite`
+    /// (a stream the application accepted itself: TLS it terminates, an SSH channel, an
+    /// in-memory pipe) — with this server's methods, limits and shutdown. Spawn the returned
+    /// future; it ends when the connection does. [`Server::stream_acceptor`] does the same
+    /// after [`Server::serve`] has taken the server.
+    pub fn serve_stream<S>(&self, stream: S) -> impl Future<Output = ()> + Send + 'static
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        self.stream_acceptor().serve(stream)
+    }
+
+    /// A cheap, cloneable handle that serves connected byte streams with this server's
+    /// methods, limits and shutdown, usable while [`Server::serve`] runs.
+    pub fn stream_acceptor(&self) -> StreamAcceptor {
+        StreamAcceptor {
+            registry: self.registry.clone(),
+            config: self.config.clone(),
+            signal: self.shutdown.signal.clone(),
+        }
     }
 
     /// Serves one connection over a connected transport, with this server's methods, limits
@@ -425,6 +574,8 @@ impl Server {
             config,
             shutdown,
             done,
+            #[cfg(any(feature = "tls", feature = "websocket"))]
+            faces,
             ..
         } = self;
         let signal = shutdown.signal.clone();
@@ -437,15 +588,40 @@ impl Server {
         let mut paused = false;
         loop {
             tokio::select! {
-                accepted = async { listener.as_ref().map(|l| l.accept()).expect("listener present").await }, if listener.is_some() && !paused => {
+                accepted = async {
+                    let l = listener.as_ref().expect("listener present");
+                    #[cfg(any(feature = "tls", feature = "websocket"))]
+                    if let Some(faces) = &faces {
+                        if let Some(r) = l.accept_tcp().await {
+                            return r.map(|(tcp, addr)| Ok(Accepted::Layered(faces.clone(), tcp, addr)));
+                        }
+                    }
+                    l.accept().await.map(|r| r.map(Accepted::Socket))
+                }, if listener.is_some() && !paused => {
                     match accepted {
                         Ok(Err(e)) => tracing::debug!("an accepted connection failed at once: {e}"),
-                        Ok(Ok(transport)) => {
+                        Ok(Ok(accepted)) => {
                             backoff = Duration::ZERO;
                             if conns.len() < config.max_connections() {
-                                conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
+                                match accepted {
+                                    Accepted::Socket(transport) => {
+                                        conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
+                                    }
+                                    #[cfg(any(feature = "tls", feature = "websocket"))]
+                                    Accepted::Layered(faces, tcp, addr) => {
+                                        conns.spawn(serve_layered(faces, tcp, addr, registry.clone(), config.clone(), signal.clone()));
+                                    }
+                                }
                             } else if refusals.len() < MAX_REFUSALS {
-                                refusals.spawn(refuse(transport, config.clone()));
+                                match accepted {
+                                    Accepted::Socket(transport) => {
+                                        refusals.spawn(refuse(transport, config.clone()));
+                                    }
+                                    // Closed at once (its TLS or WebSocket handshake is not
+                                    // worth doing to refuse it).
+                                    #[cfg(any(feature = "tls", feature = "websocket"))]
+                                    Accepted::Layered(..) => {}
+                                }
                             } // else: dropped at once; the client sees the connection close.
                         }
                         Err(e) => {
@@ -602,6 +778,73 @@ async fn write_all<T: crate::transport::Transport>(
         }
     }
     Ok(())
+}
+
+/// What the accept loop took.
+enum Accepted {
+    Socket(crate::transport::socket::SocketTransport),
+    #[cfg(any(feature = "tls", feature = "websocket"))]
+    Layered(
+        Arc<crate::transport::sniff::Faces>,
+        tokio::net::TcpStream,
+        std::net::SocketAddr,
+    ),
+}
+
+/// Sets up a connection's TLS and WebSocket layers (within the handshake timeout) on its own
+/// task, then serves it; a failed handshake ends that connection only.
+#[cfg(any(feature = "tls", feature = "websocket"))]
+async fn serve_layered(
+    faces: Arc<crate::transport::sniff::Faces>,
+    tcp: tokio::net::TcpStream,
+    addr: std::net::SocketAddr,
+    registry: Arc<Registry>,
+    config: Config,
+    signal: Shutdown,
+) {
+    use crate::transport::sniff::Upgraded;
+    // A shutdown drops connections still in their TLS or WebSocket handshake.
+    let upgraded = tokio::select! {
+        r = faces.upgrade(tcp, addr, config.handshake_timeout()) => r,
+        _ = signal.token.cancelled() => Err("the server is shutting down".into()),
+    };
+    match upgraded {
+        Ok(Upgraded::Native(t)) => serve_connection(t, registry, config, &signal).await,
+        #[cfg(feature = "tls")]
+        Ok(Upgraded::Tls(t)) => serve_connection(t, registry, config, &signal).await,
+        #[cfg(feature = "websocket")]
+        Ok(Upgraded::Ws(t)) => serve_connection(t, registry, config, &signal).await,
+        #[cfg(all(feature = "tls", feature = "websocket"))]
+        Ok(Upgraded::Wss(t)) => serve_connection(t, registry, config, &signal).await,
+        Err(why) => tracing::debug!(peer = %addr, "connection refused: {why}"),
+    }
+}
+
+/// Serves connections over byte streams the application accepted itself (see
+/// [`Server::stream_acceptor`]). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct StreamAcceptor {
+    registry: Arc<Registry>,
+    config: Config,
+    signal: Shutdown,
+}
+
+impl StreamAcceptor {
+    /// Serves one connection over `stream` until it ends (spawn the future). Its peer address
+    /// is [`PeerAddr::Stream`](crate::PeerAddr::Stream).
+    pub fn serve<S>(&self, stream: S) -> impl Future<Output = ()> + Send + 'static
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let transport =
+            crate::transport::stream::StreamTransport::new(stream, crate::PeerAddr::Stream);
+        conn::serve(
+            transport,
+            self.registry.clone(),
+            self.config.clone(),
+            self.signal.clone(),
+        )
+    }
 }
 
 /// Completes when the process is asked to stop: SIGINT (Ctrl-C) or SIGTERM, which process

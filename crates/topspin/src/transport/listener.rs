@@ -171,6 +171,10 @@ impl Listener {
             Address::Tcp(hp) => Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?)),
             Address::Unix(p) => bind_unix(p, unix_mode).await,
             Address::UnixAbstract(name) => bind_abstract(name),
+            // TLS and WebSocket listen on TCP; the server adds the layers per connection.
+            Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
+                Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?))
+            }
         }
     }
 
@@ -179,6 +183,18 @@ impl Listener {
             Listener::Tcp(l) => Ok(Address::from(l.local_addr()?)),
             Listener::Unix(_, p, _) => Ok(Address::Unix(p.clone())),
             Listener::UnixAbstract(_, name) => Ok(Address::UnixAbstract(name.clone())),
+        }
+    }
+
+    /// Accepts a TCP connection as a tokio stream, for the transports layered over TCP (TLS,
+    /// WebSocket, sniffing); `None` on a Unix listener.
+    #[cfg(any(feature = "tls", feature = "websocket"))]
+    pub(crate) async fn accept_tcp(
+        &self,
+    ) -> Option<io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>> {
+        match self {
+            Listener::Tcp(l) => Some(l.accept().await),
+            _ => None,
         }
     }
 

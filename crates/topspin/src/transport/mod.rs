@@ -10,11 +10,22 @@
 //! - [`stream`]: any `AsyncRead + AsyncWrite` byte stream (TLS, WebSocket, user streams,
 //!   in-memory pipes such as `tokio::io::duplex`).
 //!
-//! A new transport is one file here implementing [`Transport`].
+//! Layers over TCP: `tls` (rustls), `ws` (WebSocket binary messages as a byte stream), and
+//! `sniff`, which sets up an accepted connection's layers — or tells them apart by its first
+//! byte — on the connection's own task.
+//!
+//! A new transport is one file here implementing [`Transport`] (or an `AsyncRead + AsyncWrite`
+//! for the stream transport).
 
 mod listener;
+#[cfg(any(feature = "tls", feature = "websocket"))]
+pub(crate) mod sniff;
 pub(crate) mod socket;
 pub(crate) mod stream;
+#[cfg(feature = "tls")]
+pub mod tls;
+#[cfg(feature = "websocket")]
+pub mod ws;
 
 pub(crate) use listener::Listener;
 
@@ -91,6 +102,14 @@ impl std::fmt::Display for PeerAddr {
     }
 }
 
+/// The error for connecting a plain socket to an address of a layered transport.
+pub(crate) fn not_a_socket_address(a: &crate::Address) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{a} is not a tcp:// or unix:// address"),
+    )
+}
+
 /// A connected, bidirectional byte transport, used by exactly one connection task.
 ///
 /// Reads and writes are poll-based and non-blocking: `Pending` means the task's waker is
@@ -123,4 +142,10 @@ pub(crate) trait Transport: Send + 'static {
 
     /// The other end.
     fn peer_addr(&self) -> PeerAddr;
+
+    /// What a TLS handshake established about the other end (servers, TLS transports only).
+    #[cfg(feature = "tls")]
+    fn tls_peer(&self) -> Option<std::sync::Arc<tls::TlsPeer>> {
+        None
+    }
 }

@@ -107,6 +107,7 @@ impl SocketTransport {
             Address::Tcp(hp) => SocketTransport::from_tcp(TcpStream::connect(hp.as_str()).await?),
             Address::Unix(p) => SocketTransport::from_unix(UnixStream::connect(p).await?),
             Address::UnixAbstract(name) => SocketTransport::from_unix(connect_abstract(name)?),
+            other => Err(super::not_a_socket_address(other)),
         }
     }
 

@@ -11,20 +11,31 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// Bytes over a stream. Vectored writes are used when the stream supports them; otherwise the
 /// stream takes the first slice per call (small frames arrive coalesced anyway).
 #[derive(Debug)]
-// Used by the duplex tests today; TLS, WebSocket and user streams (the transports issue) next.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) struct StreamTransport<S> {
     io: S,
     peer: PeerAddr,
+    #[cfg(feature = "tls")]
+    tls: Option<std::sync::Arc<super::tls::TlsPeer>>,
 }
 
 impl<S> StreamTransport<S>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn new(io: S, peer: PeerAddr) -> StreamTransport<S> {
-        StreamTransport { io, peer }
+        StreamTransport {
+            io,
+            peer,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// The same, with what the TLS handshake under the stream established about the peer.
+    #[cfg(feature = "tls")]
+    pub(crate) fn with_tls_peer(mut self, tls: super::tls::TlsPeer) -> StreamTransport<S> {
+        self.tls = Some(std::sync::Arc::new(tls));
+        self
     }
 }
 
@@ -61,5 +72,10 @@ where
 
     fn peer_addr(&self) -> PeerAddr {
         self.peer.clone()
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls_peer(&self) -> Option<std::sync::Arc<super::tls::TlsPeer>> {
+        self.tls.clone()
     }
 }

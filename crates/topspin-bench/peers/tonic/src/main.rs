@@ -2,6 +2,9 @@
 //! both sides (tonic's server and `Endpoint` option). The server runs on its own tokio
 //! multi-thread runtime (default worker count); the client on a current-thread runtime on the
 //! main thread. Clients are cloned per call, as tonic's docs recommend.
+//!
+//! Built by the `topspin-bench-tonic-tls` package (feature `tls`, tonic's `tls-ring`) it is
+//! `tonic-tls`: the same over TLS, with a certificate for `localhost` made at start (rcgen).
 
 use std::net::SocketAddr;
 use tonic::transport::server::TcpIncoming;
@@ -160,7 +163,25 @@ const CONNS: usize = 4;
 /// for decoding, which would refuse them; this is the one non-default setting).
 const MAX_MESSAGE: usize = 64 << 20;
 
+/// A CA and a certificate for `localhost`, PEM: (ca, cert, key).
+#[cfg(feature = "tls")]
+fn make_pki() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().expect("key");
+    let ca = ca_params.self_signed(&ca_key).expect("CA");
+    let key = KeyPair::generate().expect("key");
+    let cert = CertificateParams::new(vec!["localhost".to_owned()])
+        .expect("params")
+        .signed_by(&key, &Issuer::from_params(&ca_params, &ca_key))
+        .expect("certificate");
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
 fn main() {
+    #[cfg(feature = "tls")]
+    let pki = make_pki();
     common::blob_pool();
     common::students();
     let server_rt = tokio::runtime::Builder::new_multi_thread()
@@ -175,12 +196,16 @@ fn main() {
         let svc = BenchServer::new(Svc)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
-        tokio::spawn(
-            Server::builder()
-                .tcp_nodelay(true)
-                .add_service(svc)
-                .serve_with_incoming(incoming),
-        );
+        #[allow(unused_mut)]
+        let mut server = Server::builder().tcp_nodelay(true);
+        #[cfg(feature = "tls")]
+        {
+            let id = tonic::transport::Identity::from_pem(&pki.1, &pki.2);
+            server = server
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
+                .expect("TLS config");
+        }
+        tokio::spawn(server.add_service(svc).serve_with_incoming(incoming));
         addr
     });
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -190,12 +215,18 @@ fn main() {
     let clients: Vec<Client> = rt.block_on(async {
         let mut v = Vec::new();
         for _ in 0..CONNS {
-            let ch = Endpoint::from_shared(format!("http://{addr}"))
+            #[cfg(not(feature = "tls"))]
+            let endpoint = Endpoint::from_shared(format!("http://{addr}")).expect("endpoint");
+            #[cfg(feature = "tls")]
+            let endpoint = Endpoint::from_shared(format!("https://{addr}"))
                 .expect("endpoint")
-                .tcp_nodelay(true)
-                .connect()
-                .await
-                .expect("connect");
+                .tls_config(
+                    tonic::transport::ClientTlsConfig::new()
+                        .ca_certificate(tonic::transport::Certificate::from_pem(&pki.0))
+                        .domain_name("localhost"),
+                )
+                .expect("TLS config");
+            let ch = endpoint.tcp_nodelay(true).connect().await.expect("connect");
             v.push(Client(
                 BenchClient::new(ch)
                     .max_decoding_message_size(MAX_MESSAGE)
@@ -204,5 +235,10 @@ fn main() {
         }
         v
     });
-    common::serve_commands("tonic", |cmd| rt.block_on(common::run_async(&clients, cmd)));
+    let name = if cfg!(feature = "tls") {
+        "tonic-tls"
+    } else {
+        "tonic"
+    };
+    common::serve_commands(name, |cmd| rt.block_on(common::run_async(&clients, cmd)));
 }

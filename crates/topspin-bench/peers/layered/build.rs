@@ -1,0 +1,12 @@
+//! Generates topspin's `BenchClient` / `BenchServer` for proto/bench/v1/bench.proto, as the
+//! topspin-bench package's build.rs does (messages from topspin-bench-common).
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../../proto");
+    topspin_build::configure()
+        .extern_path(".bench.v1", "::topspin_bench_common::pb")
+        .compile(
+            &[format!("{proto_dir}/bench/v1/bench.proto")],
+            &[proto_dir.to_string()],
+        )?;
+    Ok(())
+}

@@ -1,0 +1,361 @@
+//! WebSocket (RFC 6455, feature `websocket`): `ws://host:port/path` and, with `tls`,
+//! `wss://host:port/path`. The topspin byte stream travels in binary messages whose boundaries
+//! carry no meaning (protocol.md, "Transports"); the subprotocol is `topspin.v1`
+//! ([`SUBPROTOCOL`]). Framing and the handshake are tokio-tungstenite's.
+//!
+//! A server bound to a `ws://` address accepts upgrades on that path only, requires the
+//! `topspin.v1` subprotocol and, when [`WebSocketSettings::allow_origins`] is set, an allowed
+//! `Origin` (browsers send one; other clients may leave it out). Bad input ends that one
+//! connection, with the close code RFC 6455 names: a text message 1003, a protocol violation
+//! (an unmasked client frame, a bad opcode) 1002, a message over the size bound 1009, invalid
+//! UTF-8 in a close reason 1007.
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures_sink::Sink;
+use futures_util::Stream;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
+
+/// The WebSocket subprotocol of topspin (`Sec-WebSocket-Protocol`); a server requires it.
+pub const SUBPROTOCOL: &str = "topspin.v1";
+
+/// The most bytes one outgoing message carries: larger writes go out as several messages.
+const MAX_OUT_MESSAGE: usize = 256 * 1024;
+
+/// WebSocket settings of a server or client.
+///
+/// ```
+/// use topspin::ws::WebSocketSettings;
+/// let s = WebSocketSettings::default()
+///     .allow_origins(["https://app.example.com"])
+///     .max_message_size(1 << 20);
+/// assert_eq!(s.get_max_message_size(), 1 << 20);
+/// ```
+#[derive(Clone, Debug)]
+pub struct WebSocketSettings {
+    origins: Option<Arc<[String]>>,
+    max_message_size: usize,
+    path: String,
+}
+
+impl Default for WebSocketSettings {
+    fn default() -> WebSocketSettings {
+        WebSocketSettings {
+            origins: None,
+            max_message_size: 16 * 1024 * 1024,
+            path: "/".to_owned(),
+        }
+    }
+}
+
+impl WebSocketSettings {
+    /// Servers: accept an upgrade only if its `Origin` header is one of these (exactly, e.g.
+    /// `https://app.example.com`); a request without `Origin` (not from a browser) is accepted.
+    /// Default: any origin.
+    pub fn allow_origins<I, S>(mut self, origins: I) -> WebSocketSettings
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.origins = Some(origins.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The largest WebSocket message (and frame) accepted; a larger one closes the connection
+    /// with 1009 (default 16 MiB). Senders keep messages to 256 KiB.
+    pub fn max_message_size(mut self, bytes: usize) -> WebSocketSettings {
+        self.max_message_size = bytes.max(MAX_OUT_MESSAGE);
+        self
+    }
+
+    /// The path a sniffing server ([`ServerBuilder::sniff_transports`]) accepts WebSocket
+    /// upgrades on (default `/`); a `ws://` address names its own.
+    ///
+    /// [`ServerBuilder::sniff_transports`]: crate::ServerBuilder::sniff_transports
+    pub fn path(mut self, path: &str) -> WebSocketSettings {
+        self.path = path.to_owned();
+        self
+    }
+
+    pub(crate) fn get_path(&self) -> &str {
+        &self.path
+    }
+
+    /// The bound set by [`WebSocketSettings::max_message_size`].
+    pub fn get_max_message_size(&self) -> usize {
+        self.max_message_size
+    }
+
+    fn config(&self) -> WebSocketConfig {
+        WebSocketConfig::default()
+            .max_message_size(Some(self.max_message_size))
+            .max_frame_size(Some(self.max_message_size))
+            .accept_unmasked_frames(false)
+    }
+
+    /// Checks an upgrade request (path, subprotocol, origin) and answers it.
+    #[allow(clippy::result_large_err)] // tungstenite's callback type
+    fn check(
+        &self,
+        path: &str,
+        req: &Request,
+        mut resp: Response,
+    ) -> Result<Response, ErrorResponse> {
+        let refuse = |status: StatusCode, why: &str| {
+            let mut r = ErrorResponse::new(Some(why.to_owned()));
+            *r.status_mut() = status;
+            r
+        };
+        if req.uri().path() != path {
+            return Err(refuse(
+                StatusCode::NOT_FOUND,
+                "no topspin endpoint at this path",
+            ));
+        }
+        let offered = req
+            .headers()
+            .get_all("sec-websocket-protocol")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|p| p.trim() == SUBPROTOCOL);
+        if !offered {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "Sec-WebSocket-Protocol must offer topspin.v1",
+            ));
+        }
+        if let (Some(allowed), Some(origin)) = (&self.origins, req.headers().get("origin")) {
+            let ok = origin
+                .to_str()
+                .is_ok_and(|o| allowed.iter().any(|a| a == o));
+            if !ok {
+                return Err(refuse(StatusCode::FORBIDDEN, "origin not allowed"));
+            }
+        }
+        resp.headers_mut().insert(
+            "sec-websocket-protocol",
+            HeaderValue::from_static(SUBPROTOCOL),
+        );
+        Ok(resp)
+    }
+
+    /// Server side: runs the upgrade handshake on `stream` for `path`.
+    #[allow(clippy::result_large_err)] // tungstenite's callback type
+    pub(crate) async fn accept<S>(&self, stream: S, path: &str) -> Result<WsStream<S>, String>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let ws = tokio_tungstenite::accept_hdr_async_with_config(
+            stream,
+            |req: &Request, resp: Response| self.check(path, req, resp),
+            Some(self.config()),
+        )
+        .await
+        .map_err(|e| format!("WebSocket handshake failed: {e}"))?;
+        Ok(WsStream::new(ws))
+    }
+
+    /// Client side: runs the upgrade handshake on `stream` to `url` (`ws://…` or `wss://…`).
+    pub(crate) async fn connect<S>(&self, stream: S, url: &str) -> Result<WsStream<S>, String>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut req = url
+            .into_client_request()
+            .map_err(|e| format!("invalid WebSocket URL {url}: {e}"))?;
+        req.headers_mut().insert(
+            "sec-websocket-protocol",
+            HeaderValue::from_static(SUBPROTOCOL),
+        );
+        let (ws, resp) =
+            tokio_tungstenite::client_async_with_config(req, stream, Some(self.config()))
+                .await
+                .map_err(|e| format!("WebSocket handshake failed: {e}"))?;
+        let agreed = resp
+            .headers()
+            .get("sec-websocket-protocol")
+            .is_some_and(|v| v.as_bytes() == SUBPROTOCOL.as_bytes());
+        if !agreed {
+            return Err(
+                "WebSocket handshake failed: the server did not agree to topspin.v1".into(),
+            );
+        }
+        Ok(WsStream::new(ws))
+    }
+}
+
+/// A WebSocket as a byte stream: binary messages in, binary messages out.
+#[derive(Debug)]
+pub(crate) struct WsStream<S> {
+    ws: WebSocketStream<S>,
+    /// The rest of the last message received.
+    pending: Bytes,
+    /// Outgoing bytes, reclaimed in place once the socket layer has copied a message out.
+    out: BytesMut,
+    eof: bool,
+}
+
+/// The close code for a receive error (RFC 6455 §7.4.1).
+fn close_code(e: &WsError) -> Option<CloseCode> {
+    match e {
+        WsError::Capacity(_) => Some(CloseCode::Size),
+        WsError::Protocol(_) => Some(CloseCode::Protocol),
+        WsError::Utf8(_) => Some(CloseCode::Invalid),
+        _ => None,
+    }
+}
+
+fn io_error(e: WsError) -> io::Error {
+    match e {
+        WsError::Io(e) => e,
+        WsError::ConnectionClosed | WsError::AlreadyClosed => {
+            io::Error::new(io::ErrorKind::BrokenPipe, "the WebSocket is closed")
+        }
+        other => io::Error::new(io::ErrorKind::InvalidData, format!("WebSocket: {other}")),
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
+    fn new(ws: WebSocketStream<S>) -> WsStream<S> {
+        WsStream {
+            ws,
+            pending: Bytes::new(),
+            out: BytesMut::new(),
+            eof: false,
+        }
+    }
+
+    /// The stream under the WebSocket.
+    pub(crate) fn get_ref(&self) -> &S {
+        self.ws.get_ref()
+    }
+
+    /// Starts a close handshake with `code` without waiting (the connection is failing).
+    fn fail(&mut self, cx: &mut Context<'_>, code: CloseCode, why: &'static str) {
+        let frame = CloseFrame {
+            code,
+            reason: why.into(),
+        };
+        let mut ws = Pin::new(&mut self.ws);
+        if let Poll::Ready(Ok(())) = ws.as_mut().poll_ready(cx) {
+            if ws.as_mut().start_send(Message::Close(Some(frame))).is_ok() {
+                let _ = ws.poll_flush(cx);
+            }
+        }
+    }
+
+    /// Runs a WebSocket server over an already connected stream (the handshake was done by
+    /// someone else): for tests and benchmarks.
+    #[allow(dead_code)]
+    pub(crate) async fn from_raw(stream: S, role: Role, settings: &WebSocketSettings) -> Self {
+        WsStream::new(WebSocketStream::from_raw_socket(stream, role, Some(settings.config())).await)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if !this.pending.is_empty() {
+                let n = this.pending.len().min(buf.remaining());
+                buf.put_slice(&this.pending[..n]);
+                this.pending.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut this.ws).poll_next(cx)) {
+                Some(Ok(Message::Binary(b))) => this.pending = b,
+                Some(Ok(Message::Text(_))) => {
+                    this.fail(
+                        cx,
+                        CloseCode::Unsupported,
+                        "topspin.v1 carries binary messages only",
+                    );
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "WebSocket: a text message (topspin.v1 is binary only); closed with 1003",
+                    )));
+                }
+                // The close reply is queued by tungstenite and sent on the next write or read.
+                Some(Ok(Message::Close(_))) | None => this.eof = true,
+                Some(Ok(_)) => {} // ping (answered by tungstenite), pong
+                Some(Err(e)) => {
+                    if let Some(code) = close_code(&e) {
+                        this.fail(cx, code, "protocol violation");
+                    }
+                    return Poll::Ready(Err(io_error(e)));
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsStream<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let mut ws = Pin::new(&mut this.ws);
+        ready!(ws.as_mut().poll_ready(cx)).map_err(io_error)?;
+        // One message for as much of the slices as fits (a copy, into a reclaimed buffer).
+        let mut taken = 0;
+        for b in bufs {
+            let n = b.len().min(MAX_OUT_MESSAGE - taken);
+            this.out.extend_from_slice(&b[..n]);
+            taken += n;
+            if taken == MAX_OUT_MESSAGE {
+                break;
+            }
+        }
+        if taken == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        let msg = this.out.split().freeze();
+        ws.start_send(Message::Binary(msg)).map_err(io_error)?;
+        Poll::Ready(Ok(taken))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().ws)
+            .poll_flush(cx)
+            .map_err(io_error)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match ready!(Pin::new(&mut self.get_mut().ws).poll_close(cx)) {
+            Ok(()) | Err(WsError::ConnectionClosed | WsError::AlreadyClosed) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(io_error(e))),
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! topspin over WebSocket (RFC 6455) on real TCP sockets: the four call kinds over ws:// and
+//! wss://, the upgrade's checks (path, subprotocol, origin), and bad input — a text message,
+//! an unmasked client frame, an oversized message, a close — each ending that one connection
+//! with the close code the RFC names while the server and its other connections go on.
+#![cfg(all(feature = "tls", feature = "websocket"))]
+
+mod common;
+mod layered;
+
+use common::{builder, unary, within, Probe};
+use futures_util::{SinkExt, StreamExt};
+use layered::{four_call_kinds, Ca};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use topspin::tls::{ClientTls, ServerTls};
+use topspin::ws::WebSocketSettings;
+use topspin::{Address, Channel, Endpoint, ServerBuilder, ShutdownHandle};
+
+async fn start(b: ServerBuilder, addr: &str) -> (Address, ShutdownHandle) {
+    let server = b.bind(addr).await.expect("bind");
+    let addr = server.local_addr().clone();
+    let handle = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    (addr, handle)
+}
+
+type RawWs = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// A raw WebSocket client: `protocol` in Sec-WebSocket-Protocol, `origin` if given.
+async fn raw(
+    addr: &Address,
+    path: &str,
+    protocol: Option<&str>,
+    origin: Option<&str>,
+) -> Result<RawWs, WsError> {
+    let hp = addr.host_port().expect("host:port");
+    let mut req = format!("ws://{hp}{path}").into_client_request()?;
+    if let Some(p) = protocol {
+        req.headers_mut()
+            .insert("sec-websocket-protocol", HeaderValue::from_str(p).unwrap());
+    }
+    if let Some(o) = origin {
+        req.headers_mut()
+            .insert("origin", HeaderValue::from_str(o).unwrap());
+    }
+    let tcp = tokio::net::TcpStream::connect(hp).await?;
+    let (ws, _) = tokio_tungstenite::client_async(req, tcp).await?;
+    Ok(ws)
+}
+
+fn status_of(r: Result<RawWs, WsError>) -> StatusCode {
+    match r {
+        Err(WsError::Http(resp)) => resp.status(),
+        Err(e) => panic!("expected an HTTP refusal, got {e}"),
+        Ok(_) => panic!("expected an HTTP refusal, got an upgrade"),
+    }
+}
+
+/// Reads until the server's close frame; returns its code.
+async fn close_code(ws: &mut RawWs) -> Option<CloseCode> {
+    within(10, async {
+        while let Some(m) = ws.next().await {
+            match m {
+                Ok(Message::Close(f)) => return f.map(|f| f.code),
+                Ok(_) => continue,
+                Err(_) => return None,
+            }
+        }
+        None
+    })
+    .await
+}
+
+#[tokio::test]
+async fn every_call_kind_over_ws() {
+    let (addr, h) = start(builder(Probe::default()), "ws://127.0.0.1:0/rpc").await;
+    assert!(addr.to_string().ends_with("/rpc"), "{addr}");
+    let ch = within(10, Channel::connect(addr.clone()))
+        .await
+        .expect("ws connect");
+    four_call_kinds(&ch).await;
+    // The wrong path is refused.
+    let wrong: Address = addr.to_string().replace("/rpc", "/other").parse().unwrap();
+    let err = within(10, Channel::connect(wrong))
+        .await
+        .expect_err("wrong path");
+    assert!(err.message().contains("404"), "{}", err.message());
+    h.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn every_call_kind_over_wss() {
+    let ca = Ca::new("test CA");
+    let pair = ca.issue("server", &["localhost"], false);
+    let tls = ServerTls::from_pem_files(&pair.cert, &pair.key).unwrap();
+    let (addr, h) = start(builder(Probe::default()).tls(tls), "wss://127.0.0.1:0/rpc").await;
+    let ctls = ClientTls::ca_pem_file(&ca.cert)
+        .unwrap()
+        .server_name("localhost")
+        .unwrap();
+    let ch = within(10, Endpoint::new(addr.clone()).unwrap().tls(ctls).connect())
+        .await
+        .expect("wss connect");
+    four_call_kinds(&ch).await;
+    h.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn the_upgrade_checks_path_subprotocol_and_origin() {
+    let ws = WebSocketSettings::default().allow_origins(["https://app.example"]);
+    let (addr, h) = start(
+        builder(Probe::default()).websocket(ws),
+        "ws://127.0.0.1:0/rpc",
+    )
+    .await;
+    let sp = Some("topspin.v1");
+    assert_eq!(
+        status_of(raw(&addr, "/nope", sp, None).await),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        status_of(raw(&addr, "/rpc", None, None).await),
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        status_of(raw(&addr, "/rpc", Some("chat"), None).await),
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        status_of(raw(&addr, "/rpc", sp, Some("https://evil.example")).await),
+        StatusCode::FORBIDDEN
+    );
+    raw(&addr, "/rpc", sp, Some("https://app.example"))
+        .await
+        .expect("allowed origin");
+    raw(&addr, "/rpc", Some("x, topspin.v1"), None)
+        .await
+        .expect("no origin, offered among others");
+    // Not an upgrade at all: a plain HTTP GET, then garbage.
+    for junk in [
+        &b"GET /rpc HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"\x00\x01garbage\r\n\r\n",
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(addr.host_port().unwrap())
+            .await
+            .unwrap();
+        tcp.write_all(junk).await.unwrap();
+        let mut buf = Vec::new();
+        let _ = within(10, tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut buf)).await;
+    }
+    // The server still serves.
+    let ch = within(10, Channel::connect(addr.clone()))
+        .await
+        .expect("connect");
+    assert_eq!(unary(&ch, common::UNARY, "ok").await.unwrap(), "ok");
+    h.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn bad_frames_close_one_connection_with_the_rfc_code() {
+    let ws = WebSocketSettings::default().max_message_size(256 * 1024);
+    let (addr, h) = start(builder(Probe::default()).websocket(ws), "ws://127.0.0.1:0/").await;
+    let good = within(10, Channel::connect(addr.clone()))
+        .await
+        .expect("connect");
+    let sp = Some("topspin.v1");
+
+    // A text message: 1003.
+    let mut ws = raw(&addr, "/", sp, None).await.expect("upgrade");
+    ws.send(Message::text("hello")).await.unwrap();
+    assert_eq!(close_code(&mut ws).await, Some(CloseCode::Unsupported));
+
+    // An unmasked client frame (written under tungstenite): 1002.
+    let mut ws = raw(&addr, "/", sp, None).await.expect("upgrade");
+    ws.get_mut()
+        .write_all(&[0x82, 0x03, b'a', b'b', b'c'])
+        .await
+        .unwrap();
+    assert_eq!(close_code(&mut ws).await, Some(CloseCode::Protocol));
+
+    // A message over the bound: 1009.
+    let mut ws = raw(&addr, "/", sp, None).await.expect("upgrade");
+    let _ = ws.send(Message::binary(vec![0u8; 300 * 1024])).await;
+    assert_eq!(close_code(&mut ws).await, Some(CloseCode::Size));
+
+    // A reserved opcode: 1002.
+    let mut ws = raw(&addr, "/", sp, None).await.expect("upgrade");
+    ws.get_mut()
+        .write_all(&[0x83, 0x80, 1, 2, 3, 4])
+        .await
+        .unwrap();
+    assert_eq!(close_code(&mut ws).await, Some(CloseCode::Protocol));
+
+    // A client's close is answered with a close, and the connection ends.
+    let mut ws = raw(&addr, "/", sp, None).await.expect("upgrade");
+    ws.send(Message::Close(None)).await.unwrap();
+    let _ = close_code(&mut ws).await;
+
+    // The other connection never noticed.
+    assert_eq!(unary(&good, common::UNARY, "fine").await.unwrap(), "fine");
+    h.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn a_ws_address_is_refused_by_a_plain_server_with_a_clear_error() {
+    let (addr, h) = start(builder(Probe::default()), "tcp://127.0.0.1:0").await;
+    let ws: Address = format!("ws://{}/", addr.host_port().unwrap())
+        .parse()
+        .unwrap();
+    let err = within(10, Channel::connect(ws))
+        .await
+        .expect_err("ws to plain");
+    assert!(
+        err.message().contains("WebSocket handshake failed"),
+        "{}",
+        err.message()
+    );
+    h.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn pings_are_answered_and_invisible_to_topspin() {
+    let (addr, h) = start(builder(Probe::default()), "ws://127.0.0.1:0/").await;
+    let mut ws = raw(&addr, "/", Some("topspin.v1"), None)
+        .await
+        .expect("upgrade");
+    ws.send(Message::Ping(bytes::Bytes::from_static(b"hi")))
+        .await
+        .unwrap();
+    let pong = within(10, async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Pong(p))) => return Some(p),
+                Some(Ok(_)) => continue, // the server's preface and SETTINGS
+                _ => return None,
+            }
+        }
+    })
+    .await;
+    assert_eq!(pong.as_deref(), Some(&b"hi"[..]));
+    h.shutdown(Duration::from_secs(1)).await;
+}

@@ -185,7 +185,9 @@ impl Endpoint {
             Status::unavailable(format!("could not connect to {address}: {e}"))
         };
         match address {
-            Address::Tcp(_) | Address::Unix(_) => super::conn::connect(address, config).await,
+            Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_) => {
+                super::conn::connect(address, config).await
+            }
             #[cfg(feature = "tls")]
             Address::Tls(hp) => {
                 let tls = self.tls.clone().unwrap_or_default();

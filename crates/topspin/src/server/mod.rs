@@ -204,7 +204,7 @@ impl ServerBuilder {
                 faces.tls = Some(tls.with_alpn(&[b"http/1.1"]));
                 faces.ws = Some((self.websocket.clone(), path.clone()));
             }
-            Address::Unix(_) => return Ok(None),
+            Address::Unix(_) | Address::UnixAbstract(_) => return Ok(None),
             #[allow(unreachable_patterns)]
             _ => return Err(err("this build lacks the feature for it (tls, websocket)")),
         }
@@ -349,7 +349,10 @@ impl ServerBuilder {
         #[cfg(any(feature = "tls", feature = "websocket"))]
         let faces = self.faces(&address)?.map(Arc::new);
         #[cfg(not(any(feature = "tls", feature = "websocket")))]
-        if !matches!(address, Address::Tcp(_) | Address::Unix(_)) {
+        if !matches!(
+            address,
+            Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_)
+        ) {
             return Err(ServeError::Transport {
                 address,
                 reason: "this build lacks the `tls` and `websocket` features".into(),

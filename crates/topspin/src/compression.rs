@@ -70,7 +70,7 @@ impl Encoding {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Compression {
     encoding: Encoding,
-    threshold: usize,
+    threshold: u32,
 }
 
 impl Compression {
@@ -84,7 +84,7 @@ impl Compression {
 
     /// Messages smaller than `bytes` go as they are (compressing them costs more than it saves).
     #[must_use]
-    pub fn with_threshold(mut self, bytes: usize) -> Compression {
+    pub fn with_threshold(mut self, bytes: u32) -> Compression {
         self.threshold = bytes;
         self
     }
@@ -95,14 +95,14 @@ impl Compression {
     }
 
     /// The threshold.
-    pub fn threshold(self) -> usize {
+    pub fn threshold(self) -> u32 {
         self.threshold
     }
 
     /// Prepares one message for a direction that uses this compression: the flag byte, then the
     /// message compressed (or as is when it is below the threshold or would not shrink).
     pub(crate) fn encode(self, message: &[u8]) -> Result<Bytes, Status> {
-        if message.len() >= self.threshold {
+        if message.len() >= self.threshold as usize {
             let mut out = BytesMut::with_capacity(message.len() / 2 + 16).writer();
             out.write_all(&[COMPRESSED])
                 .map_err(|e| compress_failed(self.encoding, e))?;
@@ -209,6 +209,7 @@ impl<C: Codec> Codec for Compressed<C> {
     type Decode = C::Decode;
     const ID: u8 = C::ID;
 
+    #[inline]
     fn encode(&self, item: C::Encode) -> Result<Bytes, Status> {
         let b = self.inner.encode(item)?;
         match self.send {
@@ -217,6 +218,7 @@ impl<C: Codec> Codec for Compressed<C> {
         }
     }
 
+    #[inline]
     fn decode(&self, buf: Bytes) -> Result<C::Decode, Status> {
         match self.recv {
             Some(e) => self.inner.decode(decode(e, buf, self.limit)?),
@@ -230,7 +232,27 @@ impl<C: Codec> Compressed<C> {
     /// client's `topspin-encoding` says, responses compressed with `ours` if the client accepts
     /// it. `Err` (UNIMPLEMENTED, with `topspin-accept-encoding` in the trailers) for a request
     /// encoding this side does not have.
+    #[inline]
     pub(crate) fn for_server_call(
+        inner: C,
+        md: &Metadata,
+        ours: Option<Compression>,
+        limit: u32,
+    ) -> Result<Compressed<C>, Status> {
+        if md.is_empty() && ours.is_none() {
+            // The common case: no compression either way, nothing to look up.
+            return Ok(Compressed {
+                inner,
+                send: None,
+                recv: None,
+                limit: 0,
+            });
+        }
+        Compressed::negotiate(inner, md, ours, limit)
+    }
+
+    #[cold]
+    fn negotiate(
         inner: C,
         md: &Metadata,
         ours: Option<Compression>,
@@ -253,6 +275,7 @@ impl<C: Codec> Compressed<C> {
     }
 
     /// Server: adds `topspin-encoding` to the response headers when responses are compressed.
+    #[inline]
     pub(crate) fn announce(&self, headers: Metadata) -> Metadata {
         match self.send {
             None => headers,

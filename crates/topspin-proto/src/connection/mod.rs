@@ -207,18 +207,21 @@ impl Connection {
     }
 
     /// Whether the peer's SETTINGS arrived.
+    #[inline]
     pub fn is_established(&self) -> bool {
         self.handshake == Handshake::Established
     }
 
     /// Whether the connection is closed (after a protocol error, an ERROR from the peer, or
     /// [`Connection::handle_eof`]).
+    #[inline]
     pub fn is_closed(&self) -> bool {
         self.closed.is_some()
     }
 
     /// Whether a go-away was sent or received and no call is open any more: the owner may
     /// close the transport once [`Connection::poll_transmit`] is drained.
+    #[inline]
     pub fn is_drained(&self) -> bool {
         (self.go_away_sent.is_some() || self.go_away_received.is_some()) && self.calls.is_empty()
     }
@@ -229,6 +232,7 @@ impl Connection {
     }
 
     /// Number of open calls.
+    #[inline]
     pub fn open_calls(&self) -> usize {
         self.calls.len()
     }
@@ -239,6 +243,7 @@ impl Connection {
     }
 
     /// Bytes queued for transmit.
+    #[inline]
     pub fn transmit_len(&self) -> usize {
         self.out.len()
     }
@@ -253,11 +258,13 @@ impl Connection {
     }
 
     /// Whether events are waiting for [`Connection::poll_event`].
+    #[inline]
     pub fn has_events(&self) -> bool {
         !self.events.is_empty()
     }
 
     /// The next event, if any.
+    #[inline]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
@@ -265,6 +272,7 @@ impl Connection {
     /// The next chunk of bytes to write, in order; small frames come coalesced, large message
     /// bodies as their own [`Bytes`] (the caller's, never copied). Write them with one
     /// vectored write.
+    #[inline]
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
         let b = self.out.pop();
         if self.out.len() == 0 {
@@ -274,6 +282,7 @@ impl Connection {
     }
 
     /// When [`Connection::handle_timeout`] should next be called (a deadline), if ever.
+    #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let deadline = self.calls.next_deadline();
         match self.credit_withheld {

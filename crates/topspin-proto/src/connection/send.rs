@@ -149,6 +149,7 @@ impl Connection {
     /// Whether [`Connection::send_message`] would take a message on this call now (it has
     /// send credit and no message still going). When not, [`Event::Writable`] follows once it
     /// would: an owner can keep a message back without offering it first.
+    #[inline]
     pub fn is_writable(&mut self, id: CallId) -> bool {
         let Some(call) = self.calls.get_mut(id.0) else {
             return false;

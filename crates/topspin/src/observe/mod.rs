@@ -34,6 +34,7 @@ use tracing::field::Empty;
 use tracing::Span;
 
 /// A call's span, if a subscriber wants it.
+#[inline]
 pub(crate) fn call_span(side: Side, method: &str, peer: &dyn Display, id: u64) -> Option<Span> {
     if !tracing::span_enabled!(target: "topspin::call", tracing::Level::DEBUG) {
         return None;

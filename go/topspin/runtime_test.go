@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	topspin "github.com/topspin-rpc/topspin/go"
+	"github.com/topspin-rpc/topspin/go/topspin"
 	"github.com/topspin-rpc/topspin/go/wire"
 )
 

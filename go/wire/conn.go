@@ -139,7 +139,6 @@ type call struct {
 	headersOut bool
 	localDone  bool // client: half-closed; server: END queued
 	pend       []byte
-	pendEnd    bool   // client: END_STREAM on the pending message
 	queued     *Frame // HALF_CLOSE or END waiting behind the pending message
 }
 

@@ -210,7 +210,6 @@ func (cc *ClientConn) dialOnce(ctx context.Context, wait time.Duration) (*conn, 
 		_ = nc.Close()
 		return nil, err
 	}
-	c.onEvent = c.clientEvent
 	c.start()
 	select {
 	case <-c.established:
@@ -237,10 +236,7 @@ func (c *conn) clientEvent(ev *wire.Event) {
 		}
 	case wire.EvEnded:
 		if s != nil {
-			s.ended = true
-			s.status = &Status{Code: ev.Code, Message: ev.Text, Trailers: ev.Metadata}
-			s.notifyRead()
-			s.notifyWrite()
+			s.setEnd(ev.Code, ev.Text, ev.Metadata)
 		}
 		c.callEnded(ev.CallID)
 	}
@@ -266,15 +262,18 @@ func Trailer(md *Metadata) CallOption { return func(o *callOptions) { o.trailer 
 
 // ClientStream is one call seen from the client: Send, CloseSend, Recv.
 type ClientStream struct {
-	s    stream
-	ctx  context.Context
-	stop func() bool
-	opts callOptions
+	s       stream
+	ctx     context.Context
+	stop    func() bool
+	opts    callOptions
+	pending []byte // a first message that waits for send credit
+	pendEnd bool
 }
 
 // startCall starts a call, waiting for a connection and for room under the server's
-// MAX_CONCURRENT_CALLS, within ctx's deadline.
-func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method string) error {
+// MAX_CONCURRENT_CALLS, within ctx's deadline. With first != nil it sends that message
+// in the same write (last: it is the only one).
+func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method string, first []byte, last bool) error {
 	md := OutgoingMetadata(ctx)
 	for {
 		var timeoutUs uint64
@@ -295,15 +294,33 @@ func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method st
 		case err == nil:
 			cs.s.c, cs.s.id = c, id
 			c.streams[id] = &cs.s
-			c.mu.Unlock()
+			if first != nil {
+				err := c.eng.SendMessage(id, first, last)
+				switch {
+				case errors.Is(err, wire.ErrBlocked):
+					cs.pending, cs.pendEnd = first, last
+				case err != nil:
+					_ = c.eng.Cancel(id, Canceled)
+					c.callEnded(id)
+					c.flushLocked()
+					return StatusOf(err)
+				}
+			}
+			c.flushLocked()
 			return nil
 		case errors.Is(err, wire.ErrTooManyCalls):
 			slot := c.slot
+			c.slotWaiters++
 			c.mu.Unlock()
 			select {
 			case <-slot:
 			case <-c.done:
 			case <-ctx.Done():
+			}
+			c.mu.Lock()
+			c.slotWaiters--
+			c.mu.Unlock()
+			if ctx.Err() != nil {
 				return StatusOf(ctx.Err())
 			}
 		case errors.Is(err, wire.ErrConnClosed):
@@ -320,21 +337,17 @@ func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method st
 	}
 }
 
-func newStream() stream {
-	return stream{rnote: make(chan struct{}, 1), wnote: make(chan struct{}, 1)}
-}
-
 // NewStream starts a call of any kind; the caller sends with Send / SendMsg, ends its side
 // with CloseSend and reads with Recv / RecvMsg until io.EOF (OK) or a *Status error.
 func (cc *ClientConn) NewStream(ctx context.Context, method string, opts ...CallOption) (*ClientStream, error) {
-	cs := &ClientStream{s: newStream(), ctx: ctx}
+	cs := &ClientStream{ctx: ctx}
+	cs.s.init(make(chan struct{}, 1))
 	for _, o := range opts {
 		o(&cs.opts)
 	}
-	if err := cc.startCall(ctx, cs, method); err != nil {
+	if err := cc.startCall(ctx, cs, method, nil, false); err != nil {
 		return nil, err
 	}
-	cs.s.c.signal()
 	cs.stop = context.AfterFunc(ctx, func() { cs.cancel(ctx.Err()) })
 	return cs, nil
 }
@@ -349,10 +362,9 @@ func (cs *ClientStream) cancel(cause error) {
 	}
 	st := StatusOf(cause)
 	_ = c.eng.Cancel(cs.s.id, st.Code)
-	cs.s.ended, cs.s.status = true, st
+	cs.s.setEnd(st.Code, st.Message, nil)
 	c.callEnded(cs.s.id)
-	c.mu.Unlock()
-	c.signal()
+	c.flushLocked()
 }
 
 // CancelCall abandons the call: CANCEL CANCELLED goes to the server.
@@ -366,20 +378,65 @@ func (cs *ClientStream) send(msg []byte, last bool) error {
 			c.mu.Unlock()
 			return io.EOF
 		}
-		err := c.eng.SendMessage(cs.s.id, msg, last)
-		c.mu.Unlock()
-		if err == nil {
-			c.signal()
-			return nil
+		if cs.pending != nil {
+			if err := c.eng.SendMessage(cs.s.id, cs.pending, cs.pendEnd); err == nil {
+				cs.pending = nil
+			}
+		}
+		var err error
+		if cs.pending == nil {
+			err = c.eng.SendMessage(cs.s.id, msg, last)
+			if err == nil {
+				c.flushLocked()
+				return nil
+			}
+		} else {
+			err = wire.ErrBlocked
 		}
 		if !errors.Is(err, wire.ErrBlocked) {
+			c.mu.Unlock()
 			if errors.Is(err, wire.ErrCallClosed) || errors.Is(err, wire.ErrConnClosed) {
 				return io.EOF
 			}
 			return StatusOf(err)
 		}
+		wn := cs.s.writeNote()
+		c.mu.Unlock()
 		select {
-		case <-cs.s.wnote:
+		case <-wn:
+		case <-cs.ctx.Done():
+			cs.cancel(cs.ctx.Err())
+			return StatusOf(cs.ctx.Err())
+		}
+	}
+}
+
+// flushPending sends a first message that waited for credit (InvokeRaw).
+func (cs *ClientStream) flushPending() error {
+	if cs.pending == nil {
+		return nil
+	}
+	c := cs.s.c
+	for {
+		c.mu.Lock()
+		if cs.s.ended {
+			c.mu.Unlock()
+			return nil
+		}
+		err := c.eng.SendMessage(cs.s.id, cs.pending, cs.pendEnd)
+		if err == nil {
+			cs.pending = nil
+			c.flushLocked()
+			return nil
+		}
+		if !errors.Is(err, wire.ErrBlocked) {
+			c.mu.Unlock()
+			return StatusOf(err)
+		}
+		wn := cs.s.writeNote()
+		c.mu.Unlock()
+		select {
+		case <-wn:
 		case <-cs.ctx.Done():
 			cs.cancel(cs.ctx.Err())
 			return StatusOf(cs.ctx.Err())
@@ -405,8 +462,7 @@ func (cs *ClientStream) CloseSend() error {
 	c := cs.s.c
 	c.mu.Lock()
 	err := c.eng.HalfClose(cs.s.id)
-	c.mu.Unlock()
-	c.signal()
+	c.flushLocked()
 	if err != nil && !errors.Is(err, wire.ErrCallClosed) && !errors.Is(err, wire.ErrConnClosed) {
 		return StatusOf(err)
 	}
@@ -419,21 +475,25 @@ func (cs *ClientStream) Recv() ([]byte, error) {
 	for {
 		c.mu.Lock()
 		if msg, ok := cs.s.pop(); ok {
-			out := c.eng.HasOutput()
-			c.mu.Unlock()
-			if out {
-				c.signal()
+			if c.eng.HasOutput() {
+				c.flushLocked()
+			} else {
+				c.mu.Unlock()
 			}
 			return msg, nil
 		}
 		if cs.s.ended {
-			st := cs.s.status
+			code := cs.s.code
+			var err error
+			if code != OK {
+				err = cs.s.status()
+			}
 			c.mu.Unlock()
 			cs.finish()
-			if st.Code == OK {
+			if code == OK {
 				return nil, io.EOF
 			}
-			return nil, st
+			return nil, err
 		}
 		c.mu.Unlock()
 		select {
@@ -451,8 +511,8 @@ func (cs *ClientStream) finish() {
 	if cs.opts.header != nil {
 		*cs.opts.header = cs.s.headers
 	}
-	if cs.opts.trailer != nil && cs.s.status != nil {
-		*cs.opts.trailer = cs.s.status.Trailers
+	if cs.opts.trailer != nil {
+		*cs.opts.trailer = cs.s.trailers
 	}
 }
 
@@ -493,22 +553,45 @@ func (cs *ClientStream) Trailer() Metadata {
 	c := cs.s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cs.s.status == nil {
-		return nil
-	}
-	return cs.s.status.Trailers
+	return cs.s.trailers
 }
 
+var unaryPool = sync.Pool{New: func() any {
+	cs := new(ClientStream)
+	cs.s.init(make(chan struct{}, 1))
+	return cs
+}}
+
 // InvokeRaw makes a unary call with an encoded request and returns the encoded response.
+// req must not be changed until it returns.
 func (cc *ClientConn) InvokeRaw(ctx context.Context, method string, req []byte, opts ...CallOption) ([]byte, error) {
-	cs := ClientStream{s: newStream(), ctx: ctx}
+	cs := unaryPool.Get().(*ClientStream)
+	cs.ctx = ctx
 	for _, o := range opts {
 		o(&cs.opts)
 	}
-	if err := cc.startCall(ctx, &cs, method); err != nil {
+	resp, err := cc.invoke(cs, method, req)
+	// The call is over and forgotten by its connection: the stream can serve again.
+	rnote := cs.s.rnote
+	select {
+	case <-rnote:
+	default:
+	}
+	*cs = ClientStream{}
+	cs.s.init(rnote)
+	unaryPool.Put(cs)
+	return resp, err
+}
+
+func (cc *ClientConn) invoke(cs *ClientStream, method string, req []byte) ([]byte, error) {
+	if req == nil {
+		req = []byte{}
+	}
+	if err := cc.startCall(cs.ctx, cs, method, req, true); err != nil {
 		return nil, err
 	}
-	if err := cs.send(req, true); err != nil && err != io.EOF {
+	if err := cs.flushPending(); err != nil {
+		cs.cancel(err)
 		return nil, err
 	}
 	resp, err := cs.Recv()
@@ -521,6 +604,7 @@ func (cc *ClientConn) InvokeRaw(ctx context.Context, method string, req []byte, 
 	// The END follows; a unary call has exactly one response.
 	if _, err := cs.Recv(); err != io.EOF {
 		if err == nil {
+			cs.cancel(errors.New("more than one response"))
 			return nil, &Status{Code: Internal, Message: "unary call answered with more than one message"}
 		}
 		return nil, err

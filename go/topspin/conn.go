@@ -13,7 +13,9 @@ const readBufSize = 64 << 10
 
 var readBufPool = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
 
-// conn runs one connection: one reader and one writer goroutine around a wire.Conn.
+// conn runs one connection around a wire.Conn: one reader goroutine and one writer
+// goroutine. A caller that queues frames while nobody writes writes them itself (saving
+// a goroutine hop); whoever writes takes everything queued so far in one vectored write.
 type conn struct {
 	nc   net.Conn
 	mu   sync.Mutex
@@ -26,12 +28,20 @@ type conn struct {
 	closeOnce   sync.Once
 	finishing   bool // close once the output is flushed
 
-	streams map[uint32]*stream
-	// slot is closed and replaced when a call ends (wakes callers waiting for room).
-	slot chan struct{}
-	err  error // why the connection ended
+	writing bool        // a goroutine is writing (it owns wbufs, spare, wtmp)
+	wbufs   net.Buffers // reused list of slices to write
+	wtmp    net.Buffers // WriteTo consumes it; a field so that it does not escape
+	spare   []byte      // the small-frame buffer, back from the last write
 
-	onEvent func(ev *wire.Event) // role-specific events (under mu)
+	ev      wire.Event // the event being dispatched (a field: no allocation)
+	streams map[uint32]*stream
+	// slot is closed and replaced when a call ends while callers wait for room under
+	// the peer's MAX_CONCURRENT_CALLS.
+	slot        chan struct{}
+	slotWaiters int
+	err         error // why the connection ended
+
+	server  *Server // nil on a client
 	onClose func()
 }
 
@@ -51,7 +61,7 @@ func (c *conn) start() {
 	go c.readLoop()
 }
 
-// signal wakes the writer.
+// signal wakes the writer goroutine.
 func (c *conn) signal() {
 	select {
 	case c.wake <- struct{}{}:
@@ -60,8 +70,6 @@ func (c *conn) signal() {
 }
 
 func (c *conn) writeLoop() {
-	var bufs net.Buffers
-	var spare []byte
 	for {
 		select {
 		case <-c.wake:
@@ -69,26 +77,38 @@ func (c *conn) writeLoop() {
 			return
 		}
 		c.mu.Lock()
-		bufs, spare = c.eng.TakeOutput(bufs[:0], spare)
-		closing := c.eng.Closed() || c.finishing
+		c.flushLocked()
+	}
+}
+
+// flushLocked writes what the engine queued, unless another goroutine is writing (it
+// then writes this too). Called with mu held; returns with mu released.
+func (c *conn) flushLocked() {
+	if c.writing {
 		c.mu.Unlock()
-		if len(bufs) > 0 {
-			w := bufs
-			if _, err := w.WriteTo(c.nc); err != nil {
-				c.shutdown(err)
-				return
-			}
-			clear(bufs)
-		}
-		if closing {
-			c.mu.Lock()
-			more := c.eng.HasOutput()
+		return
+	}
+	c.writing = true
+	for {
+		c.wbufs, c.spare = c.eng.TakeOutput(c.wbufs[:0], c.spare)
+		if len(c.wbufs) == 0 {
+			c.writing = false
+			closing := c.eng.Closed() || c.finishing
 			c.mu.Unlock()
-			if more {
-				c.signal()
-				continue
+			if closing {
+				c.shutdown(nil)
 			}
-			c.shutdown(nil)
+			return
+		}
+		c.mu.Unlock()
+		c.wtmp = c.wbufs
+		_, err := c.wtmp.WriteTo(c.nc)
+		clear(c.wbufs)
+		c.mu.Lock()
+		if err != nil {
+			c.writing = false
+			c.mu.Unlock()
+			c.shutdown(err)
 			return
 		}
 	}
@@ -104,8 +124,11 @@ func (c *conn) readLoop() {
 			c.mu.Lock()
 			rerr := c.eng.Receive(buf[:n], time.Now())
 			c.drain()
+			wake := c.eng.HasOutput() || c.finishing
 			c.mu.Unlock()
-			c.signal()
+			if wake {
+				c.signal()
+			}
 			if rerr != nil {
 				return // the writer flushes ERROR and closes
 			}
@@ -120,10 +143,12 @@ func (c *conn) readLoop() {
 // drain dispatches the engine's events (under mu).
 func (c *conn) drain() {
 	for {
-		ev, ok := c.eng.PollEvent()
+		var ok bool
+		c.ev, ok = c.eng.PollEvent()
 		if !ok {
 			break
 		}
+		ev := &c.ev
 		switch ev.Type {
 		case wire.EvEstablished:
 			c.estOnce.Do(func() { close(c.established) })
@@ -136,19 +161,26 @@ func (c *conn) drain() {
 				c.err = ev.Err
 			}
 		default:
-			c.onEvent(&ev)
+			if c.server != nil {
+				c.server.serverEvent(c, ev)
+			} else {
+				c.clientEvent(ev)
+			}
 		}
 	}
+	c.ev = wire.Event{}
 	if c.eng.Closed() || (c.eng.GoingAway() && c.eng.OpenCalls() == 0) {
 		c.finishing = true
 	}
 }
 
-// callEnded wakes callers waiting for room under MAX_CONCURRENT_CALLS (under mu).
+// callEnded forgets a call and wakes callers waiting for room (under mu).
 func (c *conn) callEnded(id uint32) {
 	delete(c.streams, id)
-	close(c.slot)
-	c.slot = make(chan struct{})
+	if c.slotWaiters > 0 {
+		close(c.slot)
+		c.slot = make(chan struct{})
+	}
 	if c.eng.GoingAway() && c.eng.OpenCalls() == 0 {
 		c.finishing = true
 	}
@@ -177,21 +209,43 @@ func (c *conn) shutdown(err error) {
 
 var errConnClosed = errors.New("connection closed")
 
-// stream is one call's state, shared by client and server.
+// stream is one call's state, shared by client and server; guarded by its conn's mu.
 type stream struct {
-	c          *conn
-	id         uint32
-	recvq      [][]byte
-	costs      []uint32
-	head       int
-	rnote      chan struct{} // cap 1: a message or the end arrived
-	wnote      chan struct{} // cap 1: send credit came back
-	ended      bool          // the call is over (status set)
-	status     *Status
+	c     *conn
+	id    uint32
+	recvq [][]byte
+	costs []uint32
+	head  int
+	qbuf  [2][]byte // first backing array of recvq (no allocation for short calls)
+	cbuf  [2]uint32
+	rnote chan struct{} // cap 1: a message or the end arrived
+	wnote chan struct{} // cap 1, made on first use: send credit came back
+
+	ended    bool // the call is over; code, msg and trailers are its status
+	code     Code
+	msg      string
+	trailers Metadata
+
 	remoteDone bool // server: the client half-closed
 	headers    Metadata
 	gotHeaders bool
-	cancel     func() // server: cancels the handler's context
+	ss         *ServerStream // server: the stream's owner
+}
+
+func (s *stream) init(rnote chan struct{}) {
+	s.rnote = rnote
+	s.recvq, s.costs = s.qbuf[:0], s.cbuf[:0]
+}
+
+// status is the call's end as an error (nil for OK).
+func (s *stream) status() *Status {
+	return &Status{Code: s.code, Message: s.msg, Trailers: s.trailers}
+}
+
+func (s *stream) setEnd(code Code, msg string, trailers Metadata) {
+	s.ended, s.code, s.msg, s.trailers = true, code, msg, trailers
+	s.notifyRead()
+	s.notifyWrite()
 }
 
 func (s *stream) notifyRead() {
@@ -202,10 +256,21 @@ func (s *stream) notifyRead() {
 }
 
 func (s *stream) notifyWrite() {
+	if s.wnote == nil {
+		return
+	}
 	select {
 	case s.wnote <- struct{}{}:
 	default:
 	}
+}
+
+// writeNote returns the channel that says send credit came back (under mu).
+func (s *stream) writeNote() chan struct{} {
+	if s.wnote == nil {
+		s.wnote = make(chan struct{}, 1)
+	}
+	return s.wnote
 }
 
 // push queues a received message (under mu).

@@ -32,8 +32,6 @@ type Server struct {
 	conns     map[*conn]struct{}
 	stopping  bool
 	connWG    sync.WaitGroup
-	ctx       context.Context
-	cancelAll context.CancelFunc
 }
 
 // NewServer makes a server; register methods with Handle (or generated Register functions)
@@ -44,7 +42,6 @@ func NewServer(opts ...Option) *Server {
 	for _, o := range opts {
 		o(&s.opts)
 	}
-	s.ctx, s.cancelAll = context.WithCancel(context.Background())
 	return s
 }
 
@@ -114,7 +111,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	s.conns[c] = struct{}{}
 	s.connWG.Add(1)
 	s.mu.Unlock()
-	c.onEvent = func(ev *wire.Event) { s.serverEvent(c, ev) }
+	c.server = s
 	c.onClose = func() {
 		s.mu.Lock()
 		delete(s.conns, c)
@@ -167,7 +164,6 @@ func (s *Server) GracefulStop() {
 		c.signal()
 	}
 	s.connWG.Wait()
-	s.cancelAll()
 }
 
 // Stop closes every listener and connection at once; open calls fail.
@@ -182,23 +178,83 @@ func (s *Server) Stop() {
 		conns = append(conns, c)
 	}
 	s.mu.Unlock()
-	s.cancelAll()
 	for _, c := range conns {
 		c.shutdown(errors.New("server stopped"))
 	}
 	s.connWG.Wait()
 }
 
-// ServerStream is one call seen from the server.
+// ServerStream is one call seen from the server. It is also the handler's
+// context.Context: done when the client cancels, the deadline passes, the connection is
+// lost, the server stops or the handler returns.
 type ServerStream struct {
 	s       stream
-	ctx     context.Context
-	cancel  context.CancelFunc
 	method  string
 	md      Metadata
 	header  Metadata
 	hdrSet  bool
 	trailer Metadata
+
+	deadline time.Time
+	hasDL    bool
+	timer    *time.Timer
+	done     chan struct{} // made on first Done()
+	err      error         // the context's error once done
+}
+
+var _ context.Context = (*ServerStream)(nil)
+
+// Deadline implements context.Context: the call's deadline, if the client set one.
+func (ss *ServerStream) Deadline() (time.Time, bool) { return ss.deadline, ss.hasDL }
+
+// Done implements context.Context.
+func (ss *ServerStream) Done() <-chan struct{} {
+	c := ss.s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ss.done == nil {
+		ss.done = make(chan struct{})
+		if ss.err != nil {
+			close(ss.done)
+		}
+	}
+	return ss.done
+}
+
+// Err implements context.Context.
+func (ss *ServerStream) Err() error {
+	c := ss.s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return ss.err
+}
+
+// Value implements context.Context; ServerStreamFrom uses it.
+func (ss *ServerStream) Value(key any) any {
+	if key == (ctxStreamKey{}) {
+		return ss
+	}
+	return nil
+}
+
+// cancelLocked ends the context (under mu).
+func (ss *ServerStream) cancelLocked(err error) {
+	if ss.err != nil {
+		return
+	}
+	ss.err = err
+	if ss.done != nil {
+		close(ss.done)
+	}
+	if ss.timer != nil {
+		ss.timer.Stop()
+	}
+	ss.s.notifyRead()
+	ss.s.notifyWrite()
+}
+
+func (ss *ServerStream) deadlineFired() {
+	ss.endWith(DeadlineExceeded, "deadline exceeded", nil, context.DeadlineExceeded)
 }
 
 func (s *Server) serverEvent(c *conn, ev *wire.Event) {
@@ -217,15 +273,14 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 			_ = c.eng.EndCall(ev.CallID, Unimplemented, fmt.Sprintf("codec %d not supported by %s", ev.Codec, ev.Method), nil)
 			return
 		}
-		ss := &ServerStream{s: newStream(), method: ev.Method, md: ev.Metadata}
-		ss.s.c, ss.s.id = c, ev.CallID
+		ss := &ServerStream{method: ev.Method, md: ev.Metadata}
+		ss.s.init(make(chan struct{}, 1))
+		ss.s.c, ss.s.id, ss.s.ss = c, ev.CallID, ss
 		if ev.TimeoutUs > 0 {
-			ss.ctx, ss.cancel = context.WithDeadline(s.ctx, time.Now().Add(time.Duration(min(ev.TimeoutUs, 1<<62/1000))*time.Microsecond))
-		} else {
-			ss.ctx, ss.cancel = context.WithCancel(s.ctx)
+			d := time.Duration(min(ev.TimeoutUs, 1<<62/1000)) * time.Microsecond
+			ss.deadline, ss.hasDL = time.Now().Add(d), true
+			ss.timer = time.AfterFunc(d, ss.deadlineFired)
 		}
-		ss.ctx = context.WithValue(ss.ctx, ctxStreamKey{}, ss)
-		ss.s.cancel = ss.cancel
 		c.streams[ev.CallID] = &ss.s
 		go s.run(ss, entry.h)
 	case wire.EvMessage:
@@ -239,12 +294,9 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 		}
 	case wire.EvCancelled:
 		if st := c.streams[ev.CallID]; st != nil {
-			st.ended = true
-			st.status = &Status{Code: ev.Code, Message: ev.Text}
-			st.notifyRead()
-			st.notifyWrite()
-			if st.cancel != nil {
-				st.cancel()
+			st.ended, st.code, st.msg = true, ev.Code, ev.Text
+			if st.ss != nil {
+				st.ss.cancelLocked(context.Canceled)
 			}
 		}
 		c.callEnded(ev.CallID)
@@ -252,7 +304,6 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 }
 
 func (s *Server) run(ss *ServerStream, h Handler) {
-	stop := context.AfterFunc(ss.ctx, func() { ss.end(StatusOf(context.Cause(ss.ctx))) })
 	var err error
 	func() {
 		defer func() {
@@ -262,42 +313,44 @@ func (s *Server) run(ss *ServerStream, h Handler) {
 		}()
 		err = h(ss)
 	}()
-	stop()
 	if err == nil {
-		ss.end(&Status{Code: OK})
-	} else {
-		ss.end(StatusOf(err))
-	}
-	ss.cancel()
-}
-
-// end sends END with st if the call is still open.
-func (ss *ServerStream) end(st *Status) {
-	c := ss.s.c
-	c.mu.Lock()
-	if ss.s.ended {
-		c.mu.Unlock()
+		ss.endWith(OK, "", nil, context.Canceled)
 		return
 	}
+	st := StatusOf(err)
+	ss.endWith(st.Code, st.Message, st.Trailers, context.Canceled)
+}
+
+// endWith sends END (if the call is still open) and ends the context with cause.
+func (ss *ServerStream) endWith(code Code, msg string, trailers Metadata, cause error) {
+	c := ss.s.c
+	c.mu.Lock()
+	ss.endLocked(code, msg, trailers)
+	ss.cancelLocked(cause)
+	c.flushLocked()
+}
+
+// endLocked queues END if the call is still open (under mu).
+func (ss *ServerStream) endLocked(code Code, msg string, trailers Metadata) {
+	if ss.s.ended {
+		return
+	}
+	c := ss.s.c
 	if ss.hdrSet {
 		_ = c.eng.SendHeaders(ss.s.id, ss.header)
 		ss.hdrSet = false
 	}
-	trailers := ss.trailer
-	if st.Trailers != nil {
-		trailers = append(trailers[:len(trailers):len(trailers)], st.Trailers...)
+	all := ss.trailer
+	if len(trailers) > 0 {
+		all = append(all[:len(all):len(all)], trailers...)
 	}
-	_ = c.eng.EndCall(ss.s.id, st.Code, st.Message, trailers)
-	ss.s.ended = true
-	ss.s.status = st
+	_ = c.eng.EndCall(ss.s.id, code, msg, all)
+	ss.s.ended, ss.s.code, ss.s.msg = true, code, msg
 	c.callEnded(ss.s.id)
-	c.mu.Unlock()
-	c.signal()
 }
 
-// Context is the call's context: cancelled when the client cancels, the deadline passes,
-// the connection is lost or the handler returns.
-func (ss *ServerStream) Context() context.Context { return ss.ctx }
+// Context is the call's context (the ServerStream itself).
+func (ss *ServerStream) Context() context.Context { return ss }
 
 // Method is the full method name, "/package.Service/Method".
 func (ss *ServerStream) Method() string { return ss.method }
@@ -305,7 +358,7 @@ func (ss *ServerStream) Method() string { return ss.method }
 // Metadata is the request metadata.
 func (ss *ServerStream) Metadata() Metadata { return ss.md }
 
-// SetHeader sets the response headers, sent before the first message (or with the end).
+// SetHeader adds response headers, sent before the first message (or with the end).
 func (ss *ServerStream) SetHeader(md Metadata) {
 	c := ss.s.c
 	c.mu.Lock()
@@ -323,13 +376,16 @@ func (ss *ServerStream) SetTrailer(md Metadata) {
 }
 
 // Send sends one message. msg must not be changed afterwards.
-func (ss *ServerStream) Send(msg []byte) error {
+func (ss *ServerStream) Send(msg []byte) error { return ss.send(msg, false) }
+
+// send queues msg; with end, END OK follows in the same write (unary answers).
+func (ss *ServerStream) send(msg []byte, end bool) error {
 	c := ss.s.c
 	for {
 		c.mu.Lock()
 		if ss.s.ended {
 			c.mu.Unlock()
-			return ss.s.status
+			return ss.s.status()
 		}
 		if ss.hdrSet {
 			if err := c.eng.SendHeaders(ss.s.id, ss.header); err != nil {
@@ -339,19 +395,25 @@ func (ss *ServerStream) Send(msg []byte) error {
 			ss.hdrSet = false
 		}
 		err := c.eng.SendMessage(ss.s.id, msg, false)
-		c.mu.Unlock()
 		if err == nil {
-			c.signal()
+			if end {
+				ss.endLocked(OK, "", nil)
+				ss.cancelLocked(context.Canceled)
+			}
+			c.flushLocked()
 			return nil
 		}
 		if !errors.Is(err, wire.ErrBlocked) {
+			c.mu.Unlock()
 			return StatusOf(err)
 		}
-		select {
-		case <-ss.s.wnote:
-		case <-ss.ctx.Done():
-			return StatusOf(ss.ctx.Err())
+		wn := ss.s.writeNote()
+		if ss.err != nil {
+			c.mu.Unlock()
+			return StatusOf(ss.err)
 		}
+		c.mu.Unlock()
+		<-wn // credit came back, or the call ended (cancelLocked notifies)
 	}
 }
 
@@ -382,16 +444,16 @@ func (ss *ServerStream) Recv() ([]byte, error) {
 			return nil, io.EOF
 		}
 		if ss.s.ended {
-			st := ss.s.status
+			st := ss.s.status()
 			c.mu.Unlock()
 			return nil, st
 		}
-		c.mu.Unlock()
-		select {
-		case <-ss.s.rnote:
-		case <-ss.ctx.Done():
-			return nil, StatusOf(ss.ctx.Err())
+		if ss.err != nil {
+			c.mu.Unlock()
+			return nil, StatusOf(ss.err)
 		}
+		c.mu.Unlock()
+		<-ss.s.rnote // a message, the half-close, or the end (cancelLocked notifies)
 	}
 }
 
@@ -432,11 +494,11 @@ func UnaryRaw(fn func(ctx context.Context, md Metadata, req []byte) ([]byte, err
 		if err != nil {
 			return err
 		}
-		resp, err := fn(ss.ctx, ss.md, req)
+		resp, err := fn(ss, ss.md, req)
 		if err != nil {
 			return err
 		}
-		return ss.Send(resp)
+		return ss.send(resp, true)
 	}
 }
 
@@ -454,11 +516,15 @@ func Unary[Req any, PReq interface {
 		if err := proto.Unmarshal(b, req); err != nil {
 			return &Status{Code: InvalidArgument, Message: "unmarshal: " + err.Error()}
 		}
-		resp, err := fn(ss.ctx, req)
+		resp, err := fn(ss, req)
 		if err != nil {
 			return err
 		}
-		return ss.SendMsg(resp)
+		b, err = proto.Marshal(resp)
+		if err != nil {
+			return &Status{Code: Internal, Message: "marshal: " + err.Error()}
+		}
+		return ss.send(b, true)
 	}
 }
 

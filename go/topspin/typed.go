@@ -41,25 +41,29 @@ func ServerStreaming[Req any, PReq Msg[Req], Resp any](fn func(ctx context.Conte
 		if err := proto.Unmarshal(b, req); err != nil {
 			return &Status{Code: InvalidArgument, Message: "unmarshal: " + err.Error()}
 		}
-		return fn(ss.ctx, req, ServerStreamOf[Req, Resp]{ss})
+		return fn(ss, req, ServerStreamOf[Req, Resp]{ss})
 	}
 }
 
 // ClientStreaming adapts a typed client-streaming method to a Handler.
 func ClientStreaming[Req, Resp any, PResp Msg[Resp]](fn func(ctx context.Context, stream ServerStreamOf[Req, Resp]) (PResp, error)) Handler {
 	return func(ss *ServerStream) error {
-		resp, err := fn(ss.ctx, ServerStreamOf[Req, Resp]{ss})
+		resp, err := fn(ss, ServerStreamOf[Req, Resp]{ss})
 		if err != nil {
 			return err
 		}
-		return ss.SendMsg(resp)
+		b, err := proto.Marshal(resp)
+		if err != nil {
+			return &Status{Code: Internal, Message: "marshal: " + err.Error()}
+		}
+		return ss.send(b, true)
 	}
 }
 
 // BidiStreaming adapts a typed bidirectional method to a Handler.
 func BidiStreaming[Req, Resp any](fn func(ctx context.Context, stream ServerStreamOf[Req, Resp]) error) Handler {
 	return func(ss *ServerStream) error {
-		return fn(ss.ctx, ServerStreamOf[Req, Resp]{ss})
+		return fn(ss, ServerStreamOf[Req, Resp]{ss})
 	}
 }
 

@@ -159,6 +159,7 @@ type Conn struct {
 	evHead int
 
 	calls    map[uint32]*call
+	free     []*call
 	open     int
 	highest  uint32
 	methods  map[uint16]string // server: bound ids
@@ -377,17 +378,19 @@ func (c *Conn) closeCalls(code Code, msg string) {
 		c.endCall(c.calls[id], code, msg, nil)
 	}
 	clear(c.calls)
+	c.free = nil
 	c.open = 0
 }
 
 // endCall closes a call and reports it (Ended on a client, Cancelled on a server).
 func (c *Conn) endCall(cl *call, code Code, msg string, trailers Metadata) {
+	id := cl.id
 	c.closeCall(cl)
 	t := EvEnded
 	if c.role == Server {
 		t = EvCancelled
 	}
-	c.emit(Event{Type: t, CallID: cl.id, Code: code, Text: msg, Metadata: trailers})
+	c.emit(Event{Type: t, CallID: id, Code: code, Text: msg, Metadata: trailers})
 }
 
 func (c *Conn) closeCall(cl *call) {
@@ -397,7 +400,31 @@ func (c *Conn) closeCall(cl *call) {
 	}
 	cl.split = nil
 	if cl.pend == nil && cl.queued == nil {
-		delete(c.calls, cl.id)
+		c.release(cl)
+	}
+}
+
+// newCall makes an open call, reusing a released one.
+func (c *Conn) newCall(id uint32) *call {
+	var cl *call
+	if n := len(c.free); n > 0 {
+		cl = c.free[n-1]
+		c.free = c.free[:n-1]
+	} else {
+		cl = new(call)
+	}
+	*cl = call{id: id, open: true, recvCredit: int64(c.local.InitialCallWindow),
+		sendCredit: int64(c.peer.InitialCallWindow)}
+	c.calls[id] = cl
+	c.open++
+	return cl
+}
+
+// release forgets a call that is over and keeps its memory for the next one.
+func (c *Conn) release(cl *call) {
+	delete(c.calls, cl.id)
+	if len(c.free) < 64 {
+		c.free = append(c.free, cl)
 	}
 }
 
@@ -585,10 +612,7 @@ func (c *Conn) handleCall(f *Frame, now time.Time) *Error {
 		refuse("too many concurrent calls")
 		return nil
 	}
-	cl := &call{id: f.CallID, open: true, recvCredit: int64(c.local.InitialCallWindow),
-		sendCredit: int64(c.peer.InitialCallWindow)}
-	c.calls[cl.id] = cl
-	c.open++
+	cl := c.newCall(f.CallID)
 	c.emit(Event{Type: EvCallStarted, CallID: cl.id, Method: method, Codec: f.Codec,
 		TimeoutUs: f.TimeoutUs, Metadata: f.Metadata})
 	if c.local.InitialCallWindow == 0 {
@@ -762,7 +786,7 @@ func (c *Conn) pump(cl *call) {
 		cl.queued = nil
 	}
 	if cl.pend == nil && cl.queued == nil && !cl.open {
-		delete(c.calls, cl.id)
+		c.release(cl)
 	}
 }
 
@@ -822,10 +846,7 @@ func (c *Conn) StartCall(method string, codec uint8, timeoutUs uint64, md Metada
 	}
 	c.highest++
 	f.CallID = c.highest
-	cl := &call{id: f.CallID, open: true, recvCredit: int64(c.local.InitialCallWindow),
-		sendCredit: int64(c.peer.InitialCallWindow)}
-	c.calls[cl.id] = cl
-	c.open++
+	cl := c.newCall(f.CallID)
 	c.frame(&f)
 	if c.local.InitialCallWindow == 0 {
 		c.grant(cl, 1)
@@ -920,12 +941,11 @@ func (c *Conn) HalfClose(id uint32) error {
 		return ErrWrongSide
 	}
 	cl.localDone = true
-	f := &Frame{Type: TypeHalfClose, CallID: id}
 	if cl.pend != nil {
-		cl.queued = f
+		cl.queued = &Frame{Type: TypeHalfClose, CallID: id}
 		return nil
 	}
-	c.frame(f)
+	c.frame(&Frame{Type: TypeHalfClose, CallID: id})
 	return nil
 }
 
@@ -957,12 +977,13 @@ func (c *Conn) EndCall(id uint32, code Code, msg string, trailers Metadata) erro
 	if trailers == nil {
 		trailers = Metadata{}
 	}
-	f := &Frame{Type: TypeEnd, CallID: id, Code: uint16(code), Message: msg, Metadata: trailers}
+	f := Frame{Type: TypeEnd, CallID: id, Code: uint16(code), Message: msg, Metadata: trailers}
 	cl.answered, cl.localDone = true, true
 	if cl.pend != nil {
-		cl.queued = f
+		q := f
+		cl.queued = &q
 	} else {
-		c.frame(f)
+		c.frame(&f)
 	}
 	c.closeCall(cl)
 	return nil

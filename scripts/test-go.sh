@@ -11,9 +11,14 @@ ROOT="$PWD"
 step() { printf '\n== go: %s\n' "$*"; }
 
 step "Rust peers for interop (kvstore-server, kvstore-client, topspin CLI)"
-cargo build -q -p kvstore --bin kvstore-server --bin kvstore-client -p topspin-cli
-BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug"
-export KVSTORE_SERVER="$BIN/kvstore-server" KVSTORE_CLIENT="$BIN/kvstore-client" TOPSPIN_CLI="$BIN/topspin"
+# Prebuilt peers can be given through KVSTORE_SERVER, KVSTORE_CLIENT and TOPSPIN_CLI.
+if [ -x "${KVSTORE_SERVER:-}" ] && [ -x "${KVSTORE_CLIENT:-}" ] && [ -x "${TOPSPIN_CLI:-}" ]; then
+  echo "using $KVSTORE_SERVER, $KVSTORE_CLIENT, $TOPSPIN_CLI"
+else
+  cargo build -q -p kvstore --bin kvstore-server --bin kvstore-client -p topspin-cli
+  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug"
+  export KVSTORE_SERVER="$BIN/kvstore-server" KVSTORE_CLIENT="$BIN/kvstore-client" TOPSPIN_CLI="$BIN/topspin"
+fi
 export KV_PROTO_DIR="$ROOT/examples/kvstore/proto" TOPSPIN_INTEROP=1
 
 cd go

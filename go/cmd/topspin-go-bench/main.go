@@ -277,7 +277,6 @@ func cpuTime() time.Duration {
 type result struct {
 	median, p99, cpu time.Duration
 	rate             float64
-	allocs           float64
 }
 
 func latency(s system, size, iters int) (result, error) {

@@ -29,6 +29,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
+	work      chan job
 	conns     map[*conn]struct{}
 	stopping  bool
 	connWG    sync.WaitGroup
@@ -38,7 +39,8 @@ type Server struct {
 // before Serve.
 func NewServer(opts ...Option) *Server {
 	s := &Server{opts: defaultOptions(), handlers: make(map[string]handlerEntry),
-		listeners: make(map[net.Listener]struct{}), conns: make(map[*conn]struct{})}
+		listeners: make(map[net.Listener]struct{}), conns: make(map[*conn]struct{}),
+		work: make(chan job)}
 	for _, o := range opts {
 		o(&s.opts)
 	}
@@ -282,7 +284,11 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 			ss.timer = time.AfterFunc(d, ss.deadlineFired)
 		}
 		c.streams[ev.CallID] = &ss.s
-		go s.run(ss, entry.h)
+		select {
+		case s.work <- job{ss, entry.h}: // an idle worker takes it
+		default:
+			go s.worker(job{ss, entry.h})
+		}
 	case wire.EvMessage:
 		if st := c.streams[ev.CallID]; st != nil {
 			st.push(ev.Message, ev.Cost)
@@ -300,6 +306,35 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 			}
 		}
 		c.callEnded(ev.CallID)
+	}
+}
+
+// job is a call for a worker goroutine.
+type job struct {
+	ss *ServerStream
+	h  Handler
+}
+
+// workerIdle is how long a worker goroutine waits for the next call before it exits.
+const workerIdle = 5 * time.Second
+
+// worker runs calls' handlers, one after the other, and waits a while for more: reusing
+// a goroutine (and its grown stack) is cheaper than starting one per call.
+func (s *Server) worker(j job) {
+	var idle *time.Timer
+	for {
+		s.run(j.ss, j.h)
+		if idle == nil {
+			idle = time.NewTimer(workerIdle)
+		} else {
+			idle.Reset(workerIdle)
+		}
+		select {
+		case j = <-s.work:
+			idle.Stop()
+		case <-idle.C:
+			return
+		}
 	}
 }
 

@@ -541,7 +541,13 @@ func (cs *ClientStream) Header() (Metadata, error) {
 		c.mu.Unlock()
 		select {
 		case <-cs.s.rnote:
-			cs.s.notifyRead() // keep the note for Recv
+			// The note may be a stale one (a message Recv took without waiting): check
+			// again, and hand it on to Recv only if something did arrive.
+			c.mu.Lock()
+			if cs.s.gotHeaders || cs.s.head < len(cs.s.recvq) || cs.s.ended {
+				cs.s.notifyRead()
+			}
+			c.mu.Unlock()
 		case <-cs.ctx.Done():
 			return nil, StatusOf(cs.ctx.Err())
 		}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -404,5 +405,42 @@ func TestHandshakeTimeout(t *testing.T) {
 	}
 	if !bytes.Contains(all, []byte{0x0c, 0, 0, 0, 0, 0, 0, 0, byte(wire.Timeout), 0}) {
 		t.Fatalf("no ERROR TIMEOUT in %x", all)
+	}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// Regression: Header() after Recv had taken a message without waiting (its wake-up note
+// still set) and before any HEADERS spun on that note instead of waiting.
+func TestHeaderWaitsWithoutSpinning(t *testing.T) {
+	_, target := testServer(t, "tcp")
+	cc := dial(t, target)
+	cs, err := cc.NewStream(ctx10(t), "/t.S/Bidi", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.Send([]byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the answer arrives before Recv waits
+	if _, err := cs.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_, _ = cs.Header() // the server sends no HEADERS: waits for the end
+		close(done)
+	}()
+	start := cpuTime()
+	time.Sleep(300 * time.Millisecond)
+	used := cpuTime() - start
+	_ = cs.CloseSend()
+	<-done
+	if used > 150*time.Millisecond {
+		t.Fatalf("Header() burned %v of CPU in 300 ms while waiting", used)
 	}
 }

@@ -15,7 +15,7 @@ step "Rust peers for interop (kvstore-server, kvstore-client, topspin CLI)"
 if [ -x "${KVSTORE_SERVER:-}" ] && [ -x "${KVSTORE_CLIENT:-}" ] && [ -x "${TOPSPIN_CLI:-}" ]; then
   echo "using $KVSTORE_SERVER, $KVSTORE_CLIENT, $TOPSPIN_CLI"
 else
-  cargo build -q -p kvstore --bin kvstore-server --bin kvstore-client -p topspin-cli
+  cargo build -q -p kvstore -p topspin-cli --bin kvstore-server --bin kvstore-client --bin topspin
   BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug"
   export KVSTORE_SERVER="$BIN/kvstore-server" KVSTORE_CLIENT="$BIN/kvstore-client" TOPSPIN_CLI="$BIN/topspin"
 fi
@@ -43,4 +43,4 @@ go test ./wire -run '^$' -fuzz '^FuzzDecode$' -fuzztime 15s
 go test ./wire -run '^$' -fuzz '^FuzzConn$' -fuzztime 15s
 step "bench smoke run (every system returns correct data; no timings)"
 go run ./cmd/topspin-go-bench -smoke
-step "go: all tests passed"
+step "all tests passed"

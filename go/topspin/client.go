@@ -306,7 +306,7 @@ func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method st
 					return StatusOf(err)
 				}
 			}
-			c.flushLocked()
+			c.sendLocked()
 			return nil
 		case errors.Is(err, wire.ErrTooManyCalls):
 			slot := c.slot
@@ -387,7 +387,7 @@ func (cs *ClientStream) send(msg []byte, last bool) error {
 		if cs.pending == nil {
 			err = c.eng.SendMessage(cs.s.id, msg, last)
 			if err == nil {
-				c.flushLocked()
+				c.sendLocked()
 				return nil
 			}
 		} else {

@@ -114,6 +114,18 @@ func (c *conn) flushLocked() {
 	}
 }
 
+// sendLocked gets queued frames written: by this goroutine when the connection is quiet
+// (one hop less), by the writer goroutine when other calls are in flight (it then
+// writes the frames of many calls at once). Called with mu held; returns with it released.
+func (c *conn) sendLocked() {
+	if c.writing || c.eng.OpenCalls() > 1 {
+		c.mu.Unlock()
+		c.signal()
+		return
+	}
+	c.flushLocked()
+}
+
 func (c *conn) readLoop() {
 	bp := readBufPool.Get().(*[]byte)
 	defer readBufPool.Put(bp)

@@ -362,7 +362,7 @@ func (ss *ServerStream) endWith(code Code, msg string, trailers Metadata, cause 
 	c.mu.Lock()
 	ss.endLocked(code, msg, trailers)
 	ss.cancelLocked(cause)
-	c.flushLocked()
+	c.sendLocked()
 }
 
 // endLocked queues END if the call is still open (under mu).
@@ -435,7 +435,7 @@ func (ss *ServerStream) send(msg []byte, end bool) error {
 				ss.endLocked(OK, "", nil)
 				ss.cancelLocked(context.Canceled)
 			}
-			c.flushLocked()
+			c.sendLocked()
 			return nil
 		}
 		if !errors.Is(err, wire.ErrBlocked) {

@@ -6,9 +6,11 @@ require (
 	github.com/bufbuild/protocompile v0.14.1
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
+	storj.io/drpc v1.0.0
 )
 
 require (
+	github.com/zeebo/errs v1.2.2 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect

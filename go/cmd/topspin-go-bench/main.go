@@ -1,5 +1,5 @@
-// Command topspin-go-bench measures topspin-go against a raw Go socket echo (the floor) and
-// grpc-go, over loopback TCP, client and server in this process:
+// Command topspin-go-bench measures topspin-go against a raw Go socket echo (the floor),
+// grpc-go and DRPC (storj.io/drpc), over loopback TCP, client and server in this process:
 //
 //	go run ./cmd/topspin-go-bench            # full run (about a minute)
 //	go run ./cmd/topspin-go-bench -quick     # fewer iterations
@@ -32,6 +32,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
+	"storj.io/drpc"
+	"storj.io/drpc/drpcconn"
+	"storj.io/drpc/drpcmux"
+	"storj.io/drpc/drpcserver"
 )
 
 // system is one RPC system under test: a connected client making echo calls.
@@ -255,6 +259,91 @@ func (s *grpcSystem) close() {
 	s.srv.Stop()
 }
 
+// ---- DRPC (storj.io/drpc): one call at a time per connection, so callers share a
+// connection under a lock, like raw ----
+
+type drpcRaw struct{}
+
+func (drpcRaw) Marshal(msg drpc.Message) ([]byte, error) { return *(msg.(*[]byte)), nil }
+func (drpcRaw) Unmarshal(buf []byte, msg drpc.Message) error {
+	*(msg.(*[]byte)) = append([]byte(nil), buf...)
+	return nil
+}
+
+type drpcEcho struct{}
+
+func (*drpcEcho) Echo(_ context.Context, in *[]byte) (*[]byte, error) {
+	if len(*in) == 0 {
+		a := answer
+		return &a, nil
+	}
+	return in, nil
+}
+
+type drpcDesc struct{}
+
+func (drpcDesc) NumMethods() int { return 1 }
+func (drpcDesc) Method(n int) (string, drpc.Encoding, drpc.Receiver, any, bool) {
+	if n != 0 {
+		return "", nil, nil, nil, false
+	}
+	return "/bench.Echo/Echo", drpcRaw{}, func(srv any, ctx context.Context, in1, _ any) (drpc.Message, error) {
+		return srv.(*drpcEcho).Echo(ctx, in1.(*[]byte))
+	}, (*drpcEcho).Echo, true
+}
+
+type drpcSystem struct {
+	l      net.Listener
+	cancel context.CancelFunc
+	conns  []*drpcConn
+}
+
+type drpcConn struct {
+	mu sync.Mutex
+	c  *drpcconn.Conn
+}
+
+func newDRPC(conns int) (*drpcSystem, error) {
+	mux := drpcmux.New()
+	if err := mux.Register(&drpcEcho{}, drpcDesc{}); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _ = drpcserver.New(mux).Serve(ctx, l) }()
+	s := &drpcSystem{l: l, cancel: cancel}
+	for i := 0; i < conns; i++ {
+		nc, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			return nil, err
+		}
+		s.conns = append(s.conns, &drpcConn{c: drpcconn.New(nc)})
+	}
+	return s, nil
+}
+
+func (s *drpcSystem) name() string { return "drpc" }
+
+func (s *drpcSystem) call(i int, req []byte) ([]byte, error) {
+	c := s.conns[i%len(s.conns)]
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []byte
+	err := c.c.Invoke(context.Background(), "/bench.Echo/Echo", drpcRaw{}, &req, &out)
+	return out, err
+}
+
+func (s *drpcSystem) close() {
+	for _, c := range s.conns {
+		_ = c.c.Close()
+	}
+	s.cancel()
+	_ = s.l.Close()
+}
+
 // ---- measurement ----
 
 type factory struct {
@@ -266,6 +355,7 @@ var factories = []factory{
 	{"raw Go socket", func(n int) (system, error) { return newRaw(n) }},
 	{"topspin-go", func(n int) (system, error) { return newTopspin(n) }},
 	{"grpc-go", func(n int) (system, error) { return newGRPC(n) }},
+	{"drpc", func(n int) (system, error) { return newDRPC(n) }},
 }
 
 func cpuTime() time.Duration {
@@ -428,18 +518,19 @@ func main() {
 	}
 	fmt.Printf("GOMAXPROCS=%d, %s, loopback TCP, client and server in one process (CPU = both)\n", runtime.GOMAXPROCS(0), runtime.Version())
 	for _, w := range workloads {
-		fmt.Printf("\n%s\n%-14s %10s %10s %12s %9s\n", w.title, "system", "median µs", "p99 µs", "CPU µs/call", "vs raw")
-		var floor time.Duration
+		fmt.Printf("\n%s\n%-14s %10s %10s %12s %9s %9s\n", w.title, "system", "median µs", "p99 µs", "CPU µs/call", "vs raw", "vs grpc")
+		rs := make([]result, len(systems))
 		for i, s := range systems {
 			r, err := latency(s, w.size, w.iters)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(1)
 			}
-			if i == 0 {
-				floor = r.median
-			}
-			fmt.Printf("%-14s %10s %10s %12s %8.2fx\n", s.name(), us(r.median), us(r.p99), us(r.cpu), float64(r.median)/float64(floor))
+			rs[i] = r
+		}
+		for i, r := range rs {
+			fmt.Printf("%-14s %10s %10s %12s %8.2fx %8.2fx\n", systems[i].name(), us(r.median), us(r.p99), us(r.cpu),
+				float64(r.median)/float64(rs[0].median), float64(r.median)/float64(rs[2].median))
 		}
 	}
 	fmt.Printf("\nallocations per 20 B echo call (client + server)\n")
@@ -455,24 +546,23 @@ func main() {
 		s.close()
 	}
 	for _, tc := range []struct{ conns, inflight int }{{1, 64}, {4, 64}} {
-		fmt.Printf("\nthroughput, %d×%d in flight, 20 B echo\n%-14s %12s %12s %9s\n", tc.conns, tc.inflight, "system", "calls/s", "CPU µs/call", "vs raw")
-		var floor float64
+		fmt.Printf("\nthroughput, %d×%d in flight, 20 B echo\n%-14s %12s %12s %9s %9s\n", tc.conns, tc.inflight, "system", "calls/s", "CPU µs/call", "vs raw", "vs grpc")
+		rs := make([]result, len(factories))
 		for i, f := range factories {
 			s, err := f.make(tc.conns)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(1)
 			}
-			r, err := throughput(s, tc.conns, tc.inflight, dur)
+			rs[i], err = throughput(s, tc.conns, tc.inflight, dur)
 			s.close()
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(1)
 			}
-			if i == 0 {
-				floor = r.rate
-			}
-			fmt.Printf("%-14s %12.0f %12s %8.2fx\n", f.name, r.rate, us(r.cpu), r.rate/floor)
+		}
+		for i, r := range rs {
+			fmt.Printf("%-14s %12.0f %12s %8.2fx %8.2fx\n", factories[i].name, r.rate, us(r.cpu), r.rate/rs[0].rate, r.rate/rs[2].rate)
 		}
 	}
 }

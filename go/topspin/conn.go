@@ -131,10 +131,26 @@ func (c *conn) readLoop() {
 	defer readBufPool.Put(bp)
 	buf := *bp
 	for {
-		n, err := c.nc.Read(buf)
+		// A large incomplete frame is read straight into the engine's buffer (only this
+		// goroutine touches it).
+		c.mu.Lock()
+		space := c.eng.PendingSpace()
+		c.mu.Unlock()
+		var n int
+		var err error
+		if space != nil {
+			n, err = c.nc.Read(space)
+		} else {
+			n, err = c.nc.Read(buf)
+		}
 		if n > 0 {
 			c.mu.Lock()
-			rerr := c.eng.Receive(buf[:n], time.Now())
+			var rerr error
+			if space != nil {
+				rerr = c.eng.ReceiveInPlace(n, time.Now())
+			} else {
+				rerr = c.eng.Receive(buf[:n], time.Now())
+			}
 			c.drain()
 			wake := c.eng.HasOutput() || c.finishing
 			c.mu.Unlock()

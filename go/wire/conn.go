@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -151,12 +152,14 @@ type Conn struct {
 	st     state
 	err    *Error
 
-	in     []byte
-	out    []byte // backing buffer of small frames
-	segAt  int    // start of the current small segment in out
-	segs   [][]byte
-	events []Event
-	evHead int
+	in       []byte
+	fromIn   bool   // the frames being processed are in c.in
+	detached bool   // a message was handed out from c.in's memory
+	out      []byte // backing buffer of small frames
+	segAt    int    // start of the current small segment in out
+	segs     [][]byte
+	events   []Event
+	evHead   int
 
 	calls    map[uint32]*call
 	free     []*call
@@ -296,17 +299,65 @@ func (c *Conn) Receive(data []byte, now time.Time) error {
 		c.in = append(c.in, data...)
 		buf = c.in
 	}
+	return c.receive(buf, len(c.in) > 0, now)
+}
+
+// PendingSpace is room in the engine's own input buffer while a large frame is incomplete
+// (nil otherwise): a reader can read into it directly and report the count with
+// ReceiveInPlace, saving a copy. Only the goroutine that calls Receive may use it.
+func (c *Conn) PendingSpace() []byte {
+	if c.st == stClosed || len(c.in) == 0 || cap(c.in)-len(c.in) < 64<<10 {
+		return nil
+	}
+	return c.in[len(c.in):cap(c.in)]
+}
+
+// ReceiveInPlace is Receive for n bytes read into PendingSpace.
+func (c *Conn) ReceiveInPlace(n int, now time.Time) error {
+	if c.st == stClosed {
+		if c.err != nil {
+			return c.err
+		}
+		return ErrConnClosed
+	}
+	if n < 0 || len(c.in)+n > cap(c.in) {
+		return errors.New("topspin: ReceiveInPlace past PendingSpace")
+	}
+	c.in = c.in[:len(c.in)+n]
+	return c.receive(c.in, true, now)
+}
+
+func (c *Conn) receive(buf []byte, fromIn bool, now time.Time) error {
+	c.fromIn, c.detached = fromIn, false
 	n, err := c.process(buf, now)
 	rest := buf[n:]
-	if len(c.in) > 0 {
-		m := copy(c.in, rest)
-		c.in = c.in[:m]
-	} else if len(rest) > 0 {
-		c.in = append(c.in, rest...)
+	if c.detached { // parts of c.in were handed to the application as messages
+		c.in = nil
 	}
+	// Keep what is left of an incomplete frame. Once its header is in, the buffer is made
+	// as large as the frame at once (the header was checked against MAX_FRAME_SIZE), so
+	// a large frame is not copied again at every doubling; a large buffer is let go once
+	// it is no longer needed.
 	if err != nil {
 		c.in = nil
 		return err
+	}
+	need := len(rest)
+	if (c.st == stSettings || c.st == stOpen) && len(rest) >= HeaderLen {
+		need = HeaderLen + int(binary.LittleEndian.Uint32(rest))
+	}
+	switch {
+	case len(rest) == 0 && cap(c.in) > 4<<20:
+		c.in = nil
+	case cap(c.in) >= need:
+		m := copy(c.in[:cap(c.in)], rest)
+		c.in = c.in[:m]
+	case len(rest) > 0:
+		in := make([]byte, len(rest), max(need, 4096))
+		copy(in, rest)
+		c.in = in
+	default:
+		c.in = c.in[:0]
 	}
 	return nil
 }
@@ -649,8 +700,15 @@ func (c *Conn) message(cl *call, f *Frame) *Error {
 		return nil
 	}
 	if !f.Split() {
-		msg := make([]byte, len(f.Chunk))
-		copy(msg, f.Chunk)
+		var msg []byte
+		if c.fromIn && len(f.Chunk) >= 64<<10 {
+			// A large frame assembled in c.in: hand its memory over instead of copying.
+			msg = f.Chunk[:len(f.Chunk):len(f.Chunk)]
+			c.detached = true
+		} else {
+			msg = make([]byte, len(f.Chunk))
+			copy(msg, f.Chunk)
+		}
 		c.emit(Event{Type: EvMessage, CallID: cl.id, Message: msg, Cost: uint32(cost)})
 		if f.EndStream() {
 			cl.remoteDone = true

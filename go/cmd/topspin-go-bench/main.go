@@ -369,7 +369,9 @@ type result struct {
 	rate             float64
 }
 
-func latency(s system, size, iters int) (result, error) {
+// latencies makes iters calls one after the other; it returns each call's time and the
+// process CPU time they took.
+func latencies(s system, size, iters int) ([]time.Duration, time.Duration, error) {
 	req := bytes.Repeat([]byte{7}, size)
 	want := len(req)
 	if size == 0 {
@@ -377,7 +379,7 @@ func latency(s system, size, iters int) (result, error) {
 	}
 	for i := 0; i < min(iters/10+1, 100); i++ { // warm-up
 		if _, err := s.call(0, req); err != nil {
-			return result{}, err
+			return nil, 0, err
 		}
 	}
 	lat := make([]time.Duration, iters)
@@ -387,15 +389,13 @@ func latency(s system, size, iters int) (result, error) {
 		out, err := s.call(0, req)
 		lat[i] = time.Since(t)
 		if err != nil {
-			return result{}, err
+			return nil, 0, err
 		}
 		if len(out) != want {
-			return result{}, fmt.Errorf("%s: %d bytes back, want %d", s.name(), len(out), want)
+			return nil, 0, fmt.Errorf("%s: %d bytes back, want %d", s.name(), len(out), want)
 		}
 	}
-	cpu := (cpuTime() - cpu0) / time.Duration(iters)
-	slices.Sort(lat)
-	return result{median: lat[len(lat)/2], p99: lat[len(lat)*99/100], cpu: cpu}, nil
+	return lat, cpuTime() - cpu0, nil
 }
 
 func throughput(s system, conns, inflight int, d time.Duration) (result, error) {
@@ -519,14 +519,25 @@ func main() {
 	fmt.Printf("GOMAXPROCS=%d, %s, loopback TCP, client and server in one process (CPU = both)\n", runtime.GOMAXPROCS(0), runtime.Version())
 	for _, w := range workloads {
 		fmt.Printf("\n%s\n%-14s %10s %10s %12s %9s %9s\n", w.title, "system", "median µs", "p99 µs", "CPU µs/call", "vs raw", "vs grpc")
-		rs := make([]result, len(systems))
-		for i, s := range systems {
-			r, err := latency(s, w.size, w.iters)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(1)
+		// Rounds, every system in turn, so that a noisy moment of the machine is shared.
+		const rounds = 5
+		lats := make([][]time.Duration, len(systems))
+		cpus := make([]time.Duration, len(systems))
+		for round := 0; round < rounds; round++ {
+			for i, s := range systems {
+				l, cpu, err := latencies(s, w.size, max(w.iters/rounds, 10))
+				if err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					os.Exit(1)
+				}
+				lats[i] = append(lats[i], l...)
+				cpus[i] += cpu
 			}
-			rs[i] = r
+		}
+		rs := make([]result, len(systems))
+		for i, l := range lats {
+			slices.Sort(l)
+			rs[i] = result{median: l[len(l)/2], p99: l[len(l)*99/100], cpu: cpus[i] / time.Duration(len(l))}
 		}
 		for i, r := range rs {
 			fmt.Printf("%-14s %10s %10s %12s %8.2fx %8.2fx\n", systems[i].name(), us(r.median), us(r.p99), us(r.cpu),

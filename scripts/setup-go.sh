@@ -11,7 +11,7 @@ if ! command -v go >/dev/null 2>&1; then
   apt-get update
   apt-get install -y golang-go
 fi
-# go.mod asks for go 1.24; an older go fetches that toolchain from the Go module proxy.
+# go.mod asks for go 1.26; an older go fetches that toolchain from the Go module proxy.
 (cd go && go mod download)
 GOBIN="$(go env GOPATH)/bin"
 if ! "$GOBIN/staticcheck" -version 2>/dev/null | grep -q "${STATICCHECK_VERSION#v}"; then

@@ -3,6 +3,7 @@ package topspin
 import (
 	"errors"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -77,6 +78,13 @@ func (c *conn) writeLoop() {
 			return
 		}
 		c.mu.Lock()
+		if c.eng.OpenCalls() > 1 {
+			// Other calls are in flight: let their goroutines (ready to run) queue
+			// their frames first, so that one write carries more of them.
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+		}
 		c.flushLocked()
 	}
 }

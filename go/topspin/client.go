@@ -275,6 +275,7 @@ type ClientStream struct {
 // in the same write (last: it is the only one).
 func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method string, first []byte, last bool) error {
 	md := OutgoingMetadata(ctx)
+	lost := 0 // connections that closed under this call before it could start
 	for {
 		var timeoutUs uint64
 		if dl, ok := ctx.Deadline(); ok {
@@ -325,6 +326,9 @@ func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method st
 			}
 		case errors.Is(err, wire.ErrConnClosed):
 			c.mu.Unlock()
+			if lost++; lost >= 3 {
+				return &Status{Code: Unavailable, Message: "connection to " + cc.addr + " closed before the call could start"}
+			}
 		default:
 			var ce *wire.CallError
 			if errors.As(err, &ce) && ce.Code == Unavailable && c.eng.GoingAway() && !c.eng.Closed() {

@@ -444,3 +444,35 @@ func TestHeaderWaitsWithoutSpinning(t *testing.T) {
 		t.Fatalf("Header() burned %v of CPU in 300 ms while waiting", used)
 	}
 }
+
+// Regression: Send on a stream whose handler already returned reported a *Status with
+// code OK as its error.
+func TestSendAfterEndFails(t *testing.T) {
+	s := topspin.NewServer()
+	got := make(chan error, 1)
+	s.Handle("/t.S/Leak", func(ss *topspin.ServerStream) error {
+		go func() {
+			<-ss.Context().Done() // the handler has returned
+			got <- ss.Send([]byte("late"))
+		}()
+		return nil
+	}, topspin.CodecRaw)
+	l, err := topspin.Listen("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(l) }()
+	defer s.Stop()
+	cc := dial(t, "tcp://"+l.Addr().String())
+	cs, err := cc.NewStream(ctx10(t), "/t.S/Leak", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.Recv(); err != io.EOF {
+		t.Fatalf("call: %v", err)
+	}
+	err = <-got
+	if err == nil || topspin.CodeOf(err) == topspin.OK {
+		t.Fatalf("Send after the end: %v (code %v)", err, topspin.CodeOf(err))
+	}
+}

@@ -420,6 +420,9 @@ func (ss *ServerStream) send(msg []byte, end bool) error {
 		c.mu.Lock()
 		if ss.s.ended {
 			c.mu.Unlock()
+			if ss.s.code == OK {
+				return &Status{Code: FailedPrecondition, Message: "send after the call ended"}
+			}
 			return ss.s.status()
 		}
 		if ss.hdrSet {

@@ -382,6 +382,14 @@ func (cs *ClientStream) send(msg []byte, last bool) error {
 			c.mu.Unlock()
 			return io.EOF
 		}
+		if !c.waitRoom(cs.ctx.Done()) {
+			c.mu.Unlock()
+			if err := cs.ctx.Err(); err != nil {
+				cs.cancel(err)
+				return StatusOf(err)
+			}
+			continue // the connection ended: the call is over
+		}
 		if cs.pending != nil {
 			if err := c.eng.SendMessage(cs.s.id, cs.pending, cs.pendEnd); err == nil {
 				cs.pending = nil

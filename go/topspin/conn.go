@@ -34,6 +34,10 @@ type conn struct {
 	wtmp    net.Buffers // WriteTo consumes it; a field so that it does not escape
 	spare   []byte      // the small-frame buffer, back from the last write
 
+	// drained is closed (and cleared) once the queued output is back under
+	// maxQueuedOutput; senders that find it over wait for it.
+	drained chan struct{}
+
 	ev      wire.Event // the event being dispatched (a field: no allocation)
 	streams map[uint32]*stream
 	// slot is closed and replaced when a call ends while callers wait for room under
@@ -119,7 +123,40 @@ func (c *conn) flushLocked() {
 			c.shutdown(err)
 			return
 		}
+		if c.drained != nil && c.eng.OutputLen() < maxQueuedOutput {
+			close(c.drained)
+			c.drained = nil
+		}
 	}
+}
+
+// maxQueuedOutput bounds what senders queue on a connection whose peer does not read
+// fast enough: past it, Send waits (flow control bounds each call; this bounds them all).
+const maxQueuedOutput = 4 << 20
+
+// waitRoom waits, under mu, until the connection's queued output is under
+// maxQueuedOutput, done is closed or the connection ends; it returns false in the last
+// two cases. mu is held again on return.
+func (c *conn) waitRoom(done <-chan struct{}) bool {
+	for c.eng.OutputLen() >= maxQueuedOutput && !c.eng.Closed() {
+		if c.drained == nil {
+			c.drained = make(chan struct{})
+		}
+		ch := c.drained
+		c.mu.Unlock()
+		c.signal()
+		select {
+		case <-ch:
+		case <-done:
+			c.mu.Lock()
+			return false
+		case <-c.done:
+			c.mu.Lock()
+			return false
+		}
+		c.mu.Lock()
+	}
+	return true
 }
 
 // sendLocked gets queued frames written: by this goroutine when the connection is quiet
@@ -235,6 +272,10 @@ func (c *conn) shutdown(err error) {
 		}
 		c.eng.Shutdown("connection closed: " + c.err.Error())
 		c.drain()
+		if c.drained != nil {
+			close(c.drained)
+			c.drained = nil
+		}
 		c.mu.Unlock()
 		close(c.done)
 		if c.onClose != nil {

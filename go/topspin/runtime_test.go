@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -474,5 +475,46 @@ func TestSendAfterEndFails(t *testing.T) {
 	err = <-got
 	if err == nil || topspin.CodeOf(err) == topspin.OK {
 		t.Fatalf("Send after the end: %v (code %v)", err, topspin.CodeOf(err))
+	}
+}
+
+// Regression: a client that sends calls and never reads made the server queue every
+// call's window of output (here 100 calls × 1 MiB); now senders wait once a connection
+// has 4 MiB queued.
+func TestServerOutputBoundedWhenClientDoesNotRead(t *testing.T) {
+	s := topspin.NewServer()
+	var sent atomic.Int64
+	chunk := make([]byte, 64<<10)
+	s.Handle("/t.S/Flood", func(ss *topspin.ServerStream) error {
+		for {
+			if err := ss.Send(chunk); err != nil {
+				return err
+			}
+			sent.Add(1)
+		}
+	}, topspin.CodecRaw)
+	l, err := topspin.Listen("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(l) }()
+	defer s.Stop()
+	nc, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	out := append([]byte{}, wire.Preface[:]...)
+	out = wire.Append(out, &wire.Frame{Type: wire.TypeSettings})
+	for id := uint32(1); id <= 100; id++ {
+		out = wire.Append(out, &wire.Frame{Type: wire.TypeCall, Flags: wire.FlagNamed, CallID: id,
+			MethodName: "/t.S/Flood", Codec: topspin.CodecRaw, Metadata: topspin.Metadata{}})
+	}
+	if _, err := nc.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the client reads nothing
+	if n := sent.Load(); n > 800 {
+		t.Fatalf("the server queued %d messages of 64 KiB for a client that reads nothing", n)
 	}
 }

@@ -214,6 +214,10 @@ func (ss *ServerStream) Done() <-chan struct{} {
 	c := ss.s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return ss.doneLocked()
+}
+
+func (ss *ServerStream) doneLocked() <-chan struct{} {
 	if ss.done == nil {
 		ss.done = make(chan struct{})
 		if ss.err != nil {
@@ -424,6 +428,10 @@ func (ss *ServerStream) send(msg []byte, end bool) error {
 				return &Status{Code: FailedPrecondition, Message: "send after the call ended"}
 			}
 			return ss.s.status()
+		}
+		if !c.waitRoom(ss.doneLocked()) {
+			c.mu.Unlock()
+			continue // the call or the connection ended: reported above
 		}
 		if ss.hdrSet {
 			if err := c.eng.SendHeaders(ss.s.id, ss.header); err != nil {

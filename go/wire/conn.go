@@ -230,6 +230,15 @@ func (c *Conn) OpenCalls() int { return c.open }
 // GoingAway reports whether either side sent GOAWAY.
 func (c *Conn) GoingAway() bool { return c.sentGoAway || c.gotGoAway }
 
+// OutputLen is the number of bytes waiting to be sent.
+func (c *Conn) OutputLen() int {
+	n := len(c.out) - c.segAt
+	for _, s := range c.segs {
+		n += len(s)
+	}
+	return n
+}
+
 // HasOutput reports whether bytes are waiting to be sent.
 func (c *Conn) HasOutput() bool { return len(c.segs) > 0 || len(c.out) > c.segAt }
 

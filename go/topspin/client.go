@@ -290,6 +290,13 @@ func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method st
 			return err
 		}
 		c.mu.Lock()
+		if c.eng.OutputLen() >= maxQueuedOutput && !c.waitRoom(ctx.Done()) { // the server does not read fast enough
+			c.mu.Unlock()
+			if ctx.Err() != nil {
+				return StatusOf(ctx.Err())
+			}
+			continue
+		}
 		id, err := c.eng.StartCall(method, cs.opts.codec, timeoutUs, md)
 		switch {
 		case err == nil:
@@ -382,7 +389,7 @@ func (cs *ClientStream) send(msg []byte, last bool) error {
 			c.mu.Unlock()
 			return io.EOF
 		}
-		if !c.waitRoom(cs.ctx.Done()) {
+		if c.eng.OutputLen() >= maxQueuedOutput && !c.waitRoom(cs.ctx.Done()) {
 			c.mu.Unlock()
 			if err := cs.ctx.Err(); err != nil {
 				cs.cancel(err)

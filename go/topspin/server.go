@@ -429,7 +429,7 @@ func (ss *ServerStream) send(msg []byte, end bool) error {
 			}
 			return ss.s.status()
 		}
-		if !c.waitRoom(ss.doneLocked()) {
+		if c.eng.OutputLen() >= maxQueuedOutput && !c.waitRoom(ss.doneLocked()) {
 			c.mu.Unlock()
 			continue // the call or the connection ended: reported above
 		}

@@ -463,8 +463,9 @@ func (cs *ClientStream) flushPending() error {
 	}
 }
 
-// Send sends one message. msg must not be changed afterwards (it may be written from as
-// is). It returns io.EOF when the call is over: Recv then tells its status.
+// Send sends one message. msg must not be changed afterwards, even once the call is over
+// (a large one is written from the caller's memory, as with grpc-go's SendMsg). It
+// returns io.EOF when the call is over: Recv then tells its status.
 func (cs *ClientStream) Send(msg []byte) error { return cs.send(msg, false) }
 
 // SendMsg marshals m with protobuf and sends it.
@@ -588,7 +589,9 @@ var unaryPool = sync.Pool{New: func() any {
 }}
 
 // InvokeRaw makes a unary call with an encoded request and returns the encoded response.
-// req must not be changed until it returns.
+// A large req is written from the caller's memory: do not change it afterwards (as with
+// grpc-go's SendMsg); a call that ended early (cancelled, deadline) may still be writing
+// it. Invoke and the generated clients marshal into a fresh buffer and have no such rule.
 func (cc *ClientConn) InvokeRaw(ctx context.Context, method string, req []byte, opts ...CallOption) ([]byte, error) {
 	cs := unaryPool.Get().(*ClientStream)
 	cs.ctx = ctx

@@ -344,9 +344,11 @@ func (c *Conn) receive(buf []byte, fromIn bool, now time.Time) error {
 		c.in = nil
 	}
 	// Keep what is left of an incomplete frame. Once its header is in, the buffer is made
-	// as large as the frame at once (the header was checked against MAX_FRAME_SIZE), so
-	// a large frame is not copied again at every doubling; a large buffer is let go once
-	// it is no longer needed.
+	// as large as the frame at once (the header was checked against MAX_FRAME_SIZE, the
+	// bound protocol.md §9 sets for one frame), so that a large frame is not copied again
+	// at every doubling and can be read in place; a buffer over 4 MiB is let go once it
+	// is no longer needed. (Split messages, whose total_len is only a claim, grow with
+	// what arrives instead, §5.3.)
 	if err != nil {
 		c.in = nil
 		return err
@@ -726,7 +728,7 @@ func (c *Conn) message(cl *call, f *Frame) *Error {
 		return nil
 	}
 	cl.splitOpen, cl.splitTotal, cl.splitEnd = true, f.TotalLen, f.EndStream()
-	cl.split = make([]byte, 0, min(uint64(f.TotalLen), uint64(2*len(f.Chunk))+64))
+	cl.split = make([]byte, 0, min(uint64(f.TotalLen), uint64(2*len(f.Chunk))))
 	cl.split = append(cl.split, f.Chunk...)
 	c.grant(cl, uint32(cost))
 	return nil

@@ -58,3 +58,21 @@ func TestReceiveInPlace(t *testing.T) {
 		t.Fatal("input buffer kept after the frame")
 	}
 }
+
+// Regression (§5.3): a split message reserved 64 bytes more than twice what had arrived.
+func TestSplitReservesAtMostTwiceWhatArrived(t *testing.T) {
+	now := time.Unix(1, 0)
+	c, err := NewConn(Server, DefaultSettings(), DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := append(append([]byte{}, Preface[:]...), Append(nil, &Frame{Type: TypeSettings})...)
+	in = Append(in, &Frame{Type: TypeCall, Flags: FlagNamed, CallID: 1, MethodName: "/a.B/C", Metadata: Metadata{}})
+	in = Append(in, &Frame{Type: TypeMessage, Flags: FlagSplit, CallID: 1, TotalLen: 1 << 20, Chunk: []byte{7}})
+	if err := c.Receive(in, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := cap(c.calls[1].split); got > 2 {
+		t.Fatalf("reserved %d bytes after 1 byte of a split message", got)
+	}
+}

@@ -1,0 +1,297 @@
+// Package interop runs the Go runtime against the Rust implementation: the Go client
+// against the Rust kvstore-server, and the Rust clients (the topspin CLI and
+// kvstore-client) against the Go server, over TCP and Unix sockets, every call kind.
+//
+// The Rust binaries are found through KVSTORE_SERVER, KVSTORE_CLIENT and TOPSPIN_CLI
+// (scripts/test-go.sh builds and sets them). Without them the tests are skipped, unless
+// TOPSPIN_INTEROP=1, where a missing binary is a failure.
+package interop_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/topspin-rpc/topspin/go/examples/kvstore"
+	"github.com/topspin-rpc/topspin/go/examples/kvstore/kvpb"
+	"github.com/topspin-rpc/topspin/go/topspin"
+	"google.golang.org/protobuf/proto"
+)
+
+func binary(t *testing.T, env string) string {
+	t.Helper()
+	p := os.Getenv(env)
+	if p == "" {
+		if os.Getenv("TOPSPIN_INTEROP") == "1" {
+			t.Fatalf("%s is not set", env)
+		}
+		t.Skipf("%s not set (scripts/test-go.sh sets it)", env)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s: %v", env, err)
+	}
+	return p
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func targets(t *testing.T) map[string]string {
+	return map[string]string{"tcp": "", "unix": "unix://" + filepath.Join(t.TempDir(), "kv.sock")}
+}
+
+// startRust runs the Rust kvstore-server on addr and returns the address it listens on.
+func startRust(t *testing.T, addr string) string {
+	bin := binary(t, "KVSTORE_SERVER")
+	if addr == "" {
+		addr = "tcp://127.0.0.1:0"
+	}
+	cmd := exec.Command(bin, addr)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(out)
+		for s.Scan() {
+			if strings.HasPrefix(s.Text(), "listening on ") {
+				line <- strings.TrimPrefix(s.Text(), "listening on ")
+			}
+		}
+	}()
+	select {
+	case l := <-line:
+		if strings.HasPrefix(addr, "unix://") {
+			return addr
+		}
+		if !strings.Contains(l, "://") {
+			l = "tcp://" + l
+		}
+		return l
+	case <-time.After(20 * time.Second):
+		t.Fatal("kvstore-server did not start")
+	}
+	return ""
+}
+
+func TestGoClientRustServer(t *testing.T) {
+	for network, addr := range targets(t) {
+		t.Run(network, func(t *testing.T) {
+			target := startRust(t, addr)
+			cc, err := topspin.Dial(ctx(t), target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			kv := kvpb.NewStoreClient(cc)
+			c := ctx(t)
+
+			// Watch first (server streaming), so that it sees the writes below.
+			watch, err := kv.Watch(c, &kvpb.WatchRequest{Prefix: "k"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := watch.Header(); err != nil {
+				t.Fatal(err)
+			}
+			// Unary.
+			put, err := kv.Put(c, &kvpb.PutRequest{Key: "k1", Value: "v1"})
+			if err != nil || put.Version != 1 {
+				t.Fatalf("put: %v %v", put, err)
+			}
+			e, err := kv.Get(c, &kvpb.GetRequest{Key: "k1"})
+			if err != nil || e.Value != "v1" || e.Version != 1 {
+				t.Fatalf("get: %v %v", e, err)
+			}
+			if _, err := kv.Get(c, &kvpb.GetRequest{Key: "nope"}); topspin.CodeOf(err) != topspin.NotFound {
+				t.Fatalf("get absent: %v", err)
+			}
+			if _, err := kv.Put(c, &kvpb.PutRequest{Key: "k1", Value: "x", ExpectedVersion: proto.Uint64(7)}); topspin.CodeOf(err) != topspin.FailedPrecondition {
+				t.Fatalf("cas: %v", err)
+			}
+			// Client streaming.
+			apply, err := kv.Apply(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range []*kvpb.Mutation{
+				{Op: &kvpb.Mutation_Put{Put: &kvpb.PutRequest{Key: "k2", Value: "v2"}}},
+				{Op: &kvpb.Mutation_Delete{Delete: &kvpb.DeleteRequest{Key: "k1"}}},
+			} {
+				if err := apply.Send(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sum, err := apply.CloseAndRecv()
+			if err != nil || sum.Puts != 1 || sum.Deletes != 1 {
+				t.Fatalf("apply: %v %v", sum, err)
+			}
+			// Bidirectional.
+			many, err := kv.GetMany(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				if err := many.Send(&kvpb.GetRequest{Key: "k2"}); err != nil {
+					t.Fatal(err)
+				}
+				e, err := many.Recv()
+				if err != nil || e.Value != "v2" {
+					t.Fatalf("get-many: %v %v", e, err)
+				}
+			}
+			_ = many.CloseSend()
+			if _, err := many.Recv(); err != io.EOF {
+				t.Fatalf("get-many end: %v", err)
+			}
+			del, err := kv.Delete(c, &kvpb.DeleteRequest{Key: "k2"})
+			if err != nil || !del.Existed {
+				t.Fatalf("delete: %v %v", del, err)
+			}
+			// The watch saw: put k1, put k2, delete k1, delete k2.
+			want := []string{"put:k1", "put:k2", "deleted:k1", "deleted:k2"}
+			for _, w := range want {
+				ev, err := watch.Recv()
+				if err != nil {
+					t.Fatalf("watch: %v", err)
+				}
+				got := "deleted:" + ev.GetDeleted()
+				if p := ev.GetPut(); p != nil {
+					got = "put:" + p.Key
+				}
+				if got != w {
+					t.Fatalf("watch: %s, want %s", got, w)
+				}
+			}
+			watch.CancelCall()
+			// Deadlines reach the Rust server: a Watch with a short deadline ends with
+			// DEADLINE_EXCEEDED.
+			dc, cancel := context.WithTimeout(c, 200*time.Millisecond)
+			defer cancel()
+			w2, err := kv.Watch(dc, &kvpb.WatchRequest{})
+			if err == nil {
+				_, err = w2.Recv()
+			}
+			if topspin.CodeOf(err) != topspin.DeadlineExceeded {
+				t.Fatalf("deadline: %v", err)
+			}
+		})
+	}
+}
+
+// startGo serves the Go kvstore on addr ("" = a TCP port) and returns the address.
+func startGo(t *testing.T, addr string) string {
+	if addr == "" {
+		addr = "tcp://127.0.0.1:0"
+	}
+	l, err := topspin.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := topspin.NewServer()
+	kvpb.RegisterStoreServer(s, kvstore.NewStore())
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	if tcp, ok := l.Addr().(*net.TCPAddr); ok {
+		return "tcp://" + tcp.String()
+	}
+	return addr
+}
+
+func protoDir() string {
+	if d := os.Getenv("KV_PROTO_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join("..", "..", "examples", "kvstore", "proto")
+}
+
+// cli runs the topspin CLI: topspin call [extra...] TARGET METHOD --proto … -d DATA.
+func cli(t *testing.T, target, method, data string, extra ...string) (string, string, bool) {
+	bin := binary(t, "TOPSPIN_CLI")
+	dir := protoDir()
+	args := append([]string{"call"}, extra...)
+	args = append(args, target, method, "--proto", filepath.Join(dir, "kv", "v1", "kv.proto"), "-I", dir, "-d", data)
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(c, bin, args...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	return stdout.String(), stderr.String(), err == nil
+}
+
+func TestRustClientGoServer(t *testing.T) {
+	for network, addr := range targets(t) {
+		t.Run(network, func(t *testing.T) {
+			target := startGo(t, addr)
+			check := func(ok bool, out, errOut string, want ...string) {
+				t.Helper()
+				if !ok {
+					t.Fatalf("failed: %s %s", out, errOut)
+				}
+				for _, w := range want {
+					if !strings.Contains(out, w) {
+						t.Fatalf("output %q lacks %q", out, w)
+					}
+				}
+			}
+			out, e, ok := cli(t, target, "kv.v1.Store/Put", `{"key":"a","value":"1"}`)
+			check(ok, out, e, `"version": "1"`)
+			out, e, ok = cli(t, target, "kv.v1.Store/Get", `{"key":"a"}`)
+			check(ok, out, e, `"value": "1"`)
+			out, e, ok = cli(t, target, "kv.v1.Store/Get", `{"key":"zz"}`)
+			if ok || !strings.Contains(e, "NOT_FOUND") {
+				t.Fatalf("get absent: %q %q", out, e)
+			}
+			out, e, ok = cli(t, target, "kv.v1.Store/Apply", `{"put":{"key":"b","value":"2"}} {"delete":{"key":"a"}}`)
+			check(ok, out, e, `"puts": 1`, `"deletes": 1`)
+			out, e, ok = cli(t, target, "kv.v1.Store/GetMany", `{"key":"b"} {"key":"b"}`)
+			check(ok, out, e)
+			if strings.Count(out, `"value":"2"`) != 2 {
+				t.Fatalf("get-many: %q", out)
+			}
+			out, e, ok = cli(t, target, "kv.v1.Store/Watch", `{"include_existing":true}`, "--timeout", "500ms")
+			if ok || !strings.Contains(out, `"key":"b"`) || !strings.Contains(e, "DEADLINE_EXCEEDED") {
+				t.Fatalf("watch: %q %q", out, e)
+			}
+			out, e, ok = cli(t, target, "kv.v1.Store/Delete", `{"key":"b"}`, "-H", "user: ann")
+			check(ok, out, e, `"existed": true`)
+
+			// kvstore-client, the generated Rust client.
+			bin := binary(t, "KVSTORE_CLIENT")
+			run := func(args ...string) string {
+				c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				b, err := exec.CommandContext(c, bin, append([]string{target}, args...)...).CombinedOutput()
+				if err != nil {
+					t.Fatalf("kvstore-client %v: %v: %s", args, err, b)
+				}
+				return string(b)
+			}
+			run("put", "x", "1")
+			if out := run("get", "x"); !strings.Contains(out, "1") {
+				t.Fatalf("kvstore-client get: %q", out)
+			}
+			run("apply", "y=2", "z=3")
+			if out := run("get-many", "y", "z"); !strings.Contains(out, "y = 2") || !strings.Contains(out, "z = 3") {
+				t.Fatalf("kvstore-client get-many: %q", out)
+			}
+		})
+	}
+}

@@ -1,0 +1,373 @@
+package topspin
+
+import (
+	"errors"
+	"net"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/topspin-rpc/topspin/go/wire"
+)
+
+const readBufSize = 64 << 10
+
+var readBufPool = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
+
+// conn runs one connection around a wire.Conn: one reader goroutine and one writer
+// goroutine. A caller that queues frames while nobody writes writes them itself (saving
+// a goroutine hop); whoever writes takes everything queued so far in one vectored write.
+type conn struct {
+	nc   net.Conn
+	mu   sync.Mutex
+	eng  *wire.Conn
+	wake chan struct{}
+	done chan struct{} // closed once the connection is over
+	// established is closed when the peer's SETTINGS arrived.
+	established chan struct{}
+	estOnce     sync.Once
+	closeOnce   sync.Once
+	finishing   bool // close once the output is flushed
+
+	writing bool        // a goroutine is writing (it owns wbufs, spare, wtmp)
+	wbufs   net.Buffers // reused list of slices to write
+	wtmp    net.Buffers // WriteTo consumes it; a field so that it does not escape
+	spare   []byte      // the small-frame buffer, back from the last write
+
+	// drained is closed (and cleared) once the queued output is back under
+	// maxQueuedOutput; senders that find it over wait for it.
+	drained chan struct{}
+
+	ev      wire.Event // the event being dispatched (a field: no allocation)
+	streams map[uint32]*stream
+	// slot is closed and replaced when a call ends while callers wait for room under
+	// the peer's MAX_CONCURRENT_CALLS.
+	slot        chan struct{}
+	slotWaiters int
+	err         error // why the connection ended
+
+	server  *Server // nil on a client
+	onClose func()
+}
+
+func newConn(nc net.Conn, role wire.Role, s wire.Settings, l wire.Limits) (*conn, error) {
+	eng, err := wire.NewConn(role, s, l)
+	if err != nil {
+		return nil, err
+	}
+	return &conn{nc: nc, eng: eng, wake: make(chan struct{}, 1), done: make(chan struct{}),
+		established: make(chan struct{}), streams: make(map[uint32]*stream),
+		slot: make(chan struct{})}, nil
+}
+
+func (c *conn) start() {
+	c.signal()
+	go c.writeLoop()
+	go c.readLoop()
+}
+
+// signal wakes the writer goroutine.
+func (c *conn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *conn) writeLoop() {
+	for {
+		select {
+		case <-c.wake:
+		case <-c.done:
+			return
+		}
+		c.mu.Lock()
+		if c.eng.OpenCalls() > 1 {
+			// Other calls are in flight: let their goroutines (ready to run) queue
+			// their frames first, so that one write carries more of them.
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+		}
+		c.flushLocked()
+	}
+}
+
+// flushLocked writes what the engine queued, unless another goroutine is writing (it
+// then writes this too). Called with mu held; returns with mu released.
+func (c *conn) flushLocked() {
+	if c.writing {
+		c.mu.Unlock()
+		return
+	}
+	c.writing = true
+	for {
+		c.wbufs, c.spare = c.eng.TakeOutput(c.wbufs[:0], c.spare)
+		if len(c.wbufs) == 0 {
+			c.writing = false
+			closing := c.eng.Closed() || c.finishing
+			c.mu.Unlock()
+			if closing {
+				c.shutdown(nil)
+			}
+			return
+		}
+		c.mu.Unlock()
+		c.wtmp = c.wbufs
+		_, err := c.wtmp.WriteTo(c.nc)
+		clear(c.wbufs)
+		c.mu.Lock()
+		if err != nil {
+			c.writing = false
+			c.mu.Unlock()
+			c.shutdown(err)
+			return
+		}
+		if c.drained != nil && c.eng.OutputLen() < maxQueuedOutput {
+			close(c.drained)
+			c.drained = nil
+		}
+	}
+}
+
+// maxQueuedOutput bounds what senders queue on a connection whose peer does not read
+// fast enough: past it, Send waits (flow control bounds each call; this bounds them all).
+const maxQueuedOutput = 4 << 20
+
+// waitRoom waits, under mu, until the connection's queued output is under
+// maxQueuedOutput, done is closed or the connection ends; it returns false in the last
+// two cases. mu is held again on return.
+func (c *conn) waitRoom(done <-chan struct{}) bool {
+	for c.eng.OutputLen() >= maxQueuedOutput && !c.eng.Closed() {
+		if c.drained == nil {
+			c.drained = make(chan struct{})
+		}
+		ch := c.drained
+		c.mu.Unlock()
+		c.signal()
+		select {
+		case <-ch:
+		case <-done:
+			c.mu.Lock()
+			return false
+		case <-c.done:
+			c.mu.Lock()
+			return false
+		}
+		c.mu.Lock()
+	}
+	return true
+}
+
+// sendLocked gets queued frames written: by this goroutine when the connection is quiet
+// (one hop less), by the writer goroutine when other calls are in flight (it then
+// writes the frames of many calls at once). Called with mu held; returns with it released.
+func (c *conn) sendLocked() {
+	if c.writing || c.eng.OpenCalls() > 1 {
+		c.mu.Unlock()
+		c.signal()
+		return
+	}
+	c.flushLocked()
+}
+
+func (c *conn) readLoop() {
+	bp := readBufPool.Get().(*[]byte)
+	defer readBufPool.Put(bp)
+	buf := *bp
+	for {
+		// A large incomplete frame is read straight into the engine's buffer (only this
+		// goroutine touches it).
+		c.mu.Lock()
+		space := c.eng.PendingSpace()
+		c.mu.Unlock()
+		var n int
+		var err error
+		if space != nil {
+			n, err = c.nc.Read(space)
+		} else {
+			n, err = c.nc.Read(buf)
+		}
+		if n > 0 {
+			c.mu.Lock()
+			var rerr error
+			if space != nil {
+				rerr = c.eng.ReceiveInPlace(n, time.Now())
+			} else {
+				rerr = c.eng.Receive(buf[:n], time.Now())
+			}
+			c.drain()
+			wake := c.eng.HasOutput() || c.finishing
+			c.mu.Unlock()
+			if wake {
+				c.signal()
+			}
+			if rerr != nil {
+				return // the writer flushes ERROR and closes
+			}
+		}
+		if err != nil {
+			c.shutdown(err)
+			return
+		}
+	}
+}
+
+// drain dispatches the engine's events (under mu).
+func (c *conn) drain() {
+	for {
+		var ok bool
+		c.ev, ok = c.eng.PollEvent()
+		if !ok {
+			break
+		}
+		ev := &c.ev
+		switch ev.Type {
+		case wire.EvEstablished:
+			c.estOnce.Do(func() { close(c.established) })
+		case wire.EvWritable:
+			if s := c.streams[ev.CallID]; s != nil {
+				s.notifyWrite()
+			}
+		case wire.EvClosed:
+			if ev.Err != nil && c.err == nil {
+				c.err = ev.Err
+			}
+		default:
+			if c.server != nil {
+				c.server.serverEvent(c, ev)
+			} else {
+				c.clientEvent(ev)
+			}
+		}
+	}
+	c.ev = wire.Event{}
+	if c.eng.Closed() || (c.eng.GoingAway() && c.eng.OpenCalls() == 0) {
+		c.finishing = true
+	}
+}
+
+// callEnded forgets a call and wakes callers waiting for room (under mu).
+func (c *conn) callEnded(id uint32) {
+	delete(c.streams, id)
+	if c.slotWaiters > 0 {
+		close(c.slot)
+		c.slot = make(chan struct{})
+	}
+	if c.eng.GoingAway() && c.eng.OpenCalls() == 0 {
+		c.finishing = true
+	}
+}
+
+// shutdown closes the socket and fails every call.
+func (c *conn) shutdown(err error) {
+	c.closeOnce.Do(func() {
+		_ = c.nc.Close()
+		c.mu.Lock()
+		if c.err == nil {
+			if err == nil {
+				err = errConnClosed
+			}
+			c.err = err
+		}
+		c.eng.Shutdown("connection closed: " + c.err.Error())
+		c.drain()
+		if c.drained != nil {
+			close(c.drained)
+			c.drained = nil
+		}
+		c.mu.Unlock()
+		close(c.done)
+		if c.onClose != nil {
+			c.onClose()
+		}
+	})
+}
+
+var errConnClosed = errors.New("connection closed")
+
+// stream is one call's state, shared by client and server; guarded by its conn's mu.
+type stream struct {
+	c     *conn
+	id    uint32
+	recvq [][]byte
+	costs []uint32
+	head  int
+	qbuf  [2][]byte // first backing array of recvq (no allocation for short calls)
+	cbuf  [2]uint32
+	rnote chan struct{} // cap 1: a message or the end arrived
+	wnote chan struct{} // cap 1, made on first use: send credit came back
+
+	ended    bool // the call is over; code, msg and trailers are its status
+	code     Code
+	msg      string
+	trailers Metadata
+
+	remoteDone bool // server: the client half-closed
+	headers    Metadata
+	gotHeaders bool
+	ss         *ServerStream // server: the stream's owner
+}
+
+func (s *stream) init(rnote chan struct{}) {
+	s.rnote = rnote
+	s.recvq, s.costs = s.qbuf[:0], s.cbuf[:0]
+}
+
+// status is the call's end as an error (nil for OK).
+func (s *stream) status() *Status {
+	return &Status{Code: s.code, Message: s.msg, Trailers: s.trailers}
+}
+
+func (s *stream) setEnd(code Code, msg string, trailers Metadata) {
+	s.ended, s.code, s.msg, s.trailers = true, code, msg, trailers
+	s.notifyRead()
+	s.notifyWrite()
+}
+
+func (s *stream) notifyRead() {
+	select {
+	case s.rnote <- struct{}{}:
+	default:
+	}
+}
+
+func (s *stream) notifyWrite() {
+	if s.wnote == nil {
+		return
+	}
+	select {
+	case s.wnote <- struct{}{}:
+	default:
+	}
+}
+
+// writeNote returns the channel that says send credit came back (under mu).
+func (s *stream) writeNote() chan struct{} {
+	if s.wnote == nil {
+		s.wnote = make(chan struct{}, 1)
+	}
+	return s.wnote
+}
+
+// push queues a received message (under mu).
+func (s *stream) push(msg []byte, cost uint32) {
+	s.recvq = append(s.recvq, msg)
+	s.costs = append(s.costs, cost)
+	s.notifyRead()
+}
+
+// pop takes a queued message (under mu) and returns its credit to the peer.
+func (s *stream) pop() ([]byte, bool) {
+	if s.head >= len(s.recvq) {
+		return nil, false
+	}
+	msg, cost := s.recvq[s.head], s.costs[s.head]
+	s.recvq[s.head] = nil
+	s.head++
+	if s.head == len(s.recvq) {
+		s.recvq, s.costs, s.head = s.recvq[:0], s.costs[:0], 0
+	}
+	s.c.eng.ReturnCredit(s.id, cost)
+	return msg, true
+}

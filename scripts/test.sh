@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every test of every language: formatting, lints, unit/integration/property/doc tests, test
-# vectors, and a build of the fuzz targets. Installs what it needs first.
+# Every test of every language: Rust (formatting, lints, unit/integration/property/doc tests,
+# test vectors, benchmark smoke run, a build of the fuzz targets) and each other language's
+# scripts/test-<lang>.sh (Go, Python, TypeScript). Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -21,6 +22,15 @@ step "benchmark smoke run (every system returns correct data; no timings)"
 # Debug builds are enough to check correctness and reuse what the tests compiled.
 cargo build --workspace --bins --locked -q
 "${CARGO_TARGET_DIR:-target}/debug/topspin-bench" --smoke
+# The other languages' suites use the Rust peers just built (kvstore server and client, CLI).
+bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
+export KVSTORE_SERVER="$bin/kvstore-server" KVSTORE_CLIENT="$bin/kvstore-client" TOPSPIN_CLI="$bin/topspin"
+for lang in go python typescript; do
+  if [ -x "scripts/test-$lang.sh" ]; then
+    step "$lang (scripts/test-$lang.sh)"
+    "./scripts/test-$lang.sh"
+  fi
+done
 if [ -x scripts/fuzz.sh ] && rustup toolchain list | grep -q '^nightly'; then
   step "fuzz targets build"
   ./scripts/fuzz.sh --build-only

@@ -1,7 +1,7 @@
 """The key-value store of examples/kvstore, served from Python (blocking or asyncio handlers).
 
-    python -m topspin.gen -I ../../examples/kvstore/proto kv/v1/kv.proto -o gen_out
-    PYTHONPATH=gen_out python examples/kv_server.py tcp://127.0.0.1:50051 [--async]
+python -m topspin.gen -I ../../examples/kvstore/proto kv/v1/kv.proto -o gen_out
+PYTHONPATH=gen_out python examples/kv_server.py tcp://127.0.0.1:50051 [--async]
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import sys
 import threading
 from typing import AsyncIterator, Dict, Iterable, Iterator
 
-import topspin
 from kv.v1 import kv_pb2, kv_topspin
+
+import topspin
 
 
 class Store:
@@ -116,7 +117,7 @@ class AsyncStore(kv_topspin.StoreAsyncServicer):
     ) -> kv_pb2.DeleteResponse:
         return kv_pb2.DeleteResponse(existed=self.store.delete(request.key))
 
-    async def Watch(  # type: ignore[override]
+    async def Watch(
         self, request: kv_pb2.WatchRequest, context: topspin.ServicerContext
     ) -> AsyncIterator[kv_pb2.Event]:
         for e in self.store.snapshot(request.prefix):
@@ -134,7 +135,7 @@ class AsyncStore(kv_topspin.StoreAsyncServicer):
                 s.deletes += 1
         return s
 
-    async def GetMany(  # type: ignore[override]
+    async def GetMany(
         self, request: AsyncIterator[kv_pb2.GetRequest], context: topspin.ServicerContext
     ) -> AsyncIterator[kv_pb2.Entry]:
         async for r in request:
@@ -161,8 +162,8 @@ def main() -> None:
         except KeyboardInterrupt:
             pass
         return
-    print("listening on", server.start(address), flush=True)
     try:
+        print("listening on", server.start(address), flush=True)
         server.wait_for_termination()
     except KeyboardInterrupt:
         server.stop(5)

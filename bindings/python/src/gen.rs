@@ -10,6 +10,7 @@ pub(crate) fn parse(files: &[String], includes: &[String]) -> Result<Vec<u8>, St
     };
     let mut c = protox::Compiler::new(includes).map_err(|e| e.to_string())?;
     c.include_imports(true).include_source_info(true);
-    c.open_files(files).map_err(|e| e.to_string())?;
+    c.open_files(files)
+        .map_err(|e| topspin_build::Error::from(e).to_string())?;
     Ok(c.encode_file_descriptor_set())
 }

@@ -121,7 +121,11 @@ fn to_bytes(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
         return Ok(Bytes::from_owner(backed));
     }
     // bytearray, memoryview …: one copy through bytes().
-    let b = obj.py().import("builtins")?.getattr("bytes")?.call1((obj,))?;
+    let b = obj
+        .py()
+        .import("builtins")?
+        .getattr("bytes")?
+        .call1((obj,))?;
     let b = b.cast::<PyBytes>()?;
     Ok(Bytes::copy_from_slice(b.as_bytes()))
 }
@@ -210,13 +214,19 @@ fn timeout_of(t: Option<f64>) -> PyResult<Option<Duration>> {
         None => Ok(None),
         Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Duration::from_secs_f64(t))),
         Some(t) if t.is_infinite() && t > 0.0 => Ok(None),
-        Some(t) => Err(PyValueError::new_err(format!("timeout must be >= 0, not {t}"))),
+        Some(t) => Err(PyValueError::new_err(format!(
+            "timeout must be >= 0, not {t}"
+        ))),
     }
 }
 
 fn request<T>(msg: T, timeout: Option<Duration>, md: Metadata) -> Request<T> {
     let r = Request::new(msg);
-    let r = if md.is_empty() { r } else { r.with_metadata(md) };
+    let r = if md.is_empty() {
+        r
+    } else {
+        r.with_metadata(md)
+    };
     match timeout {
         Some(t) => r.with_timeout(t),
         None => r,
@@ -343,7 +353,10 @@ fn deliver(py: Python<'_>, target: &Bound<'_, PyAny>, outcome: Outcome) -> PyRes
             target.call_method1("set_exception", (status_err(py, &s).into_value(py),))?;
         }
         Outcome::Error(m) => {
-            target.call_method1("set_exception", (PyRuntimeError::new_err(m).into_value(py),))?;
+            target.call_method1(
+                "set_exception",
+                (PyRuntimeError::new_err(m).into_value(py),),
+            )?;
         }
         Outcome::Call(..) | Outcome::Cancelled(_) => {}
     }
@@ -357,9 +370,11 @@ fn reply_to_py(py: Python<'_>, r: Response<Bytes>, full: bool) -> PyResult<Py<Py
     }
     let h = md_to_py(py, r.metadata())?;
     let t = md_to_py(py, r.trailers())?;
-    Ok(PyTuple::new(py, [body.into_any(), h.into_any(), t.into_any()])?
-        .into_any()
-        .unbind())
+    Ok(
+        PyTuple::new(py, [body.into_any(), h.into_any(), t.into_any()])?
+            .into_any()
+            .unbind(),
+    )
 }
 
 /// Cancels an asyncio call (drops its future: CANCEL on the wire).
@@ -604,10 +619,13 @@ struct Channel {
     pid: u32,
 }
 
+/// The task of a call with one response.
+type UnaryCall = JoinHandle<Result<Response<Bytes>, Status>>;
+
 /// A client-streaming call in progress.
 #[pyclass(frozen, module = "topspin._native")]
 struct PendingReply {
-    jh: Mutex<Option<JoinHandle<Result<Response<Bytes>, Status>>>>,
+    jh: Mutex<Option<UnaryCall>>,
     abort: AbortHandle,
     pid: u32,
 }
@@ -736,8 +754,7 @@ impl Channel {
         check_pid(self.pid, "Channel")?;
         let req = request(to_bytes(data)?, timeout_of(timeout)?, md_from_py(metadata)?);
         let ch = self.ch.clone();
-        let jh =
-            runtime()?.spawn(async move { ch.server_streaming(PbBytes, method, req).await });
+        let jh = runtime()?.spawn(async move { ch.server_streaming(PbBytes, method, req).await });
         Ok(MessageStream {
             inner: StreamInner::new(StreamState::Pending(jh)),
             pid: self.pid,
@@ -754,10 +771,13 @@ impl Channel {
     ) -> PyResult<(Sender, PendingReply)> {
         check_pid(self.pid, "Channel")?;
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let req = request(receiver_stream(rx), timeout_of(timeout)?, md_from_py(metadata)?);
+        let req = request(
+            receiver_stream(rx),
+            timeout_of(timeout)?,
+            md_from_py(metadata)?,
+        );
         let ch = self.ch.clone();
-        let jh =
-            runtime()?.spawn(async move { ch.client_streaming(PbBytes, method, req).await });
+        let jh = runtime()?.spawn(async move { ch.client_streaming(PbBytes, method, req).await });
         let abort = jh.abort_handle();
         Ok((
             Sender::new(tx),
@@ -779,7 +799,11 @@ impl Channel {
     ) -> PyResult<(Sender, MessageStream)> {
         check_pid(self.pid, "Channel")?;
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let req = request(receiver_stream(rx), timeout_of(timeout)?, md_from_py(metadata)?);
+        let req = request(
+            receiver_stream(rx),
+            timeout_of(timeout)?,
+            md_from_py(metadata)?,
+        );
         let ch = self.ch.clone();
         let jh = runtime()?.spawn(async move { ch.streaming(PbBytes, method, req).await });
         Ok((
@@ -853,9 +877,7 @@ impl ServerCall {
     }
     /// Whether the call was cancelled (client, deadline, connection lost, shutdown).
     fn is_cancelled(&self) -> bool {
-        self.cancellation
-            .as_ref()
-            .is_some_and(|c| c.is_cancelled())
+        self.cancellation.as_ref().is_some_and(|c| c.is_cancelled())
     }
     /// The request message (unary and server-streaming).
     fn request<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
@@ -1081,8 +1103,7 @@ impl Server {
                         let mut guard = d.guard();
                         let (tx, rx) = oneshot::channel();
                         let mut call = ServerCall::new(guard.id, &req, Reply::Unary(tx));
-                        call.requests =
-                            Some(StreamInner::new(StreamState::Open(req.into_inner())));
+                        call.requests = Some(StreamInner::new(StreamState::Open(req.into_inner())));
                         d.c.complete(d.on_call.clone(), Outcome::Call(idx, call));
                         let r = rx.await;
                         guard.armed = false;
@@ -1092,21 +1113,19 @@ impl Server {
                     }
                 })
             }
-            "server_streaming" => {
-                b.server_streaming(name, PbBytes, move |req: Request<Bytes>| {
-                    let d = d.clone();
-                    async move {
-                        let guard = d.guard();
-                        let (etx, erx) = oneshot::channel();
-                        let (stx, srx) = mpsc::channel(STREAM_QUEUE);
-                        let mut call = ServerCall::new(guard.id, &req, Reply::Stream(etx));
-                        *lock(&call.request) = Some(req.into_inner());
-                        call.sender = Some(Mutex::new(Some(stx)));
-                        d.c.complete(d.on_call.clone(), Outcome::Call(idx, call));
-                        Ok(Response::new(response_stream(srx, erx, guard)))
-                    }
-                })
-            }
+            "server_streaming" => b.server_streaming(name, PbBytes, move |req: Request<Bytes>| {
+                let d = d.clone();
+                async move {
+                    let guard = d.guard();
+                    let (etx, erx) = oneshot::channel();
+                    let (stx, srx) = mpsc::channel(STREAM_QUEUE);
+                    let mut call = ServerCall::new(guard.id, &req, Reply::Stream(etx));
+                    *lock(&call.request) = Some(req.into_inner());
+                    call.sender = Some(Mutex::new(Some(stx)));
+                    d.c.complete(d.on_call.clone(), Outcome::Call(idx, call));
+                    Ok(Response::new(response_stream(srx, erx, guard)))
+                }
+            }),
             "streaming" => b.streaming(name, PbBytes, move |req: Request<Streaming<Bytes>>| {
                 let d = d.clone();
                 async move {
@@ -1122,7 +1141,9 @@ impl Server {
             }),
             other => {
                 *g = Some(b);
-                return Err(PyValueError::new_err(format!("unknown call kind {other:?}")));
+                return Err(PyValueError::new_err(format!(
+                    "unknown call kind {other:?}"
+                )));
             }
         };
         *g = Some(b);
@@ -1173,7 +1194,11 @@ impl Server {
 /// Parses .proto files (with protox, no protoc) into a serialized FileDescriptorSet with every
 /// import and source info.
 #[pyfunction]
-fn parse_protos(py: Python<'_>, files: Vec<String>, includes: Vec<String>) -> PyResult<Py<PyBytes>> {
+fn parse_protos(
+    py: Python<'_>,
+    files: Vec<String>,
+    includes: Vec<String>,
+) -> PyResult<Py<PyBytes>> {
     let r = py.detach(|| gen::parse(&files, &includes));
     match r {
         Ok(b) => Ok(PyBytes::new(py, &b).unbind()),

@@ -247,7 +247,7 @@ def test_graceful_shutdown_lets_calls_finish() -> None:
     time.sleep(0.1)
     server.stop(5)
     t.join(10)
-    assert len(out) == 1 and getattr(out[0], "key") == "q"
+    assert len(out) == 1 and out[0].key == "q"
     with pytest.raises(topspin.StatusError) as ei:
         c.Get(kv_pb2.GetRequest(key="after"), timeout=2)
     assert ei.value.code == topspin.Code.UNAVAILABLE

@@ -13,28 +13,20 @@ from typing import (
     Iterable,
     Iterator,
     Optional,
-    Protocol,
     Tuple,
     Type,
     TypeVar,
     Union,
 )
 
+from google.protobuf.message import Message
+
 from . import _native
 from ._errors import Metadata, MetadataValue
 from ._loop import completer
 
-Req = TypeVar("Req", bound="_Message", contravariant=True)
-Resp = TypeVar("Resp", bound="_Message")
-_T = TypeVar("_T", bound="_Message")
-
-
-class _Message(Protocol):
-    def SerializeToString(self, **kwargs: Any) -> bytes: ...
-
-
-class _MessageType(Protocol[_T]):
-    def FromString(self, s: bytes) -> _T: ...
+Req = TypeVar("Req", bound=Message, contravariant=True)
+Resp = TypeVar("Resp", bound=Message)
 
 
 class CallInfo:
@@ -77,9 +69,7 @@ class Channel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def unary_unary(
-        self, method: str, response_type: Type[Resp]
-    ) -> "UnaryUnary[Any, Resp]":
+    def unary_unary(self, method: str, response_type: Type[Resp]) -> "UnaryUnary[Any, Resp]":
         return UnaryUnary(self, method, response_type)
 
 
@@ -101,7 +91,7 @@ class _Method(Generic[Req, Resp]):
     def __init__(self, channel: Channel, method: str, response_type: Type[Resp]) -> None:
         self._channel = channel
         self._method = method
-        self._decode: Any = getattr(response_type, "FromString")
+        self._decode: Any = response_type.FromString
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._method}>"
@@ -268,7 +258,12 @@ class AsyncUnaryUnary(_Method[Req, Resp]):
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         h = self._channel.native.unary_async(
-            completer(loop), fut, self._method, request.SerializeToString(), timeout, metadata,
+            completer(loop),
+            fut,
+            self._method,
+            request.SerializeToString(),
+            timeout,
+            metadata,
             True,
         )
         data, info = _full(await _await(fut, h.abort))
@@ -345,12 +340,12 @@ async def _pump_async(
     sender: _native.Sender, requests: Union[AsyncIterable[Any], Iterable[Any]]
 ) -> None:
     try:
-        if hasattr(requests, "__aiter__"):
-            async for r in requests:  # type: ignore[union-attr]
+        if isinstance(requests, AsyncIterable):
+            async for r in requests:
                 if not await send_async(sender, r.SerializeToString()):
                     break
         else:
-            for r in requests:  # type: ignore[union-attr]
+            for r in requests:
                 if not await send_async(sender, r.SerializeToString()):
                     break
     finally:

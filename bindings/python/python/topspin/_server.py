@@ -75,9 +75,7 @@ def _fail(call: _native.ServerCall, e: BaseException, ctx: ServicerContext) -> N
     elif isinstance(e, asyncio.CancelledError):
         call.finish_err(int(Code.CANCELLED), "the handler was cancelled")
     else:
-        call.finish_err(
-            int(Code.INTERNAL), f"{type(e).__name__}: {e}", None, ctx._trailers or None
-        )
+        call.finish_err(int(Code.INTERNAL), f"{type(e).__name__}: {e}", None, ctx._trailers or None)
 
 
 class _SyncRequests:
@@ -194,7 +192,12 @@ class Server:
             assert self._loop is not None
             t = self._loop.create_task(_run_async(m, call))
             self._tasks[call.id] = t
-            t.add_done_callback(lambda _t, i=call.id: self._tasks.pop(i, None))
+            call_id = call.id
+
+            def done(_t: "asyncio.Task[None]") -> None:
+                self._tasks.pop(call_id, None)
+
+            t.add_done_callback(done)
         else:
             assert self._pool is not None
             self._pool.submit(_run_sync, m, call)

@@ -130,6 +130,17 @@ fn to_bytes(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     Ok(Bytes::copy_from_slice(b.as_bytes()))
 }
 
+/// Python bytes from a message; a large one is copied without the GIL.
+fn bytes_to_py<'py>(py: Python<'py>, b: &Bytes) -> PyResult<Bound<'py, PyBytes>> {
+    if b.len() < 64 * 1024 {
+        return Ok(PyBytes::new(py, b));
+    }
+    PyBytes::new_with(py, b.len(), |buf| {
+        py.detach(|| buf.copy_from_slice(b));
+        Ok(())
+    })
+}
+
 fn md_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Metadata> {
     let Some(obj) = obj else {
         return Ok(Metadata::new());
@@ -344,7 +355,7 @@ fn deliver(py: Python<'_>, target: &Bound<'_, PyAny>, outcome: Outcome) -> PyRes
             target.call_method1("set_result", (v,))?;
         }
         Outcome::Item(Some(b)) => {
-            target.call_method1("set_result", (PyBytes::new(py, &b),))?;
+            target.call_method1("set_result", (bytes_to_py(py, &b)?,))?;
         }
         Outcome::Item(None) | Outcome::Unit => {
             target.call_method1("set_result", (py.None(),))?;
@@ -364,7 +375,7 @@ fn deliver(py: Python<'_>, target: &Bound<'_, PyAny>, outcome: Outcome) -> PyRes
 }
 
 fn reply_to_py(py: Python<'_>, r: Response<Bytes>, full: bool) -> PyResult<Py<PyAny>> {
-    let body = PyBytes::new(py, r.get_ref());
+    let body = bytes_to_py(py, r.get_ref())?;
     if !full {
         return Ok(body.into_any().unbind());
     }
@@ -478,7 +489,7 @@ impl MessageStream {
             }
         };
         match r {
-            Ok(Some(b)) => Ok(Some(PyBytes::new(py, &b).unbind())),
+            Ok(Some(b)) => Ok(Some(bytes_to_py(py, &b)?.unbind())),
             Ok(None) => Ok(None),
             Err(s) => Err(status_err(py, &s)),
         }
@@ -829,7 +840,7 @@ enum Reply {
 struct ServerCall {
     id: u64,
     metadata: Metadata,
-    peer: Option<String>,
+    peer: Option<topspin::PeerAddr>,
     remaining: Option<f64>,
     cancellation: Option<topspin::Cancellation>,
     request: Mutex<Option<Bytes>>,
@@ -843,7 +854,7 @@ impl ServerCall {
         ServerCall {
             id,
             metadata: req.metadata().clone(),
-            peer: req.peer_addr().map(|p| p.to_string()),
+            peer: req.peer_addr().cloned(),
             remaining: req.remaining().map(|d| d.as_secs_f64()),
             cancellation: req.cancellation(),
             request: Mutex::new(None),
@@ -868,7 +879,7 @@ impl ServerCall {
     /// The peer's address.
     #[getter]
     fn peer(&self) -> Option<String> {
-        self.peer.clone()
+        self.peer.as_ref().map(|p| p.to_string())
     }
     /// Seconds left when the call arrived (None: no deadline).
     #[getter]
@@ -882,7 +893,7 @@ impl ServerCall {
     /// The request message (unary and server-streaming).
     fn request<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         match lock(&self.request).take() {
-            Some(b) => Ok(PyBytes::new(py, &b)),
+            Some(b) => bytes_to_py(py, &b),
             None => Err(PyRuntimeError::new_err("no request message")),
         }
     }

@@ -92,6 +92,7 @@ class _Method(Generic[Req, Resp]):
         self._channel = channel
         self._method = method
         self._decode: Any = response_type.FromString
+        self._cached: Optional[Tuple[asyncio.AbstractEventLoop, _native.Completer]] = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._method}>"
@@ -233,6 +234,16 @@ async def _await(fut: "asyncio.Future[Any]", cancel: Any) -> Any:
         raise
 
 
+def _completer(m: "_Method[Any, Any]", loop: asyncio.AbstractEventLoop) -> _native.Completer:
+    # The last loop's completer, cached on the method object.
+    c = m._cached
+    if c is not None and c[0] is loop:
+        return c[1]
+    comp = completer(loop)
+    m._cached = (loop, comp)
+    return comp
+
+
 class AsyncUnaryUnary(_Method[Req, Resp]):
     """A unary method of an asyncio client."""
 
@@ -242,7 +253,7 @@ class AsyncUnaryUnary(_Method[Req, Resp]):
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         h = self._channel.native.unary_async(
-            completer(loop), fut, self._method, request.SerializeToString(), timeout, metadata
+            _completer(self, loop), fut, self._method, request.SerializeToString(), timeout, metadata
         )
         try:
             data = await fut

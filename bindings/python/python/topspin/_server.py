@@ -30,13 +30,15 @@ class MethodHandler(NamedTuple):
 class ServicerContext:
     """What a handler knows about its call, and how it sets metadata or fails."""
 
+    __slots__ = ("_call", "method", "_deadline", "_headers", "_trailers")
+
     def __init__(self, call: _native.ServerCall, method: str) -> None:
         self._call = call
         self.method = method
         rem = call.remaining
         self._deadline = None if rem is None else time.monotonic() + rem
-        self._headers: List[tuple[str, MetadataValue]] = []
-        self._trailers: List[tuple[str, MetadataValue]] = []
+        self._headers: Optional[List[tuple[str, MetadataValue]]] = None
+        self._trailers: Optional[List[tuple[str, MetadataValue]]] = None
 
     def invocation_metadata(self) -> list[tuple[str, MetadataValue]]:
         """The request metadata."""
@@ -58,11 +60,11 @@ class ServicerContext:
 
     def set_initial_metadata(self, md: Metadata) -> None:
         """Response headers (unary replies)."""
-        self._headers.extend(md)
+        self._headers = (self._headers or []) + list(md)
 
     def set_trailing_metadata(self, md: Metadata) -> None:
         """Trailers sent with the status (unary replies and errors)."""
-        self._trailers.extend(md)
+        self._trailers = (self._trailers or []) + list(md)
 
     def abort(self, code: Code, message: str = "", details: bytes = b"") -> None:
         """Ends the call with a status (raises)."""
@@ -132,7 +134,9 @@ def _run_sync(m: MethodHandler, call: _native.ServerCall) -> None:
         _fail(call, e, ctx)
 
 
-async def _run_async(m: MethodHandler, call: _native.ServerCall) -> None:
+async def _run_async(
+    m: MethodHandler, call: _native.ServerCall, tasks: Dict[int, "asyncio.Task[None]"]
+) -> None:
     ctx = ServicerContext(call, m.name)
     try:
         decode = m.request_type.FromString
@@ -154,6 +158,8 @@ async def _run_async(m: MethodHandler, call: _native.ServerCall) -> None:
             call.finish_ok(None)
     except BaseException as e:  # noqa: BLE001 - a handler's failure ends only its call
         _fail(call, e, ctx)
+    finally:
+        tasks.pop(call.id, None)
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -170,6 +176,7 @@ class Server:
 
     def __init__(self, *, max_workers: int = 16, max_message_size: Optional[int] = None) -> None:
         self._methods: List[MethodHandler] = []
+        self._async: List[bool] = []
         self._max_workers = max_workers
         self._max_message_size = max_message_size
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -185,19 +192,15 @@ class Server:
         if handler.kind not in KINDS:
             raise ValueError(f"unknown call kind {handler.kind!r}")
         self._methods.append(handler)
+        self._async.append(_is_async(handler.handler))
 
     def _on_call(self, idx: int, call: _native.ServerCall) -> None:
         m = self._methods[idx]
-        if _is_async(m.handler):
+        if self._async[idx]:
             assert self._loop is not None
-            t = self._loop.create_task(_run_async(m, call))
-            self._tasks[call.id] = t
-            call_id = call.id
-
-            def done(_t: "asyncio.Task[None]") -> None:
-                self._tasks.pop(call_id, None)
-
-            t.add_done_callback(done)
+            t = self._loop.create_task(_run_async(m, call, self._tasks))
+            if not t.done():
+                self._tasks[call.id] = t
         else:
             assert self._pool is not None
             self._pool.submit(_run_sync, m, call)

@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GEN = os.path.join(HERE, "gen_out")
 
 
 def generate() -> None:
-    from grpc_tools import protoc  # type: ignore[import-untyped]
+    from grpc_tools import protoc
 
     from topspin.gen import generate as ts_generate
 
@@ -61,7 +62,7 @@ def serve(kind: str) -> None:
         asyncio.run(run_ts())
     else:
         import echo_pb2_grpc
-        import grpc  # type: ignore[import-untyped]
+        import grpc
 
         class GEcho(echo_pb2_grpc.EchoServicer):  # type: ignore[misc]
             async def Echo(self, request: echo_pb2.Msg, context: Any) -> echo_pb2.Msg:
@@ -120,7 +121,7 @@ class Result:
         )
 
 
-def measure_sync(name: str, call: Callable[[], None], seconds: float, pid: int) -> Result:
+def measure_sync(name: str, call: Callable[[], object], seconds: float, pid: int) -> Result:
     for _ in range(20):
         call()
     lat: List[float] = []
@@ -170,11 +171,14 @@ def main() -> None:
     ap.add_argument("--serve", choices=["topspin", "grpc"])
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--json")
+    ap.add_argument("--generate", action="store_true", help="only generate the code")
     a = ap.parse_args()
     if a.serve:
         serve(a.serve)
         return
     generate()
+    if a.generate:
+        return
     sys.path.insert(0, GEN)
     import echo_pb2
     import echo_pb2_grpc
@@ -199,8 +203,12 @@ def main() -> None:
         gch = grpc.insecure_channel(gaddr, options=opts)
         gc = echo_pb2_grpc.EchoStub(gch)
         for label, msg, s in (("20 B", small, secs), ("2 MB", big, secs)):
-            results.append(measure_sync(f"topspin sync {label}", lambda: tc.Echo(msg), s, tp.pid))
-            results.append(measure_sync(f"grpcio sync {label}", lambda: gc.Echo(msg), s, gp.pid))
+            results.append(
+                measure_sync(f"topspin sync {label}", functools.partial(tc.Echo, msg), s, tp.pid)
+            )
+            results.append(
+                measure_sync(f"grpcio sync {label}", functools.partial(gc.Echo, msg), s, gp.pid)
+            )
         gch.close()
 
         # asyncio clients: one call at a time, then 64 in flight on one connection
@@ -208,37 +216,45 @@ def main() -> None:
         atc = echo_topspin.EchoAsyncClient(ach)
         for label, msg, n in (("20 B", small, 1), ("2 MB", big, 1), ("20 B x64", small, 64)):
             results.append(
-                measure_async(f"topspin asyncio {label}", lambda: atc.Echo(msg), secs, tp.pid, n)
+                measure_async(
+                    f"topspin asyncio {label}", functools.partial(atc.Echo, msg), secs, tp.pid, n
+                )
             )
 
             # grpc.aio channels belong to one loop: made inside it.
             holder: Dict[str, Any] = {}
 
-            def gcall(m: Any = msg) -> Awaitable[Any]:
-                if "c" not in holder:
-                    holder["c"] = echo_pb2_grpc.EchoStub(grpc.aio.insecure_channel(gaddr, options=opts))
-                r: Awaitable[Any] = holder["c"].Echo(m)
+            def gcall(m: Any = msg, h: Dict[str, Any] = holder) -> Awaitable[Any]:
+                if "c" not in h:
+                    h["c"] = echo_pb2_grpc.EchoStub(grpc.aio.insecure_channel(gaddr, options=opts))
+                r: Awaitable[Any] = h["c"].Echo(m)
                 return r
 
             results.append(measure_async(f"grpc.aio {label}", gcall, secs, gp.pid, n))
     finally:
         tp.kill()
         gp.kill()
-    print(f"\n{'workload':<28} {'calls/s':>10} {'median us':>10} {'p99 us':>10} {'CPU us/call':>10}")
+    print(
+        f"\n{'workload':<28} {'calls/s':>10} {'median us':>10} {'p99 us':>10} {'CPU us/call':>10}"
+    )
     for r in results:
         print(r.row())
     by = {r.name: r for r in results}
     print()
     for label in ("sync 20 B", "sync 2 MB"):
         t, g = by[f"topspin {label}"], by[f"grpcio {label}"]
-        print(f"{label}: topspin/grpcio calls/s x{t.rate / g.rate:.2f}, median latency "
-              f"grpcio/topspin x{g.median_us / t.median_us:.2f}, CPU/call grpcio/topspin "
-              f"x{g.cpu_us / t.cpu_us:.2f}")
+        print(
+            f"{label}: topspin/grpcio calls/s x{t.rate / g.rate:.2f}, median latency "
+            f"grpcio/topspin x{g.median_us / t.median_us:.2f}, CPU/call grpcio/topspin "
+            f"x{g.cpu_us / t.cpu_us:.2f}"
+        )
     for label in ("20 B", "2 MB", "20 B x64"):
         t, g = by[f"topspin asyncio {label}"], by[f"grpc.aio {label}"]
-        print(f"asyncio {label}: topspin/grpc.aio calls/s x{t.rate / g.rate:.2f}, median latency "
-              f"grpc.aio/topspin x{g.median_us / t.median_us:.2f}, CPU/call grpc.aio/topspin "
-              f"x{g.cpu_us / t.cpu_us:.2f}")
+        print(
+            f"asyncio {label}: topspin/grpc.aio calls/s x{t.rate / g.rate:.2f}, median latency "
+            f"grpc.aio/topspin x{g.median_us / t.median_us:.2f}, CPU/call grpc.aio/topspin "
+            f"x{g.cpu_us / t.cpu_us:.2f}"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump([r.__dict__ for r in results], f, indent=1)

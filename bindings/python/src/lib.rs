@@ -256,8 +256,6 @@ enum Outcome {
     Unit,
     /// Failed.
     Failed(Status),
-    /// Some other error.
-    Error(String),
     /// A server call arrived: target(method index, call).
     Call(u32, ServerCall),
     /// A server call was cancelled: target(call id).
@@ -362,12 +360,6 @@ fn deliver(py: Python<'_>, target: &Bound<'_, PyAny>, outcome: Outcome) -> PyRes
         }
         Outcome::Failed(s) => {
             target.call_method1("set_exception", (status_err(py, &s).into_value(py),))?;
-        }
-        Outcome::Error(m) => {
-            target.call_method1(
-                "set_exception",
-                (PyRuntimeError::new_err(m).into_value(py),),
-            )?;
         }
         Outcome::Call(..) | Outcome::Cancelled(_) => {}
     }
@@ -1229,6 +1221,5 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Server>()?;
     m.add_class::<ServerCall>()?;
     m.add_function(wrap_pyfunction!(parse_protos, m)?)?;
-    let _ = Outcome::Error(String::new());
     Ok(())
 }

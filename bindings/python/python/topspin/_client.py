@@ -253,7 +253,12 @@ class AsyncUnaryUnary(_Method[Req, Resp]):
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         h = self._channel.native.unary_async(
-            _completer(self, loop), fut, self._method, request.SerializeToString(), timeout, metadata
+            _completer(self, loop),
+            fut,
+            self._method,
+            request.SerializeToString(),
+            timeout,
+            metadata,
         )
         try:
             data = await fut

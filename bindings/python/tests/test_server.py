@@ -251,3 +251,45 @@ def test_graceful_shutdown_lets_calls_finish() -> None:
     with pytest.raises(topspin.StatusError) as ei:
         c.Get(kv_pb2.GetRequest(key="after"), timeout=2)
     assert ei.value.code == topspin.Code.UNAVAILABLE
+
+
+def test_client_hang_up_stops_a_streaming_handler() -> None:
+    stopped = threading.Event()
+
+    class Endless(kv_topspin.StoreServicer):
+        def Watch(
+            self, request: kv_pb2.WatchRequest, context: topspin.ServicerContext
+        ) -> Iterator[kv_pb2.Event]:
+            try:
+                i = 0
+                while i < 1_000_000:  # bounded: ends on its own after a while
+                    yield kv_pb2.Event(deleted=str(i))
+                    i += 1
+            finally:
+                stopped.set()
+
+    server = topspin.Server()
+    kv_topspin.add_StoreServicer_to_server(Endless(), server)
+    addr = server.start("tcp://127.0.0.1:0")
+    try:
+        c = kv_topspin.StoreClient(topspin.Channel(addr))
+        w = c.Watch(kv_pb2.WatchRequest())
+        assert [next(w).deleted for _ in range(3)] == ["0", "1", "2"]
+        w.cancel()
+        assert stopped.wait(10)
+    finally:
+        server.stop(1)
+
+
+def test_failing_request_iterator_cancels_the_call(kv_server: str) -> None:
+    c = kv_topspin.StoreClient(topspin.Channel(kv_server))
+
+    def muts() -> Iterator[kv_pb2.Mutation]:
+        yield kv_pb2.Mutation(put=kv_pb2.PutRequest(key="half", value="1"))
+        raise ValueError("no more")
+
+    with pytest.raises(ValueError, match="no more"):
+        c.Apply(muts())
+    # The exception reached the caller (the call was cancelled, not half-closed); the channel
+    # goes on.
+    assert c.Put(kv_pb2.PutRequest(key="after", value="2")).version >= 1

@@ -14,9 +14,12 @@ import asyncio
 import functools
 import json
 import os
+import socket
 import statistics
+import struct
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Awaitable, Callable, Dict, List
 
@@ -38,7 +41,55 @@ def generate() -> None:
 # --- servers (run with --serve KIND) ----------------------------------------------------------
 
 
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("closed")
+        got += k
+    return bytes(buf)
+
+
+def serve_raw() -> None:
+    """The floor: a length-prefixed echo over a plain blocking socket, one thread per client."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen()
+    print(f"listening on 127.0.0.1:{ls.getsockname()[1]}", flush=True)
+
+    def client(c: socket.socket) -> None:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while True:
+                n = struct.unpack("<I", _recv_exact(c, 4))[0]
+                c.sendall(struct.pack("<I", n) + _recv_exact(c, n))
+        except (ConnectionError, OSError):
+            c.close()
+
+    while True:
+        c, _ = ls.accept()
+        threading.Thread(target=client, args=(c,), daemon=True).start()
+
+
+class RawClient:
+    def __init__(self, addr: str) -> None:
+        host, port = addr.rsplit(":", 1)
+        self.s = socket.create_connection((host, int(port)))
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def echo(self, data: bytes) -> bytes:
+        self.s.sendall(struct.pack("<I", len(data)) + data)
+        n = struct.unpack("<I", _recv_exact(self.s, 4))[0]
+        return _recv_exact(self.s, n)
+
+
 def serve(kind: str) -> None:
+    if kind == "raw":
+        serve_raw()
+        return
     sys.path.insert(0, GEN)
     import echo_pb2
 
@@ -168,7 +219,7 @@ def measure_async(
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--serve", choices=["topspin", "grpc"])
+    ap.add_argument("--serve", choices=["topspin", "grpc", "raw"])
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--json")
     ap.add_argument("--generate", action="store_true", help="only generate the code")
@@ -197,12 +248,18 @@ def main() -> None:
     secs = a.seconds
     tp, taddr = start_server("topspin")
     gp, gaddr = start_server("grpc")
+    rp, raddr = start_server("raw")
     try:
-        # blocking clients
+        # blocking clients; the floor: raw Python sockets (serialized message, no framework)
+        raw = RawClient(raddr)
         tc = echo_topspin.EchoClient(topspin.Channel(taddr))
         gch = grpc.insecure_channel(gaddr, options=opts)
         gc = echo_pb2_grpc.EchoStub(gch)
         for label, msg, s in (("20 B", small, secs), ("2 MB", big, secs)):
+            payload = msg.SerializeToString()
+            results.append(
+                measure_sync(f"raw socket {label}", functools.partial(raw.echo, payload), s, rp.pid)
+            )
             results.append(
                 measure_sync(f"topspin sync {label}", functools.partial(tc.Echo, msg), s, tp.pid)
             )
@@ -234,6 +291,7 @@ def main() -> None:
     finally:
         tp.kill()
         gp.kill()
+        rp.kill()
     print(
         f"\n{'workload':<28} {'calls/s':>10} {'median us':>10} {'p99 us':>10} {'CPU us/call':>10}"
     )
@@ -242,7 +300,11 @@ def main() -> None:
     by = {r.name: r for r in results}
     print()
     for label in ("sync 20 B", "sync 2 MB"):
-        t, g = by[f"topspin {label}"], by[f"grpcio {label}"]
+        t, g, f = by[f"topspin {label}"], by[f"grpcio {label}"], by[f"raw socket {label[5:]}"]
+        print(
+            f"{label}: median latency topspin/raw x{t.median_us / f.median_us:.2f}, "
+            f"grpcio/raw x{g.median_us / f.median_us:.2f}"
+        )
         print(
             f"{label}: topspin/grpcio calls/s x{t.rate / g.rate:.2f}, median latency "
             f"grpcio/topspin x{g.median_us / t.median_us:.2f}, CPU/call grpcio/topspin "
@@ -256,8 +318,8 @@ def main() -> None:
             f"x{g.cpu_us / t.cpu_us:.2f}"
         )
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump([r.__dict__ for r in results], f, indent=1)
+        with open(a.json, "w") as out:
+            json.dump([r.__dict__ for r in results], out, indent=1)
 
 
 if __name__ == "__main__":

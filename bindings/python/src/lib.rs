@@ -838,6 +838,8 @@ struct ServerCall {
     request: Mutex<Option<Bytes>>,
     requests: Option<Arc<StreamInner>>,
     sender: Option<Mutex<Option<mpsc::Sender<Bytes>>>>,
+    /// A streaming response's headers, sent before its first message or at its end.
+    headers: Mutex<Option<oneshot::Sender<Metadata>>>,
     reply: Mutex<Option<Reply>>,
 }
 
@@ -852,6 +854,7 @@ impl ServerCall {
             request: Mutex::new(None),
             requests: None,
             sender: None,
+            headers: Mutex::new(None),
             reply: Mutex::new(Some(reply)),
         }
     }
@@ -906,6 +909,14 @@ impl ServerCall {
             None => Err(PyRuntimeError::new_err("no response stream")),
         }
     }
+    /// Sends a streaming response's headers (once; later calls do nothing).
+    #[pyo3(signature = (headers=None))]
+    fn send_headers(&self, headers: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        if let Some(tx) = lock(&self.headers).take() {
+            let _ = tx.send(md_from_py(headers)?);
+        }
+        Ok(())
+    }
     /// Ends the call: OK with the response (unary kinds) and trailers.
     #[pyo3(signature = (data=None, trailers=None, headers=None))]
     fn finish_ok(
@@ -914,6 +925,7 @@ impl ServerCall {
         trailers: Option<&Bound<'_, PyAny>>,
         headers: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        self.send_headers(headers)?;
         let reply = lock(&self.reply).take();
         if let Some(s) = &self.sender {
             lock(s).take();
@@ -951,6 +963,9 @@ impl ServerCall {
         trailers: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let s = status_from_py(code, message, details, trailers)?;
+        if let Some(tx) = lock(&self.headers).take() {
+            let _ = tx.send(Metadata::new());
+        }
         let reply = lock(&self.reply).take();
         match reply {
             Some(Reply::Unary(tx)) => {
@@ -1125,8 +1140,12 @@ impl Server {
                     let mut call = ServerCall::new(guard.id, &req, Reply::Stream(etx));
                     *lock(&call.request) = Some(req.into_inner());
                     call.sender = Some(Mutex::new(Some(stx)));
+                    let (htx, hrx) = oneshot::channel();
+                    call.headers = Mutex::new(Some(htx));
                     d.c.complete(d.on_call.clone(), Outcome::Call(idx, call));
-                    Ok(Response::new(response_stream(srx, erx, guard)))
+                    // The headers go when the handler sends its first message or ends.
+                    let headers = hrx.await.unwrap_or_default();
+                    Ok(Response::new(response_stream(srx, erx, guard)).with_metadata(headers))
                 }
             }),
             "streaming" => b.streaming(name, PbBytes, move |req: Request<Streaming<Bytes>>| {
@@ -1138,8 +1157,12 @@ impl Server {
                     let mut call = ServerCall::new(guard.id, &req, Reply::Stream(etx));
                     call.requests = Some(StreamInner::new(StreamState::Open(req.into_inner())));
                     call.sender = Some(Mutex::new(Some(stx)));
+                    let (htx, hrx) = oneshot::channel();
+                    call.headers = Mutex::new(Some(htx));
                     d.c.complete(d.on_call.clone(), Outcome::Call(idx, call));
-                    Ok(Response::new(response_stream(srx, erx, guard)))
+                    // The headers go when the handler sends its first message or ends.
+                    let headers = hrx.await.unwrap_or_default();
+                    Ok(Response::new(response_stream(srx, erx, guard)).with_metadata(headers))
                 }
             }),
             other => {

@@ -293,3 +293,22 @@ def test_failing_request_iterator_cancels_the_call(kv_server: str) -> None:
     # The exception reached the caller (the call was cancelled, not half-closed); the channel
     # goes on.
     assert c.Put(kv_pb2.PutRequest(key="after", value="2")).version >= 1
+
+
+def test_streaming_handler_headers() -> None:
+    class Headed(kv_topspin.StoreAsyncServicer):
+        async def Watch(
+            self, request: kv_pb2.WatchRequest, context: topspin.ServicerContext
+        ) -> AsyncIterator[kv_pb2.Event]:
+            context.set_initial_metadata([("stream-h", "yes")])
+            yield kv_pb2.Event(deleted="x")
+
+    server = topspin.Server()
+    kv_topspin.add_StoreServicer_to_server(Headed(), server)
+    addr = server.start("tcp://127.0.0.1:0")
+    try:
+        w = kv_topspin.StoreClient(topspin.Channel(addr)).Watch(kv_pb2.WatchRequest())
+        assert [e.deleted for e in w] == ["x"]
+        assert ("stream-h", "yes") in (w.headers() or [])
+    finally:
+        server.stop(1)

@@ -126,10 +126,14 @@ def _run_sync(m: MethodHandler, call: _native.ServerCall) -> None:
             call.finish_ok(resp.SerializeToString(), ctx._trailers, ctx._headers)
         else:
             sender = call.sender()
+            first = True
             for r in m.handler(req, ctx):
+                if first:  # headers set before the first message go with it
+                    call.send_headers(ctx._headers)
+                    first = False
                 if not sender.send(r.SerializeToString()):
                     break
-            call.finish_ok(None)
+            call.finish_ok(None, None, ctx._headers)
     except BaseException as e:  # noqa: BLE001 - a handler's failure ends only its call
         _fail(call, e, ctx)
 
@@ -152,10 +156,14 @@ async def _run_async(
             out = m.handler(req, ctx)
             if inspect.isawaitable(out):
                 out = await out
+            first = True
             async for r in out:
+                if first:  # headers set before the first message go with it
+                    call.send_headers(ctx._headers)
+                    first = False
                 if not await send_async(sender, r.SerializeToString()):
                     break
-            call.finish_ok(None)
+            call.finish_ok(None, None, ctx._headers)
     except BaseException as e:  # noqa: BLE001 - a handler's failure ends only its call
         _fail(call, e, ctx)
     finally:

@@ -66,6 +66,16 @@ def test_exit_with_live_channels_and_calls_does_not_hang(kv_server: str) -> None
             asyncio.ensure_future(s.__anext__())
             await asyncio.sleep(0.05)
         asyncio.run(main())
+        # a Python server left running, with a handler busy in a call
+        class Slow(kv_topspin.StoreServicer):
+            def Get(self, request, context):
+                import time; time.sleep(30)
+        server = topspin.Server()
+        kv_topspin.add_StoreServicer_to_server(Slow(), server)
+        addr = server.start("tcp://127.0.0.1:0")
+        sc = kv_topspin.StoreClient(topspin.Channel(addr))
+        threading.Thread(target=lambda: sc.Get(kv_pb2.GetRequest(key="x")), daemon=True).start()
+        import time; time.sleep(0.2)
         print("bye", flush=True)
     """
     t0 = time.monotonic()

@@ -312,3 +312,33 @@ def test_streaming_handler_headers() -> None:
         assert ("stream-h", "yes") in (w.headers() or [])
     finally:
         server.stop(1)
+
+
+def test_blocking_handlers_run_concurrently() -> None:
+    barrier = threading.Barrier(3, timeout=10)
+
+    class Meet(kv_topspin.StoreServicer):
+        def Get(self, request: kv_pb2.GetRequest, context: topspin.ServicerContext) -> kv_pb2.Entry:
+            barrier.wait()  # only returns once three handlers are in at the same time
+            return kv_pb2.Entry(key=request.key)
+
+    server = topspin.Server(max_workers=4)
+    kv_topspin.add_StoreServicer_to_server(Meet(), server)
+    addr = server.start("tcp://127.0.0.1:0")
+    try:
+        c = kv_topspin.StoreClient(topspin.Channel(addr))
+        for _ in range(2):  # twice: the second round runs on threads that were idle
+            out: list[str] = []
+            ts = [
+                threading.Thread(
+                    target=lambda k=k, o=out: o.append(c.Get(kv_pb2.GetRequest(key=k)).key)
+                )
+                for k in "abc"
+            ]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(20)
+            assert sorted(out) == ["a", "b", "c"]
+    finally:
+        server.stop(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import queue
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, NamedTuple, Optional
@@ -170,6 +171,50 @@ async def _run_async(
         tasks.pop(call.id, None)
 
 
+class _DaemonPool:
+    """Threads for `def` handlers. Daemon threads: a handler still busy when the interpreter
+    exits does not hold the exit up (concurrent.futures' pool would join it)."""
+
+    def __init__(self, max_workers: int) -> None:
+        self._q: "queue.SimpleQueue[Optional[tuple[Callable[..., None], tuple[Any, ...]]]]" = (
+            queue.SimpleQueue()
+        )
+        self._max = max_workers
+        self._threads = 0
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        # Each task takes an idle thread (reserved here) or starts one; past max_workers it
+        # waits in the queue.
+        with self._lock:
+            spawn = False
+            if self._idle > 0:
+                self._idle -= 1
+            elif self._threads < self._max:
+                self._threads += 1
+                spawn = True
+        self._q.put((fn, args))
+        if spawn:
+            threading.Thread(target=self._work, name="topspin-handler", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, args = item
+            fn(*args)
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self) -> None:
+        with self._lock:
+            n = self._threads
+        for _ in range(n):
+            self._q.put(None)
+
+
 def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
 
@@ -190,7 +235,7 @@ class Server:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._own_loop = False
         self._thread: Optional[threading.Thread] = None
-        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pool: Optional[_DaemonPool] = None
         self._native: Optional[_native.Server] = None
         self._tasks: Dict[int, "asyncio.Task[None]"] = {}
         self._stopped = threading.Event()
@@ -220,9 +265,7 @@ class Server:
 
     def _build(self, loop: asyncio.AbstractEventLoop, address: str) -> str:
         self._loop = loop
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            self._max_workers, thread_name_prefix="topspin-handler"
-        )
+        self._pool = _DaemonPool(self._max_workers)
         c = completer(loop)
         n = _native.Server(c, self._on_call, self._on_cancel, self._max_message_size)
         for m in self._methods:
@@ -270,7 +313,7 @@ class Server:
 
     def _finish(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False)
+            self._pool.shutdown()
         if self._own_loop and self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)

@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 VENV=bindings/python/.venv
 PY=${PYTHON:-python3}
 if [ ! -x "$VENV/bin/python" ]; then
+  # Debian's python3 needs python3-venv for `-m venv` (a pyenv or python.org build has it).
+  if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1 && command -v apt-get >/dev/null; then
+    apt-get update -q && apt-get install -y -q python3-venv
+  fi
   "$PY" -m venv "$VENV"
 fi
 want="maturin pytest mypy ruff protobuf grpcio grpcio-tools types-protobuf"

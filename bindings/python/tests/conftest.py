@@ -1,0 +1,65 @@
+"""Fixtures: generated kv code, the Rust kvstore server and the Rust clients."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Iterator, Tuple
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(PKG))
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+KV_PROTO_DIR = os.path.join(ROOT, "examples", "kvstore", "proto")
+GEN = os.path.join(PKG, "tests", "gen_out")
+
+
+def _gen() -> None:
+    from topspin.gen import generate
+
+    generate(["kv/v1/kv.proto"], [KV_PROTO_DIR], GEN)
+
+
+_gen()
+sys.path.insert(0, GEN)
+sys.path.insert(0, os.path.join(PKG, "examples"))
+
+
+def binary(name: str) -> str:
+    path = os.path.join(TARGET, "debug", name)
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is not built (scripts/test-python.sh builds it)")
+    return path
+
+
+def start_server(cmd: list[str]) -> Tuple[subprocess.Popen[str], str]:
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    m = re.search(r"listening on (\S+)", line)
+    if not m:
+        p.kill()
+        raise RuntimeError(f"server said {line!r}")
+    addr = m.group(1)
+    if not re.match(r"^[a-z]+:", addr):
+        addr = "tcp://" + addr
+    return p, addr
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def kv_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The Rust kvstore server, over TCP or a Unix socket; yields its address."""
+    exe = binary("kvstore-server")
+    with tempfile.TemporaryDirectory() as d:
+        addr = "tcp://127.0.0.1:0" if request.param == "tcp" else f"unix://{d}/kv.sock"
+        p, bound = start_server([exe, addr])
+        try:
+            yield bound if request.param == "tcp" else addr
+        finally:
+            p.terminate()
+            p.wait(10)

@@ -1,0 +1,38 @@
+"""The README's quick start, run as written (from bindings/python, in a temporary copy)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PKG, ROOT
+
+
+def test_quick_start(tmp_path: Path) -> None:
+    text = (Path(PKG) / "README.md").read_text()
+    quick = text.split("## Quick start", 1)[1].split("## What there is", 1)[0]
+    shells = re.findall(r"```sh\n(.*?)```", quick, re.S)
+    code = re.findall(r"```python\n(.*?)```", quick, re.S)
+    assert len(code) == 1 and len(shells) == 2
+    gen = [ln for ln in shells[0].splitlines() if "topspin.gen" in ln]
+    assert len(gen) == 1
+    # `cd bindings/python` of the README: the same relative paths from a directory as deep.
+    work = tmp_path / "bindings" / "python"
+    work.mkdir(parents=True)
+    (tmp_path / "examples").symlink_to(os.path.join(ROOT, "examples"))
+    argv = shlex.split(gen[0])
+    assert argv[0] == ".venv/bin/python"
+    r = subprocess.run([sys.executable, *argv[1:]], cwd=work, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (work / "quickstart.py").write_text(code[0])
+    run = shlex.split(shells[1].split("#")[0])
+    assert run == [".venv/bin/python", "quickstart.py"]
+    r = subprocess.run(
+        [sys.executable, "quickstart.py"], cwd=work, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["red", "NOT_FOUND no key 'pear'", "64 answers"]

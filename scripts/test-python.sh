@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The Python binding's tests: set-up (venv, extension), the Rust interop peers, ruff, mypy
+# (the package, the generated code and the example), pytest. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup-python.sh
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+step() { printf '\n== %s\n' "$*"; }
+step "Rust interop peers (kvstore-server, kvstore-client, topspin CLI)"
+cargo build -q -p kvstore --bins -p topspin-cli
+step "cargo fmt / clippy (the extension crate)"
+(cd bindings/python && cargo fmt --check && cargo clippy -q --release --all-targets -- -D warnings)
+cd bindings/python
+PY=.venv/bin/python
+step "generate the kv example's code (python -m topspin.gen)"
+rm -rf tests/gen_out
+$PY -m topspin.gen -I ../../examples/kvstore/proto kv/v1/kv.proto -o tests/gen_out >/dev/null
+$PY bench/bench.py --generate
+step "ruff"
+$PY -m ruff check python tests examples bench
+$PY -m ruff format --check python tests examples bench
+step "mypy (package, generated code, example, tests)"
+MYPYPATH=tests/gen_out:bench/gen_out $PY -m mypy python/topspin examples tests/gen_out bench tests/typed_use.py
+step "pytest"
+$PY -m pytest -q tests
+step "benchmark smoke run (0.1 s per workload; no timings checked)"
+$PY bench/bench.py --seconds 0.1 >/dev/null
+cd ../..
+# A CPython 3.9 if the machine has one (plain, or installed by pyenv).
+PY39=""
+if python3.9 -c '' >/dev/null 2>&1; then
+  PY39=python3.9
+elif command -v pyenv >/dev/null 2>&1; then
+  v=$(pyenv versions --bare 2>/dev/null | grep -m1 '^3\.9\.' || true)
+  [ -n "$v" ] && PY39="$(pyenv root)/versions/$v/bin/python3.9"
+fi
+if [ -n "$PY39" ]; then
+  step "the abi3 wheel on CPython 3.9 (the oldest supported)"
+  rm -rf target/wheels/topspin-*.whl
+  (cd bindings/python && .venv/bin/maturin build --release -q)
+  V39=bindings/python/.venv39
+  [ -x "$V39/bin/python" ] || "$PY39" -m venv "$V39"
+  "$V39/bin/python" -m pip install -q --force-reinstall --no-deps target/wheels/topspin-*.whl
+  "$V39/bin/python" -m pip show -q pytest protobuf >/dev/null 2>&1 || "$V39/bin/python" -m pip install -q pytest protobuf
+  (cd bindings/python && .venv39/bin/python -m pytest -q -p no:cacheprovider \
+    tests/test_client_kvstore.py tests/test_server.py tests/test_lifecycle.py tests/test_readme.py)
+fi
+step "python: all tests passed"

@@ -86,10 +86,29 @@ impl Handler for Observed {
         io: CallIo,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
+        if self.chain.is_empty() && !crate::observe::spans_wanted() {
+            // The fast path: nothing to run, nothing to record.
+            return self.inner.call(input, metadata, ctx, io, recycled);
+        }
+        self.call_observed(input, metadata, ctx, io, recycled)
+    }
+}
+
+impl Observed {
+    /// A call with interceptors to run or a span to record (kept out of line, so that the
+    /// fast path above stays a check and a call).
+    #[inline(never)]
+    fn call_observed(
+        &self,
+        input: Input,
+        metadata: Metadata,
+        ctx: ServerContext,
+        io: CallIo,
+        recycled: Option<BoxFut>,
+    ) -> BoxFut {
         let id = u64::from(io.id);
         let span = crate::observe::call_span(Side::Server, &ctx.method, &ctx.peer, id);
         if self.chain.is_empty() && span.is_none() {
-            // The fast path: nothing to run, nothing to record.
             return self.inner.call(input, metadata, ctx, io, recycled);
         }
         #[cfg(feature = "otel")]

@@ -34,6 +34,12 @@ use tracing::field::Empty;
 use tracing::Span;
 
 /// A call's span, if a subscriber wants it.
+/// Whether a subscriber wants call spans (one cached callsite check).
+#[inline]
+pub(crate) fn spans_wanted() -> bool {
+    tracing::span_enabled!(target: "topspin::call", tracing::Level::DEBUG)
+}
+
 #[inline]
 pub(crate) fn call_span(side: Side, method: &str, peer: &dyn Display, id: u64) -> Option<Span> {
     if !tracing::span_enabled!(target: "topspin::call", tracing::Level::DEBUG) {

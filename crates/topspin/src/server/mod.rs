@@ -701,11 +701,12 @@ fn serve_connection<T: crate::transport::Transport>(
         let jittered = age.mul_f64(0.9 + 0.2 * fastrand::f64());
         (jittered, config.max_connection_age_grace(), server.child())
     });
-    let server = server.clone();
-    async move {
-        let Some((age, grace, signal)) = age else {
-            return conn::serve(transport, registry, config, server).await;
-        };
+    use futures_util::future::Either;
+    let Some((age, grace, signal)) = age else {
+        // No age limit (the default): the connection's own future, with no layer around it.
+        return Either::Left(conn::serve(transport, registry, config, server.clone()));
+    };
+    Either::Right(async move {
         let serve = conn::serve(transport, registry, config, signal.clone());
         tokio::pin!(serve);
         tokio::select! {
@@ -716,7 +717,7 @@ fn serve_connection<T: crate::transport::Transport>(
         tracing::debug!("connection reached its max_connection_age ({age:?}): going away");
         signal.begin(grace);
         serve.await;
-    }
+    })
 }
 
 /// Tells a connection over `Config::max_connections` why it is refused, then closes it: it

@@ -111,6 +111,7 @@ impl SocketTransport {
         }
     }
 
+    #[inline]
     fn fd(&self) -> io::Result<&AsyncFd<Sock>> {
         self.sock.as_ref().ok_or_else(gone)
     }
@@ -142,6 +143,7 @@ impl SocketTransport {
     /// `read` that would otherwise only return `EAGAIN` on every wake-up (measured: one per
     /// call per side). Race-free: tokio snapshots readiness before the closure runs, so data
     /// that arrives after the `recv` raises a new readiness event that is not cleared.
+    #[inline]
     fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         let mut got = 0;
         let r = self.fd()?.try_io(Interest::READABLE, |s| {

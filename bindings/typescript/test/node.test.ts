@@ -1,0 +1,99 @@
+// Node client ↔ Node server over TCP and a Unix socket: the whole call-kind suite, plus what
+// only the Node server can show (the handler sees the cancel and the deadline).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Code, createClient } from "../src/index.js";
+import { Server, connect } from "../src/node/index.js";
+import { Store } from "../gen/kv/v1/kv_pb.js";
+import { kvStore } from "../examples/kvstore.js";
+import { failsWith, kvSuite } from "./suite.js";
+
+async function waitFor(cond: () => boolean, ms = 5000): Promise<void> {
+  const until = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > until) assert.fail("condition not reached in time");
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+test("node client ↔ node server over TCP: every call kind", async () => {
+  const stats = { watching: 0 };
+  const server = new Server().service(Store, kvStore(stats));
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const ch = connect(addr);
+  try {
+    await kvSuite(ch, "t/");
+    await waitFor(() => stats.watching === 0); // cancel and deadline reached the handlers
+  } finally {
+    ch.close();
+    await server.close(1000);
+  }
+});
+
+test("node client ↔ node server over a Unix socket", async () => {
+  const path = join(tmpdir(), `topspin-ts-${process.pid}.sock`);
+  const server = new Server().service(Store, kvStore());
+  await server.listen(`unix://${path}`);
+  const ch = connect(`unix://${path}`);
+  try {
+    await kvSuite(ch, "u/");
+  } finally {
+    ch.close();
+    await server.close(1000);
+  }
+});
+
+test("server: unknown method is UNIMPLEMENTED; handler errors carry code, message, details and trailers", async () => {
+  const server = new Server().route("/t.T/Fail", {
+    kind: "unary",
+    decode: (b) => b,
+    encode: (v) => v as Uint8Array,
+    handler: (_req, ctx) => {
+      ctx.responseTrailers.push({ key: "why", value: "because" });
+      throw Object.assign(new Error("x"), { name: "Other" });
+    },
+  });
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const ch = connect(addr);
+  try {
+    const call = await ch.start("/t.T/Nope");
+    await call.send(new Uint8Array([1]), true);
+    await failsWith(call.end(), Code.UNIMPLEMENTED);
+    const c2 = await ch.start("/t.T/Fail");
+    await c2.send(new Uint8Array([1]), true);
+    const e = await failsWith(c2.end(), Code.UNKNOWN);
+    assert.deepEqual(e.metadata, [{ key: "why", value: "because" }]);
+  } finally {
+    ch.close();
+    await server.close(1000);
+  }
+});
+
+test("reconnect with backoff: a call after the server restarts on the same port succeeds", async () => {
+  let server = new Server().service(Store, kvStore());
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const ch = connect(addr, { backoff: { initialMs: 20, maxMs: 200 } });
+  const kv = createClient(Store, ch);
+  try {
+    await kv.put({ key: "a", value: "1" });
+    await server.close(100);
+    await failsWith(kv.get({ key: "a" }), Code.UNAVAILABLE); // nobody listening
+    server = new Server().service(Store, kvStore());
+    await server.listen(addr);
+    let ok = false;
+    for (let i = 0; i < 50 && !ok; i++) {
+      try {
+        await kv.put({ key: "a", value: "2" });
+        ok = true;
+      } catch {
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    }
+    assert.ok(ok, "reconnected");
+  } finally {
+    ch.close();
+    await server.close(100);
+  }
+});

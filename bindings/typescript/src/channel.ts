@@ -88,7 +88,6 @@ export class ClientCall {
 
   /** @internal */
   onEvent(e: Event): void {
-    const live = this.live;
     switch (e.type) {
       case "Headers":
         this.headers = e.metadata;
@@ -105,7 +104,7 @@ export class ClientCall {
         break;
       case "Ended":
         this.trailers = e.trailers;
-        if (e.code === Code.OK) {
+        if (e.code === 0) {
           this.opts.onTrailer?.(e.trailers);
           this.finish(null);
         } else {

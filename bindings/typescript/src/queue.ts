@@ -58,6 +58,7 @@ export class AsyncQueue<T> implements AsyncIterable<T> {
         return { done: false, value };
       }
       if (this.ended) {
+        // eslint-disable-next-line @typescript-eslint/only-throw-error -- the producer's error, as given
         if (this.error !== undefined) throw this.error;
         return { done: true, value: undefined };
       }

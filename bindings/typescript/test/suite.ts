@@ -36,6 +36,7 @@ export async function kvSuite(channel: Channel, prefix: string): Promise<void> {
   // client streaming
   const summary = await kv.apply(
     (async function* () {
+      await sleep(1);
       yield { op: { case: "put" as const, value: { key: `${prefix}b`, value: "2" } } };
       yield { op: { case: "put" as const, value: { key: `${prefix}c`, value: "3" } } };
       yield { op: { case: "delete" as const, value: { key: `${prefix}c` } } };

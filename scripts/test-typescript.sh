@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Every check of bindings/typescript: set-up, tsc --strict, eslint, the vector runner, Node
+# client ↔ Node server, interop with the Rust kvstore-server and the Rust `topspin` CLI over TCP
+# and Unix sockets, and the browser test (Chromium, WebSocket) when the Rust server speaks ws://.
+#
+# KVSTORE_SERVER / TOPSPIN_CLI may name prebuilt binaries; otherwise they are built here.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+"$root/scripts/setup-typescript.sh"
+
+step() { printf '\n== typescript: %s\n' "$*"; }
+
+if [ -z "${KVSTORE_SERVER:-}" ] || [ -z "${TOPSPIN_CLI:-}" ]; then
+  step "building the Rust peers (kvstore-server, topspin CLI)"
+  (cd "$root" && cargo build -q --locked -p kvstore --bin kvstore-server -p topspin-cli)
+  target="${CARGO_TARGET_DIR:-$root/target}"
+  export KVSTORE_SERVER="${KVSTORE_SERVER:-$target/debug/kvstore-server}"
+  export TOPSPIN_CLI="${TOPSPIN_CLI:-$target/debug/topspin}"
+fi
+
+cd "$root/bindings/typescript"
+step "tsc --strict (no emit) and eslint"
+npx --no-install tsc -p tsconfig.json --noEmit
+npx --no-install eslint .
+
+step "build"
+rm -rf dist
+npx --no-install tsc -p tsconfig.json
+
+step "node --test: vectors, node ↔ node, interop with Rust"
+node --test --test-timeout=120000 dist/test/
+
+step "client runtime size (min+gzip)"
+node dist/bench/size.js
+
+# The browser test needs a Rust server that accepts ws:// (protocol.md §14.2). Ask the server
+# itself: it refuses an address scheme it does not know.
+if node dist/browser/ws-support.js "$KVSTORE_SERVER"; then
+  step "browser: Chromium page → Rust server over ws://"
+  node dist/browser/run.js
+else
+  step "browser test NOT RUN: $KVSTORE_SERVER does not accept ws:// addresses (WebSocket transport not in this build)"
+fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what bindings/typescript needs; safe to run again (skips what is there):
 # Node.js and npm (Debian) if missing, Debian's chromium (the browser test drives it with
-# playwright-core; no browser download), the npm packages (npm ci) and the generated
+# playwright-core; no browser download), the npm packages (npm install) and the generated
 # protobuf-es code (buf generate; the buf binary comes from the @bufbuild/buf npm package).
 set -euo pipefail
 cd "$(dirname "$0")/../bindings/typescript"
@@ -24,11 +24,13 @@ if [ "$node_major" -lt 20 ]; then
   exit 1
 fi
 
-# npm ci only when package-lock.json changed since the last install.
+# npm install only when package-lock.json changed since the last install.
 stamp=node_modules/.topspin-lock-stamp
 lock_sum=$(sha256sum package-lock.json | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$lock_sum" ]; then
-  npm ci --no-audit --no-fund --loglevel=error
+  # npm install (not npm ci): the lock cannot list @bufbuild/buf's binaries for other platforms
+  # (the registry reached here has only some of them), which npm ci refuses.
+  npm install --no-audit --no-fund --loglevel=error
   echo "$lock_sum" > "$stamp"
 fi
 

@@ -18,6 +18,55 @@ export interface Duplex {
   onClose: (reason: string) => void;
 }
 
+/**
+ * A {@link Duplex} that holds what arrives until its user sets `onData` / `onClose`: a server
+ * may send its preface at once, in the same read as the WebSocket handshake's answer, before
+ * the dialer's caller has had a chance to listen.
+ */
+export class HeldDuplex implements Duplex {
+  private held: Uint8Array[] | null = [];
+  private closedWith: string | null = null;
+  private dataFn: (bytes: Uint8Array) => void = (b) => this.held?.push(b);
+  private closeFn: ((reason: string) => void) | null = null;
+
+  constructor(
+    private readonly writeFn: (chunks: Uint8Array[]) => void,
+    private readonly closeImpl: () => void,
+  ) {}
+
+  write(chunks: Uint8Array[]): void {
+    this.writeFn(chunks);
+  }
+  close(): void {
+    this.closeImpl();
+  }
+  get onData(): (bytes: Uint8Array) => void {
+    return this.dataFn;
+  }
+  set onData(f: (bytes: Uint8Array) => void) {
+    this.dataFn = f;
+    const held = this.held;
+    this.held = null;
+    for (const b of held ?? []) f(b);
+  }
+  get onClose(): (reason: string) => void {
+    return this.closeFn ?? ((r: string) => (this.closedWith = r));
+  }
+  set onClose(f: (reason: string) => void) {
+    this.closeFn = f;
+    if (this.closedWith !== null) f(this.closedWith);
+  }
+  /** The transport delivers bytes. */
+  deliver(b: Uint8Array): void {
+    this.dataFn(b);
+  }
+  /** The transport ended. */
+  end(reason: string): void {
+    if (this.closeFn) this.closeFn(reason);
+    else this.closedWith = reason;
+  }
+}
+
 /** Opens a new stream to the server. */
 export type Dialer = (signal?: AbortSignal) => Promise<Duplex>;
 
@@ -62,8 +111,8 @@ export function webSocketDialer(url: string, ctor?: WebSocketCtor): Dialer {
       }
       ws.binaryType = "arraybuffer";
       let open = false;
-      const duplex: Duplex = {
-        write(chunks) {
+      const duplex = new HeldDuplex(
+        (chunks) => {
           if (ws.readyState !== 1) return;
           let total = 0;
           for (const c of chunks) total += c.length;
@@ -86,16 +135,14 @@ export function webSocketDialer(url: string, ctor?: WebSocketCtor): Dialer {
             }
           }
         },
-        close() {
+        () => {
           try {
             ws.close(1000);
           } catch {
             /* already closed */
           }
         },
-        onData: () => undefined,
-        onClose: () => undefined,
-      };
+      );
       const onAbort = (): void => {
         ws.close();
         reject(new TopspinError(Code.CANCELLED, "connect aborted"));
@@ -104,8 +151,8 @@ export function webSocketDialer(url: string, ctor?: WebSocketCtor): Dialer {
       ws.onopen = () => {
         signal?.removeEventListener("abort", onAbort);
         if (ws.protocol !== WS_SUBPROTOCOL) {
-          ws.close(1002);
           reject(new TopspinError(Code.UNAVAILABLE, `the server at ${url} did not answer with the ${WS_SUBPROTOCOL} subprotocol`));
+          ws.close(1002);
           return;
         }
         open = true;
@@ -113,8 +160,8 @@ export function webSocketDialer(url: string, ctor?: WebSocketCtor): Dialer {
       };
       ws.onmessage = (ev) => {
         const d = ev.data;
-        if (d instanceof ArrayBuffer) duplex.onData(new Uint8Array(d));
-        else if (ArrayBuffer.isView(d)) duplex.onData(new Uint8Array(d.buffer, d.byteOffset, d.byteLength));
+        if (d instanceof ArrayBuffer) duplex.deliver(new Uint8Array(d));
+        else if (ArrayBuffer.isView(d)) duplex.deliver(new Uint8Array(d.buffer, d.byteOffset, d.byteLength));
         else ws.close(1003, "text messages are not topspin");
       };
       ws.onerror = () => undefined;
@@ -122,7 +169,7 @@ export function webSocketDialer(url: string, ctor?: WebSocketCtor): Dialer {
         signal?.removeEventListener("abort", onAbort);
         const why = `WebSocket closed (${ev.code}${ev.reason ? " " + ev.reason : ""})`;
         if (!open) reject(new TopspinError(Code.UNAVAILABLE, `cannot connect to ${url}: ${why}`));
-        else duplex.onClose(why);
+        else duplex.end(why);
       };
     });
 }

@@ -7,13 +7,13 @@ import * as net from "node:net";
 import WebSocket from "ws";
 import { Channel, type ChannelOptions } from "../channel.js";
 import { Code, TopspinError } from "../status.js";
-import { webSocketDialer, type Dialer, type Duplex, type WebSocketCtor } from "../transport.js";
+import { HeldDuplex, webSocketDialer, type Dialer, type Duplex, type WebSocketCtor } from "../transport.js";
 
 /** Wraps a connected socket as a {@link Duplex}. */
 export function socketDuplex(socket: net.Socket): Duplex {
   socket.setNoDelay(true);
-  const d: Duplex = {
-    write(chunks) {
+  const d = new HeldDuplex(
+    (chunks) => {
       if (socket.destroyed) return;
       if (chunks.length === 1) {
         socket.write(chunks[0] as Uint8Array);
@@ -23,17 +23,15 @@ export function socketDuplex(socket: net.Socket): Duplex {
       for (const c of chunks) socket.write(c);
       socket.uncork();
     },
-    close() {
+    () => {
       socket.end();
       socket.destroySoon();
     },
-    onData: () => undefined,
-    onClose: () => undefined,
-  };
+  );
   let why = "the peer closed the connection";
-  socket.on("data", (b: Buffer) => d.onData(b));
+  socket.on("data", (b: Buffer) => d.deliver(b));
   socket.on("error", (e) => (why = e.message));
-  socket.on("close", () => d.onClose(why));
+  socket.on("close", () => d.end(why));
   return d;
 }
 

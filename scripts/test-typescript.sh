@@ -4,6 +4,8 @@
 # and Unix sockets, and the browser test (Chromium, WebSocket) when the Rust server speaks ws://.
 #
 # KVSTORE_SERVER / TOPSPIN_CLI may name prebuilt binaries; otherwise they are built here.
+# KVSTORE_SERVER_WS may name a kvstore-server built with the WebSocket transport for the
+# browser test (default: KVSTORE_SERVER).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup-typescript.sh"
@@ -35,9 +37,11 @@ node dist/bench/size.js
 
 # The browser test needs a Rust server that accepts ws:// (protocol.md §14.2). Ask the server
 # itself: it refuses an address scheme it does not know.
-if node dist/browser/ws-support.js "$KVSTORE_SERVER"; then
-  step "browser: Chromium page → Rust server over ws://"
-  node dist/browser/run.js
+ws_server="${KVSTORE_SERVER_WS:-$KVSTORE_SERVER}"
+if node dist/browser/ws-support.js "$ws_server"; then
+  step "browser: Node over ws://, then a Chromium page → Rust server over ws://"
+  KVSTORE_SERVER="$ws_server" node dist/browser/run.js
 else
-  step "browser test NOT RUN: $KVSTORE_SERVER does not accept ws:// addresses (WebSocket transport not in this build)"
+  step "browser test NOT RUN: $ws_server does not accept ws:// addresses (no WebSocket transport in this build)"
 fi
+step "all run checks passed"

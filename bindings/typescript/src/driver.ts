@@ -6,6 +6,12 @@
 import { Connection, type Event } from "./connection.js";
 import type { Duplex } from "./transport.js";
 
+/** Runs `f` later: after this turn's microtasks with `setImmediate` in Node, as a microtask elsewhere (browsers clamp timers). */
+const schedule: (f: () => void) => void =
+  typeof (globalThis as { setImmediate?: unknown }).setImmediate === "function"
+    ? (f) => void (globalThis as unknown as { setImmediate: (f: () => void) => unknown }).setImmediate(f)
+    : (f) => queueMicrotask(f);
+
 /** Runs one engine over one stream. */
 export class Driver {
   private pumping = false;
@@ -29,7 +35,11 @@ export class Driver {
     this.pump();
   }
 
-  /** Writes what the engine queued and hands its events over; safe to call from a handler. */
+  /**
+   * Hands the engine's events over and schedules a write of what it queued; safe to call from
+   * a handler. Writes are coalesced: the frames of everything done in one turn of the event
+   * loop (a CALL and its MESSAGE, a reply and its END, many calls) go out in one write.
+   */
   pump(): void {
     if (this.pumping) {
       this.again = true;
@@ -39,13 +49,28 @@ export class Driver {
     try {
       do {
         this.again = false;
-        const out = this.engine.takeOutput();
-        if (out.length > 0 && !this.ioClosed) this.io.write(out);
         for (const e of this.engine.takeEvents()) this.onEvent(e);
-      } while (this.again || this.engine.outputBytes > 0);
+      } while (this.again);
     } finally {
       this.pumping = false;
     }
+    if (this.engine.closed) this.flush();
+    else if (this.engine.outputBytes > 0 && !this.flushScheduled) {
+      this.flushScheduled = true;
+      schedule(this.flushNow);
+    }
+  }
+
+  private flushScheduled = false;
+  private readonly flushNow = (): void => {
+    this.flushScheduled = false;
+    this.flush();
+  };
+
+  /** Writes what the engine queued now (and closes the stream once the engine is closed). */
+  flush(): void {
+    const out = this.engine.takeOutput();
+    if (out.length > 0 && !this.ioClosed) this.io.write(out);
     if (this.engine.closed && !this.ioClosed) {
       this.ioClosed = true;
       this.io.close();

@@ -19,6 +19,19 @@ export function socketDuplex(socket: net.Socket): Duplex {
         socket.write(chunks[0] as Uint8Array);
         return;
       }
+      let total = 0;
+      for (const c of chunks) total += c.length;
+      if (total <= 16384) {
+        // Small frames: one copy into one buffer is cheaper than a writev of many.
+        const b = Buffer.allocUnsafe(total);
+        let off = 0;
+        for (const c of chunks) {
+          b.set(c, off);
+          off += c.length;
+        }
+        socket.write(b);
+        return;
+      }
       socket.cork();
       for (const c of chunks) socket.write(c);
       socket.uncork();

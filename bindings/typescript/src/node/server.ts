@@ -71,7 +71,10 @@ interface ServerCall {
   id: number;
   input: AsyncQueue<Uint8Array>;
   credit: number[];
-  abort: AbortController;
+  /** Made when the handler first looks at `ctx.signal` (most never do). */
+  abort: AbortController | null;
+  /** Why the call ended early, once it did. */
+  reason: TopspinError | null;
   done: boolean;
   writeWaiter: (() => void) | null;
   timer: ReturnType<typeof setTimeout> | undefined;
@@ -190,13 +193,17 @@ export class Server {
     }
   }
 
-  private finish(c: { calls: Map<number, ServerCall> }, call: ServerCall, err: TopspinError): void {
+  /** Ends the call's bookkeeping; `err` (an early end) aborts the handler's signal and input. */
+  private finish(c: { calls: Map<number, ServerCall> }, call: ServerCall, err: TopspinError | null): void {
     if (call.done) return;
     call.done = true;
     c.calls.delete(call.id);
     clearTimeout(call.timer);
-    call.abort.abort(err);
-    call.input.fail(err);
+    if (err !== null) {
+      call.reason = err;
+      call.abort?.abort(err);
+      call.input.fail(err);
+    }
     const w = call.writeWaiter;
     call.writeWaiter = null;
     if (w) w();
@@ -210,7 +217,7 @@ export class Server {
       driver.pump();
       return;
     }
-    const call: ServerCall = { id: e.callId, input: new AsyncQueue(), credit: [], abort: new AbortController(), done: false, writeWaiter: null, timer: undefined };
+    const call: ServerCall = { id: e.callId, input: new AsyncQueue(), credit: [], abort: null, reason: null, done: false, writeWaiter: null, timer: undefined };
     c.calls.set(call.id, call);
     const timeoutMs = Number(e.timeoutUs) / 1000;
     const deadline = e.timeoutUs > 0n ? Date.now() + timeoutMs : undefined;
@@ -225,7 +232,13 @@ export class Server {
     const ctx: HandlerContext = {
       method: e.method,
       requestHeaders: e.metadata,
-      signal: call.abort.signal,
+      get signal(): AbortSignal {
+        if (call.abort === null) {
+          call.abort = new AbortController();
+          if (call.reason !== null) call.abort.abort(call.reason);
+        }
+        return call.abort.signal;
+      },
       deadline,
       responseHeaders: [],
       responseTrailers: [],
@@ -252,7 +265,7 @@ export class Server {
       const bytes = route.encode(v);
       sendHeaders();
       for (;;) {
-        if (call.done) throw call.abort.signal.reason as TopspinError;
+        if (call.done) throw call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
         if (engine.sendMessage(call.id, bytes)) {
           driver.pump();
           return;
@@ -289,7 +302,7 @@ export class Server {
         if (call.done) return;
         sendHeaders();
         engine.endCall(call.id, Code.OK, "", ctx.responseTrailers);
-        this.finish(c, call, new TopspinError(Code.OK, "done"));
+        this.finish(c, call, null);
         driver.pump();
       },
       (err: unknown) => {
@@ -297,7 +310,7 @@ export class Server {
         const t = TopspinError.from(err);
         sendHeaders();
         engine.endCall(call.id, t.code === Code.OK ? Code.UNKNOWN : t.code, t.rawMessage, [...ctx.responseTrailers, ...t.metadata]);
-        this.finish(c, call, t);
+        this.finish(c, call, null);
         driver.pump();
       },
     );

@@ -5,7 +5,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { writeFileSync, mkdtempSync } from "node:fs";
+import { readFileSync, writeFileSync, mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Server, connect } from "../src/node/index.js";
@@ -103,5 +103,19 @@ test("Rust topspin CLI → TypeScript server over TCP", async () => {
     if (watcher.exitCode === null) watcher.kill("SIGKILL");
   } finally {
     await server.close(1000);
+  }
+});
+
+test("README quick start against the Rust kvstore-server prints what the README says", async () => {
+  const { proc, address } = await startServer(binary("KVSTORE_SERVER"), ["tcp://127.0.0.1:0"]);
+  try {
+    const pkg = join(repoRoot, "bindings", "typescript");
+    const r = await run(process.execPath, [join(pkg, "dist", "examples", "quickstart.js"), address]);
+    assert.equal(r.code, 0, r.stderr);
+    const readme = readFileSync(join(pkg, "README.md"), "utf8");
+    const printed = /It prints:\n\n```text\n([\s\S]*?)```/.exec(readme)?.[1];
+    assert.equal(r.stdout, printed);
+  } finally {
+    await stop(proc);
   }
 });

@@ -97,3 +97,66 @@ test("reconnect with backoff: a call after the server restarts on the same port 
     await server.close(100);
   }
 });
+
+test("graceful shutdown: GOAWAY lets the call in progress finish; the next call finds no server", async () => {
+  let entered: () => void = () => undefined;
+  const inHandler = new Promise<void>((r) => (entered = r));
+  const server = new Server().route("/t.T/Slow", {
+    kind: "unary",
+    decode: (b) => b,
+    encode: (v) => v as Uint8Array,
+    handler: async (req) => {
+      entered();
+      await new Promise((r) => setTimeout(r, 200));
+      return req;
+    },
+  });
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const ch = connect(addr, { backoff: { initialMs: 10, maxMs: 50 } });
+  try {
+    const call = await ch.start("/t.T/Slow");
+    await call.send(new Uint8Array([42]), true);
+    await inHandler;
+    const closing = server.close(5000);
+    assert.deepEqual([...((await call.receive()) ?? [])], [42]);
+    await call.end();
+    await closing;
+    await failsWith(ch.start("/t.T/Slow").then((c) => c.end()), Code.UNAVAILABLE);
+  } finally {
+    ch.close();
+  }
+});
+
+test("a slow reader holds the server back (flow control), then gets every byte", async () => {
+  let sent = 0;
+  const server = new Server().route("/t.T/Flood", {
+    kind: "server_streaming",
+    decode: (b) => b,
+    encode: (v) => v as Uint8Array,
+    handler: function* () {
+      for (let i = 0; i < 64; i++) {
+        sent++;
+        yield new Uint8Array(64 * 1024).fill(i);
+      }
+    },
+  });
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const ch = connect(addr);
+  try {
+    const call = await ch.start("/t.T/Flood");
+    await call.send(new Uint8Array(0), true);
+    await new Promise((r) => setTimeout(r, 300));
+    // 4 MiB offered, 1 MiB window: the handler is held well before the end
+    assert.ok(sent < 40, `the server stopped for credit (sent ${sent})`);
+    let n = 0;
+    for (let m = await call.receive(); m !== undefined; m = await call.receive()) {
+      assert.equal(m[0], n);
+      n++;
+    }
+    await call.end();
+    assert.equal(n, 64);
+  } finally {
+    ch.close();
+    await server.close(1000);
+  }
+});

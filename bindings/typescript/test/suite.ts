@@ -100,6 +100,12 @@ export async function kvSuite(channel: Channel, prefix: string): Promise<void> {
   }
   assert.equal(bigs, 2);
 
+  // 8 MiB back on one bidi call: far past the 1 MiB window, so credit must come back as the
+  // client reads (and the server must wait for it)
+  let bytes = 0;
+  for await (const e of kv.getMany(Array.from({ length: 8 }, () => ({ key: `${prefix}big` })))) bytes += e.value.length;
+  assert.equal(bytes, 8 << 20);
+
   // many calls in flight on one connection
   const many = await Promise.all(Array.from({ length: 200 }, (_, i) => kv.put({ key: `${prefix}m${i % 10}`, value: String(i) })));
   assert.equal(many.length, 200);

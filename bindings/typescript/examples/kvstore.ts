@@ -6,7 +6,7 @@ import { Server, type HandlerContext, type ServiceImpl } from "../src/node/index
 import { EntrySchema, EventSchema, Store, type Entry, type Event } from "../gen/kv/v1/kv_pb.js";
 
 /** An in-memory implementation of kv.v1.Store. */
-export function kvStore(stats: { watching: number } = { watching: 0 }): ServiceImpl<typeof Store> {
+export function kvStore(stats: { watching: number; ended?: unknown[] } = { watching: 0 }): ServiceImpl<typeof Store> {
   const map = new Map<string, Entry>();
   const watchers = new Set<{ prefix: string; push: (e: Event) => void }>();
   const notify = (key: string, e: Event): void => {
@@ -57,6 +57,7 @@ export function kvStore(stats: { watching: number } = { watching: 0 }): ServiceI
             });
         }
       } finally {
+        stats.ended?.push(ctx.signal.reason);
         stats.watching--;
         watchers.delete(w);
       }

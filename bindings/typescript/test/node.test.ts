@@ -4,7 +4,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Code, createClient } from "../src/index.js";
+import { Code, TopspinError, createClient } from "../src/index.js";
 import { Server, connect } from "../src/node/index.js";
 import { Store } from "../gen/kv/v1/kv_pb.js";
 import { kvStore } from "../examples/kvstore.js";
@@ -19,13 +19,19 @@ async function waitFor(cond: () => boolean, ms = 5000): Promise<void> {
 }
 
 test("node client ↔ node server over TCP: every call kind", async () => {
-  const stats = { watching: 0 };
+  const stats = { watching: 0, ended: [] as unknown[] };
   const server = new Server().service(Store, kvStore(stats));
   const addr = await server.listen("tcp://127.0.0.1:0");
   const ch = connect(addr);
   try {
     await kvSuite(ch, "t/");
     await waitFor(() => stats.watching === 0); // cancel and deadline reached the handlers
+    // The abort came as CANCEL CANCELLED and the deadline as DEADLINE_EXCEEDED, on a connection
+    // that went on (not a lost connection: that would be UNAVAILABLE).
+    assert.deepEqual(
+      stats.ended.map((r) => (r instanceof TopspinError ? Code[r.code] : String(r))),
+      ["CANCELLED", "DEADLINE_EXCEEDED"],
+    );
   } finally {
     ch.close();
     await server.close(1000);

@@ -25,6 +25,17 @@ test("TypeScript client → Rust kvstore-server over TCP", async () => {
   }
 });
 
+test("TypeScript client with small frames and window → Rust: the server's 1 MiB replies come split", async () => {
+  const { proc, address } = await startServer(binary("KVSTORE_SERVER"), ["tcp://127.0.0.1:0"]);
+  const ch = connect(address, { settings: { maxFrameSize: 16384, initialCallWindow: 32768 } });
+  try {
+    await kvSuite(ch, "tss/");
+  } finally {
+    ch.close();
+    await stop(proc);
+  }
+});
+
 test("TypeScript client → Rust kvstore-server over a Unix socket", async () => {
   const path = join(mkdtempSync(join(tmpdir(), "topspin-ts-")), "kv.sock");
   const { proc } = await startServer(binary("KVSTORE_SERVER"), [`unix://${path}`]);

@@ -166,3 +166,29 @@ test("a slow reader holds the server back (flow control), then gets every byte",
     await server.close(1000);
   }
 });
+
+test("small frames and windows both ways: 1 MiB messages go as split messages and wait for credit", async () => {
+  const settings = { maxFrameSize: 16384, initialCallWindow: 65536 };
+  const server = new Server({ settings }).service(Store, kvStore());
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const ch = connect(addr, { settings });
+  try {
+    await kvSuite(ch, "s/");
+  } finally {
+    ch.close();
+    await server.close(1000);
+  }
+});
+
+test("window 0 on both sides: the first credit comes with the call (§7)", async () => {
+  const settings = { initialCallWindow: 0 };
+  const server = new Server({ settings }).service(Store, kvStore());
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const ch = connect(addr, { settings });
+  try {
+    await kvSuite(ch, "z/");
+  } finally {
+    ch.close();
+    await server.close(1000);
+  }
+});

@@ -5,3 +5,4 @@
  */
 export * from "./net.js";
 export * from "./server.js";
+export * from "./gzip.js";

@@ -1,0 +1,17 @@
+// eslint flat config: the recommended rules of eslint and typescript-eslint (type-aware).
+import js from "@eslint/js";
+import tseslint from "typescript-eslint";
+
+export default tseslint.config(
+  { ignores: ["dist/**", "node_modules/**", "gen/**", "browser/out/**", "eslint.config.js"] },
+  js.configs.recommended,
+  ...tseslint.configs.recommendedTypeChecked,
+  {
+    languageOptions: { parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname } },
+    rules: {
+      "@typescript-eslint/no-unused-vars": ["error", { argsIgnorePattern: "^_", varsIgnorePattern: "^_" }],
+    },
+  },
+  // node:test's test() returns a promise the runner awaits itself.
+  { files: ["test/**"], rules: { "@typescript-eslint/no-floating-promises": "off" } },
+);

@@ -1,0 +1,13 @@
+/**
+ * topspin for browsers and Node: the protocol engine, the client, typed service clients and the
+ * WebSocket transport. Node-only pieces (TCP, Unix sockets, the server) are in
+ * `@topspin/client/node`.
+ * @module
+ */
+export * from "./frame.js";
+export * from "./connection.js";
+export * from "./status.js";
+export * from "./queue.js";
+export * from "./transport.js";
+export * from "./channel.js";
+export * from "./client.js";

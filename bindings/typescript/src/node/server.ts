@@ -1,0 +1,318 @@
+/**
+ * A topspin server for Node over TCP and Unix sockets: handlers for the four call kinds, typed
+ * from protobuf-es service descriptors, with deadlines, cancellation (an `AbortSignal` per
+ * call), metadata and graceful shutdown (GOAWAY).
+ * @module
+ */
+import * as net from "node:net";
+import { existsSync, unlinkSync } from "node:fs";
+import { create, fromBinary, toBinary, type DescMessage, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import { Connection, type Event, type Limits } from "../connection.js";
+import { Driver } from "../driver.js";
+import type { Metadata, Settings } from "../frame.js";
+import { AsyncQueue } from "../queue.js";
+import { Code, TopspinError } from "../status.js";
+import { methodPath } from "../client.js";
+import { parseAddress, socketDuplex } from "./net.js";
+
+/** What a handler knows about its call, and what it can set. */
+export interface HandlerContext {
+  /** The full method name. */
+  readonly method: string;
+  /** The request metadata. */
+  readonly requestHeaders: Metadata;
+  /** Aborted when the client cancels, the deadline passes or the connection is lost. */
+  readonly signal: AbortSignal;
+  /** The deadline (ms since the epoch), if the client set one. */
+  readonly deadline: number | undefined;
+  /** Response headers: add entries before the first response message. */
+  readonly responseHeaders: Metadata;
+  /** Trailers, sent with the status. */
+  readonly responseTrailers: Metadata;
+}
+
+/** The four kinds. */
+export type MethodKind = "unary" | "server_streaming" | "client_streaming" | "bidi_streaming";
+
+/** A handler on raw request and response values (`decode`/`encode` turn bytes into them). */
+export interface Route {
+  kind: MethodKind;
+  decode: (b: Uint8Array) => unknown;
+  encode: (v: unknown) => Uint8Array;
+  handler: (input: unknown, ctx: HandlerContext) => unknown;
+}
+
+type In<D extends DescMessage> = MessageShape<D>;
+type OutInit<D extends DescMessage> = MessageInitShape<D>;
+
+/** The implementation of one method, by its kind. */
+export type ImplMethod<M> = M extends { methodKind: "unary"; input: infer I extends DescMessage; output: infer O extends DescMessage }
+  ? (request: In<I>, ctx: HandlerContext) => Promise<OutInit<O>> | OutInit<O>
+  : M extends { methodKind: "server_streaming"; input: infer I extends DescMessage; output: infer O extends DescMessage }
+    ? (request: In<I>, ctx: HandlerContext) => AsyncIterable<OutInit<O>>
+    : M extends { methodKind: "client_streaming"; input: infer I extends DescMessage; output: infer O extends DescMessage }
+      ? (requests: AsyncIterable<In<I>>, ctx: HandlerContext) => Promise<OutInit<O>>
+      : M extends { methodKind: "bidi_streaming"; input: infer I extends DescMessage; output: infer O extends DescMessage }
+        ? (requests: AsyncIterable<In<I>>, ctx: HandlerContext) => AsyncIterable<OutInit<O>>
+        : never;
+
+/** An implementation of a service: one function per method, by `localName`. */
+export type ServiceImpl<S extends DescService> = { [K in keyof S["method"]]: ImplMethod<S["method"][K]> };
+
+/** Options of a {@link Server}. */
+export interface ServerOptions {
+  /** Our settings (what clients may send). */
+  settings?: Partial<Settings>;
+  /** Local flood budgets. */
+  limits?: Partial<Limits>;
+}
+
+interface ServerCall {
+  id: number;
+  input: AsyncQueue<Uint8Array>;
+  credit: number[];
+  /** Made when the handler first looks at `ctx.signal` (most never do). */
+  abort: AbortController | null;
+  /** Why the call ended early, once it did. */
+  reason: TopspinError | null;
+  done: boolean;
+  writeWaiter: (() => void) | null;
+  timer: ReturnType<typeof setTimeout> | undefined;
+}
+
+/** A topspin server. */
+export class Server {
+  private readonly routes = new Map<string, Route>();
+  private readonly servers: net.Server[] = [];
+  private readonly conns = new Set<{ engine: Connection; driver: Driver; calls: Map<number, ServerCall> }>();
+  private closing = false;
+
+  constructor(private readonly options: ServerOptions = {}) {}
+
+  /** Adds a raw route for a full method name. */
+  route(method: string, route: Route): this {
+    this.routes.set(method, route);
+    return this;
+  }
+
+  /** Adds every method of a protobuf-es service. */
+  service<S extends DescService>(service: S, impl: ServiceImpl<S>): this {
+    const table = impl as unknown as Record<string, (input: unknown, ctx: HandlerContext) => unknown>;
+    for (const m of service.methods) {
+      const h = table[m.localName];
+      if (typeof h !== "function") continue;
+      const input = m.input;
+      const output = m.output;
+      this.route(methodPath(m), {
+        kind: m.methodKind,
+        decode: (b) => fromBinary(input, b),
+        encode: (v) => toBinary(output, create(output, v as MessageInitShape<DescMessage>)),
+        handler: h.bind(impl),
+      });
+    }
+    return this;
+  }
+
+  /** Listens on `tcp://host:port` (port 0: any) or `unix:///path`; resolves with the address. */
+  async listen(address: string): Promise<string> {
+    const a = parseAddress(address);
+    const srv = net.createServer((s) => this.accept(s));
+    this.servers.push(srv);
+    await new Promise<void>((resolve, reject) => {
+      srv.once("error", reject);
+      if (a.kind === "unix") {
+        if (existsSync(a.path)) unlinkSync(a.path);
+        srv.listen(a.path, resolve);
+      } else if (a.kind === "tcp") srv.listen(a.port, a.host, resolve);
+      else reject(new Error("the Node server listens on tcp:// and unix:// addresses"));
+    });
+    const addr = srv.address();
+    if (addr !== null && typeof addr === "object") return `tcp://${addr.family === "IPv6" ? `[${addr.address}]` : addr.address}:${addr.port}`;
+    return address;
+  }
+
+  /**
+   * Graceful shutdown: stops listening, sends GOAWAY on every connection, lets open calls finish
+   * for up to `graceMs`, then closes what is left.
+   */
+  async close(graceMs = 5000): Promise<void> {
+    this.closing = true;
+    for (const s of this.servers) s.close();
+    for (const c of this.conns) {
+      c.engine.goAway(0, "server shutting down");
+      c.driver.pump();
+      if (c.calls.size === 0) c.driver.io.close();
+    }
+    const until = Date.now() + graceMs;
+    while ([...this.conns].some((c) => c.calls.size > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+    for (const c of this.conns) c.driver.io.close();
+    this.conns.clear();
+  }
+
+  private accept(socket: net.Socket): void {
+    const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits });
+    const calls = new Map<number, ServerCall>();
+    const entry = { engine, driver: null as unknown as Driver, calls };
+    this.conns.add(entry);
+    entry.driver = new Driver(engine, socketDuplex(socket), (e) => this.onEvent(entry, e));
+    socket.on("close", () => this.conns.delete(entry));
+  }
+
+  private onEvent(c: { engine: Connection; driver: Driver; calls: Map<number, ServerCall> }, e: Event): void {
+    switch (e.type) {
+      case "CallStarted":
+        this.startCall(c, e);
+        return;
+      case "Message": {
+        const call = c.calls.get(e.callId);
+        if (call) {
+          call.input.push(e.message);
+          call.credit.push(e.creditDue);
+        }
+        return;
+      }
+      case "HalfClosed":
+        c.calls.get(e.callId)?.input.end();
+        return;
+      case "Cancelled": {
+        const call = c.calls.get(e.callId);
+        if (call) this.finish(c, call, new TopspinError(e.code, e.message));
+        return;
+      }
+      case "Writable": {
+        const call = c.calls.get(e.callId);
+        const w = call?.writeWaiter;
+        if (call && w) {
+          call.writeWaiter = null;
+          w();
+        }
+        return;
+      }
+      default:
+        return;
+    }
+  }
+
+  /** Ends the call's bookkeeping; `err` (an early end) aborts the handler's signal and input. */
+  private finish(c: { calls: Map<number, ServerCall> }, call: ServerCall, err: TopspinError | null): void {
+    if (call.done) return;
+    call.done = true;
+    c.calls.delete(call.id);
+    clearTimeout(call.timer);
+    if (err !== null) {
+      call.reason = err;
+      call.abort?.abort(err);
+      call.input.fail(err);
+    }
+    const w = call.writeWaiter;
+    call.writeWaiter = null;
+    if (w) w();
+  }
+
+  private startCall(c: { engine: Connection; driver: Driver; calls: Map<number, ServerCall> }, e: Extract<Event, { type: "CallStarted" }>): void {
+    const { engine, driver } = c;
+    const route = this.routes.get(e.method);
+    if (route === undefined || e.codec !== 0) {
+      engine.endCall(e.callId, Code.UNIMPLEMENTED, route === undefined ? `unknown method ${e.method}` : `codec ${e.codec} is not supported for ${e.method}`);
+      driver.pump();
+      return;
+    }
+    const call: ServerCall = { id: e.callId, input: new AsyncQueue(), credit: [], abort: null, reason: null, done: false, writeWaiter: null, timer: undefined };
+    c.calls.set(call.id, call);
+    const timeoutMs = Number(e.timeoutUs) / 1000;
+    const deadline = e.timeoutUs > 0n ? Date.now() + timeoutMs : undefined;
+    if (deadline !== undefined) {
+      call.timer = setTimeout(() => {
+        if (call.done) return;
+        engine.endCall(call.id, Code.DEADLINE_EXCEEDED, "deadline exceeded");
+        this.finish(c, call, new TopspinError(Code.DEADLINE_EXCEEDED, "deadline exceeded"));
+        driver.pump();
+      }, Math.min(timeoutMs, 2 ** 31 - 1));
+    }
+    const ctx: HandlerContext = {
+      method: e.method,
+      requestHeaders: e.metadata,
+      get signal(): AbortSignal {
+        if (call.abort === null) {
+          call.abort = new AbortController();
+          if (call.reason !== null) call.abort.abort(call.reason);
+        }
+        return call.abort.signal;
+      },
+      deadline,
+      responseHeaders: [],
+      responseTrailers: [],
+    };
+    let headersSent = false;
+    const sendHeaders = (): void => {
+      if (headersSent) return;
+      headersSent = true;
+      if (ctx.responseHeaders.length > 0) engine.sendHeaders(call.id, ctx.responseHeaders);
+    };
+    const inputs = (async function* () {
+      for (;;) {
+        const r = await call.input.next();
+        if (r.done) return;
+        const due = call.credit.shift();
+        if (due !== undefined && due > 0 && !call.done) {
+          engine.consumed(call.id, due);
+          driver.pump();
+        }
+        yield route.decode(r.value);
+      }
+    })();
+    const send = async (v: unknown): Promise<void> => {
+      const bytes = route.encode(v);
+      sendHeaders();
+      for (;;) {
+        if (call.done) throw call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
+        if (engine.sendMessage(call.id, bytes)) {
+          driver.pump();
+          return;
+        }
+        await new Promise<void>((r) => (call.writeWaiter = r));
+      }
+    };
+    const one = async (): Promise<unknown> => {
+      const first = await inputs.next();
+      if (first.done) throw new TopspinError(Code.INVALID_ARGUMENT, "a unary request needs exactly one message, got none");
+      const more = await inputs.next();
+      if (!more.done) throw new TopspinError(Code.INVALID_ARGUMENT, "a unary request needs exactly one message, got more");
+      return first.value;
+    };
+    const run = async (): Promise<void> => {
+      const h = route.handler;
+      switch (route.kind) {
+        case "unary":
+          await send(await h(await one(), ctx));
+          break;
+        case "client_streaming":
+          await send(await h(inputs, ctx));
+          break;
+        case "server_streaming":
+          for await (const v of h(await one(), ctx) as AsyncIterable<unknown>) await send(v);
+          break;
+        case "bidi_streaming":
+          for await (const v of h(inputs, ctx) as AsyncIterable<unknown>) await send(v);
+          break;
+      }
+    };
+    run().then(
+      () => {
+        if (call.done) return;
+        sendHeaders();
+        engine.endCall(call.id, Code.OK, "", ctx.responseTrailers);
+        this.finish(c, call, null);
+        driver.pump();
+      },
+      (err: unknown) => {
+        if (call.done) return;
+        const t = TopspinError.from(err);
+        sendHeaders();
+        engine.endCall(call.id, t.code === Code.OK ? Code.UNKNOWN : t.code, t.rawMessage, [...ctx.responseTrailers, ...t.metadata]);
+        this.finish(c, call, null);
+        driver.pump();
+      },
+    );
+  }
+}

@@ -1,0 +1,14 @@
+// The README's quick start is the file that the tests run: keep them the same.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const pkg = join(fileURLToPath(import.meta.url), "..", "..", "..");
+
+test("README quotes examples/quickstart.ts verbatim", () => {
+  const readme = readFileSync(join(pkg, "README.md"), "utf8");
+  const qs = readFileSync(join(pkg, "examples", "quickstart.ts"), "utf8");
+  assert.ok(readme.includes("```ts\n" + qs + "```"), "README.md must contain examples/quickstart.ts as its ts block");
+});

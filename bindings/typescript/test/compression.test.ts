@@ -10,17 +10,23 @@ import { repoRoot } from "./procs.js";
 
 interface Case {
   name: string;
+  kind: string;
   encoding: string;
   payload: string;
   limit: number;
   message?: string;
   code?: string;
 }
-const doc = JSON.parse(readFileSync(join(repoRoot, "testdata", "vectors", "compression.json"), "utf8")) as { cases: Case[] };
-assert.ok(doc.cases.length > 0);
+const doc = JSON.parse(readFileSync(join(repoRoot, "testdata", "vectors", "compression.json"), "utf8")) as {
+  version: number;
+  vectors: Case[];
+};
+assert.equal(doc.version, 1);
+const cases = doc.vectors.filter((v) => v.kind === "compression");
+assert.ok(cases.length > 0);
 
 const decoders: Record<string, Decoder[]> = { zstd: [zstd], gzip: [gzip, gzipWeb] };
-for (const c of doc.cases) {
+for (const c of cases) {
   for (const dec of decoders[c.encoding] ?? []) {
     test(`compression ${c.name} (${c.encoding}${dec === gzipWeb ? ", DecompressionStream" : ""})`, async () => {
       const p = decodeMessage(Buffer.from(c.payload, "hex"), dec, c.limit);

@@ -5,15 +5,15 @@
 
 use super::{CallInfo, Chain, Record, Side};
 use crate::request::ServerContext;
-use crate::server::handler::{BoxFut, CallIo, CallKind, Handler, HandlerRef, Input, Outcome};
+use crate::server::handler::{
+    place, BoxFut, CallIo, CallKind, Handler, HandlerRef, Input, Outcome,
+};
 use crate::streaming::CreditReturn;
 use crate::Status;
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
-use tokio_util::sync::ReusableBoxFuture;
 use topspin_proto::Metadata;
 
 /// A handler with its method's interceptors.
@@ -38,19 +38,6 @@ pub(crate) fn wrap(handler: HandlerRef, method: &str, chain: &Chain) -> HandlerR
         chain: chain.for_method(method),
         pool: Pool::default(),
     })
-}
-
-fn place<F>(recycled: Option<BoxFut>, f: F) -> BoxFut
-where
-    F: Future<Output = Outcome> + Send + 'static,
-{
-    match recycled {
-        Some(mut b) => {
-            b.set(f);
-            b
-        }
-        None => ReusableBoxFuture::new(f),
-    }
 }
 
 /// Counts the bytes of a request stream as the handler consumes them.

@@ -73,7 +73,7 @@ pub(crate) enum Outcome {
 pub(crate) type BoxFut = ReusableBoxFuture<'static, Outcome>;
 
 /// Puts `f` in a recycled box if there is one (reallocating only if its layout differs).
-fn place<F>(recycled: Option<BoxFut>, f: F) -> BoxFut
+pub(crate) fn place<F>(recycled: Option<BoxFut>, f: F) -> BoxFut
 where
     F: Future<Output = Outcome> + Send + 'static,
 {

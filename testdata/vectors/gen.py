@@ -2629,6 +2629,22 @@ def sessions_invalid() -> list:
             "ILLEGAL_FRAME",
         ),
         bad(
+            "end_from_client_on_an_unknown_call",
+            "The client sends END for a call id it never opened: the sender check comes before "
+            "the call lookup, so this is ILLEGAL_FRAME, not UNKNOWN_CALL (§5, §6).",
+            "server",
+            sh + [recv(end(9))],
+            "ILLEGAL_FRAME",
+        ),
+        bad(
+            "cancel_from_server_on_an_unknown_call",
+            "The server sends CANCEL for a call id the client never opened: ILLEGAL_FRAME before "
+            "any call lookup (§5, §6).",
+            "client",
+            ch + [recv(cancel(9, "CANCELLED"))],
+            "ILLEGAL_FRAME",
+        ),
+        bad(
             "call_from_server",
             "The server sends CALL, a client-only frame.",
             "client",

@@ -10,6 +10,7 @@ package interop_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"io"
 	"net"
 	"os"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/topspin-rpc/topspin/go/examples/kvstore"
 	"github.com/topspin-rpc/topspin/go/examples/kvstore/kvpb"
+	"github.com/topspin-rpc/topspin/go/internal/testcert"
 	"github.com/topspin-rpc/topspin/go/topspin"
 	"google.golang.org/protobuf/proto"
 )
@@ -196,11 +198,11 @@ func TestGoClientRustServer(t *testing.T) {
 }
 
 // startGo serves the Go kvstore on addr ("" = a TCP port) and returns the address.
-func startGo(t *testing.T, addr string) string {
+func startGo(t *testing.T, addr string, opts ...topspin.Option) string {
 	if addr == "" {
 		addr = "tcp://127.0.0.1:0"
 	}
-	l, err := topspin.Listen(addr)
+	l, err := topspin.Listen(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,6 +211,9 @@ func startGo(t *testing.T, addr string) string {
 	go func() { _ = s.Serve(l) }()
 	t.Cleanup(s.Stop)
 	if tcp, ok := l.Addr().(*net.TCPAddr); ok {
+		if strings.HasPrefix(addr, "tls://") {
+			return "tls://" + tcp.String()
+		}
 		return "tcp://" + tcp.String()
 	}
 	return addr
@@ -293,5 +298,35 @@ func TestRustClientGoServer(t *testing.T) {
 				t.Fatalf("kvstore-client get-many: %q", out)
 			}
 		})
+	}
+}
+
+// The Rust CLI calls the Go server over TLS (ALPN topspin/1), trusting only the test CA;
+// without that CA it fails naming the certificate problem.
+func TestRustClientGoServerTLS(t *testing.T) {
+	ca, err := testcert.NewCA("interop CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Server()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	target := startGo(t, "tls://127.0.0.1:0", topspin.WithTLS(&tls.Config{Certificates: []tls.Certificate{cert}}))
+	out, e, ok := cli(t, target, "kv.v1.Store/Put", `{"key":"k","value":"tls"}`, "--ca", caFile)
+	if !ok || !strings.Contains(out, `"version": "1"`) {
+		t.Fatalf("put over TLS: %q %q", out, e)
+	}
+	out, e, ok = cli(t, target, "kv.v1.Store/Get", `{"key":"k"}`, "--ca", caFile)
+	if !ok || !strings.Contains(out, `"value": "tls"`) {
+		t.Fatalf("get over TLS: %q %q", out, e)
+	}
+	out, e, ok = cli(t, target, "kv.v1.Store/Get", `{"key":"k"}`)
+	if ok || !strings.Contains(strings.ToLower(e), "certificate") {
+		t.Fatalf("without the CA the call should fail naming the certificate: %q %q", out, e)
 	}
 }

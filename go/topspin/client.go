@@ -2,6 +2,7 @@ package topspin
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,7 @@ type options struct {
 	backoffBase time.Duration
 	backoffMax  time.Duration
 	handshake   time.Duration
+	tls         *tls.Config
 }
 
 func defaultOptions() options {
@@ -60,26 +62,67 @@ func WithBackoff(base, max time.Duration) Option {
 // WithHandshakeTimeout bounds how long a server waits for a client's preface and SETTINGS.
 func WithHandshakeTimeout(d time.Duration) Option { return func(o *options) { o.handshake = d } }
 
-// ParseTarget splits "tcp://host:port", "unix:///path" or "host:port" into network and address.
+// WithTLS sets the TLS configuration (protocol.md §14.1). A client uses it for tls://
+// targets (default: the system roots, the target's host as server name); Listen needs it
+// (with a certificate) for a tls:// address. ALPN "topspin/1" is always set: a client offers
+// it, a server selects it and refuses a client that offers ALPN without it.
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
+// ALPN is the TLS application protocol name of topspin v1 (protocol.md §14.1).
+const ALPN = "topspin/1"
+
+// withALPN returns a copy of cfg (or of an empty config) offering only topspin/1.
+func withALPN(cfg *tls.Config) *tls.Config {
+	if cfg == nil {
+		cfg = &tls.Config{}
+	}
+	cfg = cfg.Clone()
+	cfg.NextProtos = []string{ALPN}
+	if cfg.MinVersion < tls.VersionTLS12 {
+		cfg.MinVersion = tls.VersionTLS12
+	}
+	return cfg
+}
+
+// ParseTarget splits "tcp://host:port", "tls://host:port", "unix:///path" or "host:port" into
+// network and address (the network of tls:// is "tls": TCP with TLS on it).
 func ParseTarget(target string) (network, addr string, err error) {
 	switch {
+	case strings.HasPrefix(target, "tls://"):
+		return "tls", strings.TrimPrefix(target, "tls://"), nil
 	case strings.HasPrefix(target, "tcp://"):
 		return "tcp", strings.TrimPrefix(target, "tcp://"), nil
 	case strings.HasPrefix(target, "unix://"):
 		return "unix", strings.TrimPrefix(target, "unix://"), nil
 	case strings.Contains(target, "://"):
-		return "", "", fmt.Errorf("topspin: unsupported scheme in %q (tcp:// or unix://)", target)
+		return "", "", fmt.Errorf("topspin: unsupported scheme in %q (tcp://, tls:// or unix://)", target)
 	}
 	return "tcp", target, nil
 }
 
-// Listen opens a listener for "tcp://host:port" or "unix:///path".
-func Listen(target string) (net.Listener, error) {
+// Listen opens a listener for "tcp://host:port", "unix:///path" or "tls://host:port"; the
+// last needs WithTLS with a server certificate. Its connections select ALPN topspin/1 and
+// refuse a client that offers ALPN without it (TLS alert no_application_protocol).
+func Listen(target string, opts ...Option) (net.Listener, error) {
 	network, addr, err := ParseTarget(target)
 	if err != nil {
 		return nil, err
 	}
-	return net.Listen(network, addr)
+	if network != "tls" {
+		return net.Listen(network, addr)
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.tls == nil || (len(o.tls.Certificates) == 0 && o.tls.GetCertificate == nil && o.tls.GetConfigForClient == nil) {
+		return nil, fmt.Errorf("topspin: %s needs WithTLS with a server certificate", target)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return tls.NewListener(l, withALPN(o.tls)), nil
 }
 
 // ClientConn is a client of one server address. It multiplexes every call over one
@@ -201,9 +244,18 @@ func (cc *ClientConn) dialOnce(ctx context.Context, wait time.Duration) (*conn, 
 		}
 	}
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, cc.network, cc.addr)
+	network := cc.network
+	if network == "tls" {
+		network = "tcp"
+	}
+	nc, err := d.DialContext(ctx, network, cc.addr)
 	if err != nil {
 		return nil, err
+	}
+	if cc.network == "tls" {
+		if nc, err = cc.handshakeTLS(ctx, nc); err != nil {
+			return nil, err
+		}
 	}
 	c, err := newConn(nc, wire.Client, cc.opts.settings, cc.opts.limits)
 	if err != nil {
@@ -220,6 +272,30 @@ func (cc *ClientConn) dialOnce(ctx context.Context, wait time.Duration) (*conn, 
 		c.shutdown(ctx.Err())
 		return nil, ctx.Err()
 	}
+}
+
+// handshakeTLS runs the client side of a TLS handshake on nc (protocol.md §14.1): the
+// server's chain and name are verified, SNI is sent for a DNS name, ALPN offers topspin/1.
+func (cc *ClientConn) handshakeTLS(ctx context.Context, nc net.Conn) (net.Conn, error) {
+	cfg := withALPN(cc.opts.tls)
+	if cfg.ServerName == "" {
+		host, _, err := net.SplitHostPort(cc.addr)
+		if err != nil {
+			_ = nc.Close()
+			return nil, err
+		}
+		cfg.ServerName = host
+	}
+	tc := tls.Client(nc, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("TLS handshake with %s failed: %w", cc.addr, err)
+	}
+	if p := tc.ConnectionState().NegotiatedProtocol; p != "" && p != ALPN {
+		_ = tc.Close()
+		return nil, fmt.Errorf("TLS handshake with %s: server selected ALPN %q, not %q", cc.addr, p, ALPN)
+	}
+	return tc, nil
 }
 
 func (c *conn) clientEvent(ev *wire.Event) {

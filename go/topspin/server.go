@@ -2,6 +2,7 @@ package topspin
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -89,6 +90,10 @@ func (s *Server) Serve(l net.Listener) error {
 			return err
 		}
 		delay = 0
+		if tc, ok := nc.(*tls.Conn); ok {
+			go s.handshakeTLS(tc)
+			continue
+		}
 		s.serveConn(nc)
 	}
 }
@@ -96,6 +101,22 @@ func (s *Server) Serve(l net.Listener) error {
 func isTemporary(err error) bool {
 	var t interface{ Temporary() bool }
 	return errors.As(err, &t) && t.Temporary()
+}
+
+// handshakeTLS completes the server side of a TLS handshake (bounded by the handshake
+// timeout) before the connection is served; a failed handshake closes it.
+func (s *Server) handshakeTLS(tc *tls.Conn) {
+	ctx := context.Background()
+	if d := s.opts.handshake; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	if err := tc.HandshakeContext(ctx); err != nil {
+		_ = tc.Close()
+		return
+	}
+	s.serveConn(tc)
 }
 
 func (s *Server) serveConn(nc net.Conn) {

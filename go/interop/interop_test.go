@@ -330,3 +330,63 @@ func TestRustClientGoServerTLS(t *testing.T) {
 		t.Fatalf("without the CA the call should fail naming the certificate: %q %q", out, e)
 	}
 }
+
+// The Go client compresses its messages (zstd, gzip) for the Rust kvstore-server, which
+// decodes them: unary, client streaming and bidi calls with values big enough to compress.
+func TestGoClientRustServerCompression(t *testing.T) {
+	target := startRust(t, "")
+	big := strings.Repeat("compress me please ", 500) // 9 500 bytes
+	for _, enc := range []string{"zstd", "gzip"} {
+		t.Run(enc, func(t *testing.T) {
+			cc, err := topspin.Dial(ctx(t), target, topspin.WithCompression(enc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			kv := kvpb.NewStoreClient(cc)
+			c := ctx(t)
+			key := "z-" + enc
+			if _, err := kv.Put(c, &kvpb.PutRequest{Key: key, Value: big}); err != nil {
+				t.Fatalf("put: %v", err)
+			}
+			e, err := kv.Get(c, &kvpb.GetRequest{Key: key})
+			if err != nil || e.Value != big {
+				t.Fatalf("get: %v", err)
+			}
+			// Per call: the other encoding.
+			other := map[string]string{"zstd": "gzip", "gzip": "zstd"}[enc]
+			if _, err := kv.Put(c, &kvpb.PutRequest{Key: key + "2", Value: big + "2"}, topspin.CallCompression(other)); err != nil {
+				t.Fatalf("put with %s: %v", other, err)
+			}
+			apply, err := kv.Apply(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				if err := apply.Send(&kvpb.Mutation{Op: &kvpb.Mutation_Put{Put: &kvpb.PutRequest{Key: key + "-a", Value: big}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if sum, err := apply.CloseAndRecv(); err != nil || sum.Puts != 3 {
+				t.Fatalf("apply: %v %v", sum, err)
+			}
+			many, err := kv.GetMany(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range []string{key, key + "2", key + "-a"} {
+				if err := many.Send(&kvpb.GetRequest{Key: k}); err != nil {
+					t.Fatal(err)
+				}
+				e, err := many.Recv()
+				if err != nil || !strings.HasPrefix(e.Value, big) {
+					t.Fatalf("get-many %s: %v", k, err)
+				}
+			}
+			_ = many.CloseSend()
+			if _, err := many.Recv(); err != io.EOF {
+				t.Fatalf("get-many end: %v", err)
+			}
+		})
+	}
+}

@@ -33,6 +33,7 @@ type options struct {
 	backoffMax  time.Duration
 	handshake   time.Duration
 	tls         *tls.Config
+	compress    string
 }
 
 func defaultOptions() options {
@@ -67,6 +68,12 @@ func WithHandshakeTimeout(d time.Duration) Option { return func(o *options) { o.
 // (with a certificate) for a tls:// address. ALPN "topspin/1" is always set: a client offers
 // it, a server selects it and refuses a client that offers ALPN without it.
 func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
+// WithCompression sets the message compression ("zstd" or "gzip", protocol.md §15). On a
+// client, every call compresses its messages with it (CallCompression overrides it per call)
+// and accepts compressed responses. On a server, responses are compressed with it for the
+// clients that accept it. Requests are decoded whatever it is.
+func WithCompression(name string) Option { return func(o *options) { o.compress = name } }
 
 // ALPN is the TLS application protocol name of topspin v1 (protocol.md §14.1).
 const ALPN = "topspin/1"
@@ -150,6 +157,9 @@ func Dial(ctx context.Context, target string, opts ...Option) (*ClientConn, erro
 	cc := &ClientConn{network: network, addr: addr, opts: defaultOptions()}
 	for _, o := range opts {
 		o(&cc.opts)
+	}
+	if e := cc.opts.compress; e != "" && !wire.SupportedEncoding(e) {
+		return nil, fmt.Errorf("topspin: unknown compression %q (zstd, gzip)", e)
 	}
 	if _, err := cc.conn(ctx); err != nil {
 		return nil, err
@@ -304,6 +314,9 @@ func (c *conn) clientEvent(ev *wire.Event) {
 	case wire.EvHeaders:
 		if s != nil {
 			s.headers, s.gotHeaders = ev.Metadata, true
+			if e, ok := ev.Metadata.Get(wire.KeyEncoding); ok && e != wire.EncodingIdentity {
+				s.enc = e
+			}
 			s.notifyRead()
 		}
 	case wire.EvMessage:
@@ -322,10 +335,15 @@ func (c *conn) clientEvent(ev *wire.Event) {
 type CallOption func(*callOptions)
 
 type callOptions struct {
-	codec   uint8
-	header  *Metadata
-	trailer *Metadata
+	codec    uint8
+	header   *Metadata
+	trailer  *Metadata
+	compress string
 }
+
+// CallCompression sets the message compression of one call ("zstd", "gzip", or "identity"
+// for none), overriding the connection's WithCompression (protocol.md §15).
+func CallCompression(name string) CallOption { return func(o *callOptions) { o.compress = name } }
 
 // WithCodec sets the codec byte of the call (CodecProto by default).
 func WithCodec(id uint8) CallOption { return func(o *callOptions) { o.codec = id } }
@@ -344,6 +362,8 @@ type ClientStream struct {
 	opts    callOptions
 	pending []byte // a first message that waits for send credit
 	pendEnd bool
+	enc     string // the encoding of the request messages ("" for none)
+	limit   uint32 // MAX_MESSAGE_SIZE of decompressed responses
 }
 
 // startCall starts a call, waiting for a connection and for room under the server's
@@ -351,6 +371,27 @@ type ClientStream struct {
 // in the same write (last: it is the only one).
 func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method string, first []byte, last bool) error {
 	md := OutgoingMetadata(ctx)
+	enc := cs.opts.compress
+	if enc == "" {
+		enc = cc.opts.compress
+	}
+	if enc == wire.EncodingIdentity {
+		enc = ""
+	}
+	if enc != "" {
+		if !wire.SupportedEncoding(enc) {
+			return &Status{Code: InvalidArgument, Message: fmt.Sprintf("unknown compression %q (zstd, gzip)", enc)}
+		}
+		md = append(md[:len(md):len(md)], wire.MetadataEntry{Key: wire.KeyEncoding, Value: enc},
+			wire.MetadataEntry{Key: wire.KeyAcceptEncoding, Value: wire.AcceptedEncodings})
+		if first != nil {
+			var err error
+			if first, err = wire.Compress(enc, first); err != nil {
+				return &Status{Code: Internal, Message: "compress: " + err.Error()}
+			}
+		}
+	}
+	cs.enc, cs.limit = enc, cc.opts.settings.MaxMessageSize
 	lost := 0 // connections that closed under this call before it could start
 	for {
 		var timeoutUs uint64
@@ -459,6 +500,12 @@ func (cs *ClientStream) CancelCall() { cs.cancel(context.Canceled) }
 
 func (cs *ClientStream) send(msg []byte, last bool) error {
 	c := cs.s.c
+	if cs.enc != "" {
+		var err error
+		if msg, err = wire.Compress(cs.enc, msg); err != nil {
+			return &Status{Code: Internal, Message: "compress: " + err.Error()}
+		}
+	}
 	for {
 		c.mu.Lock()
 		if cs.s.ended {
@@ -571,10 +618,21 @@ func (cs *ClientStream) Recv() ([]byte, error) {
 	for {
 		c.mu.Lock()
 		if msg, ok := cs.s.pop(); ok {
+			enc := cs.s.enc
 			if c.eng.HasOutput() {
 				c.flushLocked()
 			} else {
 				c.mu.Unlock()
+			}
+			if enc != "" {
+				out, err := wire.Decompress(enc, msg, cs.limit)
+				if err != nil {
+					st := StatusOf(err)
+					cs.cancel(st)
+					cs.finish()
+					return nil, st
+				}
+				msg = out
 			}
 			return msg, nil
 		}

@@ -303,7 +303,8 @@ type stream struct {
 	msg      string
 	trailers Metadata
 
-	remoteDone bool // server: the client half-closed
+	enc        string // the encoding of the received messages ("" for none, §15)
+	remoteDone bool   // server: the client half-closed
 	headers    Metadata
 	gotHeaders bool
 	ss         *ServerStream // server: the stream's owner

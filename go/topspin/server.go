@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -218,6 +219,9 @@ type ServerStream struct {
 	hdrSet  bool
 	trailer Metadata
 
+	respEnc string // the encoding of the responses ("" for none, §15)
+	limit   uint32 // MAX_MESSAGE_SIZE of decompressed requests
+
 	deadline time.Time
 	hasDL    bool
 	timer    *time.Timer
@@ -301,6 +305,9 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 			return
 		}
 		ss := &ServerStream{method: ev.Method, md: ev.Metadata}
+		if !s.negotiate(c, ev, ss) {
+			return
+		}
 		ss.s.init(make(chan struct{}, 1))
 		ss.s.c, ss.s.id, ss.s.ss = c, ev.CallID, ss
 		if ev.TimeoutUs > 0 {
@@ -332,6 +339,36 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 		}
 		c.callEnded(ev.CallID)
 	}
+}
+
+// negotiate applies the call's message compression (protocol.md §15): requests are
+// decoded with the client's topspin-encoding (a call with one this server cannot decode ends
+// UNIMPLEMENTED, naming the accepted ones); responses use the server's WithCompression
+// encoding when the client's topspin-accept-encoding lists it, announced in HEADERS.
+func (s *Server) negotiate(c *conn, ev *wire.Event, ss *ServerStream) bool {
+	if e, ok := ev.Metadata.Get(wire.KeyEncoding); ok && e != wire.EncodingIdentity {
+		if !wire.SupportedEncoding(e) {
+			_ = c.eng.EndCall(ev.CallID, Unimplemented,
+				fmt.Sprintf("message encoding %q is not supported; accepted: %s", e, wire.AcceptedEncodings),
+				Metadata{{Key: wire.KeyAcceptEncoding, Value: wire.AcceptedEncodings}})
+			return false
+		}
+		ss.s.enc = e
+	}
+	ss.limit = s.opts.settings.MaxMessageSize
+	if want := s.opts.compress; want != "" && want != wire.EncodingIdentity && wire.SupportedEncoding(want) {
+		if acc, ok := ev.Metadata.Get(wire.KeyAcceptEncoding); ok {
+			for _, a := range strings.Split(acc, ",") {
+				if strings.TrimSpace(a) == want {
+					ss.respEnc = want
+					ss.header = Metadata{{Key: wire.KeyEncoding, Value: want}}
+					ss.hdrSet = true
+					break
+				}
+			}
+		}
+	}
+	return true
 }
 
 // job is a call for a worker goroutine.
@@ -441,6 +478,12 @@ func (ss *ServerStream) Send(msg []byte) error { return ss.send(msg, false) }
 // send queues msg; with end, END OK follows in the same write (unary answers).
 func (ss *ServerStream) send(msg []byte, end bool) error {
 	c := ss.s.c
+	if ss.respEnc != "" {
+		var err error
+		if msg, err = wire.Compress(ss.respEnc, msg); err != nil {
+			return &Status{Code: Internal, Message: "compress: " + err.Error()}
+		}
+	}
 	for {
 		c.mu.Lock()
 		if ss.s.ended {
@@ -500,9 +543,19 @@ func (ss *ServerStream) Recv() ([]byte, error) {
 		c.mu.Lock()
 		if msg, ok := ss.s.pop(); ok {
 			out := c.eng.HasOutput()
+			enc := ss.s.enc
 			c.mu.Unlock()
 			if out {
 				c.signal()
+			}
+			if enc != "" {
+				dec, err := wire.Decompress(enc, msg, ss.limit)
+				if err != nil {
+					st := StatusOf(err)
+					ss.endWith(st.Code, st.Message, nil, context.Canceled)
+					return nil, st
+				}
+				msg = dec
 			}
 			return msg, nil
 		}

@@ -390,3 +390,31 @@ func TestGoClientRustServerCompression(t *testing.T) {
 		})
 	}
 }
+
+// A Go client with keep-alive at the shortest interval stays within the Rust server's PING
+// rate limit: a watch opened before 1.5 s of idle pinging still gets the next change.
+func TestGoClientRustServerKeepalive(t *testing.T) {
+	target := startRust(t, "")
+	cc, err := topspin.Dial(ctx(t), target, topspin.WithKeepalive(topspin.MinKeepaliveInterval, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	kv := kvpb.NewStoreClient(cc)
+	c := ctx(t)
+	watch, err := kv.Watch(c, &kvpb.WatchRequest{Prefix: "ka"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Header(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // ~15 PINGs
+	if _, err := kv.Put(c, &kvpb.PutRequest{Key: "ka", Value: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := watch.Recv()
+	if err != nil || ev.GetPut().GetKey() != "ka" {
+		t.Fatalf("watch after idle pinging: %v %v", ev, err)
+	}
+}

@@ -3,6 +3,7 @@ package topspin
 import (
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -34,6 +35,8 @@ type options struct {
 	handshake   time.Duration
 	tls         *tls.Config
 	compress    string
+	kaInterval  time.Duration
+	kaTimeout   time.Duration
 }
 
 func defaultOptions() options {
@@ -74,6 +77,27 @@ func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
 // and accepts compressed responses. On a server, responses are compressed with it for the
 // clients that accept it. Requests are decoded whatever it is.
 func WithCompression(name string) Option { return func(o *options) { o.compress = name } }
+
+// MinKeepaliveInterval is the shortest keep-alive interval: the default PING rate limit of
+// a topspin server is one per 100 ms after a burst (protocol.md §9), so a client never
+// pings more often than this.
+const MinKeepaliveInterval = 100 * time.Millisecond
+
+// WithKeepalive makes a client send a PING when it has received nothing for interval
+// (raised to MinKeepaliveInterval), and close the connection when nothing (no answer, no
+// other frame) arrives within timeout after it (timeout 0: 20 s); calls on it then fail
+// with UNAVAILABLE and the next call reconnects. Off by default; a server ignores it.
+func WithKeepalive(interval, timeout time.Duration) Option {
+	return func(o *options) {
+		if interval > 0 {
+			interval = max(interval, MinKeepaliveInterval)
+		}
+		if timeout <= 0 {
+			timeout = 20 * time.Second
+		}
+		o.kaInterval, o.kaTimeout = interval, timeout
+	}
+}
 
 // ALPN is the TLS application protocol name of topspin v1 (protocol.md §14.1).
 const ALPN = "topspin/1"
@@ -275,6 +299,9 @@ func (cc *ClientConn) dialOnce(ctx context.Context, wait time.Duration) (*conn, 
 	c.start()
 	select {
 	case <-c.established:
+		if cc.opts.kaInterval > 0 {
+			go c.keepalive(cc.opts.kaInterval, cc.opts.kaTimeout)
+		}
 		return c, nil
 	case <-c.done:
 		return nil, c.err
@@ -306,6 +333,52 @@ func (cc *ClientConn) handshakeTLS(ctx context.Context, nc net.Conn) (net.Conn, 
 		return nil, fmt.Errorf("TLS handshake with %s: server selected ALPN %q, not %q", cc.addr, p, ALPN)
 	}
 	return tc, nil
+}
+
+// keepalive sends a PING once nothing arrived for interval, and closes the connection when
+// nothing arrives within timeout of it (protocol.md §5.9, §9). At most one PING per
+// interval, and only after an interval of silence.
+func (c *conn) keepalive(interval, timeout time.Duration) {
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	var pingAt time.Time // when the unanswered PING went (zero: none)
+	for {
+		select {
+		case <-t.C:
+		case <-c.done:
+			return
+		}
+		now := time.Now()
+		c.mu.Lock()
+		last := c.lastRecv
+		if !pingAt.IsZero() && last.After(pingAt) {
+			pingAt = time.Time{} // something arrived: the peer is alive
+		}
+		var wait time.Duration
+		switch {
+		case !pingAt.IsZero():
+			if now.Sub(pingAt) >= timeout {
+				c.mu.Unlock()
+				c.shutdown(fmt.Errorf("keepalive: nothing received within %v of a PING", timeout))
+				return
+			}
+			wait = min(interval, timeout-now.Sub(pingAt)) // look again for an answer
+		case now.Sub(last) < interval:
+			wait = interval - now.Sub(last)
+		default:
+			var data [8]byte
+			binary.BigEndian.PutUint64(data[:], uint64(now.UnixNano()))
+			if err := c.eng.Ping(data); err != nil {
+				c.mu.Unlock()
+				return
+			}
+			pingAt = now
+			wait = min(interval, timeout)
+		}
+		c.mu.Unlock()
+		c.signal()
+		t.Reset(wait)
+	}
 }
 
 func (c *conn) clientEvent(ev *wire.Event) {

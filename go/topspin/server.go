@@ -455,6 +455,21 @@ func (ss *ServerStream) Method() string { return ss.method }
 // Metadata is the request metadata.
 func (ss *ServerStream) Metadata() Metadata { return ss.md }
 
+// Peer is the client's address.
+func (ss *ServerStream) Peer() net.Addr { return ss.s.c.nc.RemoteAddr() }
+
+// TLS is the connection's TLS state (nil without TLS): with mutual TLS,
+// PeerCertificates[0] is the client's verified certificate, the call's peer identity
+// (protocol.md §14.1).
+func (ss *ServerStream) TLS() *tls.ConnectionState {
+	tc, ok := ss.s.c.nc.(*tls.Conn)
+	if !ok {
+		return nil
+	}
+	st := tc.ConnectionState()
+	return &st
+}
+
 // SetHeader adds response headers, sent before the first message (or with the end).
 func (ss *ServerStream) SetHeader(md Metadata) {
 	c := ss.s.c

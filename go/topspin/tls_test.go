@@ -1,6 +1,7 @@
 package topspin_test
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"strings"
@@ -102,5 +103,53 @@ func TestTLSWrongCA(t *testing.T) {
 	// Listening on tls:// without a certificate is an error, not a plain-text port.
 	if _, err := topspin.Listen("tls://127.0.0.1:0"); err == nil {
 		t.Fatal("tls:// listen without a certificate succeeded")
+	}
+}
+
+// Mutual TLS: a server that requires a client certificate refuses a client without one
+// (UNAVAILABLE naming TLS) and sees the verified certificate of one that has it.
+func TestMutualTLS(t *testing.T) {
+	srvCfg, cliCfg, ca := tlsPair(t)
+	srvCfg.ClientAuth, srvCfg.ClientCAs = tls.RequireAndVerifyClientCert, ca.Pool()
+	s := topspin.NewServer()
+	s.Handle("/t.S/Who", topspin.UnaryRaw(func(ctx context.Context, _ topspin.Metadata, _ []byte) ([]byte, error) {
+		st := topspin.ServerStreamFrom(ctx).TLS()
+		if st == nil || len(st.PeerCertificates) == 0 {
+			return nil, topspin.Errorf(topspin.Unauthenticated, "no client certificate")
+		}
+		return []byte(st.PeerCertificates[0].Subject.CommonName), nil
+	}), topspin.CodecRaw)
+	l, err := topspin.Listen("tls://127.0.0.1:0", topspin.WithTLS(srvCfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	target := "tls://" + l.Addr().String()
+
+	cert, err := ca.Client("ann")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCert := cliCfg.Clone()
+	withCert.Certificates = []tls.Certificate{cert}
+	cc := dial(t, target, topspin.WithTLS(withCert))
+	who, err := cc.InvokeRaw(ctx10(t), "/t.S/Who", nil, raw)
+	if err != nil || string(who) != "ann" {
+		t.Fatalf("who: %q %v", who, err)
+	}
+
+	// Without a certificate: with TLS 1.3 the server's alert comes after the client's
+	// handshake, so the failure shows at Dial or at the first call.
+	bare, err := topspin.Dial(ctx10(t), target, topspin.WithTLS(cliCfg))
+	if err == nil {
+		defer bare.Close()
+		_, err = bare.InvokeRaw(ctx10(t), "/t.S/Who", nil, raw)
+	}
+	if topspin.CodeOf(err) != topspin.Unavailable || !strings.Contains(err.Error(), "tls") {
+		t.Fatalf("want UNAVAILABLE naming TLS, got %v", err)
+	}
+	if testing.Verbose() {
+		t.Logf("without a client certificate: %v", err)
 	}
 }

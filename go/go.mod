@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/bufbuild/protocompile v0.14.1
+	github.com/klauspost/compress v1.20.3
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 	storj.io/drpc v1.0.0

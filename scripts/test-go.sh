@@ -2,7 +2,8 @@
 # Every test of the Go implementation (go/): formatting, go vet, staticcheck, the generated
 # kvstore code is up to date, unit and vector tests with -race, a short bounded fuzz run of
 # the decoder and the connection input, and interop with the Rust kvstore server and
-# clients over TCP and Unix sockets. Exits non-zero on any failure.
+# clients over TCP, TLS and Unix sockets (with compression and keep-alive). Exits non-zero on
+# any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup-go.sh

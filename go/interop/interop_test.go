@@ -10,6 +10,7 @@ package interop_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"io"
 	"net"
 	"os"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/topspin-rpc/topspin/go/examples/kvstore"
 	"github.com/topspin-rpc/topspin/go/examples/kvstore/kvpb"
+	"github.com/topspin-rpc/topspin/go/internal/testcert"
 	"github.com/topspin-rpc/topspin/go/topspin"
 	"google.golang.org/protobuf/proto"
 )
@@ -196,11 +198,11 @@ func TestGoClientRustServer(t *testing.T) {
 }
 
 // startGo serves the Go kvstore on addr ("" = a TCP port) and returns the address.
-func startGo(t *testing.T, addr string) string {
+func startGo(t *testing.T, addr string, opts ...topspin.Option) string {
 	if addr == "" {
 		addr = "tcp://127.0.0.1:0"
 	}
-	l, err := topspin.Listen(addr)
+	l, err := topspin.Listen(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,6 +211,9 @@ func startGo(t *testing.T, addr string) string {
 	go func() { _ = s.Serve(l) }()
 	t.Cleanup(s.Stop)
 	if tcp, ok := l.Addr().(*net.TCPAddr); ok {
+		if strings.HasPrefix(addr, "tls://") {
+			return "tls://" + tcp.String()
+		}
 		return "tcp://" + tcp.String()
 	}
 	return addr
@@ -293,5 +298,123 @@ func TestRustClientGoServer(t *testing.T) {
 				t.Fatalf("kvstore-client get-many: %q", out)
 			}
 		})
+	}
+}
+
+// The Rust CLI calls the Go server over TLS (ALPN topspin/1), trusting only the test CA;
+// without that CA it fails naming the certificate problem.
+func TestRustClientGoServerTLS(t *testing.T) {
+	ca, err := testcert.NewCA("interop CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Server()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	target := startGo(t, "tls://127.0.0.1:0", topspin.WithTLS(&tls.Config{Certificates: []tls.Certificate{cert}}))
+	out, e, ok := cli(t, target, "kv.v1.Store/Put", `{"key":"k","value":"tls"}`, "--ca", caFile)
+	if !ok || !strings.Contains(out, `"version": "1"`) {
+		t.Fatalf("put over TLS: %q %q", out, e)
+	}
+	out, e, ok = cli(t, target, "kv.v1.Store/Get", `{"key":"k"}`, "--ca", caFile)
+	if !ok || !strings.Contains(out, `"value": "tls"`) {
+		t.Fatalf("get over TLS: %q %q", out, e)
+	}
+	out, e, ok = cli(t, target, "kv.v1.Store/Get", `{"key":"k"}`)
+	if ok || !strings.Contains(strings.ToLower(e), "certificate") {
+		t.Fatalf("without the CA the call should fail naming the certificate: %q %q", out, e)
+	}
+}
+
+// The Go client compresses its messages (zstd, gzip) for the Rust kvstore-server, which
+// decodes them: unary, client streaming and bidi calls with values big enough to compress.
+func TestGoClientRustServerCompression(t *testing.T) {
+	target := startRust(t, "")
+	big := strings.Repeat("compress me please ", 500) // 9 500 bytes
+	for _, enc := range []string{"zstd", "gzip"} {
+		t.Run(enc, func(t *testing.T) {
+			cc, err := topspin.Dial(ctx(t), target, topspin.WithCompression(enc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			kv := kvpb.NewStoreClient(cc)
+			c := ctx(t)
+			key := "z-" + enc
+			if _, err := kv.Put(c, &kvpb.PutRequest{Key: key, Value: big}); err != nil {
+				t.Fatalf("put: %v", err)
+			}
+			e, err := kv.Get(c, &kvpb.GetRequest{Key: key})
+			if err != nil || e.Value != big {
+				t.Fatalf("get: %v", err)
+			}
+			// Per call: the other encoding.
+			other := map[string]string{"zstd": "gzip", "gzip": "zstd"}[enc]
+			if _, err := kv.Put(c, &kvpb.PutRequest{Key: key + "2", Value: big + "2"}, topspin.CallCompression(other)); err != nil {
+				t.Fatalf("put with %s: %v", other, err)
+			}
+			apply, err := kv.Apply(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				if err := apply.Send(&kvpb.Mutation{Op: &kvpb.Mutation_Put{Put: &kvpb.PutRequest{Key: key + "-a", Value: big}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if sum, err := apply.CloseAndRecv(); err != nil || sum.Puts != 3 {
+				t.Fatalf("apply: %v %v", sum, err)
+			}
+			many, err := kv.GetMany(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range []string{key, key + "2", key + "-a"} {
+				if err := many.Send(&kvpb.GetRequest{Key: k}); err != nil {
+					t.Fatal(err)
+				}
+				e, err := many.Recv()
+				if err != nil || !strings.HasPrefix(e.Value, big) {
+					t.Fatalf("get-many %s: %v", k, err)
+				}
+			}
+			_ = many.CloseSend()
+			if _, err := many.Recv(); err != io.EOF {
+				t.Fatalf("get-many end: %v", err)
+			}
+		})
+	}
+}
+
+// A Go client with keep-alive at the shortest interval stays within the Rust server's PING
+// rate limit: a watch opened before 1.5 s of idle pinging still gets the next change.
+func TestGoClientRustServerKeepalive(t *testing.T) {
+	target := startRust(t, "")
+	cc, err := topspin.Dial(ctx(t), target, topspin.WithKeepalive(topspin.MinKeepaliveInterval, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	kv := kvpb.NewStoreClient(cc)
+	c := ctx(t)
+	watch, err := kv.Watch(c, &kvpb.WatchRequest{Prefix: "ka"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Header(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // ~15 PINGs
+	if _, err := kv.Put(c, &kvpb.PutRequest{Key: "ka", Value: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := watch.Recv()
+	if err != nil || ev.GetPut().GetKey() != "ka" {
+		t.Fatalf("watch after idle pinging: %v %v", ev, err)
 	}
 }

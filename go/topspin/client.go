@@ -2,6 +2,8 @@ package topspin
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +33,10 @@ type options struct {
 	backoffBase time.Duration
 	backoffMax  time.Duration
 	handshake   time.Duration
+	tls         *tls.Config
+	compress    string
+	kaInterval  time.Duration
+	kaTimeout   time.Duration
 }
 
 func defaultOptions() options {
@@ -60,26 +66,94 @@ func WithBackoff(base, max time.Duration) Option {
 // WithHandshakeTimeout bounds how long a server waits for a client's preface and SETTINGS.
 func WithHandshakeTimeout(d time.Duration) Option { return func(o *options) { o.handshake = d } }
 
-// ParseTarget splits "tcp://host:port", "unix:///path" or "host:port" into network and address.
+// WithTLS sets the TLS configuration (protocol.md §14.1). A client uses it for tls://
+// targets (default: the system roots, the target's host as server name); Listen needs it
+// (with a certificate) for a tls:// address. ALPN "topspin/1" is always set: a client offers
+// it, a server selects it and refuses a client that offers ALPN without it.
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
+
+// WithCompression sets the message compression ("zstd" or "gzip", protocol.md §15). On a
+// client, every call compresses its messages with it (CallCompression overrides it per call)
+// and accepts compressed responses. On a server, responses are compressed with it for the
+// clients that accept it. Requests are decoded whatever it is.
+func WithCompression(name string) Option { return func(o *options) { o.compress = name } }
+
+// MinKeepaliveInterval is the shortest keep-alive interval: the default PING rate limit of
+// a topspin server is one per 100 ms after a burst (protocol.md §9), so a client never
+// pings more often than this.
+const MinKeepaliveInterval = 100 * time.Millisecond
+
+// WithKeepalive makes a client send a PING when it has received nothing for interval
+// (raised to MinKeepaliveInterval), and close the connection when nothing (no answer, no
+// other frame) arrives within timeout after it (timeout 0: 20 s); calls on it then fail
+// with UNAVAILABLE and the next call reconnects. Off by default; a server ignores it.
+func WithKeepalive(interval, timeout time.Duration) Option {
+	return func(o *options) {
+		if interval > 0 {
+			interval = max(interval, MinKeepaliveInterval)
+		}
+		if timeout <= 0 {
+			timeout = 20 * time.Second
+		}
+		o.kaInterval, o.kaTimeout = interval, timeout
+	}
+}
+
+// ALPN is the TLS application protocol name of topspin v1 (protocol.md §14.1).
+const ALPN = "topspin/1"
+
+// withALPN returns a copy of cfg (or of an empty config) offering only topspin/1.
+func withALPN(cfg *tls.Config) *tls.Config {
+	if cfg == nil {
+		cfg = &tls.Config{}
+	}
+	cfg = cfg.Clone()
+	cfg.NextProtos = []string{ALPN}
+	if cfg.MinVersion < tls.VersionTLS12 {
+		cfg.MinVersion = tls.VersionTLS12
+	}
+	return cfg
+}
+
+// ParseTarget splits "tcp://host:port", "tls://host:port", "unix:///path" or "host:port" into
+// network and address (the network of tls:// is "tls": TCP with TLS on it).
 func ParseTarget(target string) (network, addr string, err error) {
 	switch {
+	case strings.HasPrefix(target, "tls://"):
+		return "tls", strings.TrimPrefix(target, "tls://"), nil
 	case strings.HasPrefix(target, "tcp://"):
 		return "tcp", strings.TrimPrefix(target, "tcp://"), nil
 	case strings.HasPrefix(target, "unix://"):
 		return "unix", strings.TrimPrefix(target, "unix://"), nil
 	case strings.Contains(target, "://"):
-		return "", "", fmt.Errorf("topspin: unsupported scheme in %q (tcp:// or unix://)", target)
+		return "", "", fmt.Errorf("topspin: unsupported scheme in %q (tcp://, tls:// or unix://)", target)
 	}
 	return "tcp", target, nil
 }
 
-// Listen opens a listener for "tcp://host:port" or "unix:///path".
-func Listen(target string) (net.Listener, error) {
+// Listen opens a listener for "tcp://host:port", "unix:///path" or "tls://host:port"; the
+// last needs WithTLS with a server certificate. Its connections select ALPN topspin/1 and
+// refuse a client that offers ALPN without it (TLS alert no_application_protocol).
+func Listen(target string, opts ...Option) (net.Listener, error) {
 	network, addr, err := ParseTarget(target)
 	if err != nil {
 		return nil, err
 	}
-	return net.Listen(network, addr)
+	if network != "tls" {
+		return net.Listen(network, addr)
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.tls == nil || (len(o.tls.Certificates) == 0 && o.tls.GetCertificate == nil && o.tls.GetConfigForClient == nil) {
+		return nil, fmt.Errorf("topspin: %s needs WithTLS with a server certificate", target)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return tls.NewListener(l, withALPN(o.tls)), nil
 }
 
 // ClientConn is a client of one server address. It multiplexes every call over one
@@ -107,6 +181,9 @@ func Dial(ctx context.Context, target string, opts ...Option) (*ClientConn, erro
 	cc := &ClientConn{network: network, addr: addr, opts: defaultOptions()}
 	for _, o := range opts {
 		o(&cc.opts)
+	}
+	if e := cc.opts.compress; e != "" && !wire.SupportedEncoding(e) {
+		return nil, fmt.Errorf("topspin: unknown compression %q (zstd, gzip)", e)
 	}
 	if _, err := cc.conn(ctx); err != nil {
 		return nil, err
@@ -201,9 +278,18 @@ func (cc *ClientConn) dialOnce(ctx context.Context, wait time.Duration) (*conn, 
 		}
 	}
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, cc.network, cc.addr)
+	network := cc.network
+	if network == "tls" {
+		network = "tcp"
+	}
+	nc, err := d.DialContext(ctx, network, cc.addr)
 	if err != nil {
 		return nil, err
+	}
+	if cc.network == "tls" {
+		if nc, err = cc.handshakeTLS(ctx, nc); err != nil {
+			return nil, err
+		}
 	}
 	c, err := newConn(nc, wire.Client, cc.opts.settings, cc.opts.limits)
 	if err != nil {
@@ -213,6 +299,9 @@ func (cc *ClientConn) dialOnce(ctx context.Context, wait time.Duration) (*conn, 
 	c.start()
 	select {
 	case <-c.established:
+		if cc.opts.kaInterval > 0 {
+			go c.keepalive(cc.opts.kaInterval, cc.opts.kaTimeout)
+		}
 		return c, nil
 	case <-c.done:
 		return nil, c.err
@@ -222,12 +311,85 @@ func (cc *ClientConn) dialOnce(ctx context.Context, wait time.Duration) (*conn, 
 	}
 }
 
+// handshakeTLS runs the client side of a TLS handshake on nc (protocol.md §14.1): the
+// server's chain and name are verified, SNI is sent for a DNS name, ALPN offers topspin/1.
+func (cc *ClientConn) handshakeTLS(ctx context.Context, nc net.Conn) (net.Conn, error) {
+	cfg := withALPN(cc.opts.tls)
+	if cfg.ServerName == "" {
+		host, _, err := net.SplitHostPort(cc.addr)
+		if err != nil {
+			_ = nc.Close()
+			return nil, err
+		}
+		cfg.ServerName = host
+	}
+	tc := tls.Client(nc, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("TLS handshake with %s failed: %w", cc.addr, err)
+	}
+	if p := tc.ConnectionState().NegotiatedProtocol; p != "" && p != ALPN {
+		_ = tc.Close()
+		return nil, fmt.Errorf("TLS handshake with %s: server selected ALPN %q, not %q", cc.addr, p, ALPN)
+	}
+	return tc, nil
+}
+
+// keepalive sends a PING once nothing arrived for interval, and closes the connection when
+// nothing arrives within timeout of it (protocol.md §5.9, §9). At most one PING per
+// interval, and only after an interval of silence.
+func (c *conn) keepalive(interval, timeout time.Duration) {
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	var pingAt time.Time // when the unanswered PING went (zero: none)
+	for {
+		select {
+		case <-t.C:
+		case <-c.done:
+			return
+		}
+		now := time.Now()
+		c.mu.Lock()
+		last := c.lastRecv
+		if !pingAt.IsZero() && last.After(pingAt) {
+			pingAt = time.Time{} // something arrived: the peer is alive
+		}
+		var wait time.Duration
+		switch {
+		case !pingAt.IsZero():
+			if now.Sub(pingAt) >= timeout {
+				c.mu.Unlock()
+				c.shutdown(fmt.Errorf("keepalive: nothing received within %v of a PING", timeout))
+				return
+			}
+			wait = min(interval, timeout-now.Sub(pingAt)) // look again for an answer
+		case now.Sub(last) < interval:
+			wait = interval - now.Sub(last)
+		default:
+			var data [8]byte
+			binary.BigEndian.PutUint64(data[:], uint64(now.UnixNano()))
+			if err := c.eng.Ping(data); err != nil {
+				c.mu.Unlock()
+				return
+			}
+			pingAt = now
+			wait = min(interval, timeout)
+		}
+		c.mu.Unlock()
+		c.signal()
+		t.Reset(wait)
+	}
+}
+
 func (c *conn) clientEvent(ev *wire.Event) {
 	s := c.streams[ev.CallID]
 	switch ev.Type {
 	case wire.EvHeaders:
 		if s != nil {
 			s.headers, s.gotHeaders = ev.Metadata, true
+			if e, ok := ev.Metadata.Get(wire.KeyEncoding); ok && e != wire.EncodingIdentity {
+				s.enc = e
+			}
 			s.notifyRead()
 		}
 	case wire.EvMessage:
@@ -246,10 +408,15 @@ func (c *conn) clientEvent(ev *wire.Event) {
 type CallOption func(*callOptions)
 
 type callOptions struct {
-	codec   uint8
-	header  *Metadata
-	trailer *Metadata
+	codec    uint8
+	header   *Metadata
+	trailer  *Metadata
+	compress string
 }
+
+// CallCompression sets the message compression of one call ("zstd", "gzip", or "identity"
+// for none), overriding the connection's WithCompression (protocol.md §15).
+func CallCompression(name string) CallOption { return func(o *callOptions) { o.compress = name } }
 
 // WithCodec sets the codec byte of the call (CodecProto by default).
 func WithCodec(id uint8) CallOption { return func(o *callOptions) { o.codec = id } }
@@ -268,6 +435,8 @@ type ClientStream struct {
 	opts    callOptions
 	pending []byte // a first message that waits for send credit
 	pendEnd bool
+	enc     string // the encoding of the request messages ("" for none)
+	limit   uint32 // MAX_MESSAGE_SIZE of decompressed responses
 }
 
 // startCall starts a call, waiting for a connection and for room under the server's
@@ -275,6 +444,27 @@ type ClientStream struct {
 // in the same write (last: it is the only one).
 func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method string, first []byte, last bool) error {
 	md := OutgoingMetadata(ctx)
+	enc := cs.opts.compress
+	if enc == "" {
+		enc = cc.opts.compress
+	}
+	if enc == wire.EncodingIdentity {
+		enc = ""
+	}
+	if enc != "" {
+		if !wire.SupportedEncoding(enc) {
+			return &Status{Code: InvalidArgument, Message: fmt.Sprintf("unknown compression %q (zstd, gzip)", enc)}
+		}
+		md = append(md[:len(md):len(md)], wire.MetadataEntry{Key: wire.KeyEncoding, Value: enc},
+			wire.MetadataEntry{Key: wire.KeyAcceptEncoding, Value: wire.AcceptedEncodings})
+		if first != nil {
+			var err error
+			if first, err = wire.Compress(enc, first); err != nil {
+				return &Status{Code: Internal, Message: "compress: " + err.Error()}
+			}
+		}
+	}
+	cs.enc, cs.limit = enc, cc.opts.settings.MaxMessageSize
 	lost := 0 // connections that closed under this call before it could start
 	for {
 		var timeoutUs uint64
@@ -383,6 +573,12 @@ func (cs *ClientStream) CancelCall() { cs.cancel(context.Canceled) }
 
 func (cs *ClientStream) send(msg []byte, last bool) error {
 	c := cs.s.c
+	if cs.enc != "" {
+		var err error
+		if msg, err = wire.Compress(cs.enc, msg); err != nil {
+			return &Status{Code: Internal, Message: "compress: " + err.Error()}
+		}
+	}
 	for {
 		c.mu.Lock()
 		if cs.s.ended {
@@ -495,10 +691,21 @@ func (cs *ClientStream) Recv() ([]byte, error) {
 	for {
 		c.mu.Lock()
 		if msg, ok := cs.s.pop(); ok {
+			enc := cs.s.enc
 			if c.eng.HasOutput() {
 				c.flushLocked()
 			} else {
 				c.mu.Unlock()
+			}
+			if enc != "" {
+				out, err := wire.Decompress(enc, msg, cs.limit)
+				if err != nil {
+					st := StatusOf(err)
+					cs.cancel(st)
+					cs.finish()
+					return nil, st
+				}
+				msg = out
 			}
 			return msg, nil
 		}

@@ -44,7 +44,8 @@ type conn struct {
 	// the peer's MAX_CONCURRENT_CALLS.
 	slot        chan struct{}
 	slotWaiters int
-	err         error // why the connection ended
+	err         error     // why the connection ended
+	lastRecv    time.Time // when bytes last arrived (keep-alive)
 
 	server  *Server // nil on a client
 	onClose func()
@@ -189,12 +190,14 @@ func (c *conn) readLoop() {
 			n, err = c.nc.Read(buf)
 		}
 		if n > 0 {
+			now := time.Now()
 			c.mu.Lock()
+			c.lastRecv = now
 			var rerr error
 			if space != nil {
-				rerr = c.eng.ReceiveInPlace(n, time.Now())
+				rerr = c.eng.ReceiveInPlace(n, now)
 			} else {
-				rerr = c.eng.Receive(buf[:n], time.Now())
+				rerr = c.eng.Receive(buf[:n], now)
 			}
 			c.drain()
 			wake := c.eng.HasOutput() || c.finishing
@@ -303,7 +306,8 @@ type stream struct {
 	msg      string
 	trailers Metadata
 
-	remoteDone bool // server: the client half-closed
+	enc        string // the encoding of the received messages ("" for none, §15)
+	remoteDone bool   // server: the client half-closed
 	headers    Metadata
 	gotHeaders bool
 	ss         *ServerStream // server: the stream's owner

@@ -88,6 +88,11 @@ func testServer(t *testing.T, network string, opts ...topspin.Option) (*topspin.
 		path := filepath.Join(t.TempDir(), "s.sock")
 		target = "unix://" + path
 		l, err = topspin.Listen(target)
+	} else if network == "tls" {
+		l, err = topspin.Listen("tls://127.0.0.1:0", opts...)
+		if err == nil {
+			target = "tls://" + l.Addr().String()
+		}
 	} else {
 		l, err = topspin.Listen("tcp://127.0.0.1:0")
 		if err == nil {

@@ -2,10 +2,12 @@ package topspin
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,6 +91,10 @@ func (s *Server) Serve(l net.Listener) error {
 			return err
 		}
 		delay = 0
+		if tc, ok := nc.(*tls.Conn); ok {
+			go s.handshakeTLS(tc)
+			continue
+		}
 		s.serveConn(nc)
 	}
 }
@@ -96,6 +102,22 @@ func (s *Server) Serve(l net.Listener) error {
 func isTemporary(err error) bool {
 	var t interface{ Temporary() bool }
 	return errors.As(err, &t) && t.Temporary()
+}
+
+// handshakeTLS completes the server side of a TLS handshake (bounded by the handshake
+// timeout) before the connection is served; a failed handshake closes it.
+func (s *Server) handshakeTLS(tc *tls.Conn) {
+	ctx := context.Background()
+	if d := s.opts.handshake; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	if err := tc.HandshakeContext(ctx); err != nil {
+		_ = tc.Close()
+		return
+	}
+	s.serveConn(tc)
 }
 
 func (s *Server) serveConn(nc net.Conn) {
@@ -197,6 +219,9 @@ type ServerStream struct {
 	hdrSet  bool
 	trailer Metadata
 
+	respEnc string // the encoding of the responses ("" for none, §15)
+	limit   uint32 // MAX_MESSAGE_SIZE of decompressed requests
+
 	deadline time.Time
 	hasDL    bool
 	timer    *time.Timer
@@ -280,6 +305,9 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 			return
 		}
 		ss := &ServerStream{method: ev.Method, md: ev.Metadata}
+		if !s.negotiate(c, ev, ss) {
+			return
+		}
 		ss.s.init(make(chan struct{}, 1))
 		ss.s.c, ss.s.id, ss.s.ss = c, ev.CallID, ss
 		if ev.TimeoutUs > 0 {
@@ -311,6 +339,36 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 		}
 		c.callEnded(ev.CallID)
 	}
+}
+
+// negotiate applies the call's message compression (protocol.md §15): requests are
+// decoded with the client's topspin-encoding (a call with one this server cannot decode ends
+// UNIMPLEMENTED, naming the accepted ones); responses use the server's WithCompression
+// encoding when the client's topspin-accept-encoding lists it, announced in HEADERS.
+func (s *Server) negotiate(c *conn, ev *wire.Event, ss *ServerStream) bool {
+	if e, ok := ev.Metadata.Get(wire.KeyEncoding); ok && e != wire.EncodingIdentity {
+		if !wire.SupportedEncoding(e) {
+			_ = c.eng.EndCall(ev.CallID, Unimplemented,
+				fmt.Sprintf("message encoding %q is not supported; accepted: %s", e, wire.AcceptedEncodings),
+				Metadata{{Key: wire.KeyAcceptEncoding, Value: wire.AcceptedEncodings}})
+			return false
+		}
+		ss.s.enc = e
+	}
+	ss.limit = s.opts.settings.MaxMessageSize
+	if want := s.opts.compress; want != "" && want != wire.EncodingIdentity && wire.SupportedEncoding(want) {
+		if acc, ok := ev.Metadata.Get(wire.KeyAcceptEncoding); ok {
+			for _, a := range strings.Split(acc, ",") {
+				if strings.TrimSpace(a) == want {
+					ss.respEnc = want
+					ss.header = Metadata{{Key: wire.KeyEncoding, Value: want}}
+					ss.hdrSet = true
+					break
+				}
+			}
+		}
+	}
+	return true
 }
 
 // job is a call for a worker goroutine.
@@ -397,6 +455,21 @@ func (ss *ServerStream) Method() string { return ss.method }
 // Metadata is the request metadata.
 func (ss *ServerStream) Metadata() Metadata { return ss.md }
 
+// Peer is the client's address.
+func (ss *ServerStream) Peer() net.Addr { return ss.s.c.nc.RemoteAddr() }
+
+// TLS is the connection's TLS state (nil without TLS): with mutual TLS,
+// PeerCertificates[0] is the client's verified certificate, the call's peer identity
+// (protocol.md §14.1).
+func (ss *ServerStream) TLS() *tls.ConnectionState {
+	tc, ok := ss.s.c.nc.(*tls.Conn)
+	if !ok {
+		return nil
+	}
+	st := tc.ConnectionState()
+	return &st
+}
+
 // SetHeader adds response headers, sent before the first message (or with the end).
 func (ss *ServerStream) SetHeader(md Metadata) {
 	c := ss.s.c
@@ -420,6 +493,12 @@ func (ss *ServerStream) Send(msg []byte) error { return ss.send(msg, false) }
 // send queues msg; with end, END OK follows in the same write (unary answers).
 func (ss *ServerStream) send(msg []byte, end bool) error {
 	c := ss.s.c
+	if ss.respEnc != "" {
+		var err error
+		if msg, err = wire.Compress(ss.respEnc, msg); err != nil {
+			return &Status{Code: Internal, Message: "compress: " + err.Error()}
+		}
+	}
 	for {
 		c.mu.Lock()
 		if ss.s.ended {
@@ -479,9 +558,19 @@ func (ss *ServerStream) Recv() ([]byte, error) {
 		c.mu.Lock()
 		if msg, ok := ss.s.pop(); ok {
 			out := c.eng.HasOutput()
+			enc := ss.s.enc
 			c.mu.Unlock()
 			if out {
 				c.signal()
+			}
+			if enc != "" {
+				dec, err := wire.Decompress(enc, msg, ss.limit)
+				if err != nil {
+					st := StatusOf(err)
+					ss.endWith(st.Code, st.Message, nil, context.Canceled)
+					return nil, st
+				}
+				msg = dec
 			}
 			return msg, nil
 		}

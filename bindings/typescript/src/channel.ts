@@ -3,7 +3,7 @@
  * use, and opens a new one (with backoff) when it is lost or the server goes away.
  * @module
  */
-import { Connection, type Event, type Limits } from "./connection.js";
+import { Connection, type Event, type Limits, type MemoryBudget } from "./connection.js";
 import { Driver } from "./driver.js";
 import type { Metadata, Settings } from "./frame.js";
 import { AsyncQueue } from "./queue.js";
@@ -52,6 +52,8 @@ export interface ChannelOptions {
   limits?: Partial<Limits>;
   /** Reconnection backoff. */
   backoff?: Partial<BackoffOptions>;
+  /** Memory for incomplete split responses (default: the process-wide 1 GiB budget). */
+  memoryBudget?: MemoryBudget;
   /** Compresses every call's request messages (§15) unless a call says otherwise. */
   compression?: Compression;
   /** Encoders and decoders (default: {@link webCodecs}; `connect` in Node: `nodeCodecs`). */
@@ -360,7 +362,7 @@ export class Channel {
       this.failed();
       throw TopspinError.from(e, Code.UNAVAILABLE);
     }
-    const engine = new Connection("client", { settings: this.options.settings, limits: this.options.limits });
+    const engine = new Connection("client", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
     let established!: () => void;
     let lost!: (e: TopspinError) => void;
     const ready = new Promise<void>((res, rej) => {

@@ -7,7 +7,7 @@
 import * as net from "node:net";
 import { existsSync, unlinkSync } from "node:fs";
 import { create, fromBinary, toBinary, type DescMessage, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
-import { Connection, type Event, type Limits } from "../connection.js";
+import { Connection, type Event, type Limits, type MemoryBudget } from "../connection.js";
 import { Driver } from "../driver.js";
 import type { Metadata, Settings } from "../frame.js";
 import { AsyncQueue } from "../queue.js";
@@ -72,6 +72,8 @@ export interface ServerOptions {
    * `topspin-accept-encoding`. Requests are decoded per their own `topspin-encoding` either way.
    */
   compression?: Compression;
+  /** Memory for incomplete split requests, shared by the connections (default: the process-wide 1 GiB budget). */
+  memoryBudget?: MemoryBudget;
   /** Encoders and decoders (default: `nodeCodecs`: gzip both ways, zstd decoding). */
   codecs?: Codecs;
 }
@@ -166,7 +168,7 @@ export class Server {
   }
 
   private accept(socket: net.Socket): void {
-    const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits });
+    const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
     const calls = new Map<number, ServerCall>();
     const entry = { engine, driver: null as unknown as Driver, calls };
     this.conns.add(entry);

@@ -7,7 +7,7 @@ import { Connection, type Event, type Limits, type MemoryBudget } from "./connec
 import { Driver } from "./driver.js";
 import type { Metadata, Settings } from "./frame.js";
 import { AsyncQueue } from "./queue.js";
-import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, decodeMessage, encodeMessage, webCodecs, type Codecs, type Compression, type Decoder, type Encoder } from "./compression.js";
+import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, decodeMessage, encodeMessage, type Codecs, type Compression, type Decoder, type Encoder } from "./compression.js";
 import { Code, TopspinError } from "./status.js";
 import type { Dialer } from "./transport.js";
 
@@ -56,9 +56,14 @@ export interface ChannelOptions {
   memoryBudget?: MemoryBudget;
   /** Compresses every call's request messages (§15) unless a call says otherwise. */
   compression?: Compression;
-  /** Encoders and decoders (default: {@link webCodecs}; `connect` in Node: `nodeCodecs`). */
+  /**
+   * Encoders and decoders for `compression`: `webCodecs` (`@topspin/client/compression`) in
+   * browsers, `nodeCodecs` (`connect` in Node passes it). Without them nothing can be compressed.
+   */
   codecs?: Codecs;
 }
+
+const NO_CODECS: Codecs = { encoders: {}, decoders: {} };
 
 /** Normalises request metadata. */
 export function toMetadata(h: Metadata | Record<string, string> | undefined): Metadata {
@@ -271,7 +276,7 @@ export class Channel {
     let headers = toMetadata(opts.headers);
     const compression = opts.compression ?? this.options.compression;
     if (compression !== undefined && compression !== "identity") {
-      const codecs = this.options.codecs ?? webCodecs;
+      const codecs = this.options.codecs ?? NO_CODECS;
       const encoder = codecs.encoders[compression];
       if (encoder === undefined) throw new TopspinError(Code.UNIMPLEMENTED, `no ${compression} encoder here (codecs can send: ${Object.keys(codecs.encoders).join(", ") || "none"})`);
       call.encoder = encoder;

@@ -174,3 +174,23 @@ test("Rust topspin CLI → TypeScript server that compresses for clients that ac
     await server.close(1000);
   }
 });
+
+test("server compresses only with an encoding the client accepts", async () => {
+  const srv = counted();
+  const server = new Server({ compression: "gzip", codecs: srv.codecs }).service(Store, kvStore());
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  // this client sends gzip but decodes only zstd: `topspin-accept-encoding: zstd`
+  const ch = connect(addr, { compression: "gzip", codecs: { encoders: { gzip: gzipEncode }, decoders: { zstd: nodeCodecs.decoders.zstd } } });
+  try {
+    const kv = createClient(Store, ch);
+    await kv.put({ key: "acc/big", value: "v".repeat(1 << 20) });
+    let headers: Metadata = [];
+    assert.equal((await kv.get({ key: "acc/big" }, { onHeader: (h) => (headers = h) })).value.length, 1 << 20);
+    assert.equal(value(headers, ENCODING_KEY), undefined);
+    assert.equal(srv.n.enc, 0);
+    assert.equal(srv.n.dec, 1, "the request was gzip-compressed and decoded");
+  } finally {
+    ch.close();
+    await server.close(1000);
+  }
+});

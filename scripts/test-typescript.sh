@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every check of bindings/typescript: set-up, tsc --strict, eslint, the vector runner, Node
+# Every check of bindings/typescript: set-up, tsc --strict, eslint, the vector runner, compression
+# negotiation (§15) and the memory budget for split messages (§9), Node
 # client ↔ Node server, interop with the Rust kvstore-server and the Rust `topspin` CLI over TCP
 # and Unix sockets, and the browser test (Chromium, WebSocket) when the Rust server speaks ws://.
 #

@@ -2,6 +2,7 @@
 // Rust topspin kvstore server over ws:// with the browser's own WebSocket and records each check
 // in `window.__results` (and on the page, for the screenshot).
 import { Channel, Code, TopspinError, createClient, webSocketDialer } from "../src/index.js";
+import { webCodecs } from "../src/compression.js";
 import { Store } from "../gen/kv/v1/kv_pb.js";
 
 interface Check {
@@ -126,6 +127,14 @@ async function main(): Promise<void> {
     const big = "z".repeat(1 << 20);
     await kv.put({ key: "web/big", value: big });
     const e = await kv.get({ key: "web/big" });
+    expect(e.value === big, "the 1 MiB value back");
+    return `${e.value.length} bytes`;
+  });
+  await check("1 MiB gzip-compressed with CompressionStream (per call)", async () => {
+    const gz = createClient(Store, new Channel({ dial: webSocketDialer(url), codecs: webCodecs }));
+    const big = "g".repeat(1 << 20);
+    await gz.put({ key: "web/gz", value: big }, { compression: "gzip" });
+    const e = await gz.get({ key: "web/gz" }, { compression: "gzip" });
     expect(e.value === big, "the 1 MiB value back");
     return `${e.value.length} bytes`;
   });

@@ -3,10 +3,11 @@
  * use, and opens a new one (with backoff) when it is lost or the server goes away.
  * @module
  */
-import { Connection, type Event, type Limits } from "./connection.js";
+import { Connection, type Event, type Limits, type MemoryBudget } from "./connection.js";
 import { Driver } from "./driver.js";
 import type { Metadata, Settings } from "./frame.js";
 import { AsyncQueue } from "./queue.js";
+import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, decodeMessage, encodeMessage, type Codecs, type Compression, type Decoder, type Encoder } from "./compression.js";
 import { Code, TopspinError } from "./status.js";
 import type { Dialer } from "./transport.js";
 
@@ -22,6 +23,11 @@ export interface CallOptions {
   onHeader?: (headers: Metadata) => void;
   /** Called with the trailers of a call that ended OK. */
   onTrailer?: (trailers: Metadata) => void;
+  /**
+   * Compresses this call's request messages (§15) and accepts compressed responses; overrides
+   * the channel's `compression`. `"identity"` turns it off for the call.
+   */
+  compression?: Compression | "identity";
 }
 
 /** Reconnection backoff. */
@@ -46,7 +52,18 @@ export interface ChannelOptions {
   limits?: Partial<Limits>;
   /** Reconnection backoff. */
   backoff?: Partial<BackoffOptions>;
+  /** Memory for incomplete split responses (default: the process-wide 1 GiB budget). */
+  memoryBudget?: MemoryBudget;
+  /** Compresses every call's request messages (§15) unless a call says otherwise. */
+  compression?: Compression;
+  /**
+   * Encoders and decoders for `compression`: `webCodecs` (`@topspin/client/compression`) in
+   * browsers, `nodeCodecs` (`connect` in Node passes it). Without them nothing can be compressed.
+   */
+  codecs?: Codecs;
 }
+
+const NO_CODECS: Codecs = { encoders: {}, decoders: {} };
 
 /** Normalises request metadata. */
 export function toMetadata(h: Metadata | Record<string, string> | undefined): Metadata {
@@ -83,17 +100,33 @@ export class ClientCall {
   /** Set once the CALL is out. */
   live: Live | null = null;
   id = 0;
+  /** @internal Compresses request messages, when the call does. */
+  encoder: Encoder | null = null;
+  /** @internal Decoders the call accepts responses in (null: it accepts none). */
+  decoders: Codecs["decoders"] | null = null;
+  /** Decodes responses, once HEADERS named an encoding. */
+  private decoder: Decoder | null = null;
 
   constructor(private readonly opts: CallOptions) {}
 
   /** @internal */
   onEvent(e: Event): void {
     switch (e.type) {
-      case "Headers":
+      case "Headers": {
         this.headers = e.metadata;
         this.headersSeen = true;
+        const enc = e.metadata.find((m) => m.key === ENCODING_KEY)?.value;
+        if (typeof enc === "string" && enc !== "identity") {
+          const d = this.decoders?.[enc];
+          if (d === undefined) {
+            this.cancel(Code.INTERNAL, `the server compresses with ${enc}, which this call did not accept`);
+            return;
+          }
+          this.decoder = d;
+        }
         this.opts.onHeader?.(e.metadata);
         break;
+      }
       case "Message":
         if (!this.headersSeen) {
           this.headersSeen = true;
@@ -163,6 +196,15 @@ export class ClientCall {
 
   /** Sends one request message; waits for send credit. */
   async send(message: Uint8Array, endStream = false): Promise<void> {
+    if (this.encoder !== null && !this.done) {
+      try {
+        message = await encodeMessage(message, this.encoder);
+      } catch (e) {
+        const err = TopspinError.from(e, Code.INTERNAL);
+        this.cancel(err.code, `compressing a request message: ${err.rawMessage}`);
+        throw err;
+      }
+    }
     for (;;) {
       if (this.done) throw this.error ?? new TopspinError(Code.INTERNAL, "send on a finished call");
       const live = this.live as Live;
@@ -198,7 +240,14 @@ export class ClientCall {
       this.live.engine.consumed(this.id, due);
       this.live.driver.pump();
     }
-    return r.value;
+    if (this.decoder === null) return r.value;
+    try {
+      return await decodeMessage(r.value, this.decoder, this.live?.engine.local.maxMessageSize ?? 0);
+    } catch (e) {
+      const err = TopspinError.from(e, Code.INTERNAL);
+      this.cancel(err.code, err.rawMessage);
+      throw err;
+    }
   }
 
   /** Waits for the call's end; throws its error. */
@@ -224,6 +273,16 @@ export class Channel {
   /** Starts a call (raw bytes, `codec` 0 protobuf, 1 raw, 2 JSON). */
   async start(method: string, opts: CallOptions = {}, codec = 0): Promise<ClientCall> {
     const call = new ClientCall(opts);
+    let headers = toMetadata(opts.headers);
+    const compression = opts.compression ?? this.options.compression;
+    if (compression !== undefined && compression !== "identity") {
+      const codecs = this.options.codecs ?? NO_CODECS;
+      const encoder = codecs.encoders[compression];
+      if (encoder === undefined) throw new TopspinError(Code.UNIMPLEMENTED, `no ${compression} encoder here (codecs can send: ${Object.keys(codecs.encoders).join(", ") || "none"})`);
+      call.encoder = encoder;
+      call.decoders = codecs.decoders;
+      headers = [...headers, { key: ENCODING_KEY, value: compression }, { key: ACCEPT_ENCODING_KEY, value: acceptList(codecs) }];
+    }
     const deadline = opts.timeoutMs !== undefined ? Date.now() + opts.timeoutMs : undefined;
     let gate: ((e: TopspinError) => void) | null = null;
     const stop = (err: TopspinError): void => {
@@ -254,7 +313,7 @@ export class Channel {
             if (left <= 0) throw new TopspinError(Code.DEADLINE_EXCEEDED, `deadline of ${opts.timeoutMs} ms exceeded`);
             timeoutUs = BigInt(Math.ceil(left * 1000));
           }
-          call.id = live.engine.startCall(method, codec, timeoutUs, toMetadata(opts.headers));
+          call.id = live.engine.startCall(method, codec, timeoutUs, headers);
           call.live = live;
           gate = null;
           live.calls.set(call.id, call);
@@ -308,7 +367,7 @@ export class Channel {
       this.failed();
       throw TopspinError.from(e, Code.UNAVAILABLE);
     }
-    const engine = new Connection("client", { settings: this.options.settings, limits: this.options.limits });
+    const engine = new Connection("client", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
     let established!: () => void;
     let lost!: (e: TopspinError) => void;
     const ready = new Promise<void>((res, rej) => {

@@ -87,10 +87,56 @@ class Bucket {
   }
 }
 
+/**
+ * The memory a process holds for incomplete split messages (§9 "Local limits"), shared by its
+ * connections: while it is spent, servers refuse new calls with `RESOURCE_EXHAUSTED` and
+ * receivers withhold the credit for chunks of split messages (§7), letting one split message per
+ * connection go on, and grant it again once memory is released.
+ */
+export class MemoryBudget {
+  private usedBytes = 0;
+  private readonly waiters = new Set<() => void>();
+
+  /** `limit`: bytes (default 1 GiB, the RECOMMENDED default). */
+  constructor(readonly limit: number = 1 << 30) {}
+
+  /** Bytes held now. */
+  get used(): number {
+    return this.usedBytes;
+  }
+
+  /** Whether the budget is spent. */
+  get exhausted(): boolean {
+    return this.usedBytes >= this.limit;
+  }
+
+  /** Holds `n` bytes (data that already arrived is held even past the limit). */
+  reserve(n: number): void {
+    this.usedBytes += n;
+  }
+
+  /** Releases `n` bytes; wakes the connections waiting for memory. */
+  release(n: number): void {
+    if (n <= 0) return;
+    this.usedBytes = Math.max(0, this.usedBytes - n);
+    if (!this.exhausted) for (const w of [...this.waiters]) w();
+  }
+
+  /** @internal Calls `w` when memory is released while not exhausted; returns the unsubscribe. */
+  subscribe(w: () => void): () => void {
+    this.waiters.add(w);
+    return () => this.waiters.delete(w);
+  }
+}
+
+/** The process-wide budget every connection shares unless told otherwise (1 GiB). */
+export const processMemoryBudget = new MemoryBudget();
+
 interface Split {
   total: number;
   got: number;
-  parts: Uint8Array[];
+  /** Grows as chunks arrive: its length is never more than twice `got` (nor above `total`). */
+  buf: Uint8Array;
   endStream: boolean;
 }
 
@@ -118,6 +164,8 @@ interface Call {
   tail: Frame | null;
   /** Credit owed to the peer for consumed messages, not yet sent. */
   owed: number;
+  /** Chunk credit withheld while the memory budget is spent. */
+  withheld: number;
 }
 
 /** Options of a {@link Connection}. */
@@ -128,6 +176,8 @@ export interface ConnectionOptions {
   limits?: Partial<Limits>;
   /** Milliseconds clock for the flood budgets; default `Date.now`. */
   now?: () => number;
+  /** Memory for incomplete split messages, shared across connections (default {@link processMemoryBudget}). */
+  memoryBudget?: MemoryBudget;
 }
 
 const MAX_CREDIT = 0x7fffffff;
@@ -163,6 +213,16 @@ export class Connection {
   private readonly refusedBucket: Bucket;
   /** The connection error or close reason, once closed. */
   closeError: number | null = null;
+  /** The shared memory budget for incomplete split messages. */
+  readonly memoryBudget: MemoryBudget;
+  /** The call whose split message goes on while the budget is spent (one per connection, §7). */
+  private privileged: number | null = null;
+  private unsubscribe: (() => void) | null = null;
+  /**
+   * Called when withheld chunk credit was granted again (memory came back) outside `receive`:
+   * the output has new frames to write. The driver sets it.
+   */
+  onWake: (() => void) | null = null;
 
   constructor(role: Role, options: ConnectionOptions = {}) {
     this.role = role;
@@ -175,6 +235,7 @@ export class Connection {
     this.resetBucket = new Bucket(this.limits.rapidResetBurst, this.limits.rapidResetRefillMs, t);
     this.refusedBucket = new Bucket(this.limits.refusedCallBurst, this.limits.refusedCallRefillMs, t);
     this.decoder = new FrameDecoder(this.local.maxFrameSize);
+    this.memoryBudget = options.memoryBudget ?? processMemoryBudget;
     this.pushBytes(PREFACE);
     this.send({ type: "SETTINGS", flags: 0, callId: 0, entries: settingsEntries(this.local) });
   }
@@ -283,12 +344,15 @@ export class Connection {
   private fail(code: number | null, reason: string, sendError: boolean): void {
     if (sendError && code !== null) this.send({ type: "ERROR", flags: 0, callId: 0, code, reason });
     const why = code === null ? reason : `connection error ${reason}`;
+    this.phase = "closed";
     for (const c of [...this.calls.values()]) {
-      this.calls.delete(c.id);
+      this.forget(c.id);
       if (this.role === "client") this.events.push({ type: "Ended", callId: c.id, code: Code.UNAVAILABLE, message: why, trailers: [] });
       else this.events.push({ type: "Cancelled", callId: c.id, code: Code.UNAVAILABLE, message: why });
     }
     this.phase = "closed";
+    this.unsubscribe?.();
+    this.unsubscribe = null;
     this.closeError = code;
     this.events.push({ type: "Closed", error: code, reason });
   }
@@ -354,7 +418,7 @@ export class Connection {
     if (this.role === "client") {
       for (const c of [...this.calls.values()]) {
         if (c.id > lastCallId) {
-          this.calls.delete(c.id);
+          this.forget(c.id);
           this.events.push({ type: "Ended", callId: c.id, code: Code.UNAVAILABLE, message: `the server went away (GOAWAY ${reason}); the call was not processed`, trailers: [] });
         }
       }
@@ -373,6 +437,7 @@ export class Connection {
       out: null,
       tail: null,
       owed: 0,
+      withheld: 0,
     };
     this.calls.set(id, c);
     if (this.local.initialCallWindow === 0) {
@@ -408,6 +473,10 @@ export class Connection {
     const mds = metadataSize(f.metadata);
     if (mds > this.local.maxMetadataSize) {
       end(`request metadata of ${mds} bytes exceeds max_metadata_size ${this.local.maxMetadataSize}`);
+      return;
+    }
+    if (this.memoryBudget.exhausted) {
+      end(`process memory budget for incoming messages exhausted (${this.memoryBudget.limit} bytes)`);
       return;
     }
     if (this.calls.size >= this.local.maxConcurrentCalls) {
@@ -447,8 +516,11 @@ export class Connection {
           this.deliver(c, f.chunk.slice(), HEADER_LEN + f.chunk.length);
           if (f.endStream) this.halfClosedByClient(c);
         } else {
-          c.split = { total: f.totalLen, got: f.chunk.length, parts: [f.chunk.slice()], endStream: f.endStream };
-          this.grantNow(c, HEADER_LEN + 4 + f.chunk.length);
+          const buf = new Uint8Array(Math.min(f.totalLen, 2 * f.chunk.length));
+          buf.set(f.chunk);
+          this.memoryBudget.reserve(buf.length);
+          c.split = { total: f.totalLen, got: f.chunk.length, buf, endStream: f.endStream };
+          this.chunkCredit(c, HEADER_LEN + 4 + f.chunk.length);
         }
         return;
       }
@@ -459,18 +531,20 @@ export class Connection {
         if (s.got + f.chunk.length > s.total) {
           throw new ProtocolError(ErrorCode.MESSAGE_LENGTH_MISMATCH, `CONTINUATION goes past total_len ${s.total}`);
         }
-        s.parts.push(f.chunk.slice());
-        s.got += f.chunk.length;
-        this.grantNow(c, HEADER_LEN + f.chunk.length);
-        if (s.got === s.total) {
-          c.split = null;
-          const m = new Uint8Array(s.total);
-          let off = 0;
-          for (const p of s.parts) {
-            m.set(p, off);
-            off += p.length;
-          }
-          this.deliver(c, m, 0);
+        const need = s.got + f.chunk.length;
+        if (need > s.buf.length) {
+          const grown = new Uint8Array(Math.min(s.total, 2 * need));
+          grown.set(s.buf.subarray(0, s.got));
+          this.memoryBudget.reserve(grown.length - s.buf.length);
+          s.buf = grown;
+        }
+        s.buf.set(f.chunk, s.got);
+        s.got = need;
+        if (s.got < s.total) this.chunkCredit(c, HEADER_LEN + f.chunk.length);
+        else {
+          this.dropSplit(c);
+          this.grantNow(c, HEADER_LEN + f.chunk.length);
+          this.deliver(c, s.buf, 0);
           if (s.endStream) this.halfClosedByClient(c);
         }
         return;
@@ -480,7 +554,7 @@ export class Connection {
         c.headers = true;
         const size = metadataSize(f.metadata);
         if (size > this.local.maxMetadataSize) {
-          this.calls.delete(c.id);
+          this.forget(c.id);
           this.send({ type: "CANCEL", flags: 0, callId: c.id, code: Code.RESOURCE_EXHAUSTED });
           this.events.push({ type: "Ended", callId: c.id, code: Code.RESOURCE_EXHAUSTED, message: `response headers of ${size} bytes exceed max_metadata_size ${this.local.maxMetadataSize}`, trailers: [] });
           return;
@@ -489,7 +563,7 @@ export class Connection {
         return;
       }
       case "END": {
-        this.calls.delete(c.id);
+        this.forget(c.id);
         const statusSize = 2 + new TextEncoder().encode(f.message).length + metadataSize(f.trailers);
         if (statusSize > this.local.maxMetadataSize) {
           this.events.push({ type: "Ended", callId: c.id, code: Code.RESOURCE_EXHAUSTED, message: `END status of ${statusSize} bytes exceeds max_metadata_size ${this.local.maxMetadataSize}`, trailers: [] });
@@ -506,7 +580,7 @@ export class Connection {
       }
       case "CANCEL": {
         if (!c.answered && !this.resetBucket.take(this.now())) this.calm("too_many_resets");
-        this.calls.delete(c.id);
+        this.forget(c.id);
         this.events.push({ type: "Cancelled", callId: c.id, code: f.code, message: "the client cancelled the call" });
         return;
       }
@@ -528,6 +602,76 @@ export class Connection {
     c.recvCredit -= HEADER_LEN + payload;
   }
 
+  /** Credit for a chunk of a split message: granted now, or withheld while memory is spent (§7). */
+  private chunkCredit(c: Call, n: number): void {
+    if (this.memoryBudget.exhausted && this.privileged !== c.id) {
+      if (this.privileged === null || !this.calls.has(this.privileged)) {
+        this.privileged = c.id;
+      } else {
+        c.withheld += n;
+        this.unsubscribe ??= this.memoryBudget.subscribe(() => this.regrant());
+        return;
+      }
+    }
+    this.grantNow(c, n);
+  }
+
+  /** Memory came back: grants the withheld chunk credit. */
+  private regrant(): void {
+    if (this.phase === "closed") return;
+    let any = false;
+    for (const c of this.calls.values()) {
+      if (c.withheld > 0 && !this.memoryBudget.exhausted) {
+        const n = c.withheld;
+        c.withheld = 0;
+        this.grantNow(c, n);
+        any = true;
+      }
+    }
+    if (![...this.calls.values()].some((c) => c.withheld > 0)) {
+      this.unsubscribe?.();
+      this.unsubscribe = null;
+    }
+    if (any) this.onWake?.();
+  }
+
+  /** Releases the memory of the call's split message, if one is open. */
+  private dropSplit(c: Call): void {
+    const s = c.split;
+    if (s === null) return;
+    c.split = null;
+    if (this.privileged === c.id) this.privileged = null;
+    this.memoryBudget.release(s.buf.length);
+    this.promote();
+  }
+
+  /** Budget still spent and no split message going on: lets a waiting one go on (§7). */
+  private promote(): void {
+    if (this.privileged !== null || !this.memoryBudget.exhausted || this.phase === "closed") return;
+    for (const c of this.calls.values()) {
+      if (c.withheld > 0 && c.split !== null) {
+        this.privileged = c.id;
+        const n = c.withheld;
+        c.withheld = 0;
+        this.grantNow(c, n);
+        this.onWake?.();
+        return;
+      }
+    }
+  }
+
+  /** Removes a call, releasing what its split message held. */
+  private forget(id: number): void {
+    const c = this.calls.get(id);
+    if (c === undefined) return;
+    this.calls.delete(id);
+    this.dropSplit(c);
+    if (this.privileged === id) {
+      this.privileged = null;
+      this.promote();
+    }
+  }
+
   private grantNow(c: Call, n: number): void {
     c.recvCredit += n;
     this.send({ type: "CREDIT", flags: 0, callId: c.id, increment: n });
@@ -544,7 +688,7 @@ export class Connection {
 
   private tooLarge(c: Call, size: number): void {
     const message = `message of ${size} bytes exceeds the limit of ${this.local.maxMessageSize} bytes (max_message_size)`;
-    this.calls.delete(c.id);
+    this.forget(c.id);
     if (this.role === "server") {
       this.send({ type: "END", flags: 0, callId: c.id, code: Code.RESOURCE_EXHAUSTED, message, trailers: [] });
       this.events.push({ type: "Cancelled", callId: c.id, code: Code.RESOURCE_EXHAUSTED, message });
@@ -654,7 +798,7 @@ export class Connection {
           const t = c.tail;
           c.tail = null;
           this.send(t);
-          if (t.type === "END") this.calls.delete(c.id);
+          if (t.type === "END") this.forget(c.id);
         }
       }
     }
@@ -674,7 +818,7 @@ export class Connection {
   cancel(callId: number, code: number): void {
     const c = this.open(callId);
     if (c === undefined) return;
-    this.calls.delete(callId);
+    this.forget(callId);
     this.send({ type: "CANCEL", flags: 0, callId, code });
   }
 
@@ -707,7 +851,7 @@ export class Connection {
       c.tail = f;
       return;
     }
-    this.calls.delete(callId);
+    this.forget(callId);
     this.send(f);
   }
 

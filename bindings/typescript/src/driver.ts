@@ -27,6 +27,7 @@ export class Driver {
       engine.receive(b);
       this.pump();
     };
+    engine.onWake = () => this.pump();
     io.onClose = (reason) => {
       this.ioClosed = true;
       engine.transportClosed(reason);

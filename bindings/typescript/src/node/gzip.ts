@@ -1,9 +1,10 @@
 /**
- * gzip for Node with `zlib`, bounded by `maxOutputLength` (see `Decoder` in compression.ts).
+ * gzip for Node with `zlib`, bounded by `maxOutputLength` (see `Decoder` in compression.ts), and
+ * the Node set of codecs.
  * @module
  */
-import { gunzipSync } from "node:zlib";
-import { LimitExceeded, type Decoder } from "../compression.js";
+import { gunzipSync, gzipSync } from "node:zlib";
+import { LimitExceeded, zstd, type Codecs, type Decoder, type Encoder } from "../compression.js";
 
 /** gzip (RFC 1952) with Node's zlib; never produces more than `limit` bytes. */
 export const gzip: Decoder = (body, limit) => {
@@ -14,3 +15,9 @@ export const gzip: Decoder = (body, limit) => {
     throw e;
   }
 };
+
+/** gzip compression with Node's zlib (level 6, zlib's default). */
+export const gzipEncode: Encoder = (message) => gzipSync(message);
+
+/** The Node set: gzip both ways (zlib), zstd decoding (fzstd). */
+export const nodeCodecs: Codecs = { encoders: { gzip: gzipEncode }, decoders: { zstd, gzip } };

@@ -4,6 +4,7 @@
  * @module
  */
 import * as net from "node:net";
+import { nodeCodecs } from "./gzip.js";
 import WebSocket from "ws";
 import { Channel, type ChannelOptions } from "../channel.js";
 import { Code, TopspinError } from "../status.js";
@@ -103,5 +104,5 @@ export function dialerFor(address: string): Dialer {
 
 /** A channel to `address` (`tcp://127.0.0.1:50051`, `unix:///run/kv.sock`, `ws://host:port/path`). */
 export function connect(address: string, options: Omit<ChannelOptions, "dial"> = {}): Channel {
-  return new Channel({ ...options, dial: dialerFor(address) });
+  return new Channel({ codecs: nodeCodecs, ...options, dial: dialerFor(address) });
 }

@@ -7,13 +7,15 @@
 import * as net from "node:net";
 import { existsSync, unlinkSync } from "node:fs";
 import { create, fromBinary, toBinary, type DescMessage, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
-import { Connection, type Event, type Limits } from "../connection.js";
+import { Connection, type Event, type Limits, type MemoryBudget } from "../connection.js";
 import { Driver } from "../driver.js";
 import type { Metadata, Settings } from "../frame.js";
 import { AsyncQueue } from "../queue.js";
 import { Code, TopspinError } from "../status.js";
 import { methodPath } from "../client.js";
 import { parseAddress, socketDuplex } from "./net.js";
+import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, accepts, decodeMessage, encodeMessage, type Codecs, type Compression } from "../compression.js";
+import { nodeCodecs } from "./gzip.js";
 
 /** What a handler knows about its call, and what it can set. */
 export interface HandlerContext {
@@ -65,6 +67,15 @@ export interface ServerOptions {
   settings?: Partial<Settings>;
   /** Local flood budgets. */
   limits?: Partial<Limits>;
+  /**
+   * Compresses responses with this encoding (§15) for clients that list it in
+   * `topspin-accept-encoding`. Requests are decoded per their own `topspin-encoding` either way.
+   */
+  compression?: Compression;
+  /** Memory for incomplete split requests, shared by the connections (default: the process-wide 1 GiB budget). */
+  memoryBudget?: MemoryBudget;
+  /** Encoders and decoders (default: `nodeCodecs`: gzip both ways, zstd decoding). */
+  codecs?: Codecs;
 }
 
 interface ServerCall {
@@ -87,7 +98,14 @@ export class Server {
   private readonly conns = new Set<{ engine: Connection; driver: Driver; calls: Map<number, ServerCall> }>();
   private closing = false;
 
-  constructor(private readonly options: ServerOptions = {}) {}
+  private readonly codecs: Codecs;
+
+  constructor(private readonly options: ServerOptions = {}) {
+    this.codecs = options.codecs ?? nodeCodecs;
+    if (options.compression !== undefined && this.codecs.encoders[options.compression] === undefined) {
+      throw new TopspinError(Code.INVALID_ARGUMENT, `no ${options.compression} encoder in the server's codecs`);
+    }
+  }
 
   /** Adds a raw route for a full method name. */
   route(method: string, route: Route): this {
@@ -150,7 +168,7 @@ export class Server {
   }
 
   private accept(socket: net.Socket): void {
-    const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits });
+    const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
     const calls = new Map<number, ServerCall>();
     const entry = { engine, driver: null as unknown as Driver, calls };
     this.conns.add(entry);
@@ -217,6 +235,21 @@ export class Server {
       driver.pump();
       return;
     }
+    const header = (k: string): string | undefined => {
+      const v = e.metadata.find((m) => m.key === k)?.value;
+      return typeof v === "string" ? v : undefined;
+    };
+    const reqEnc = header(ENCODING_KEY);
+    const reqDecoder = reqEnc === undefined || reqEnc === "identity" ? null : this.codecs.decoders[reqEnc];
+    if (reqDecoder === undefined) {
+      const accepted = acceptList(this.codecs);
+      engine.endCall(e.callId, Code.UNIMPLEMENTED, `request encoding ${String(reqEnc)} is not supported; accepted: ${accepted}`, [{ key: ACCEPT_ENCODING_KEY, value: accepted }]);
+      driver.pump();
+      return;
+    }
+    const ours = this.options.compression;
+    const respEncoder = ours !== undefined && accepts(header(ACCEPT_ENCODING_KEY), ours) ? (this.codecs.encoders[ours] ?? null) : null;
+    const limit = engine.local.maxMessageSize;
     const call: ServerCall = { id: e.callId, input: new AsyncQueue(), credit: [], abort: null, reason: null, done: false, writeWaiter: null, timer: undefined };
     c.calls.set(call.id, call);
     const timeoutMs = Number(e.timeoutUs) / 1000;
@@ -247,7 +280,8 @@ export class Server {
     const sendHeaders = (): void => {
       if (headersSent) return;
       headersSent = true;
-      if (ctx.responseHeaders.length > 0) engine.sendHeaders(call.id, ctx.responseHeaders);
+      if (respEncoder !== null && ours !== undefined) engine.sendHeaders(call.id, [...ctx.responseHeaders, { key: ENCODING_KEY, value: ours }]);
+      else if (ctx.responseHeaders.length > 0) engine.sendHeaders(call.id, ctx.responseHeaders);
     };
     const inputs = (async function* () {
       for (;;) {
@@ -258,11 +292,12 @@ export class Server {
           engine.consumed(call.id, due);
           driver.pump();
         }
-        yield route.decode(r.value);
+        yield route.decode(reqDecoder === null ? r.value : await decodeMessage(r.value, reqDecoder, limit));
       }
     })();
     const send = async (v: unknown): Promise<void> => {
-      const bytes = route.encode(v);
+      const plain = route.encode(v);
+      const bytes = respEncoder === null ? plain : await encodeMessage(plain, respEncoder);
       sendHeaders();
       for (;;) {
         if (call.done) throw call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");

@@ -1007,7 +1007,10 @@ impl ServerCall {
                 let _ = tx.send(Ok(r));
             }
             Some(Reply::Stream(tx)) => {
-                let _ = tx.send(None);
+                // Trailers set while the stream ran: the stream ends with an OK status that
+                // carries them (the runtime sends an item's status, OK included, as the END).
+                let t = md_from_py(trailers)?;
+                let _ = tx.send((!t.is_empty()).then(|| Status::ok().with_metadata(t)));
             }
             None => {}
         }

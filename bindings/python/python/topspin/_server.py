@@ -135,7 +135,7 @@ def _run_sync(m: MethodHandler, call: _native.ServerCall) -> None:
                     first = False
                 if not sender.send(r.SerializeToString()):
                     break
-            call.finish_ok(None, None, ctx._headers)
+            call.finish_ok(None, ctx._trailers, ctx._headers)
     except BaseException as e:  # noqa: BLE001 - a handler's failure ends only its call
         _fail(call, e, ctx)
 
@@ -165,7 +165,7 @@ async def _run_async(
                     first = False
                 if not await send_async(sender, r.SerializeToString()):
                     break
-            call.finish_ok(None, None, ctx._headers)
+            call.finish_ok(None, ctx._trailers, ctx._headers)
     except BaseException as e:  # noqa: BLE001 - a handler's failure ends only its call
         _fail(call, e, ctx)
     finally:

@@ -10,6 +10,7 @@ from typing import Iterator, List, Optional
 
 import kv_server
 import pytest
+from conftest import binary, start_server
 from kv.v1 import kv_pb2, kv_topspin
 
 import topspin
@@ -93,14 +94,16 @@ def py_server(
 
 
 @pytest.fixture
-def proxy_to_rust(kv_server: str) -> Iterator[Proxy]:
-    if not kv_server.startswith("tcp://"):
-        pytest.skip("the proxy forwards TCP")
-    p = Proxy(kv_server)
+def proxy_to_rust() -> Iterator[Proxy]:
+    """The Rust kvstore server on TCP, behind a byte-counting proxy."""
+    p, bound = start_server([binary("kvstore-server"), "tcp://127.0.0.1:0"])
+    proxy = Proxy(bound)
     try:
-        yield p
+        yield proxy
     finally:
-        p.close()
+        proxy.close()
+        p.terminate()
+        p.wait(10)
 
 
 @pytest.mark.parametrize("encoding", ["zstd", "gzip"])

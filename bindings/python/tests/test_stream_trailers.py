@@ -4,10 +4,12 @@ stream ends successfully, also when they are set after the first message."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from typing import AsyncIterable, AsyncIterator, Iterable, Iterator
 
 import kv_server
 import pytest
+from conftest import KV_PROTO_DIR, binary
 from kv.v1 import kv_pb2, kv_topspin
 
 import topspin
@@ -98,3 +100,17 @@ def test_streaming_success_trailers_asyncio(server: str) -> None:
         assert ("count", "2") in (bidi.trailers() or []), bidi.trailers()
 
     asyncio.run(main())
+
+
+def test_rust_cli_sees_the_stream_trailers(server: str) -> None:
+    cli = binary("topspin")
+    proto = ["--proto", "kv/v1/kv.proto", "-I", KV_PROTO_DIR]
+    r = subprocess.run(
+        [cli, "call", "-v", *proto, server, "kv.v1.Store/Watch", "-d", '{"prefix": ""}'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 2, r.stdout
+    assert "< trailer count: 2" in r.stderr, r.stderr

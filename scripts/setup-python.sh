@@ -13,7 +13,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
   "$PY" -m venv "$VENV"
 fi
-want="maturin pytest mypy ruff protobuf grpcio grpcio-tools types-protobuf"
+want="maturin pytest mypy ruff protobuf grpcio grpcio-tools types-protobuf cryptography"
 missing=""
 for p in $want; do
   "$VENV/bin/python" -m pip show -q "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -20,7 +20,8 @@ step "ruff"
 $PY -m ruff check python tests examples bench
 $PY -m ruff format --check python tests examples bench
 step "mypy (package, generated code, example, tests)"
-MYPYPATH=tests/gen_out:bench/gen_out $PY -m mypy python/topspin examples tests/gen_out bench tests/typed_use.py
+MYPYPATH=tests/gen_out:bench/gen_out:examples:tests $PY -m mypy python/topspin examples tests/gen_out bench tests/typed_use.py \
+  tests/test_tls.py tests/test_config.py tests/test_stream_trailers.py
 step "pytest"
 $PY -m pytest -q tests
 step "benchmark smoke run (0.1 s per workload; no timings checked)"
@@ -36,13 +37,14 @@ elif command -v pyenv >/dev/null 2>&1; then
 fi
 if [ -n "$PY39" ]; then
   step "the abi3 wheel on CPython 3.9 (the oldest supported)"
-  rm -rf target/wheels/topspin-*.whl
+  rm -rf "$CARGO_TARGET_DIR"/wheels/topspin-*.whl
   (cd bindings/python && .venv/bin/maturin build --release -q)
   V39=bindings/python/.venv39
   [ -x "$V39/bin/python" ] || "$PY39" -m venv "$V39"
-  "$V39/bin/python" -m pip install -q --force-reinstall --no-deps target/wheels/topspin-*.whl
+  "$V39/bin/python" -m pip install -q --force-reinstall --no-deps "$CARGO_TARGET_DIR"/wheels/topspin-*.whl
   "$V39/bin/python" -m pip show -q pytest protobuf >/dev/null 2>&1 || "$V39/bin/python" -m pip install -q pytest protobuf
   (cd bindings/python && .venv39/bin/python -m pytest -q -p no:cacheprovider \
-    tests/test_client_kvstore.py tests/test_server.py tests/test_lifecycle.py tests/test_readme.py)
+    tests/test_client_kvstore.py tests/test_server.py tests/test_lifecycle.py tests/test_readme.py \
+    tests/test_config.py tests/test_stream_trailers.py)
 fi
 step "python: all tests passed"

@@ -18,6 +18,7 @@ use std::future::Future;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -25,7 +26,8 @@ use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{AbortHandle, JoinHandle};
 use topspin::codec::Codec;
-use topspin::{Code, Metadata, Request, Response, Status, Streaming};
+use topspin::tls::{ClientTls, ServerTls};
+use topspin::{Code, Compression, Encoding, Metadata, Request, Response, Status, Streaming};
 
 mod gen;
 
@@ -229,6 +231,26 @@ fn timeout_of(t: Option<f64>) -> PyResult<Option<Duration>> {
             "timeout must be >= 0, not {t}"
         ))),
     }
+}
+
+/// A [`topspin::Config`] with the defaults but for the options given.
+fn config_of(
+    max_message_size: Option<u32>,
+    compression: Option<&str>,
+) -> PyResult<topspin::Config> {
+    let mut c = topspin::Config::default();
+    if let Some(m) = max_message_size {
+        c = c.with_max_message_size(m);
+    }
+    if let Some(name) = compression {
+        let enc = Encoding::from_name(name).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "topspin: unknown compression {name:?} (expected \"zstd\" or \"gzip\")"
+            ))
+        })?;
+        c = c.with_compression(Some(Compression::new(enc)));
+    }
+    Ok(c)
 }
 
 fn request<T>(msg: T, timeout: Option<Duration>, md: Metadata) -> Request<T> {
@@ -681,15 +703,53 @@ impl PendingReply {
 
 #[pymethods]
 impl Channel {
-    /// A channel to `address` (`tcp://host:port`, `unix:///path`); connects on first use.
+    /// A channel to `address` (`tcp://host:port`, `unix:///path`, `tls://host:port`,
+    /// `ws://host:port/path`, `wss://host:port/path`); connects on first use. `ca_pem`,
+    /// `cert_pem`/`key_pem` (mutual TLS) and `server_name` are the TLS settings of `tls://`
+    /// and `wss://` (PEM file paths); `timeout` (seconds) applies to calls that set none;
+    /// `compression` ("zstd", "gzip") compresses requests and accepts compressed responses.
     #[new]
-    fn new(address: &str) -> PyResult<Channel> {
+    #[pyo3(signature = (address, ca_pem=None, cert_pem=None, key_pem=None, server_name=None,
+        max_message_size=None, timeout=None, compression=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        address: &str,
+        ca_pem: Option<PathBuf>,
+        cert_pem: Option<PathBuf>,
+        key_pem: Option<PathBuf>,
+        server_name: Option<&str>,
+        max_message_size: Option<u32>,
+        timeout: Option<f64>,
+        compression: Option<&str>,
+    ) -> PyResult<Channel> {
         let rt = runtime()?;
         let _g = rt.enter();
-        let ch = topspin::Channel::lazy(address)
-            .map_err(|s| PyValueError::new_err(format!("topspin: {address}: {s}")))?;
+        let bad =
+            |e: &dyn std::fmt::Display| PyValueError::new_err(format!("topspin: {address}: {e}"));
+        let mut ep = topspin::Endpoint::new(address).map_err(|s| bad(&s))?;
+        let tls_wanted =
+            ca_pem.is_some() || cert_pem.is_some() || key_pem.is_some() || server_name.is_some();
+        if tls_wanted {
+            let mut tls = match &ca_pem {
+                Some(ca) => ClientTls::ca_pem_file(ca).map_err(|e| bad(&e))?,
+                None => ClientTls::webpki_roots(),
+            };
+            match (&cert_pem, &key_pem) {
+                (Some(c), Some(k)) => tls = tls.identity_pem_files(c, k).map_err(|e| bad(&e))?,
+                (None, None) => {}
+                _ => return Err(bad(&"cert_pem and key_pem go together")),
+            }
+            if let Some(n) = server_name {
+                tls = tls.server_name(n).map_err(|e| bad(&e))?;
+            }
+            ep = ep.tls(tls);
+        }
+        ep = ep.config(config_of(max_message_size, compression)?);
+        if let Some(t) = timeout_of(timeout)? {
+            ep = ep.timeout(t);
+        }
         Ok(Channel {
-            ch,
+            ch: ep.connect_lazy(),
             pid: std::process::id(),
         })
     }
@@ -947,7 +1007,10 @@ impl ServerCall {
                 let _ = tx.send(Ok(r));
             }
             Some(Reply::Stream(tx)) => {
-                let _ = tx.send(None);
+                // Trailers set while the stream ran: the stream ends with an OK status that
+                // carries them (the runtime sends an item's status, OK included, as the END).
+                let t = md_from_py(trailers)?;
+                let _ = tx.send((!t.is_empty()).then(|| Status::ok().with_metadata(t)));
             }
             None => {}
         }
@@ -1063,18 +1126,33 @@ impl Server {
     /// `on_call(method_index, call)` and `on_cancel(call_id)` run on the loop that drains
     /// `completer`.
     #[new]
-    #[pyo3(signature = (completer, on_call, on_cancel, max_message_size=None))]
+    #[pyo3(signature = (completer, on_call, on_cancel, max_message_size=None, compression=None,
+        tls_cert_pem=None, tls_key_pem=None, tls_client_ca_pem=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         completer: &Completer,
         on_call: Py<PyAny>,
         on_cancel: Py<PyAny>,
         max_message_size: Option<u32>,
-    ) -> Server {
-        let mut b = topspin::Server::builder();
-        if let Some(m) = max_message_size {
-            b = b.max_message_size(m);
+        compression: Option<&str>,
+        tls_cert_pem: Option<PathBuf>,
+        tls_key_pem: Option<PathBuf>,
+        tls_client_ca_pem: Option<PathBuf>,
+    ) -> PyResult<Server> {
+        let bad = |e: &dyn std::fmt::Display| PyValueError::new_err(format!("topspin: {e}"));
+        let mut b = topspin::Server::builder().config(config_of(max_message_size, compression)?);
+        match (&tls_cert_pem, &tls_key_pem) {
+            (Some(c), Some(k)) => {
+                let mut tls = ServerTls::from_pem_files(c, k).map_err(|e| bad(&e))?;
+                if let Some(ca) = &tls_client_ca_pem {
+                    tls = tls.client_ca_pem_file(ca).map_err(|e| bad(&e))?;
+                }
+                b = b.tls(tls);
+            }
+            (None, None) if tls_client_ca_pem.is_none() => {}
+            _ => return Err(bad(&"a TLS server needs both cert_pem and key_pem")),
         }
-        Server {
+        Ok(Server {
             builder: Mutex::new(Some(b)),
             dispatch: Dispatch {
                 c: completer.inner.clone(),
@@ -1085,7 +1163,7 @@ impl Server {
             shutdown: Mutex::new(None),
             address: Mutex::new(None),
             count: Mutex::new(0),
-        }
+        })
     }
 
     /// Registers `/pkg.Service/Method` of a kind ("unary", "server_streaming",

@@ -19,7 +19,7 @@ from ._client import (
     UnaryUnary,
 )
 from ._errors import Code, Metadata, StatusError
-from ._server import MethodHandler, Server, ServicerContext
+from ._server import MethodHandler, Server, ServerTls, ServicerContext
 
 __all__ = [
     "AsyncChannel",
@@ -35,6 +35,7 @@ __all__ = [
     "MethodHandler",
     "ResponseStream",
     "Server",
+    "ServerTls",
     "ServicerContext",
     "StatusError",
     "StreamStream",

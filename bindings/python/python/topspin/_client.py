@@ -4,6 +4,7 @@ generated clients are made of."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import (
     Any,
@@ -29,6 +30,13 @@ Req = TypeVar("Req", bound=Message, contravariant=True)
 Resp = TypeVar("Resp", bound=Message)
 
 
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _path(p: Optional[PathLike]) -> Optional[str]:
+    return None if p is None else os.fspath(p)
+
+
 class CallInfo:
     """What came with a reply besides the message: headers and trailers."""
 
@@ -43,15 +51,43 @@ class CallInfo:
 
 
 class Channel:
-    """A blocking client channel to `tcp://host:port` or `unix:///path`.
+    """A blocking client channel to `tcp://host:port`, `unix:///path`, `unix:@name`,
+    `tls://host:port`, `ws://host:port/path` or `wss://host:port/path`.
 
     One connection, shared by every call and thread; it connects on the first call. Calls
     release the GIL while they wait and can be interrupted with Ctrl-C (the call is cancelled).
+
+    TLS (`tls://`, `wss://`): `ca_pem` is a PEM file of the CAs to trust (default: the webpki
+    roots), `cert_pem` and `key_pem` a client certificate chain and key for mutual TLS,
+    `server_name` the name to check the server's certificate against (default: the address's
+    host). `max_message_size` bounds responses (default 64 MiB); `timeout` (seconds) applies
+    to calls that set none; `compression` ("zstd" or "gzip") compresses requests and accepts
+    compressed responses.
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        ca_pem: Optional[PathLike] = None,
+        cert_pem: Optional[PathLike] = None,
+        key_pem: Optional[PathLike] = None,
+        server_name: Optional[str] = None,
+        max_message_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+        compression: Optional[str] = None,
+    ) -> None:
         self.address = address
-        self._ch: Optional[_native.Channel] = _native.Channel(address)
+        self._ch: Optional[_native.Channel] = _native.Channel(
+            address,
+            ca_pem=_path(ca_pem),
+            cert_pem=_path(cert_pem),
+            key_pem=_path(key_pem),
+            server_name=server_name,
+            max_message_size=max_message_size,
+            timeout=timeout,
+            compression=compression,
+        )
 
     @property
     def native(self) -> _native.Channel:

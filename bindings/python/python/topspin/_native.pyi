@@ -30,7 +30,17 @@ class PendingReply:
     def cancel(self) -> None: ...
 
 class Channel:
-    def __init__(self, address: str) -> None: ...
+    def __init__(
+        self,
+        address: str,
+        ca_pem: Optional[str] = None,
+        cert_pem: Optional[str] = None,
+        key_pem: Optional[str] = None,
+        server_name: Optional[str] = None,
+        max_message_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+        compression: Optional[str] = None,
+    ) -> None: ...
     def unary(
         self,
         method: str,
@@ -86,6 +96,10 @@ class Server:
         on_call: Any,
         on_cancel: Any,
         max_message_size: Optional[int] = None,
+        compression: Optional[str] = None,
+        tls_cert_pem: Optional[str] = None,
+        tls_key_pem: Optional[str] = None,
+        tls_client_ca_pem: Optional[str] = None,
     ) -> None: ...
     def add_method(self, name: str, kind: str) -> int: ...
     def start(self, address: str) -> str: ...

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import os
 import queue
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, NamedTuple, Optional
 
 from . import _native
-from ._client import send_async
+from ._client import PathLike, send_async
 from ._errors import Code, Metadata, MetadataValue, StatusError
 from ._loop import completer
 
@@ -134,7 +135,7 @@ def _run_sync(m: MethodHandler, call: _native.ServerCall) -> None:
                     first = False
                 if not sender.send(r.SerializeToString()):
                     break
-            call.finish_ok(None, None, ctx._headers)
+            call.finish_ok(None, ctx._trailers, ctx._headers)
     except BaseException as e:  # noqa: BLE001 - a handler's failure ends only its call
         _fail(call, e, ctx)
 
@@ -164,7 +165,7 @@ async def _run_async(
                     first = False
                 if not await send_async(sender, r.SerializeToString()):
                     break
-            call.finish_ok(None, None, ctx._headers)
+            call.finish_ok(None, ctx._trailers, ctx._headers)
     except BaseException as e:  # noqa: BLE001 - a handler's failure ends only its call
         _fail(call, e, ctx)
     finally:
@@ -219,19 +220,48 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
 
 
+class ServerTls:
+    """A server's TLS settings for `tls://` and `wss://` binds: its certificate chain
+    (`cert_pem`, PEM file, leaf first) and private key (`key_pem`); with `client_ca_pem`
+    every client must present a certificate that chains to one of its CAs (mutual TLS)."""
+
+    def __init__(
+        self,
+        cert_pem: PathLike,
+        key_pem: PathLike,
+        *,
+        client_ca_pem: Optional[PathLike] = None,
+    ) -> None:
+        self.cert_pem = cert_pem
+        self.key_pem = key_pem
+        self.client_ca_pem = client_ca_pem
+
+
 class Server:
     """A server for generated servicers (`add_XServicer_to_server`) or `MethodHandler`s.
+
+    `compression` ("zstd" or "gzip") compresses responses to clients that accept it;
+    `tls` (a `ServerTls`) is needed to bind `tls://` and `wss://` addresses.
 
     `start(address)` serves from a thread of its own (its own asyncio loop for `async def`
     handlers; `def` handlers run on a thread pool of `max_workers`). Inside a running loop use
     `await start_async(address)`: the handlers then run on that loop.
     """
 
-    def __init__(self, *, max_workers: int = 16, max_message_size: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_workers: int = 16,
+        max_message_size: Optional[int] = None,
+        compression: Optional[str] = None,
+        tls: Optional[ServerTls] = None,
+    ) -> None:
         self._methods: List[MethodHandler] = []
         self._async: List[bool] = []
         self._max_workers = max_workers
         self._max_message_size = max_message_size
+        self._compression = compression
+        self._tls = tls
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._own_loop = False
         self._thread: Optional[threading.Thread] = None
@@ -267,7 +297,19 @@ class Server:
         self._loop = loop
         self._pool = _DaemonPool(self._max_workers)
         c = completer(loop)
-        n = _native.Server(c, self._on_call, self._on_cancel, self._max_message_size)
+        tls = self._tls
+        n = _native.Server(
+            c,
+            self._on_call,
+            self._on_cancel,
+            self._max_message_size,
+            compression=self._compression,
+            tls_cert_pem=None if tls is None else os.fspath(tls.cert_pem),
+            tls_key_pem=None if tls is None else os.fspath(tls.key_pem),
+            tls_client_ca_pem=(
+                None if tls is None or tls.client_ca_pem is None else os.fspath(tls.client_ca_pem)
+            ),
+        )
         for m in self._methods:
             n.add_method(m.name, m.kind)
         self.address = n.start(address)

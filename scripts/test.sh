@@ -22,7 +22,9 @@ step "benchmark smoke run (every system returns correct data; no timings)"
 # Debug builds are enough to check correctness and reuse what the tests compiled.
 cargo build --workspace --bins --locked -q
 "${CARGO_TARGET_DIR:-target}/debug/topspin-bench" --smoke
-# The other languages' suites use the Rust peers just built (kvstore server and client, CLI).
+# The other languages' suites — Go (go vet, staticcheck, go test -race), Python (ruff, mypy,
+# pytest), TypeScript (tsc, eslint, node --test via npm, the Chromium test) — use the Rust
+# peers just built (kvstore server and client, CLI).
 bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 export KVSTORE_SERVER="$bin/kvstore-server" KVSTORE_CLIENT="$bin/kvstore-client" TOPSPIN_CLI="$bin/topspin"
 for lang in go python typescript; do

@@ -86,6 +86,8 @@ fn forward(
     items: mpsc::UnboundedSender<Item>,
 ) -> Sink {
     let (htx, mut hrx) = oneshot::channel();
+    // Bounded by flow control like the stream it feeds: items pass straight through, and the
+    // server sends at most a window ahead of what the application has consumed.
     let (itx, mut irx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         if let Some(mut out) = headers {

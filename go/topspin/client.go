@@ -238,7 +238,7 @@ func (cc *ClientConn) conn(ctx context.Context) (*conn, error) {
 				return nil, StatusOf(ctx.Err())
 			}
 		}
-		ch := make(chan struct{})
+		ch := make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
 		cc.dialing = ch
 		wait := time.Until(cc.retryAt)
 		cc.mu.Unlock()

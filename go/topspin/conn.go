@@ -141,7 +141,7 @@ const maxQueuedOutput = 4 << 20
 func (c *conn) waitRoom(done <-chan struct{}) bool {
 	for c.eng.OutputLen() >= maxQueuedOutput && !c.eng.Closed() {
 		if c.drained == nil {
-			c.drained = make(chan struct{})
+			c.drained = make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
 		}
 		ch := c.drained
 		c.mu.Unlock()
@@ -255,7 +255,7 @@ func (c *conn) callEnded(id uint32) {
 	delete(c.streams, id)
 	if c.slotWaiters > 0 {
 		close(c.slot)
-		c.slot = make(chan struct{})
+		c.slot = make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
 	}
 	if c.eng.GoingAway() && c.eng.OpenCalls() == 0 {
 		c.finishing = true

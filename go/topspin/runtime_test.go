@@ -320,7 +320,7 @@ func TestReconnectAndGracefulStop(t *testing.T) {
 	if _, err := cs.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	stopped := make(chan struct{})
+	stopped := make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
 	go func() { s.GracefulStop(); close(stopped) }()
 	time.Sleep(50 * time.Millisecond)
 	if err := cs.Send([]byte("2")); err != nil {
@@ -436,7 +436,7 @@ func TestHeaderWaitsWithoutSpinning(t *testing.T) {
 	if _, err := cs.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
+	done := make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
 	go func() {
 		_, _ = cs.Header() // the server sends no HEADERS: waits for the end
 		close(done)

@@ -244,7 +244,7 @@ func (ss *ServerStream) Done() <-chan struct{} {
 
 func (ss *ServerStream) doneLocked() <-chan struct{} {
 	if ss.done == nil {
-		ss.done = make(chan struct{})
+		ss.done = make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
 		if ss.err != nil {
 			close(ss.done)
 		}

@@ -27,7 +27,7 @@ func main() {
 	s := topspin.NewServer()
 	kvpb.RegisterStoreServer(s, kvstore.NewStore())
 	fmt.Printf("listening on %s://%s\n", l.Addr().Network(), l.Addr().String())
-	stopped := make(chan struct{})
+	stopped := make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
 	go func() {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)

@@ -1,9 +1,8 @@
 //! [`Endpoint`]: where and how a [`Channel`] connects.
 
 use super::Channel;
-use crate::interceptor::{AsyncInterceptor, Chain, Interceptor, Layer};
+use crate::interceptor::{AsyncInterceptor, Chain, Interceptor};
 use crate::{Address, Config, Status};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Where and how a [`Channel`] connects: address, limits, pool size and reconnect backoff.
@@ -123,26 +122,20 @@ impl Endpoint {
     /// # Ok::<(), Status>(())
     /// ```
     pub fn interceptor(mut self, interceptor: impl Interceptor) -> Endpoint {
-        self.interceptors = self
-            .interceptors
-            .push(None, Layer::Sync(Arc::new(interceptor)));
+        self.interceptors = self.interceptors.with_sync(None, interceptor);
         self
     }
 
     /// Adds an interceptor run on the calls of one service only: the methods whose name
     /// starts with `prefix`, e.g. `/kv.Store/`.
     pub fn service_interceptor(mut self, prefix: &str, interceptor: impl Interceptor) -> Endpoint {
-        self.interceptors = self
-            .interceptors
-            .push(Some(prefix), Layer::Sync(Arc::new(interceptor)));
+        self.interceptors = self.interceptors.with_sync(Some(prefix), interceptor);
         self
     }
 
     /// Adds an interceptor that may wait before a call is sent (its future is boxed).
     pub fn async_interceptor(mut self, interceptor: impl AsyncInterceptor) -> Endpoint {
-        self.interceptors = self
-            .interceptors
-            .push(None, Layer::Async(Arc::new(interceptor)));
+        self.interceptors = self.interceptors.with_async(None, interceptor);
         self
     }
 
@@ -152,9 +145,7 @@ impl Endpoint {
         prefix: &str,
         interceptor: impl AsyncInterceptor,
     ) -> Endpoint {
-        self.interceptors = self
-            .interceptors
-            .push(Some(prefix), Layer::Async(Arc::new(interceptor)));
+        self.interceptors = self.interceptors.with_async(Some(prefix), interceptor);
         self
     }
 

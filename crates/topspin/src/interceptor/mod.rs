@@ -344,6 +344,16 @@ impl Chain {
         Chain { entries: v.into() }
     }
 
+    /// The chain with one more synchronous interceptor (for `prefix`'s methods, or all).
+    pub(crate) fn with_sync(&self, prefix: Option<&str>, i: impl Interceptor) -> Chain {
+        self.push(prefix, Layer::Sync(Arc::new(i)))
+    }
+
+    /// The chain with one more asynchronous interceptor (for `prefix`'s methods, or all).
+    pub(crate) fn with_async(&self, prefix: Option<&str>, i: impl AsyncInterceptor) -> Chain {
+        self.push(prefix, Layer::Async(Arc::new(i)))
+    }
+
     /// The interceptors that apply to `method`, in order.
     pub(crate) fn for_method(&self, method: &str) -> Chain {
         let v: Vec<Entry> = self

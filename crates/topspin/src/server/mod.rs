@@ -7,7 +7,7 @@ pub(crate) mod handler;
 pub use handler::CallKind;
 
 use crate::codec::Codec;
-use crate::interceptor::{AsyncInterceptor, Chain, Interceptor, Layer};
+use crate::interceptor::{AsyncInterceptor, Chain, Interceptor};
 use crate::streaming::Streaming;
 use crate::transport::Listener;
 use crate::{Address, Config, Request, Response, Status};
@@ -262,9 +262,7 @@ impl ServerBuilder {
     /// Adds an interceptor run on every call, before its handler (after those added before
     /// it: registration order is outer to inner). See [`crate::interceptor`].
     pub fn interceptor(mut self, interceptor: impl Interceptor) -> ServerBuilder {
-        self.interceptors = self
-            .interceptors
-            .push(None, Layer::Sync(Arc::new(interceptor)));
+        self.interceptors = self.interceptors.with_sync(None, interceptor);
         self
     }
 
@@ -275,17 +273,13 @@ impl ServerBuilder {
         prefix: &str,
         interceptor: impl Interceptor,
     ) -> ServerBuilder {
-        self.interceptors = self
-            .interceptors
-            .push(Some(prefix), Layer::Sync(Arc::new(interceptor)));
+        self.interceptors = self.interceptors.with_sync(Some(prefix), interceptor);
         self
     }
 
     /// Adds an interceptor that may wait before the handler runs (its future is boxed).
     pub fn async_interceptor(mut self, interceptor: impl AsyncInterceptor) -> ServerBuilder {
-        self.interceptors = self
-            .interceptors
-            .push(None, Layer::Async(Arc::new(interceptor)));
+        self.interceptors = self.interceptors.with_async(None, interceptor);
         self
     }
 
@@ -295,9 +289,7 @@ impl ServerBuilder {
         prefix: &str,
         interceptor: impl AsyncInterceptor,
     ) -> ServerBuilder {
-        self.interceptors = self
-            .interceptors
-            .push(Some(prefix), Layer::Async(Arc::new(interceptor)));
+        self.interceptors = self.interceptors.with_async(Some(prefix), interceptor);
         self
     }
 

@@ -167,7 +167,9 @@ async fn failed_attempts_are_retried_and_carry_the_attempt_count() {
         .connect()
         .await
         .unwrap();
-    let reply = within(10, call(&ch, FLAKY, "x")).await.expect("retried to success");
+    let reply = within(10, call(&ch, FLAKY, "x"))
+        .await
+        .expect("retried to success");
     assert_eq!(reply, Bytes::from("ok"));
     assert_eq!(seen.attempts(), 3, "two failures, then the success");
     let prev = seen.previous.lock().unwrap().clone();
@@ -185,7 +187,9 @@ async fn attempts_stop_at_max_attempts_and_the_last_status_is_returned() {
         .connect()
         .await
         .unwrap();
-    let err = within(10, call(&ch, FAIL, "unavailable")).await.unwrap_err();
+    let err = within(10, call(&ch, FAIL, "unavailable"))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert_eq!(err.message(), "failing on purpose");
     assert!(err.metadata().get("topspin-internal-unsent").is_none());
@@ -203,7 +207,9 @@ async fn a_code_the_policy_does_not_list_is_not_retried() {
         .connect()
         .await
         .unwrap();
-    let err = within(10, call(&ch, FAIL, "precondition")).await.unwrap_err();
+    let err = within(10, call(&ch, FAIL, "precondition"))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert_eq!(seen.attempts(), 1);
     h.shutdown(Duration::from_secs(1)).await;
@@ -223,7 +229,11 @@ async fn methods_no_policy_marks_safe_are_never_retried() {
         .unwrap();
     let err = within(10, call(&ch, PUT, "x")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
-    assert_eq!(seen.attempts(), 1, "a method taken out of the policy is sent once");
+    assert_eq!(
+        seen.attempts(),
+        1,
+        "a method taken out of the policy is sent once"
+    );
     // A policy for one method does not cover another.
     let ch = Endpoint::new(addr)
         .unwrap()
@@ -231,7 +241,9 @@ async fn methods_no_policy_marks_safe_are_never_retried() {
         .connect()
         .await
         .unwrap();
-    let err = within(10, call(&ch, FAIL, "unavailable")).await.unwrap_err();
+    let err = within(10, call(&ch, FAIL, "unavailable"))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert_eq!(seen.attempts(), 2);
     h.shutdown(Duration::from_secs(1)).await;
@@ -259,9 +271,15 @@ async fn the_budget_caps_retries_under_a_failing_server() {
     })
     .await;
     let attempts = seen.attempts();
-    println!("calls {CALLS}, server attempts {attempts} (uncapped: {})", CALLS * 5);
+    println!(
+        "calls {CALLS}, server attempts {attempts} (uncapped: {})",
+        CALLS * 5
+    );
     assert!(attempts <= CALLS + CALLS / 10 + 10, "{attempts} attempts");
-    assert!(attempts > CALLS, "the budget allowed some retries: {attempts}");
+    assert!(
+        attempts > CALLS,
+        "the budget allowed some retries: {attempts}"
+    );
     h.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -269,9 +287,11 @@ async fn the_budget_caps_retries_under_a_failing_server() {
 async fn retries_stop_at_the_deadline_and_when_the_call_is_dropped() {
     let seen = Arc::new(Seen::default());
     let (addr, h) = start(service(seen.clone(), 0), "tcp://127.0.0.1:0").await;
-    let slow = RetryPolicy::default()
-        .with_max_attempts(10)
-        .with_backoff(Duration::from_millis(300), Duration::from_millis(300), 1.0);
+    let slow = RetryPolicy::default().with_max_attempts(10).with_backoff(
+        Duration::from_millis(300),
+        Duration::from_millis(300),
+        1.0,
+    );
     let ch = Endpoint::new(addr)
         .unwrap()
         .retry_policy("", slow)
@@ -303,7 +323,11 @@ async fn retries_stop_at_the_deadline_and_when_the_call_is_dropped() {
     let _ = task.await;
     let at_drop = seen.attempts();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(seen.attempts(), at_drop, "an attempt started after the call was dropped");
+    assert_eq!(
+        seen.attempts(),
+        at_drop,
+        "an attempt started after the call was dropped"
+    );
     h.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -322,7 +346,10 @@ async fn server_streaming_calls_are_retried_before_the_first_response() {
         .expect("second attempt streams");
     let items: Vec<_> = within(10, resp.into_inner().collect::<Vec<_>>()).await;
     let items: Vec<Bytes> = items.into_iter().map(|i| i.unwrap()).collect();
-    assert_eq!(items, vec![Bytes::from("a"), Bytes::from("b"), Bytes::from("c")]);
+    assert_eq!(
+        items,
+        vec![Bytes::from("a"), Bytes::from("b"), Bytes::from("c")]
+    );
     assert_eq!(seen.attempts(), 2);
     // A client stream cannot be replayed: not retried, whatever the policy.
     let err = within(
@@ -382,7 +409,9 @@ async fn a_call_whose_connection_failed_before_the_write_is_sent_again_once() {
         .backoff(Duration::ZERO, Duration::ZERO)
         .connect_lazy();
     // No policy at all: transparent retry needs none.
-    let reply = within(10, call(&ch, ECHO, "once")).await.expect("sent again");
+    let reply = within(10, call(&ch, ECHO, "once"))
+        .await
+        .expect("sent again");
     assert_eq!(reply, Bytes::from("once"));
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
     assert_eq!(seen.attempts(), 1, "the server ran the call exactly once");
@@ -427,8 +456,14 @@ async fn a_call_above_the_goaway_last_call_id_is_sent_again_once() {
     let seen = Arc::new(Seen::default());
     let (addr, h) = start(service(seen.clone(), 0), "tcp://127.0.0.1:0").await;
     let (front, accepted) = front(socket_addr(&addr), go_away_before_processing).await;
-    let ch = Endpoint::new(front.as_str()).unwrap().connect().await.unwrap();
-    let reply = within(10, call(&ch, ECHO, "once")).await.expect("sent again");
+    let ch = Endpoint::new(front.as_str())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let reply = within(10, call(&ch, ECHO, "once"))
+        .await
+        .expect("sent again");
     assert_eq!(reply, Bytes::from("once"));
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
     assert_eq!(seen.attempts(), 1, "the server ran the call exactly once");
@@ -451,7 +486,11 @@ async fn a_call_in_flight_when_its_connection_dies_is_not_sent_again_without_a_p
         }
     })
     .await;
-    let ch = Endpoint::new(front.as_str()).unwrap().connect().await.unwrap();
+    let ch = Endpoint::new(front.as_str())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let err = within(10, call(&ch, HEDGED, "x")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     assert_eq!(seen.attempts(), 1, "the server saw it: not sent again");
@@ -474,7 +513,9 @@ async fn hedging_sends_a_second_attempt_and_cancels_the_slow_one() {
         .await
         .unwrap();
     let t = Instant::now();
-    let reply = within(10, call(&ch, HEDGED, "x")).await.expect("the hedge answers");
+    let reply = within(10, call(&ch, HEDGED, "x"))
+        .await
+        .expect("the hedge answers");
     assert_eq!(reply, Bytes::from("fast"));
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     // The first attempt is cancelled on the server (CANCEL on the wire).
@@ -566,11 +607,17 @@ async fn without_wait_for_ready_an_unreachable_server_fails_fast() {
         .with_timeout(Duration::from_millis(500));
     let err = within(10, ch.unary(RawCodec, ECHO, req)).await.unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
-    assert!(t.elapsed() >= Duration::from_millis(450), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(450),
+        "{:?}",
+        t.elapsed()
+    );
     // Streaming calls wait too.
     let req = Request::new(stream::iter([Bytes::from("a")]))
         .with_wait_for_ready(true)
         .with_timeout(Duration::from_millis(300));
-    let err = within(10, ch.client_streaming(RawCodec, COLLECT, req)).await.unwrap_err();
+    let err = within(10, ch.client_streaming(RawCodec, COLLECT, req))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
 }

@@ -24,6 +24,7 @@ const ECHO: &str = "/t.S/Echo";
 const STREAM: &str = "/t.S/Stream";
 const COLLECT: &str = "/t.S/Collect";
 const HEDGED: &str = "/t.S/Hedged";
+const SPOOF: &str = "/t.S/Spoof";
 
 /// What the server saw.
 #[derive(Default)]
@@ -104,6 +105,17 @@ fn service(seen: Arc<Seen>, fail_first: usize) -> ServerBuilder {
             async move { Err::<Response<Bytes>, _>(Status::unavailable("collect fails")) }
         },
     );
+    let s = seen.clone();
+    let b = b.unary(SPOOF, RawCodec, move |req: Request<Bytes>| {
+        s.record(&req);
+        // A server claiming, in the client runtime's internal key, that the call was never sent.
+        let md = topspin::Metadata::builder()
+            .text("topspin-internal-unsent", "1")
+            .and_then(|b| b.text("kept", "yes"))
+            .map(|b| b.build())
+            .unwrap_or_default();
+        async move { Err::<Response<Bytes>, _>(Status::unavailable("spoofed").with_metadata(md)) }
+    });
     let s = seen;
     b.unary(HEDGED, RawCodec, move |req: Request<Bytes>| {
         let first = req.metadata().get_str(PREVIOUS_ATTEMPTS).is_none();
@@ -628,4 +640,21 @@ async fn without_wait_for_ready_an_unreachable_server_fails_fast() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+}
+
+#[tokio::test]
+async fn a_peer_cannot_make_the_client_resend_a_call_it_ran() {
+    let seen = Arc::new(Seen::default());
+    let (addr, h) = start(service(seen.clone(), 0), "tcp://127.0.0.1:0").await;
+    let ch = Endpoint::new(addr).unwrap().connect().await.unwrap();
+    let err = within(10, call(&ch, SPOOF, "x")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(
+        seen.attempts(),
+        1,
+        "the internal mark from the wire was ignored"
+    );
+    assert!(err.metadata().get("topspin-internal-unsent").is_none());
+    assert_eq!(err.metadata().get_str("kept"), Some("yes"));
+    h.shutdown(Duration::from_secs(1)).await;
 }

@@ -249,8 +249,8 @@ impl Channel {
 
     /// Several unary calls to one method, written to the socket together (one write for all
     /// of them when they fit). Results come back in the order of `requests`. Batched calls are
-    /// not retried (a batch with interceptors runs its calls one by one, as [`Channel::unary`]
-    /// would, retries included).
+    /// not retried and do not wait for readiness (a batch with interceptors runs its calls one
+    /// by one, as [`Channel::unary`] would, retries included).
     pub async fn unary_batch<C: Codec>(
         &self,
         codec: C,

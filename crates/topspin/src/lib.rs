@@ -63,6 +63,7 @@ mod streaming;
 mod transport;
 
 pub use address::{Address, AddressError, IntoAddress};
+pub use client::retry::{self, HedgingPolicy, RetryBudget, RetryPolicy};
 pub use client::{Channel, Endpoint, MethodName};
 pub use compression::{Compression, Encoding};
 pub use config::Config;

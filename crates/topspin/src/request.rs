@@ -28,6 +28,8 @@ pub struct Request<T> {
     ctx: Option<ServerContext>,
     /// Client: this call's compression; `None` follows the channel's `Config::compression`.
     compression: Option<Option<Compression>>,
+    /// Client: wait for a connection (until the deadline) instead of failing fast.
+    wait_for_ready: bool,
 }
 
 impl<T> Request<T> {
@@ -39,6 +41,7 @@ impl<T> Request<T> {
             timeout: None,
             ctx: None,
             compression: None,
+            wait_for_ready: false,
         }
     }
 
@@ -66,6 +69,30 @@ impl<T> Request<T> {
     pub fn with_compression(mut self, compression: Option<Compression>) -> Request<T> {
         self.compression = Some(compression);
         self
+    }
+
+    /// Client: whether the call waits for a connection (gRPC's `wait_for_ready`). By default
+    /// (`false`) a call fails fast with `UNAVAILABLE` when the server cannot be reached (the
+    /// connection is refused, or the channel backs off after failed attempts). With `true` it
+    /// keeps trying to start — reconnecting with the channel's backoff — until its deadline
+    /// (then `DEADLINE_EXCEEDED`) or until it is dropped; a call without a deadline waits for
+    /// ever. Only the wait for a connection is affected: once the call reached a server, its
+    /// outcome is the server's (and the retry policy's, see [`crate::RetryPolicy`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use topspin::Request;
+    /// let req = Request::new("hi").with_wait_for_ready(true).with_timeout(Duration::from_secs(5));
+    /// assert!(req.wait_for_ready());
+    /// ```
+    pub fn with_wait_for_ready(mut self, wait: bool) -> Request<T> {
+        self.wait_for_ready = wait;
+        self
+    }
+
+    /// Client: whether the call waits for a connection ([`Request::with_wait_for_ready`]).
+    pub fn wait_for_ready(&self) -> bool {
+        self.wait_for_ready
     }
 
     /// The message.
@@ -147,6 +174,7 @@ impl<T> Request<T> {
             timeout: self.timeout,
             ctx: self.ctx,
             compression: self.compression,
+            wait_for_ready: self.wait_for_ready,
         }
     }
 
@@ -169,6 +197,7 @@ impl<T> Request<T> {
             timeout,
             ctx: Some(ctx),
             compression: None,
+            wait_for_ready: false,
         }
     }
 }

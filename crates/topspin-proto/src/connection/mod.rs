@@ -231,6 +231,12 @@ impl Connection {
         self.go_away_sent.is_some() || self.go_away_received.is_some()
     }
 
+    /// The `last_call_id` of the GOAWAY received from the peer, if any: a client's calls above
+    /// it were not processed by the server (protocol.md §8.3), so they are safe to retry.
+    pub fn go_away_received(&self) -> Option<CallId> {
+        self.go_away_received.map(CallId)
+    }
+
     /// Number of open calls.
     #[inline]
     pub fn open_calls(&self) -> usize {

@@ -2,6 +2,7 @@
 //! [`connect`]. The connection loop itself is `crate::connection`'s; callers talk to it through
 //! one bounded command queue (no lock shared by all calls of a connection).
 
+use super::retry::unsent;
 pub(crate) use crate::connection::send_now;
 use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
 use crate::streaming::Item;
@@ -314,10 +315,10 @@ impl Role for ClientRole {
             Event::GoAway { .. } => {
                 self.shared.unusable.store(true, Ordering::Release);
                 // Parked calls can never start here now.
-                let st = Status::unavailable(format!(
+                let st = unsent(Status::unavailable(format!(
                     "{} is going away; the call was not sent and is safe to retry",
                     self.address
-                ));
+                )));
                 for s in self.waiting.drain(..) {
                     s.sink.fail(st.clone());
                 }
@@ -379,15 +380,17 @@ impl Role for ClientRole {
                 sink.fail(status.clone());
             }
         }
+        // Parked and queued calls were never written: safe to retry anywhere.
+        let not_sent = unsent(status.clone());
         for s in self.waiting.drain(..) {
-            s.sink.fail(status.clone());
+            s.sink.fail(not_sent.clone());
         }
         for cmd in self.deferred.drain(..) {
             cmd.fail(&status);
         }
         self.rx.close();
         while let Ok(cmd) = self.rx.try_recv() {
-            cmd.fail(&status);
+            cmd.fail(&not_sent);
         }
     }
 }
@@ -525,10 +528,10 @@ impl ClientRole {
             // MAX_CONCURRENT_CALLS 0: the server takes no calls at all; waiting would be for
             // ever (protocol.md §9).
             Err(CallError::TooManyCalls { limit: 0 }) => {
-                s.sink.fail(Status::unavailable(format!(
+                s.sink.fail(unsent(Status::unavailable(format!(
                     "{} on {}: the server accepts no calls on this connection (its max_concurrent_calls is 0); the call was not sent and is safe to retry",
                     &*s.call.method, self.address
-                )));
+                ))));
                 return true;
             }
             Err(CallError::TooManyCalls { .. }) => {
@@ -536,7 +539,13 @@ impl ClientRole {
                 return false;
             }
             Err(e) => {
-                s.sink.fail(self.refused(e, &s.call.method));
+                let never_sent = matches!(
+                    e,
+                    CallError::GoingAway | CallError::Closed | CallError::NotReady
+                );
+                let status = self.refused(e, &s.call.method);
+                s.sink
+                    .fail(if never_sent { unsent(status) } else { status });
                 return true;
             }
         };
@@ -696,7 +705,14 @@ impl ClientRole {
             return;
         };
         if !status.is_ok() {
-            sink.fail(Status::from_wire(status, trailers));
+            // A call above the last_call_id of the server's GOAWAY was not processed
+            // (protocol.md §8.3): marked so that it is sent again; a mark a peer sent is dropped.
+            let status = if conn.go_away_received().is_some_and(|last| id.0 > last.0) {
+                unsent(status)
+            } else {
+                super::retry::public(Status::from_wire(status, trailers))
+            };
+            sink.fail(status);
             return;
         }
         match sink {

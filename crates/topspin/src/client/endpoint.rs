@@ -1,5 +1,6 @@
 //! [`Endpoint`]: where and how a [`Channel`] connects.
 
+use super::retry::{HedgingPolicy, Policy, Retries, RetryBudget, RetryPolicy};
 use super::Channel;
 use crate::interceptor::{AsyncInterceptor, Chain, Interceptor};
 use crate::{Address, Config, Status};
@@ -34,6 +35,8 @@ pub struct Endpoint {
     /// WebSocket settings of `ws://` and `wss://` addresses.
     #[cfg(feature = "websocket")]
     pub(super) websocket: crate::ws::WebSocketSettings,
+    /// Retry and hedging policies and the retry budget (`None`: no method is retried).
+    pub(crate) retries: Option<std::sync::Arc<Retries>>,
 }
 
 impl Endpoint {
@@ -54,6 +57,7 @@ impl Endpoint {
             tls: None,
             #[cfg(feature = "websocket")]
             websocket: crate::ws::WebSocketSettings::default(),
+            retries: None,
         })
     }
 
@@ -146,6 +150,59 @@ impl Endpoint {
         interceptor: impl AsyncInterceptor,
     ) -> Endpoint {
         self.interceptors = self.interceptors.with_async(Some(prefix), interceptor);
+        self
+    }
+
+    /// Retries the calls of `methods` that fail with one of the policy's codes (see
+    /// [`RetryPolicy`] and `docs/deploying.md`). `methods` is a full method name
+    /// (`/kv.Store/Get`), a service (`/kv.Store/`) or `""` for every method; the most specific
+    /// setting applies. A policy is the application's word that the methods are safe to run
+    /// more than once: methods no policy covers are never retried (but see transparent retry,
+    /// [`crate::retry`]). Unary and server-streaming calls are retried until the first
+    /// response arrives; client-streaming and bidirectional calls are not (their request
+    /// stream is consumed as it is sent and cannot be replayed).
+    ///
+    /// ```
+    /// use topspin::{Endpoint, RetryBudget, RetryPolicy};
+    /// let endpoint = Endpoint::new("tcp://127.0.0.1:50051")?
+    ///     .retry_policy("/kv.Store/", RetryPolicy::default())
+    ///     .no_retry("/kv.Store/Increment")
+    ///     .retry_budget(RetryBudget::default());
+    /// # Ok::<(), topspin::Status>(())
+    /// ```
+    pub fn retry_policy(mut self, methods: &str, policy: RetryPolicy) -> Endpoint {
+        self.retries = Some(Retries::with_rule(
+            self.retries,
+            methods,
+            Policy::Retry(policy),
+        ));
+        self
+    }
+
+    /// Hedges the unary calls of `methods` (which must be idempotent: several attempts may
+    /// run on servers at once). See [`HedgingPolicy`]; `methods` as for
+    /// [`Endpoint::retry_policy`].
+    pub fn hedging_policy(mut self, methods: &str, policy: HedgingPolicy) -> Endpoint {
+        self.retries = Some(Retries::with_rule(
+            self.retries,
+            methods,
+            Policy::Hedge(policy),
+        ));
+        self
+    }
+
+    /// Never retries nor hedges `methods` (not safe to repeat), whatever a broader policy
+    /// says. A call that never left the client is still sent again once (the server never saw
+    /// it).
+    pub fn no_retry(mut self, methods: &str) -> Endpoint {
+        self.retries = Some(Retries::with_rule(self.retries, methods, Policy::Never));
+        self
+    }
+
+    /// The budget of retries and hedges of each channel made from this endpoint (default
+    /// [`RetryBudget::default`]: 20% of recent calls plus 10 per second).
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Endpoint {
+        self.retries = Some(Retries::with_budget(self.retries, budget));
         self
     }
 
@@ -246,7 +303,9 @@ impl Endpoint {
     }
 
     /// A channel that connects on its first call.
-    pub fn connect_lazy(self) -> Channel {
+    pub fn connect_lazy(mut self) -> Channel {
+        // Each channel gets a budget of its own.
+        self.retries = self.retries.map(|r| std::sync::Arc::new((*r).clone()));
         Channel::from_pool(super::pool::Pool::new(self))
     }
 }

@@ -5,13 +5,16 @@
 //! - `call.rs`: the one bytes-level call path every call kind uses (start, guard, request
 //!   pump, waiting for the answer); this file: the typed call API on top;
 //! - `conn.rs`: the client's role in the connection loop (call bookkeeping);
-//!   `completion.rs`: the reusable completion a unary caller waits on.
+//!   `completion.rs`: the reusable completion a unary caller waits on;
+//! - `retry.rs`: retries, hedging, transparent retry and wait-for-ready, a layer over the
+//!   call path (each attempt is one `call::begin` plus its answer).
 
 pub(crate) mod call;
 mod completion;
 pub(crate) mod conn;
 mod endpoint;
 pub(crate) mod pool;
+pub mod retry;
 
 pub use endpoint::Endpoint;
 
@@ -21,7 +24,7 @@ use crate::streaming::{Item, Streaming};
 use crate::{Compression, IntoRequest, IntoStreamingRequest, Request, Response, Status};
 use bytes::Bytes;
 use bytestring::ByteString;
-use call::{begin, CallGuard, ClientCredit};
+use call::{CallGuard, ClientCredit};
 use conn::{CallStart, Cmd, Sink};
 use pool::Pool;
 use std::sync::Arc;
@@ -164,10 +167,11 @@ impl Channel {
         method: ByteString,
         codec: u8,
         request: Request<T>,
-    ) -> (CallStart, T, Option<Compression>) {
+    ) -> (CallStart, T, Option<Compression>, bool) {
         let compression = request
             .compression()
             .unwrap_or(self.inner.endpoint.config.compression());
+        let wait_for_ready = request.wait_for_ready();
         let (message, mut metadata, timeout) = request.into_parts();
         if let Some(c) = compression {
             metadata = compression::client_metadata(metadata, c);
@@ -183,7 +187,7 @@ impl Channel {
             metadata,
             message: None,
         };
-        (start, message, compression)
+        (start, message, compression, wait_for_ready)
     }
 
     /// Largest response this channel accepts (also after decompression).
@@ -197,31 +201,56 @@ impl Channel {
         codec: &C,
         method: ByteString,
         request: Request<C::Encode>,
-    ) -> Result<CallStart, Status> {
-        let (mut start, message, compression) = self.call_start(method, C::ID, request);
+    ) -> Result<(CallStart, bool), Status> {
+        let (mut start, message, compression, ready) = self.call_start(method, C::ID, request);
         let message = codec.encode(message)?;
         start.message = Some(match compression {
             Some(c) => c.encode(&message)?,
             None => message,
         });
-        Ok(start)
+        Ok((start, ready))
     }
 
-    /// A unary call: one request, one response.
+    /// A unary call: one request, one response. Retried or hedged as the endpoint's policy
+    /// for the method says ([`Endpoint::retry_policy`]); sent again once if it never left the
+    /// client.
     pub async fn unary<C: Codec>(
         &self,
         codec: C,
         method: impl Into<MethodName>,
         request: impl IntoRequest<C::Encode>,
     ) -> Result<Response<C::Decode>, Status> {
-        let start = self.encoded(&codec, method.into().0, request.into_request())?;
-        let (tx, rx) = self.inner.replies.pair();
-        let (_, guard) = begin(&self.inner, start, Sink::Unary(tx)).await?;
-        call::reply(&codec, rx, guard, self.limit()).await
+        let (start, ready) = self.encoded(&codec, method.into().0, request.into_request())?;
+        let pool = &*self.inner;
+        let r = match retry::Plan::of(&pool.endpoint.retries, &start.method, ready) {
+            // The fast path: one attempt, and one more only if it never left the client.
+            None => {
+                let copy = retry::again(&start, start.token, 0);
+                match retry::unary_attempt(pool, start).await {
+                    Err(s) if retry::is_unsent(&s) => {
+                        let copy = retry::again(&copy, pool.token(), 0);
+                        Box::pin(retry::unary_attempt(pool, copy)).await
+                    }
+                    r => r,
+                }
+            }
+            Some(plan) => match plan.hedging() {
+                Some(h) => Box::pin(retry::hedge(pool, plan, h, start)).await,
+                None => {
+                    let attempt = |s| retry::unary_attempt(pool, s);
+                    Box::pin(retry::run(pool, plan, start, attempt)).await
+                }
+            },
+        };
+        let (m, md, tr) = r.map_err(retry::public)?.into_parts();
+        let m = compression::response_message(&md, m, self.limit())?;
+        Ok(Response::from_parts(codec.decode(m)?, md, tr))
     }
 
     /// Several unary calls to one method, written to the socket together (one write for all
-    /// of them when they fit). Results come back in the order of `requests`.
+    /// of them when they fit). Results come back in the order of `requests`. Batched calls are
+    /// not retried and do not wait for readiness (a batch with interceptors runs its calls one
+    /// by one, as [`Channel::unary`] would, retries included).
     pub async fn unary_batch<C: Codec>(
         &self,
         codec: C,
@@ -238,7 +267,7 @@ impl Channel {
         }
         let encoded: Vec<_> = requests
             .into_iter()
-            .map(|req| self.encoded(&codec, method.0.clone(), req))
+            .map(|req| self.encoded(&codec, method.0.clone(), req).map(|(s, _)| s))
             .collect();
         // The batch waits (to connect, for room) no longer than its earliest deadline.
         let deadline = encoded
@@ -268,7 +297,9 @@ impl Channel {
         for w in waits {
             out.push(match w {
                 Err(e) => Err(e),
-                Ok((rx, guard)) => call::reply(&codec, rx, guard, self.limit()).await,
+                Ok((rx, guard)) => call::reply(&codec, rx, guard, self.limit())
+                    .await
+                    .map_err(retry::public),
             });
         }
         out
@@ -282,28 +313,42 @@ impl Channel {
         method: impl Into<MethodName>,
         request: impl IntoRequest<C::Encode>,
     ) -> Result<Response<Streaming<C::Decode>>, Status> {
-        let start = self.encoded(&codec, method.into().0, request.into_request())?;
-        self.open_stream(codec, start, |_| {}).await
+        let (start, ready) = self.encoded(&codec, method.into().0, request.into_request())?;
+        let pool = &*self.inner;
+        let plan = retry::Plan::of(&pool.endpoint.retries, &start.method, ready)
+            .unwrap_or(retry::Plan::start_only(false));
+        // The request is one message: the call can be sent again until the response headers
+        // (or the first message) arrive; the stream it returns is not retried.
+        let attempt = |s| self.open_stream(codec.clone(), s, ready, |_, _| {});
+        retry::run(pool, plan, start, attempt)
+            .await
+            .map_err(retry::public)
     }
 
     /// Starts a call whose responses are a stream; `after_start` runs once the call's start is
-    /// queued on its connection (a request pump goes there, so it can never overtake it).
+    /// queued on its connection (a request pump goes there, so it can never overtake it), with
+    /// the token of the attempt that started.
     async fn open_stream<C: Codec>(
         &self,
         codec: C,
         start: CallStart,
-        after_start: impl FnOnce(&mpsc::Sender<Cmd>),
+        wait_for_ready: bool,
+        after_start: impl FnOnce(&mpsc::Sender<Cmd>, u64),
     ) -> Result<Response<Streaming<C::Decode>>, Status> {
-        let token = start.token;
-        let (htx, hrx) = oneshot::channel();
-        // Flow-controlled: the server sends at most a window ahead of what the stream consumed.
-        let (itx, irx) = mpsc::unbounded_channel::<Item>();
-        let sink = Sink::Stream {
-            headers: Some(htx),
-            items: itx,
+        let sink = || {
+            let (htx, hrx) = oneshot::channel();
+            // Flow-controlled: the server sends at most a window ahead of what the stream
+            // consumed.
+            let (itx, irx) = mpsc::unbounded_channel::<Item>();
+            let sink = Sink::Stream {
+                headers: Some(htx),
+                items: itx,
+            };
+            (sink, (hrx, irx))
         };
-        let (h, guard) = begin(&self.inner, start, sink).await?;
-        after_start(&h.tx);
+        let (h, guard, (hrx, irx), token) =
+            retry::start_call(&self.inner, start, wait_for_ready, sink).await?;
+        after_start(&h.tx, token);
         let headers = call::headers(hrx, guard).await?;
         let credit = Box::new(ClientCredit { tx: h.tx, token });
         let decode = match compression::encoding_of(&headers)? {
@@ -343,12 +388,22 @@ impl Channel {
         R: IntoStreamingRequest<Message = C::Encode>,
     {
         let request = request.into_streaming_request();
-        let (start, requests, compression) = self.call_start(method.into().0, C::ID, request);
-        let token = start.token;
-        let (tx, rx) = self.inner.replies.pair();
-        let (h, guard) = begin(&self.inner, start, Sink::Unary(tx)).await?;
+        let (start, requests, compression, ready) =
+            self.call_start(method.into().0, C::ID, request);
+        let replies = &self.inner.replies;
+        let sink = || {
+            let (tx, rx) = replies.pair();
+            (Sink::Unary(tx), rx)
+        };
+        // Only a start that never left the client is sent again: the request stream is
+        // consumed as it goes out and cannot be replayed.
+        let (h, guard, rx, token) = retry::start_call(&self.inner, start, ready, sink)
+            .await
+            .map_err(retry::public)?;
         pump(codec.clone(), compression, h.tx, token, Box::pin(requests));
-        call::reply(&codec, rx, guard, self.limit()).await
+        call::reply(&codec, rx, guard, self.limit())
+            .await
+            .map_err(retry::public)
     }
 
     /// A bidirectional streaming call. Returns once the response headers (or the first
@@ -365,12 +420,13 @@ impl Channel {
         R: IntoStreamingRequest<Message = C::Encode>,
     {
         let request = request.into_streaming_request();
-        let (start, requests, compression) = self.call_start(method.into().0, C::ID, request);
-        let token = start.token;
+        let (start, requests, compression, ready) =
+            self.call_start(method.into().0, C::ID, request);
         // The request pump runs before the headers arrive: a server may wait for a first
-        // request before it answers anything.
+        // request before it answers anything. Only a start that never left the client is
+        // sent again (the request stream cannot be replayed).
         let pump_codec = codec.clone();
-        self.open_stream(codec, start, move |tx| {
+        self.open_stream(codec, start, ready, move |tx, token| {
             pump(
                 pump_codec,
                 compression,
@@ -380,5 +436,6 @@ impl Channel {
             )
         })
         .await
+        .map_err(retry::public)
     }
 }

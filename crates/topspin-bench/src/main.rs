@@ -27,6 +27,32 @@ struct System {
     transport: &'static str,
 }
 
+impl System {
+    /// The server side's threads and runtime flavour.
+    fn server_threads(&self) -> &'static str {
+        match self.name {
+            "raw" | "raw-uds" | "raw-tls" | "raw-ws" | "thrift" => {
+                "a blocking thread per connection"
+            }
+            "capnp" => "one thread, current-thread tokio + LocalSet",
+            _ => "tokio multi-thread, default workers (one per allowed CPU)",
+        }
+    }
+    /// The client side's threads and runtime flavour.
+    fn client_threads(&self) -> &'static str {
+        match self.name {
+            "raw" | "raw-uds" | "raw-tls" | "raw-ws" | "thrift" => "main thread, blocking calls",
+            "capnp" => "main thread, current-thread tokio + LocalSet",
+            _ => "main thread, current-thread tokio",
+        }
+    }
+    /// Whether this system can put its server in a process of its own (the TLS and WebSocket
+    /// peers make their certificate per process, so they keep both sides in one).
+    fn can_separate(&self) -> bool {
+        matches!(self.transport, "tcp" | "uds")
+    }
+}
+
 const SYSTEMS: &[System] = &[
     System {
         name: "raw",
@@ -243,7 +269,7 @@ struct Peer {
 }
 
 impl Peer {
-    fn start(sys: &System, bin_dir: &Path) -> Result<Peer, String> {
+    fn start(sys: &System, bin_dir: &Path, separate: bool) -> Result<Peer, String> {
         let path = bin_dir.join(sys.bin);
         if !path.exists() {
             return Err(format!(
@@ -253,6 +279,11 @@ impl Peer {
         }
         let mut child = Command::new(&path)
             .args(sys.args)
+            .args(if separate && sys.can_separate() {
+                &[topspin_bench_common::placement::SEPARATE][..]
+            } else {
+                &[][..]
+            })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -330,11 +361,12 @@ struct Args {
     bin_dir: PathBuf,
     callgrind: bool,
     syscalls: bool,
+    separate: bool,
 }
 
 const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--plots DIR]
                      [--systems raw,topspin,...] [--workloads echo,answer,...] [--reps N]
-                     [--bin-dir DIR]
+                     [--separate-processes] [--bin-dir DIR]
        topspin-bench --callgrind [--bin-dir DIR]
        topspin-bench --syscalls [--systems ...] [--bin-dir DIR]
 
@@ -347,6 +379,11 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
                counted with strace -f -c (needs strace)
   --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight) and answer (client + server), from
                two valgrind runs of different lengths (needs valgrind)
+  --separate-processes
+               every system's server in a process of its own (a child of its peer process),
+               its client in the peer process, over loopback TCP / a Unix socket — how services
+               run (default: client and server of a system share one process). TLS and
+               WebSocket rows keep one process. CPU and allocations per call stay client + server
   systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
            raw-tls topspin-tls tonic-tls raw-ws topspin-ws (TLS and WebSocket rows: in --smoke,
            otherwise only when named with --systems)";
@@ -365,6 +402,7 @@ fn parse_args() -> Result<Args, String> {
             .unwrap_or_else(|| PathBuf::from(".")),
         callgrind: false,
         syscalls: false,
+        separate: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -385,6 +423,7 @@ fn parse_args() -> Result<Args, String> {
             "--bin-dir" => a.bin_dir = val("--bin-dir")?.into(),
             "--callgrind" => a.callgrind = true,
             "--syscalls" => a.syscalls = true,
+            "--separate-processes" => a.separate = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -453,7 +492,7 @@ fn main() {
     let mut peers = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     for s in &systems {
-        match Peer::start(s, &args.bin_dir) {
+        match Peer::start(s, &args.bin_dir, args.separate) {
             Ok(p) => peers.push(p),
             Err(e) => {
                 eprintln!("topspin-bench: skipping {}: {e}", s.name);
@@ -493,6 +532,18 @@ fn main() {
     }
     let load_end = load_avg();
     report::fill_ratios(&mut records);
+    let layout = report::Layout::new(
+        args.separate,
+        peers
+            .iter()
+            .map(|p| report::SystemLayout {
+                system: p.sys.name,
+                separate_processes: args.separate && p.sys.can_separate(),
+                server: p.sys.server_threads(),
+                client: p.sys.client_threads(),
+            })
+            .collect(),
+    );
     let run = Run {
         version: 1,
         started,
@@ -500,17 +551,11 @@ fn main() {
         load_avg_end: load_end,
         noisy: load_start.is_nan() || load_start > 1.5,
         machine: report::machine(),
+        layout,
         records,
     };
     let smoke = args.mode == Mode::Smoke;
     report::print_tables(&run, smoke);
-    println!(
-        "\nthread layout: every peer is one process; its server runs on its own runtime/threads \
-         (tokio multi-thread with the default worker count for topspin, tonic, tarpc; a \
-         current-thread runtime + LocalSet on its own thread for capnp; one thread per \
-         connection for raw and thrift); its client runs on the main thread (current-thread \
-         tokio runtime for the async systems, blocking calls for raw and thrift)."
-    );
     println!(
         "load average {:.2} at start, {:.2} at end{}; {} s",
         run.load_avg_start,

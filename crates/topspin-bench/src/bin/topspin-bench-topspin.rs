@@ -167,41 +167,52 @@ fn main() {
     common::blob_pool();
     common::students();
     let callgrind_mode = std::env::args().any(|a| a == "--callgrind");
-    let mut server_rt = tokio::runtime::Builder::new_multi_thread();
-    if callgrind_mode {
-        // One worker: fewer scheduling choices, so instruction counts repeat run to run.
-        server_rt.worker_threads(1);
-    }
-    let server_rt = server_rt.enable_all().build().expect("server runtime");
     let tls = std::env::args().any(|a| a == "--tls");
     let ws = std::env::args().any(|a| a == "--ws");
-    let addr = if tls {
-        "tls://127.0.0.1:0".to_string()
-    } else if ws {
-        "ws://127.0.0.1:0/".to_string()
-    } else if uds {
-        let p =
-            std::env::temp_dir().join(format!("topspin-bench-topspin-{}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        format!("unix://{}", p.display())
-    } else {
-        "tcp://127.0.0.1:0".to_string()
-    };
-    #[allow(unused_mut)]
-    let mut builder = Server::builder().add_service(BenchServer::new(Svc));
     #[cfg(feature = "layered")]
     let pki = pki::make();
-    #[cfg(feature = "layered")]
-    if tls {
-        let config = pki.server_config(topspin::tls::ALPN);
-        builder = builder.tls(topspin::tls::ServerTls::from_config(config));
-    }
-    let srv = server_rt
-        .block_on(builder.bind(addr.as_str()))
-        .expect("bind");
-    let local = srv.local_addr().clone();
-    let shutdown = srv.shutdown_handle();
-    server_rt.spawn(srv.serve());
+    // The server: in this process on its own runtime (default), or a child process of its own
+    // (`--separate-processes`, see common::placement).
+    let mut server = None;
+    let local = match common::placement::separate_server() {
+        Some(a) => a,
+        None => {
+            let mut server_rt = tokio::runtime::Builder::new_multi_thread();
+            if callgrind_mode {
+                // One worker: fewer scheduling choices, so instruction counts repeat run to run.
+                server_rt.worker_threads(1);
+            }
+            let server_rt = server_rt.enable_all().build().expect("server runtime");
+            let addr = if tls {
+                "tls://127.0.0.1:0".to_string()
+            } else if ws {
+                "ws://127.0.0.1:0/".to_string()
+            } else if uds {
+                let p = std::env::temp_dir()
+                    .join(format!("topspin-bench-topspin-{}.sock", std::process::id()));
+                let _ = std::fs::remove_file(&p);
+                format!("unix://{}", p.display())
+            } else {
+                "tcp://127.0.0.1:0".to_string()
+            };
+            #[allow(unused_mut)]
+            let mut builder = Server::builder().add_service(BenchServer::new(Svc));
+            #[cfg(feature = "layered")]
+            if tls {
+                let config = pki.server_config(topspin::tls::ALPN);
+                builder = builder.tls(topspin::tls::ServerTls::from_config(config));
+            }
+            let srv = server_rt
+                .block_on(builder.bind(addr.as_str()))
+                .expect("bind");
+            let local = srv.local_addr().to_string();
+            let shutdown = srv.shutdown_handle();
+            server_rt.spawn(srv.serve());
+            common::placement::server_only(&local);
+            server = Some((server_rt, shutdown));
+            local
+        }
+    };
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -211,7 +222,7 @@ fn main() {
         let mut v = Vec::new();
         for _ in 0..CONNS {
             #[allow(unused_mut)]
-            let mut endpoint = Endpoint::new(local.clone()).expect("endpoint");
+            let mut endpoint = Endpoint::new(local.as_str()).expect("endpoint");
             #[cfg(feature = "layered")]
             if tls {
                 let config = pki.client_config(topspin::tls::ALPN);
@@ -239,7 +250,9 @@ fn main() {
         common::serve_commands(name, |cmd| rt.block_on(common::run_async(&clients, cmd)));
     }
     drop(clients);
-    server_rt.block_on(shutdown.shutdown(Duration::from_millis(200)));
+    if let Some((server_rt, shutdown)) = server {
+        server_rt.block_on(shutdown.shutdown(Duration::from_millis(200)));
+    }
 }
 
 /// `--callgrind N`: 200 warm-up echo calls of 20 B, then N more; run under valgrind twice with

@@ -377,7 +377,8 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
                data; exits non-zero on any failure; asserts no timings (CI)
   --syscalls   syscalls and write syscalls per call (echo 20 B; burst of 8) of every system,
                counted with strace -f -c (needs strace)
-  --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight) and answer (client + server), from
+  --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight), answer
+               and structs (client + server), from
                two valgrind runs of different lengths (needs valgrind)
   --separate-processes
                every system's server in a process of its own (a child of its peer process),
@@ -611,13 +612,19 @@ fn callgrind(bin_dir: &Path) -> i32 {
     }
     let dir = std::env::temp_dir().join(format!("topspin-callgrind-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    let (n1, n2) = (1000u64, 6000u64);
     for (workload, transport, inflight) in [
         ("echo", "tcp", 1),
         ("answer", "tcp", 1),
         ("echo", "uds", 1),
         ("echo", "tcp", 64),
+        ("structs", "tcp", 1),
     ] {
+        // A structs call is ~50 M instructions: fewer calls (after 5 warm-up calls).
+        let (n1, n2) = if workload == "structs" {
+            (10u64, 30u64)
+        } else {
+            (1000u64, 6000u64)
+        };
         // Three pairs of runs; the median pair is reported (an occasional run takes a different
         // scheduling path under valgrind's serialised threads and lands a few % off).
         let mut per_call = Vec::new();

@@ -24,6 +24,54 @@ mod gen {
 }
 use gen::{Bench, BenchClient, BenchServer};
 
+/// `bench.v1.StructsReply` as this peer maps it (build.rs, `extern_path`): the same wire format
+/// as the prost type, but the server encodes it straight from the shared native data — a
+/// borrowed slice, no deep clone per call — while the client decodes into owned native structs
+/// (`Cow::Owned(Vec<Student>)`), as an application would get them.
+mod shared {
+    use std::borrow::Cow;
+    use topspin_bench_common::pb::Student;
+
+    /// The `GetStructs` reply: field 1, `repeated Student students`.
+    #[derive(Clone, Debug, Default, PartialEq)]
+    pub struct StructsReply {
+        /// Borrowed on the server, owned after decoding.
+        pub students: Cow<'static, [Student]>,
+    }
+
+    impl prost::Message for StructsReply {
+        fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+            for s in self.students.iter() {
+                prost::encoding::message::encode(1, s, buf);
+            }
+        }
+        fn merge_field(
+            &mut self,
+            tag: u32,
+            wire_type: prost::encoding::WireType,
+            buf: &mut impl prost::bytes::Buf,
+            ctx: prost::encoding::DecodeContext,
+        ) -> Result<(), prost::DecodeError> {
+            if tag == 1 {
+                prost::encoding::message::merge_repeated(
+                    wire_type,
+                    self.students.to_mut(),
+                    buf,
+                    ctx,
+                )
+            } else {
+                prost::encoding::skip_field(wire_type, tag, buf, ctx)
+            }
+        }
+        fn encoded_len(&self) -> usize {
+            prost::encoding::message::encoded_len_repeated(1, &self.students)
+        }
+        fn clear(&mut self) {
+            self.students = Cow::Owned(Vec::new());
+        }
+    }
+}
+
 struct Svc;
 
 impl Bench for Svc {
@@ -55,9 +103,9 @@ impl Bench for Svc {
     async fn get_structs(
         &self,
         _r: Request<pb::StructsRequest>,
-    ) -> Result<Response<pb::StructsReply>, Status> {
-        Ok(Response::new(pb::StructsReply {
-            students: common::students().to_vec(),
+    ) -> Result<Response<shared::StructsReply>, Status> {
+        Ok(Response::new(shared::StructsReply {
+            students: std::borrow::Cow::Borrowed(common::students()),
         }))
     }
     async fn nymph_uint32(
@@ -267,10 +315,10 @@ fn callgrind(rt: &tokio::runtime::Runtime, c: &Client) {
         .skip_while(|a| a != "--workload")
         .nth(1)
         .unwrap_or_else(|| "echo".into());
-    let input = if what == "answer" {
-        Input::Answer(common::ANSWER_N)
-    } else {
-        Input::Echo(common::payload(20))
+    let input = match what.as_str() {
+        "answer" => Input::Answer(common::ANSWER_N),
+        "structs" => Input::Structs,
+        _ => Input::Echo(common::payload(20)),
     };
     // `--inflight K`: K calls at a time (the throughput shape), n in all.
     let inflight: u32 = std::env::args()
@@ -280,7 +328,8 @@ fn callgrind(rt: &tokio::runtime::Runtime, c: &Client) {
         .unwrap_or(1)
         .max(1);
     rt.block_on(async {
-        for i in 0..200 {
+        let warm = if what == "structs" { 5 } else { 200 };
+        for i in 0..warm {
             c.call(&input, i == 0).await.expect("warm-up call");
         }
         let lanes = (0..inflight).map(|lane| {

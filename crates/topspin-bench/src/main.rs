@@ -2,7 +2,8 @@
 //! on the workloads of `shared/benchmarks.md`. See README.md.
 //!
 //! The driver starts one peer process per system (each hosts that system's server and client,
-//! built as its own Cargo package so features never unify across peers), then, for every
+//! built as its own Cargo package so features never unify across peers; with
+//! `--separate-processes` the server moves to a child process of the peer), then, for every
 //! workload, runs the systems one after another (A B C … A B C …, three times), each series
 //! after a warm-up whose first call is checked for correct content. It prints one table per
 //! workload and optionally writes JSON and PNG plots.

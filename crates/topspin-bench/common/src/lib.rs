@@ -1,8 +1,8 @@
 //! What every topspin-bench peer shares: the benchmark messages, the data every server returns,
 //! the driver <-> peer command protocol, the measuring loops and the counting allocator.
 //!
-//! A peer is a process hosting one system's server (on its own runtime/threads) and client (on
-//! the main thread). It prints `ready <system>` on stdout, then answers one [`Cmd`] per stdin
+//! A peer is a process hosting one system's server (on its own runtime/threads, or in a child
+//! process: [`placement`]) and client (on the main thread). It prints `ready <system>` on stdout, then answers one [`Cmd`] per stdin
 //! line with one [`Outcome`] per stdout line, until stdin closes.
 
 use bytes::Bytes;

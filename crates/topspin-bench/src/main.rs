@@ -2,7 +2,8 @@
 //! on the workloads of `shared/benchmarks.md`. See README.md.
 //!
 //! The driver starts one peer process per system (each hosts that system's server and client,
-//! built as its own Cargo package so features never unify across peers), then, for every
+//! built as its own Cargo package so features never unify across peers; with
+//! `--separate-processes` the server moves to a child process of the peer), then, for every
 //! workload, runs the systems one after another (A B C … A B C …, three times), each series
 //! after a warm-up whose first call is checked for correct content. It prints one table per
 //! workload and optionally writes JSON and PNG plots.
@@ -25,6 +26,32 @@ struct System {
     bin: &'static str,
     args: &'static [&'static str],
     transport: &'static str,
+}
+
+impl System {
+    /// The server side's threads and runtime flavour.
+    fn server_threads(&self) -> &'static str {
+        match self.name {
+            "raw" | "raw-uds" | "raw-tls" | "raw-ws" | "thrift" => {
+                "a blocking thread per connection"
+            }
+            "capnp" => "one thread, current-thread tokio + LocalSet",
+            _ => "tokio multi-thread, default workers (one per allowed CPU)",
+        }
+    }
+    /// The client side's threads and runtime flavour.
+    fn client_threads(&self) -> &'static str {
+        match self.name {
+            "raw" | "raw-uds" | "raw-tls" | "raw-ws" | "thrift" => "main thread, blocking calls",
+            "capnp" => "main thread, current-thread tokio + LocalSet",
+            _ => "main thread, current-thread tokio",
+        }
+    }
+    /// Whether this system can put its server in a process of its own (the TLS and WebSocket
+    /// peers make their certificate per process, so they keep both sides in one).
+    fn can_separate(&self) -> bool {
+        matches!(self.transport, "tcp" | "uds")
+    }
 }
 
 const SYSTEMS: &[System] = &[
@@ -243,7 +270,7 @@ struct Peer {
 }
 
 impl Peer {
-    fn start(sys: &System, bin_dir: &Path) -> Result<Peer, String> {
+    fn start(sys: &System, bin_dir: &Path, separate: bool) -> Result<Peer, String> {
         let path = bin_dir.join(sys.bin);
         if !path.exists() {
             return Err(format!(
@@ -253,6 +280,11 @@ impl Peer {
         }
         let mut child = Command::new(&path)
             .args(sys.args)
+            .args(if separate && sys.can_separate() {
+                &[topspin_bench_common::placement::SEPARATE][..]
+            } else {
+                &[][..]
+            })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -330,11 +362,12 @@ struct Args {
     bin_dir: PathBuf,
     callgrind: bool,
     syscalls: bool,
+    separate: bool,
 }
 
 const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--plots DIR]
                      [--systems raw,topspin,...] [--workloads echo,answer,...] [--reps N]
-                     [--bin-dir DIR]
+                     [--separate-processes] [--bin-dir DIR]
        topspin-bench --callgrind [--bin-dir DIR]
        topspin-bench --syscalls [--systems ...] [--bin-dir DIR]
 
@@ -345,8 +378,14 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
                data; exits non-zero on any failure; asserts no timings (CI)
   --syscalls   syscalls and write syscalls per call (echo 20 B; burst of 8) of every system,
                counted with strace -f -c (needs strace)
-  --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight) and answer (client + server), from
+  --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight), answer
+               and structs (client + server), from
                two valgrind runs of different lengths (needs valgrind)
+  --separate-processes
+               every system's server in a process of its own (a child of its peer process),
+               its client in the peer process, over loopback TCP / a Unix socket — how services
+               run (default: client and server of a system share one process). TLS and
+               WebSocket rows keep one process. CPU and allocations per call stay client + server
   systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
            raw-tls topspin-tls tonic-tls raw-ws topspin-ws (TLS and WebSocket rows: in --smoke,
            otherwise only when named with --systems)";
@@ -365,6 +404,7 @@ fn parse_args() -> Result<Args, String> {
             .unwrap_or_else(|| PathBuf::from(".")),
         callgrind: false,
         syscalls: false,
+        separate: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -385,6 +425,7 @@ fn parse_args() -> Result<Args, String> {
             "--bin-dir" => a.bin_dir = val("--bin-dir")?.into(),
             "--callgrind" => a.callgrind = true,
             "--syscalls" => a.syscalls = true,
+            "--separate-processes" => a.separate = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -453,7 +494,7 @@ fn main() {
     let mut peers = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     for s in &systems {
-        match Peer::start(s, &args.bin_dir) {
+        match Peer::start(s, &args.bin_dir, args.separate) {
             Ok(p) => peers.push(p),
             Err(e) => {
                 eprintln!("topspin-bench: skipping {}: {e}", s.name);
@@ -493,6 +534,18 @@ fn main() {
     }
     let load_end = load_avg();
     report::fill_ratios(&mut records);
+    let layout = report::Layout::new(
+        args.separate,
+        peers
+            .iter()
+            .map(|p| report::SystemLayout {
+                system: p.sys.name,
+                separate_processes: args.separate && p.sys.can_separate(),
+                server: p.sys.server_threads(),
+                client: p.sys.client_threads(),
+            })
+            .collect(),
+    );
     let run = Run {
         version: 1,
         started,
@@ -500,17 +553,11 @@ fn main() {
         load_avg_end: load_end,
         noisy: load_start.is_nan() || load_start > 1.5,
         machine: report::machine(),
+        layout,
         records,
     };
     let smoke = args.mode == Mode::Smoke;
     report::print_tables(&run, smoke);
-    println!(
-        "\nthread layout: every peer is one process; its server runs on its own runtime/threads \
-         (tokio multi-thread with the default worker count for topspin, tonic, tarpc; a \
-         current-thread runtime + LocalSet on its own thread for capnp; one thread per \
-         connection for raw and thrift); its client runs on the main thread (current-thread \
-         tokio runtime for the async systems, blocking calls for raw and thrift)."
-    );
     println!(
         "load average {:.2} at start, {:.2} at end{}; {} s",
         run.load_avg_start,
@@ -566,13 +613,19 @@ fn callgrind(bin_dir: &Path) -> i32 {
     }
     let dir = std::env::temp_dir().join(format!("topspin-callgrind-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    let (n1, n2) = (1000u64, 6000u64);
     for (workload, transport, inflight) in [
         ("echo", "tcp", 1),
         ("answer", "tcp", 1),
         ("echo", "uds", 1),
         ("echo", "tcp", 64),
+        ("structs", "tcp", 1),
     ] {
+        // A structs call is ~50 M instructions: fewer calls (after 5 warm-up calls).
+        let (n1, n2) = if workload == "structs" {
+            (10u64, 30u64)
+        } else {
+            (1000u64, 6000u64)
+        };
         // Three pairs of runs; the median pair is reported (an occasional run takes a different
         // scheduling path under valgrind's serialised threads and lands a few % off).
         let mut per_call = Vec::new();

@@ -13,7 +13,98 @@ pub(crate) struct Run {
     pub(crate) load_avg_end: f64,
     pub(crate) noisy: bool,
     pub(crate) machine: Machine,
+    /// Where every system's threads ran (printed with every table).
+    pub(crate) layout: Layout,
     pub(crate) records: Vec<Record>,
+}
+
+/// The thread layout of a run: placement of client and server, CPUs, runtimes.
+#[derive(Serialize)]
+pub(crate) struct Layout {
+    /// `"separate processes"` or `"one process"` (per system below).
+    placement: &'static str,
+    /// The CPUs the peers may run on (`Cpus_allowed_list`, inherited from `taskset`).
+    cpus_allowed: String,
+    /// Online CPUs of the machine.
+    cpus_online: usize,
+    /// True when the run is restricted to fewer CPUs than are online (e.g. `taskset -c 0`).
+    pinned: bool,
+    systems: Vec<SystemLayout>,
+}
+
+/// One system's thread layout.
+#[derive(Serialize)]
+pub(crate) struct SystemLayout {
+    pub(crate) system: &'static str,
+    /// Server in a process of its own.
+    pub(crate) separate_processes: bool,
+    pub(crate) server: &'static str,
+    pub(crate) client: &'static str,
+}
+
+impl Layout {
+    pub(crate) fn new(separate: bool, systems: Vec<SystemLayout>) -> Layout {
+        let cpus_allowed = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|v| v.trim().to_string())
+            })
+            .unwrap_or_else(|| "?".into());
+        let online = std::fs::read_to_string("/proc/cpuinfo").map_or(0, |s| {
+            s.lines().filter(|l| l.starts_with("processor")).count()
+        });
+        let allowed = std::thread::available_parallelism().map_or(online, |n| n.get());
+        Layout {
+            placement: if separate {
+                "separate processes"
+            } else {
+                "one process"
+            },
+            cpus_allowed,
+            cpus_online: online,
+            pinned: allowed < online,
+            systems,
+        }
+    }
+
+    /// One line for under a table: placement, CPUs, and each side's threads for `names`.
+    fn line(&self, names: &[&str]) -> String {
+        let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+        for l in self.systems.iter().filter(|l| names.contains(&l.system)) {
+            let key = format!(
+                "{}server {}; client {}",
+                if l.separate_processes {
+                    "separate processes: "
+                } else {
+                    "one process: "
+                },
+                l.server,
+                l.client
+            );
+            match groups.iter_mut().find(|g| g.0 == key) {
+                Some(g) => g.1.push(l.system),
+                None => groups.push((key, vec![l.system])),
+            }
+        }
+        let cpus = if self.pinned {
+            format!(
+                "pinned: every thread confined to CPU(s) {} of {}",
+                self.cpus_allowed, self.cpus_online
+            )
+        } else {
+            format!(
+                "unpinned: threads float over CPUs {} (the scheduler places them)",
+                self.cpus_allowed
+            )
+        };
+        let mut out = format!("  layout — {cpus}; no thread pins itself");
+        for (k, v) in groups {
+            out.push_str(&format!("\n    {}: {k}", v.join(", ")));
+        }
+        out
+    }
 }
 
 #[derive(Serialize)]
@@ -270,6 +361,8 @@ pub(crate) fn print_tables(run: &Run, smoke: bool) {
         }
         seen.push(r);
         let rows: Vec<&Record> = run.records.iter().filter(|o| o.same_point(r)).collect();
+        let names: Vec<&str> = rows.iter().map(|o| o.system).collect();
+        let layout = run.layout.line(&names);
         println!("\n{}", title(r));
         match r.workload {
             "throughput" => {
@@ -325,6 +418,7 @@ pub(crate) fn print_tables(run: &Run, smoke: bool) {
                 }
             }
         }
+        println!("{layout}");
     }
 }
 

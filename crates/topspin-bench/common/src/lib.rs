@@ -1,8 +1,8 @@
 //! What every topspin-bench peer shares: the benchmark messages, the data every server returns,
 //! the driver <-> peer command protocol, the measuring loops and the counting allocator.
 //!
-//! A peer is a process hosting one system's server (on its own runtime/threads) and client (on
-//! the main thread). It prints `ready <system>` on stdout, then answers one [`Cmd`] per stdin
+//! A peer is a process hosting one system's server (on its own runtime/threads, or in a child
+//! process: [`placement`]) and client (on the main thread). It prints `ready <system>` on stdout, then answers one [`Cmd`] per stdin
 //! line with one [`Outcome`] per stdout line, until stdin closes.
 
 use bytes::Bytes;
@@ -62,25 +62,43 @@ unsafe impl GlobalAlloc for CountingAlloc {
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
 
-/// Turns allocation counting on or off (process-wide: client and server threads).
+/// Turns allocation counting on or off (process-wide: client and server threads; and in the
+/// server process too when it is a separate one).
 pub fn count_allocations(on: bool) {
-    COUNTING.store(on, Relaxed);
+    // Ordered so that talking to a server process is never counted.
+    if on {
+        placement::server_count_allocations(true);
+        COUNTING.store(true, Relaxed);
+    } else {
+        COUNTING.store(false, Relaxed);
+        placement::server_count_allocations(false);
+    }
 }
 
-/// Allocations and bytes counted so far.
+/// Allocations and bytes counted so far (client + server).
 pub fn allocations() -> (u64, u64) {
+    let (a, b) = local_allocations();
+    let (c, d) = placement::server_allocations();
+    (a + c, b + d)
+}
+
+fn local_allocations() -> (u64, u64) {
     (ALLOCS.load(Relaxed), ALLOC_BYTES.load(Relaxed))
 }
 
+pub mod placement;
+
 // ---------------------------------------------------------------- process figures
 
-/// CPU time (user + system) of the whole process so far, in µs.
+/// CPU time (user + system) of the whole process so far, in µs — plus that of the server
+/// process when the server runs in a child process (`--separate-processes`), so that CPU per
+/// call is always client + server.
 pub fn cpu_us() -> f64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid out-pointer.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 * 1e6 + tv.tv_usec as f64;
-    t(ru.ru_utime) + t(ru.ru_stime)
+    t(ru.ru_utime) + t(ru.ru_stime) + placement::server_cpu_us()
 }
 
 // ---------------------------------------------------------------- data

@@ -508,30 +508,47 @@ fn main() {
     let uds = std::env::args().any(|a| a == "--uds");
     common::blob_pool();
     structs_encoded();
+    // The server: its threads in this process, or a child process of its own
+    // (`--separate-processes`, see common::placement).
+    let separate = common::placement::separate_server();
     if uds {
-        let path =
-            std::env::temp_dir().join(format!("topspin-bench-raw-{}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let l = UnixListener::bind(&path).expect("bind unix socket");
-        std::thread::spawn(move || {
-            for s in l.incoming().flatten() {
-                std::thread::spawn(move || serve_conn(s));
+        let path = match separate {
+            Some(p) => std::path::PathBuf::from(p),
+            None => {
+                let path = std::env::temp_dir()
+                    .join(format!("topspin-bench-raw-{}.sock", std::process::id()));
+                let _ = std::fs::remove_file(&path);
+                let l = UnixListener::bind(&path).expect("bind unix socket");
+                std::thread::spawn(move || {
+                    for s in l.incoming().flatten() {
+                        std::thread::spawn(move || serve_conn(s));
+                    }
+                });
+                common::placement::server_only(&path.display().to_string());
+                path
             }
-        });
+        };
         let mut clients: Vec<_> = (0..CONNS)
             .map(|_| Client::new(UnixStream::connect(&path).expect("connect")))
             .collect();
         common::serve_commands("raw-uds", |cmd| run(&mut clients, cmd));
         let _ = std::fs::remove_file(&path);
     } else {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = l.local_addr().expect("addr");
-        std::thread::spawn(move || {
-            for s in l.incoming().flatten() {
-                s.set_nodelay(true).expect("nodelay");
-                std::thread::spawn(move || serve_conn(s));
+        let addr: std::net::SocketAddr = match separate {
+            Some(a) => a.parse().expect("server address"),
+            None => {
+                let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+                let addr = l.local_addr().expect("addr");
+                std::thread::spawn(move || {
+                    for s in l.incoming().flatten() {
+                        s.set_nodelay(true).expect("nodelay");
+                        std::thread::spawn(move || serve_conn(s));
+                    }
+                });
+                common::placement::server_only(&addr.to_string());
+                addr
             }
-        });
+        };
         let mut clients: Vec<_> = (0..CONNS)
             .map(|_| {
                 let s = TcpStream::connect(addr).expect("connect");

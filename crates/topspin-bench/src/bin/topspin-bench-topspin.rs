@@ -24,6 +24,54 @@ mod gen {
 }
 use gen::{Bench, BenchClient, BenchServer};
 
+/// `bench.v1.StructsReply` as this peer maps it (build.rs, `extern_path`): the same wire format
+/// as the prost type, but the server encodes it straight from the shared native data — a
+/// borrowed slice, no deep clone per call — while the client decodes into owned native structs
+/// (`Cow::Owned(Vec<Student>)`), as an application would get them.
+mod shared {
+    use std::borrow::Cow;
+    use topspin_bench_common::pb::Student;
+
+    /// The `GetStructs` reply: field 1, `repeated Student students`.
+    #[derive(Clone, Debug, Default, PartialEq)]
+    pub struct StructsReply {
+        /// Borrowed on the server, owned after decoding.
+        pub students: Cow<'static, [Student]>,
+    }
+
+    impl prost::Message for StructsReply {
+        fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+            for s in self.students.iter() {
+                prost::encoding::message::encode(1, s, buf);
+            }
+        }
+        fn merge_field(
+            &mut self,
+            tag: u32,
+            wire_type: prost::encoding::WireType,
+            buf: &mut impl prost::bytes::Buf,
+            ctx: prost::encoding::DecodeContext,
+        ) -> Result<(), prost::DecodeError> {
+            if tag == 1 {
+                prost::encoding::message::merge_repeated(
+                    wire_type,
+                    self.students.to_mut(),
+                    buf,
+                    ctx,
+                )
+            } else {
+                prost::encoding::skip_field(wire_type, tag, buf, ctx)
+            }
+        }
+        fn encoded_len(&self) -> usize {
+            prost::encoding::message::encoded_len_repeated(1, &self.students)
+        }
+        fn clear(&mut self) {
+            self.students = Cow::Owned(Vec::new());
+        }
+    }
+}
+
 struct Svc;
 
 impl Bench for Svc {
@@ -55,9 +103,9 @@ impl Bench for Svc {
     async fn get_structs(
         &self,
         _r: Request<pb::StructsRequest>,
-    ) -> Result<Response<pb::StructsReply>, Status> {
-        Ok(Response::new(pb::StructsReply {
-            students: common::students().to_vec(),
+    ) -> Result<Response<shared::StructsReply>, Status> {
+        Ok(Response::new(shared::StructsReply {
+            students: std::borrow::Cow::Borrowed(common::students()),
         }))
     }
     async fn nymph_uint32(
@@ -167,41 +215,52 @@ fn main() {
     common::blob_pool();
     common::students();
     let callgrind_mode = std::env::args().any(|a| a == "--callgrind");
-    let mut server_rt = tokio::runtime::Builder::new_multi_thread();
-    if callgrind_mode {
-        // One worker: fewer scheduling choices, so instruction counts repeat run to run.
-        server_rt.worker_threads(1);
-    }
-    let server_rt = server_rt.enable_all().build().expect("server runtime");
     let tls = std::env::args().any(|a| a == "--tls");
     let ws = std::env::args().any(|a| a == "--ws");
-    let addr = if tls {
-        "tls://127.0.0.1:0".to_string()
-    } else if ws {
-        "ws://127.0.0.1:0/".to_string()
-    } else if uds {
-        let p =
-            std::env::temp_dir().join(format!("topspin-bench-topspin-{}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        format!("unix://{}", p.display())
-    } else {
-        "tcp://127.0.0.1:0".to_string()
-    };
-    #[allow(unused_mut)]
-    let mut builder = Server::builder().add_service(BenchServer::new(Svc));
     #[cfg(feature = "layered")]
     let pki = pki::make();
-    #[cfg(feature = "layered")]
-    if tls {
-        let config = pki.server_config(topspin::tls::ALPN);
-        builder = builder.tls(topspin::tls::ServerTls::from_config(config));
-    }
-    let srv = server_rt
-        .block_on(builder.bind(addr.as_str()))
-        .expect("bind");
-    let local = srv.local_addr().clone();
-    let shutdown = srv.shutdown_handle();
-    server_rt.spawn(srv.serve());
+    // The server: in this process on its own runtime (default), or a child process of its own
+    // (`--separate-processes`, see common::placement).
+    let mut server = None;
+    let local = match common::placement::separate_server() {
+        Some(a) => a,
+        None => {
+            let mut server_rt = tokio::runtime::Builder::new_multi_thread();
+            if callgrind_mode {
+                // One worker: fewer scheduling choices, so instruction counts repeat run to run.
+                server_rt.worker_threads(1);
+            }
+            let server_rt = server_rt.enable_all().build().expect("server runtime");
+            let addr = if tls {
+                "tls://127.0.0.1:0".to_string()
+            } else if ws {
+                "ws://127.0.0.1:0/".to_string()
+            } else if uds {
+                let p = std::env::temp_dir()
+                    .join(format!("topspin-bench-topspin-{}.sock", std::process::id()));
+                let _ = std::fs::remove_file(&p);
+                format!("unix://{}", p.display())
+            } else {
+                "tcp://127.0.0.1:0".to_string()
+            };
+            #[allow(unused_mut)]
+            let mut builder = Server::builder().add_service(BenchServer::new(Svc));
+            #[cfg(feature = "layered")]
+            if tls {
+                let config = pki.server_config(topspin::tls::ALPN);
+                builder = builder.tls(topspin::tls::ServerTls::from_config(config));
+            }
+            let srv = server_rt
+                .block_on(builder.bind(addr.as_str()))
+                .expect("bind");
+            let local = srv.local_addr().to_string();
+            let shutdown = srv.shutdown_handle();
+            server_rt.spawn(srv.serve());
+            common::placement::server_only(&local);
+            server = Some((server_rt, shutdown));
+            local
+        }
+    };
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -211,7 +270,7 @@ fn main() {
         let mut v = Vec::new();
         for _ in 0..CONNS {
             #[allow(unused_mut)]
-            let mut endpoint = Endpoint::new(local.clone()).expect("endpoint");
+            let mut endpoint = Endpoint::new(local.as_str()).expect("endpoint");
             #[cfg(feature = "layered")]
             if tls {
                 let config = pki.client_config(topspin::tls::ALPN);
@@ -239,7 +298,9 @@ fn main() {
         common::serve_commands(name, |cmd| rt.block_on(common::run_async(&clients, cmd)));
     }
     drop(clients);
-    server_rt.block_on(shutdown.shutdown(Duration::from_millis(200)));
+    if let Some((server_rt, shutdown)) = server {
+        server_rt.block_on(shutdown.shutdown(Duration::from_millis(200)));
+    }
 }
 
 /// `--callgrind N`: 200 warm-up echo calls of 20 B, then N more; run under valgrind twice with
@@ -254,10 +315,10 @@ fn callgrind(rt: &tokio::runtime::Runtime, c: &Client) {
         .skip_while(|a| a != "--workload")
         .nth(1)
         .unwrap_or_else(|| "echo".into());
-    let input = if what == "answer" {
-        Input::Answer(common::ANSWER_N)
-    } else {
-        Input::Echo(common::payload(20))
+    let input = match what.as_str() {
+        "answer" => Input::Answer(common::ANSWER_N),
+        "structs" => Input::Structs,
+        _ => Input::Echo(common::payload(20)),
     };
     // `--inflight K`: K calls at a time (the throughput shape), n in all.
     let inflight: u32 = std::env::args()
@@ -267,7 +328,8 @@ fn callgrind(rt: &tokio::runtime::Runtime, c: &Client) {
         .unwrap_or(1)
         .max(1);
     rt.block_on(async {
-        for i in 0..200 {
+        let warm = if what == "structs" { 5 } else { 200 };
+        for i in 0..warm {
             c.call(&input, i == 0).await.expect("warm-up call");
         }
         let lanes = (0..inflight).map(|lane| {

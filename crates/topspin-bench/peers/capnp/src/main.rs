@@ -320,27 +320,36 @@ const CONNS: usize = 4;
 fn main() {
     common::blob_pool();
     common::students();
-    let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("server runtime");
-        let local = tokio::task::LocalSet::new();
-        local.block_on(&rt, async move {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(l.local_addr().expect("addr")).expect("send addr");
-            let svc: bench::Client = capnp_rpc::new_client(Svc);
-            while let Ok((s, _)) = l.accept().await {
-                let net = network(s, rpc_twoparty_capnp::Side::Server);
-                let rpc = RpcSystem::new(net, Some(svc.clone().client));
-                tokio::task::spawn_local(rpc);
-            }
-        });
-    });
-    let addr = rx.recv().expect("server address");
+    // The server: on its own thread in this process, or a child process of its own
+    // (`--separate-processes`, see common::placement).
+    let addr: SocketAddr = match common::placement::separate_server() {
+        Some(a) => a.parse().expect("server address"),
+        None => {
+            let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("server runtime");
+                let local = tokio::task::LocalSet::new();
+                local.block_on(&rt, async move {
+                    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .expect("bind");
+                    tx.send(l.local_addr().expect("addr")).expect("send addr");
+                    let svc: bench::Client = capnp_rpc::new_client(Svc);
+                    while let Ok((s, _)) = l.accept().await {
+                        let net = network(s, rpc_twoparty_capnp::Side::Server);
+                        let rpc = RpcSystem::new(net, Some(svc.clone().client));
+                        tokio::task::spawn_local(rpc);
+                    }
+                });
+            });
+            let addr = rx.recv().expect("server address");
+            common::placement::server_only(&addr.to_string());
+            addr
+        }
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

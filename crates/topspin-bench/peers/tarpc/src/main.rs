@@ -126,24 +126,35 @@ const CONNS: usize = 4;
 fn main() {
     common::blob_pool();
     common::students();
-    let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("server runtime");
-    let addr: SocketAddr = server_rt.block_on(async {
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = l.local_addr().expect("addr");
-        tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                let transport = tarpc::serde_transport::new(framed(s), Bincode::default());
-                let channel = BaseChannel::with_defaults(transport);
-                tokio::spawn(channel.execute(Svc.serve()).for_each(|fut| async move {
-                    tokio::spawn(fut);
-                }));
-            }
-        });
-        addr
-    });
+    // The server: on its own runtime in this process, or a child process of its own
+    // (`--separate-processes`, see common::placement).
+    let _server_rt;
+    let addr: SocketAddr = match common::placement::separate_server() {
+        Some(a) => a.parse().expect("server address"),
+        None => {
+            let server_rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("server runtime");
+            let addr = server_rt.block_on(async {
+                let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let addr = l.local_addr().expect("addr");
+                tokio::spawn(async move {
+                    while let Ok((s, _)) = l.accept().await {
+                        let transport = tarpc::serde_transport::new(framed(s), Bincode::default());
+                        let channel = BaseChannel::with_defaults(transport);
+                        tokio::spawn(channel.execute(Svc.serve()).for_each(|fut| async move {
+                            tokio::spawn(fut);
+                        }));
+                    }
+                });
+                addr
+            });
+            common::placement::server_only(&addr.to_string());
+            _server_rt = server_rt;
+            addr
+        }
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -180,19 +180,28 @@ fn run(c: &mut C, cmd: &Cmd) -> Outcome {
 fn main() {
     common::blob_pool();
     native_students();
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let processor = Arc::new(BenchSyncProcessor::new(Svc));
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            s.set_nodelay(true).expect("nodelay");
-            let (r, w) = TTcpChannel::with_stream(s).split().expect("split");
-            let mut ip = TBinaryInputProtocol::new(TFramedReadTransport::new(r), true);
-            let mut op = TBinaryOutputProtocol::new(TFramedWriteTransport::new(w), true);
-            let p = processor.clone();
-            std::thread::spawn(move || while p.process(&mut ip, &mut op).is_ok() {});
+    // The server: its threads in this process, or a child process of its own
+    // (`--separate-processes`, see common::placement).
+    let addr: std::net::SocketAddr = match common::placement::separate_server() {
+        Some(a) => a.parse().expect("server address"),
+        None => {
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = l.local_addr().expect("addr");
+            let processor = Arc::new(BenchSyncProcessor::new(Svc));
+            std::thread::spawn(move || {
+                for s in l.incoming().flatten() {
+                    s.set_nodelay(true).expect("nodelay");
+                    let (r, w) = TTcpChannel::with_stream(s).split().expect("split");
+                    let mut ip = TBinaryInputProtocol::new(TFramedReadTransport::new(r), true);
+                    let mut op = TBinaryOutputProtocol::new(TFramedWriteTransport::new(w), true);
+                    let p = processor.clone();
+                    std::thread::spawn(move || while p.process(&mut ip, &mut op).is_ok() {});
+                }
+            });
+            common::placement::server_only(&addr.to_string());
+            addr
         }
-    });
+    };
     let s = TcpStream::connect(addr).expect("connect");
     s.set_nodelay(true).expect("nodelay");
     let (r, w) = TTcpChannel::with_stream(s).split().expect("split");

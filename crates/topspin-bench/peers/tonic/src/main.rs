@@ -184,30 +184,41 @@ fn main() {
     let pki = make_pki();
     common::blob_pool();
     common::students();
-    let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("server runtime");
-    let addr: SocketAddr = server_rt.block_on(async {
-        let incoming = TcpIncoming::bind("127.0.0.1:0".parse().unwrap())
-            .expect("bind")
-            .with_nodelay(Some(true));
-        let addr = incoming.local_addr().expect("addr");
-        let svc = BenchServer::new(Svc)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
-        #[allow(unused_mut)]
-        let mut server = Server::builder().tcp_nodelay(true);
-        #[cfg(feature = "tls")]
-        {
-            let id = tonic::transport::Identity::from_pem(&pki.1, &pki.2);
-            server = server
-                .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
-                .expect("TLS config");
+    // The server: on its own runtime in this process, or a child process of its own
+    // (`--separate-processes`, see common::placement).
+    let _server_rt;
+    let addr: SocketAddr = match common::placement::separate_server() {
+        Some(a) => a.parse().expect("server address"),
+        None => {
+            let server_rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("server runtime");
+            let addr: SocketAddr = server_rt.block_on(async {
+                let incoming = TcpIncoming::bind("127.0.0.1:0".parse().unwrap())
+                    .expect("bind")
+                    .with_nodelay(Some(true));
+                let addr = incoming.local_addr().expect("addr");
+                let svc = BenchServer::new(Svc)
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE);
+                #[allow(unused_mut)]
+                let mut server = Server::builder().tcp_nodelay(true);
+                #[cfg(feature = "tls")]
+                {
+                    let id = tonic::transport::Identity::from_pem(&pki.1, &pki.2);
+                    server = server
+                        .tls_config(tonic::transport::ServerTlsConfig::new().identity(id))
+                        .expect("TLS config");
+                }
+                tokio::spawn(server.add_service(svc).serve_with_incoming(incoming));
+                addr
+            });
+            common::placement::server_only(&addr.to_string());
+            _server_rt = server_rt;
+            addr
         }
-        tokio::spawn(server.add_service(svc).serve_with_incoming(incoming));
-        addr
-    });
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

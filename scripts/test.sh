@@ -22,6 +22,9 @@ step "benchmark smoke run (every system returns correct data; no timings)"
 # Debug builds are enough to check correctness and reuse what the tests compiled.
 cargo build --workspace --bins --locked -q
 "${CARGO_TARGET_DIR:-target}/debug/topspin-bench" --smoke
+# The same with each TCP / Unix-socket system's server in a process of its own.
+"${CARGO_TARGET_DIR:-target}/debug/topspin-bench" --smoke --separate-processes \
+  --systems raw,raw-uds,topspin,topspin-uds,tonic,tarpc,capnp,thrift
 # The other languages' suites — Go (go vet, staticcheck, go test -race), Python (ruff, mypy,
 # pytest), TypeScript (tsc, eslint, node --test via npm, the Chromium test) — use the Rust
 # peers just built (kvstore server and client, CLI).

@@ -55,7 +55,7 @@ impl Sink {
         }
     }
 
-    fn abandoned(&self) -> bool {
+    pub(crate) fn abandoned(&self) -> bool {
         match self {
             Sink::Unary(tx) => tx.is_closed(),
             Sink::Stream { headers, items } => {
@@ -105,6 +105,13 @@ pub(crate) struct Start {
     call: CallStart,
     sink: Sink,
     early: Option<Box<Early>>,
+}
+
+impl Start {
+    /// The call and where its results go (for the gRPC connection task, `grpc.rs`).
+    pub(crate) fn into_parts(self) -> (CallStart, Sink) {
+        (self.call, self.sink)
+    }
 }
 
 #[derive(Debug)]

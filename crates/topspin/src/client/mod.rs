@@ -5,12 +5,16 @@
 //! - `call.rs`: the one bytes-level call path every call kind uses (start, guard, request
 //!   pump, waiting for the answer); this file: the typed call API on top;
 //! - `conn.rs`: the client's role in the connection loop (call bookkeeping);
-//!   `completion.rs`: the reusable completion a unary caller waits on.
+//!   `completion.rs`: the reusable completion a unary caller waits on;
+//! - `grpc.rs`: the gRPC client mode (`grpc://`, `grpcs://`): a connection task taking the
+//!   same commands and feeding the same sinks over HTTP/2; `grpc_wire.rs`: its wire details.
 
 pub(crate) mod call;
 mod completion;
 pub(crate) mod conn;
 mod endpoint;
+mod grpc;
+mod grpc_wire;
 pub(crate) mod pool;
 
 pub use endpoint::Endpoint;

@@ -1,0 +1,613 @@
+//! The gRPC client mode against a real gRPC server: tonic (hyper and h2 underneath, the
+//! service written as tonic's generated code writes it) on a loopback port, called by a
+//! topspin `Channel` through `grpc://` (h2c) and `grpcs://` (TLS, ALPN h2): the four call
+//! kinds, deadlines, status details, metadata both ways, cancellation, a 2 MB message and
+//! compression.
+#![cfg(feature = "tls")]
+
+mod common;
+mod layered;
+
+use bytes::{Buf, BufMut, Bytes};
+use futures_util::{stream, Stream, StreamExt};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tonic::codec::{CompressionEncoding, DecodeBuf, EncodeBuf};
+use tonic::codegen::{http, Service};
+use tonic::server::{Grpc, NamedService};
+use topspin::codec::RawCodec;
+use topspin::tls::ClientTls;
+use topspin::{Channel, Code, Compression, Encoding, Endpoint, Metadata, Request};
+
+// ---- the tonic side -------------------------------------------------------------------------
+
+/// tonic's codec for raw bytes (what a generated prost codec does, minus prost).
+#[derive(Clone, Copy, Default)]
+struct Raw;
+
+impl tonic::codec::Codec for Raw {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl tonic::codec::Encoder for Raw {
+    type Item = Bytes;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Raw {
+    type Item = Bytes;
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// What the tonic handlers saw.
+#[derive(Default)]
+struct Seen {
+    /// `grpc-timeout` and `grpc-encoding` of each call, by method.
+    headers: Mutex<Vec<(String, Option<String>, Option<String>)>>,
+    /// Told when a handler's future (or response stream) is dropped before it finished.
+    dropped: Mutex<Option<mpsc::UnboundedSender<&'static str>>>,
+}
+
+/// Tells `Seen::dropped` when dropped while armed.
+struct DropFlag(Arc<Seen>, &'static str, bool);
+
+impl DropFlag {
+    fn disarm(mut self) {
+        self.2 = false;
+    }
+}
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        if self.2 {
+            if let Some(tx) = &*self.0.dropped.lock().unwrap() {
+                let _ = tx.send(self.1);
+            }
+        }
+    }
+}
+
+type BoxFut<T> = Pin<Box<dyn Future<Output = Result<T, tonic::Status>> + Send>>;
+type BoxStream = Pin<Box<dyn Stream<Item = Result<Bytes, tonic::Status>> + Send>>;
+
+/// A handler: a function of the test's state and the request.
+type HandlerFn<Req, Resp> = fn(Arc<Seen>, tonic::Request<Req>) -> BoxFut<tonic::Response<Resp>>;
+
+/// A tower service from a handler: tonic's `UnaryService` and friends are implemented for it.
+struct Handler<Req, Resp>(Arc<Seen>, HandlerFn<Req, Resp>);
+
+impl<Req, Resp> Service<tonic::Request<Req>> for Handler<Req, Resp> {
+    type Response = tonic::Response<Resp>;
+    type Error = tonic::Status;
+    type Future = BoxFut<tonic::Response<Resp>>;
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), tonic::Status>> {
+        Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, req: tonic::Request<Req>) -> Self::Future {
+        (self.1)(self.0.clone(), req)
+    }
+}
+
+fn echo(_: Arc<Seen>, r: tonic::Request<Bytes>) -> BoxFut<tonic::Response<Bytes>> {
+    Box::pin(async move {
+        let md = r.metadata().clone();
+        let mut resp = tonic::Response::new(r.into_inner());
+        if let Some(u) = md.get("x-user") {
+            resp.metadata_mut().insert("x-echo-user", u.clone());
+        }
+        if let Some(b) = md.get_bin("x-raw-bin") {
+            resp.metadata_mut().insert_bin("x-echo-raw-bin", b.clone());
+        }
+        Ok(resp)
+    })
+}
+
+fn fail(_: Arc<Seen>, _: tonic::Request<Bytes>) -> BoxFut<tonic::Response<Bytes>> {
+    Box::pin(async move {
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert_bin(
+            "x-why-bin",
+            tonic::metadata::MetadataValue::from_bytes(&[9, 0, 9]),
+        );
+        Err(tonic::Status::with_details_and_metadata(
+            tonic::Code::NotFound,
+            "no key 🍎 (100% gone)",
+            Bytes::from_static(&[1, 2, 3, 0, 255]),
+            md,
+        ))
+    })
+}
+
+fn slow(seen: Arc<Seen>, _: tonic::Request<Bytes>) -> BoxFut<tonic::Response<Bytes>> {
+    let flag = DropFlag(seen, "slow", true);
+    Box::pin(async move {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        flag.disarm();
+        Ok(tonic::Response::new(Bytes::from_static(b"late")))
+    })
+}
+
+fn count(_: Arc<Seen>, r: tonic::Request<Bytes>) -> BoxFut<tonic::Response<BoxStream>> {
+    Box::pin(async move {
+        let n = r.get_ref().first().copied().unwrap_or(0);
+        let items = (0..n).map(|i| Ok(Bytes::from(format!("m{i}"))));
+        Ok(tonic::Response::new(
+            Box::pin(stream::iter(items)) as BoxStream
+        ))
+    })
+}
+
+fn forever(seen: Arc<Seen>, _: tonic::Request<Bytes>) -> BoxFut<tonic::Response<BoxStream>> {
+    let flag = DropFlag(seen, "forever", true);
+    Box::pin(async move {
+        let s = stream::unfold((0u32, flag), |(i, flag)| async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Some((Ok(Bytes::from(format!("t{i}"))), (i + 1, flag)))
+        });
+        Ok(tonic::Response::new(Box::pin(s) as BoxStream))
+    })
+}
+
+fn sum(_: Arc<Seen>, r: tonic::Request<tonic::Streaming<Bytes>>) -> BoxFut<tonic::Response<Bytes>> {
+    Box::pin(async move {
+        let mut s = r.into_inner();
+        let mut all = Vec::new();
+        while let Some(m) = s.message().await? {
+            all.extend_from_slice(&m);
+        }
+        Ok(tonic::Response::new(Bytes::from(all)))
+    })
+}
+
+fn chat(
+    _: Arc<Seen>,
+    r: tonic::Request<tonic::Streaming<Bytes>>,
+) -> BoxFut<tonic::Response<BoxStream>> {
+    Box::pin(async move {
+        let s = r
+            .into_inner()
+            .map(|m| m.map(|m| Bytes::from(m.to_ascii_uppercase())));
+        Ok(tonic::Response::new(Box::pin(s) as BoxStream))
+    })
+}
+
+/// The test service, routed by path as tonic's generated servers do.
+#[derive(Clone)]
+struct TestService {
+    seen: Arc<Seen>,
+}
+
+impl NamedService for TestService {
+    const NAME: &'static str = "test.T";
+}
+
+fn grpc() -> Grpc<Raw> {
+    Grpc::new(Raw)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd)
+        .send_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Zstd)
+        .max_decoding_message_size(8 << 20)
+}
+
+fn header(req: &http::Request<tonic::body::Body>, name: &str) -> Option<String> {
+    req.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap_or("?").to_owned())
+}
+
+impl Service<http::Request<tonic::body::Body>> for TestService {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let seen = self.seen.clone();
+        let path = req.uri().path().to_owned();
+        seen.headers.lock().unwrap().push((
+            path.clone(),
+            header(&req, "grpc-timeout"),
+            header(&req, "grpc-encoding"),
+        ));
+        Box::pin(async move {
+            let mut g = grpc();
+            let res = match path.as_str() {
+                "/test.T/Echo" => g.unary(Handler(seen, echo), req).await,
+                "/test.T/Fail" => g.unary(Handler(seen, fail), req).await,
+                "/test.T/Slow" => g.unary(Handler(seen, slow), req).await,
+                "/test.T/Count" => g.server_streaming(Handler(seen, count), req).await,
+                "/test.T/Forever" => g.server_streaming(Handler(seen, forever), req).await,
+                "/test.T/Sum" => g.client_streaming(Handler(seen, sum), req).await,
+                "/test.T/Chat" => g.streaming(Handler(seen, chat), req).await,
+                _ => tonic::Status::unimplemented("no such method").into_http(),
+            };
+            Ok(res)
+        })
+    }
+}
+
+struct Tonic {
+    port: u16,
+    seen: Arc<Seen>,
+    drops: mpsc::UnboundedReceiver<&'static str>,
+}
+
+/// Starts the tonic server on a loopback port (TLS with `tls`).
+async fn tonic_server(tls: Option<tonic::transport::ServerTlsConfig>) -> Tonic {
+    let seen = Arc::new(Seen::default());
+    let (tx, drops) = mpsc::unbounded_channel();
+    *seen.dropped.lock().unwrap() = Some(tx);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).unwrap();
+    }
+    let router = server.add_service(TestService { seen: seen.clone() });
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tokio::spawn(router.serve_with_incoming(incoming));
+    Tonic { port, seen, drops }
+}
+
+async fn channel(t: &Tonic) -> Channel {
+    common::within(15, async {
+        Endpoint::new(format!("grpc://127.0.0.1:{}", t.port))?
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+    })
+    .await
+    .expect("connect")
+}
+
+fn b(s: &'static str) -> Bytes {
+    Bytes::from_static(s.as_bytes())
+}
+
+// ---- the tests ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn unary_and_metadata_both_ways() {
+    let t = tonic_server(None).await;
+    let ch = channel(&t).await;
+    let md = Metadata::builder()
+        .text("x-user", "ann")
+        .unwrap()
+        .binary("x-raw-bin", &[0, 255, 1, 0])
+        .unwrap()
+        .build();
+    let reply = ch
+        .unary(
+            RawCodec,
+            "/test.T/Echo",
+            Request::new(b("ping")).with_metadata(md),
+        )
+        .await
+        .expect("echo");
+    assert_eq!(reply.metadata().get_str("x-echo-user"), Some("ann"));
+    assert_eq!(
+        reply.metadata().get("x-echo-raw-bin"),
+        Some(&[0u8, 255, 1, 0][..])
+    );
+    assert_eq!(
+        reply.metadata().get("content-type"),
+        None,
+        "gRPC's own headers are not metadata"
+    );
+    assert_eq!(reply.into_inner(), b("ping"));
+    // Several calls at once share the connection.
+    let calls = (0..50).map(|i| {
+        let ch = ch.clone();
+        async move {
+            ch.unary(RawCodec, "/test.T/Echo", Bytes::from(format!("c{i}")))
+                .await
+        }
+    });
+    for (i, r) in futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(r.unwrap().into_inner(), Bytes::from(format!("c{i}")));
+    }
+    // An unknown method: tonic answers UNIMPLEMENTED in a trailers-only response.
+    let e = ch
+        .unary(RawCodec, "/test.T/Nope", b("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{e}");
+}
+
+#[tokio::test]
+async fn an_error_keeps_its_message_details_and_trailers() {
+    let t = tonic_server(None).await;
+    let ch = channel(&t).await;
+    let e = ch
+        .unary(RawCodec, "/test.T/Fail", b("k"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert_eq!(e.message(), "no key 🍎 (100% gone)");
+    assert_eq!(e.details().as_ref(), &[1, 2, 3, 0, 255]);
+    assert_eq!(e.metadata().get("x-why-bin"), Some(&[9u8, 0, 9][..]));
+}
+
+#[tokio::test]
+async fn the_streaming_kinds() {
+    let t = tonic_server(None).await;
+    let ch = channel(&t).await;
+    // Server streaming, and an empty one (tonic may answer it trailers-only).
+    for n in [0u8, 3, 200] {
+        let mut s = ch
+            .server_streaming(RawCodec, "/test.T/Count", Bytes::from(vec![n]))
+            .await
+            .expect("count")
+            .into_inner();
+        let mut got = Vec::new();
+        while let Some(m) = s.message().await.expect("message") {
+            got.push(m);
+        }
+        let want: Vec<_> = (0..n).map(|i| Bytes::from(format!("m{i}"))).collect();
+        assert_eq!(got, want);
+    }
+    // Client streaming.
+    let parts = (0..100).map(|i| Bytes::from(format!("{i},")));
+    let all = ch
+        .client_streaming(RawCodec, "/test.T/Sum", stream::iter(parts))
+        .await
+        .expect("sum")
+        .into_inner();
+    let want: String = (0..100).map(|i| format!("{i},")).collect();
+    assert_eq!(all, Bytes::from(want));
+    // Bidirectional, one message at a time.
+    let (tx, rx) = mpsc::channel::<Bytes>(1);
+    let mut replies = ch
+        .streaming(RawCodec, "/test.T/Chat", tokio_stream(rx))
+        .await
+        .expect("chat")
+        .into_inner();
+    for w in ["hello", "grpc", "world"] {
+        tx.send(Bytes::from(w)).await.unwrap();
+        let r = common::within(10, replies.message())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(r, Bytes::from(w.to_uppercase()));
+    }
+    drop(tx);
+    assert!(replies.message().await.unwrap().is_none());
+}
+
+/// A receiver as a stream (tokio-stream is not a dependency).
+fn tokio_stream(rx: mpsc::Receiver<Bytes>) -> impl Stream<Item = Bytes> + Send + Unpin {
+    Box::pin(stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|m| (m, rx))
+    }))
+}
+
+#[tokio::test]
+async fn a_deadline_goes_to_the_server_and_ends_the_call() {
+    let mut t = tonic_server(None).await;
+    let ch = channel(&t).await;
+    let started = std::time::Instant::now();
+    let e = ch
+        .unary(
+            RawCodec,
+            "/test.T/Slow",
+            Request::new(b("x")).with_timeout(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The server was told the deadline (grpc-timeout, at most 300 ms) …
+    let timeout = t
+        .seen
+        .headers
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|h| h.0 == "/test.T/Slow")
+        .and_then(|h| h.1.clone())
+        .expect("grpc-timeout sent");
+    let micros: u64 = timeout
+        .trim_end_matches('u')
+        .parse()
+        .expect("in microseconds");
+    assert!(
+        timeout.ends_with('u') && micros > 0 && micros <= 300_000,
+        "{timeout}"
+    );
+    // … and its handler was stopped when it passed.
+    assert_eq!(common::within(10, t.drops.recv()).await, Some("slow"));
+}
+
+#[tokio::test]
+async fn dropping_a_call_resets_its_stream_and_the_handler_sees_it() {
+    let mut t = tonic_server(None).await;
+    let ch = channel(&t).await;
+    // A unary call whose future is dropped.
+    let call = ch.unary(RawCodec, "/test.T/Slow", b("x"));
+    assert!(tokio::time::timeout(Duration::from_millis(300), call)
+        .await
+        .is_err());
+    assert_eq!(common::within(10, t.drops.recv()).await, Some("slow"));
+    // A response stream dropped half way.
+    let mut s = ch
+        .server_streaming(RawCodec, "/test.T/Forever", b("x"))
+        .await
+        .expect("forever")
+        .into_inner();
+    for _ in 0..3 {
+        s.message().await.unwrap().unwrap();
+    }
+    drop(s);
+    assert_eq!(common::within(10, t.drops.recv()).await, Some("forever"));
+    // The connection goes on.
+    let r = ch
+        .unary(RawCodec, "/test.T/Echo", b("after"))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), b("after"));
+}
+
+#[tokio::test]
+async fn a_2mb_message_each_way() {
+    let t = tonic_server(None).await;
+    let ch = channel(&t).await;
+    let big = Bytes::from(
+        (0..2_000_000u32)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<_>>(),
+    );
+    let r = ch
+        .unary(RawCodec, "/test.T/Echo", big.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), big);
+    // Streamed both ways too (flow control on both sides, windows smaller than a message).
+    let parts = vec![big.clone(), big.clone()];
+    let all = ch
+        .client_streaming(RawCodec, "/test.T/Sum", stream::iter(parts))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(all.len(), 4_000_000);
+    // A response over this channel's max_message_size fails its call alone.
+    let small = Endpoint::new(format!("grpc://127.0.0.1:{}", t.port))
+        .unwrap()
+        .max_message_size(1_000_000)
+        .connect()
+        .await
+        .unwrap();
+    let e = small
+        .unary(RawCodec, "/test.T/Echo", big)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    let r = small
+        .unary(RawCodec, "/test.T/Echo", b("ok"))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), b("ok"));
+}
+
+#[tokio::test]
+async fn compressed_both_ways() {
+    let t = tonic_server(None).await;
+    let ch = channel(&t).await;
+    let text = Bytes::from("all work and no play ".repeat(5000));
+    for e in [Encoding::Gzip, Encoding::Zstd] {
+        let req = Request::new(text.clone()).with_compression(Some(Compression::new(e)));
+        let r = ch.unary(RawCodec, "/test.T/Echo", req).await.unwrap();
+        assert_eq!(r.into_inner(), text, "{e:?}");
+        let parts = vec![text.clone(), b("!")];
+        let req = Request::new(stream::iter(parts)).with_compression(Some(Compression::new(e)));
+        let all = ch
+            .client_streaming(RawCodec, "/test.T/Sum", req)
+            .await
+            .unwrap();
+        assert_eq!(all.into_inner().len(), text.len() + 1);
+    }
+    let seen = t.seen.headers.lock().unwrap();
+    let encodings: Vec<_> = seen.iter().filter_map(|h| h.2.clone()).collect();
+    assert_eq!(encodings, ["gzip", "gzip", "zstd", "zstd"]);
+}
+
+#[tokio::test]
+async fn grpcs_with_rustls() {
+    let ca = layered::Ca::new("grpc test CA");
+    let pair = ca.issue("server", &["localhost"], false);
+    let identity = tonic::transport::Identity::from_pem(
+        std::fs::read(&pair.cert).unwrap(),
+        std::fs::read(&pair.key).unwrap(),
+    );
+    let t = tonic_server(Some(
+        tonic::transport::ServerTlsConfig::new().identity(identity),
+    ))
+    .await;
+    let ch = Endpoint::new(format!("grpcs://localhost:{}", t.port))
+        .unwrap()
+        .tls(ClientTls::ca_pem_file(&ca.cert).unwrap())
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("grpcs connect");
+    let r = ch
+        .unary(RawCodec, "/test.T/Echo", b("secret"))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), b("secret"));
+    let mut s = ch
+        .server_streaming(RawCodec, "/test.T/Count", Bytes::from(vec![5u8]))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut n = 0;
+    while s.message().await.unwrap().is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 5);
+    // A plaintext gRPC client against the TLS port fails promptly and says so.
+    let plain = Endpoint::new(format!("grpc://127.0.0.1:{}", t.port))
+        .unwrap()
+        .timeout(Duration::from_secs(5))
+        .connect_lazy();
+    let e = common::within(15, plain.unary(RawCodec, "/test.T/Echo", b("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+}
+
+#[tokio::test]
+async fn a_server_that_is_not_there_or_not_grpc() {
+    // Nothing listens: UNAVAILABLE.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let e = Channel::connect(format!("grpc://127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    // A topspin server is not a gRPC server (until its gRPC face answers): the call fails
+    // with a typed status, never hangs.
+    let server = topspin::Server::builder()
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = server.local_addr().host_port().unwrap().to_owned();
+    tokio::spawn(server.serve());
+    let ch = Endpoint::new(format!("grpc://{addr}"))
+        .unwrap()
+        .timeout(Duration::from_secs(5))
+        .connect_lazy();
+    let r = common::within(15, ch.unary(RawCodec, "/test.T/Echo", b("x"))).await;
+    if let Err(e) = r {
+        assert_ne!(e.code(), Code::Ok);
+    }
+}

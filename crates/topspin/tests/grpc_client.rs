@@ -61,11 +61,14 @@ impl tonic::codec::Decoder for Raw {
     }
 }
 
+/// A call as the server saw it: method, `grpc-timeout`, `grpc-encoding`.
+type CallHeaders = (String, Option<String>, Option<String>);
+
 /// What the tonic handlers saw.
 #[derive(Default)]
 struct Seen {
     /// `grpc-timeout` and `grpc-encoding` of each call, by method.
-    headers: Mutex<Vec<(String, Option<String>, Option<String>)>>,
+    headers: Mutex<Vec<CallHeaders>>,
     /// Told when a handler's future (or response stream) is dropped before it finished.
     dropped: Mutex<Option<mpsc::UnboundedSender<&'static str>>>,
 }

@@ -181,6 +181,19 @@ fn flood(_: Arc<Seen>, _: tonic::Request<Bytes>) -> BoxFut<tonic::Response<BoxSt
     })
 }
 
+fn big_headers(_: Arc<Seen>, r: tonic::Request<Bytes>) -> BoxFut<tonic::Response<Bytes>> {
+    Box::pin(async move {
+        let n = r.get_ref().first().copied().unwrap_or(0);
+        let mut resp = tonic::Response::new(Bytes::from_static(b"x"));
+        let v: tonic::metadata::MetadataValue<_> = "y".repeat(8000).parse().unwrap();
+        for i in 0..n {
+            let k: tonic::metadata::MetadataKey<_> = format!("x-big-{i}").parse().unwrap();
+            resp.metadata_mut().insert(k, v.clone());
+        }
+        Ok(resp)
+    })
+}
+
 fn sum(_: Arc<Seen>, r: tonic::Request<tonic::Streaming<Bytes>>) -> BoxFut<tonic::Response<Bytes>> {
     Box::pin(async move {
         let mut s = r.into_inner();
@@ -255,6 +268,7 @@ impl Service<http::Request<tonic::body::Body>> for TestService {
                 "/test.T/Count" => g.server_streaming(Handler(seen, count), req).await,
                 "/test.T/Forever" => g.server_streaming(Handler(seen, forever), req).await,
                 // Not compressed: the window is counted in message bytes.
+                "/test.T/BigHeaders" => g.unary(Handler(seen, big_headers), req).await,
                 "/test.T/Flood" => {
                     let mut g = Grpc::new(Raw);
                     g.server_streaming(Handler(seen, flood), req).await
@@ -638,16 +652,22 @@ struct Relay {
     port: u16,
     up: Arc<AtomicUsize>,
     down: Arc<AtomicUsize>,
+    /// While set, nothing is forwarded either way (a dead network path).
+    paused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 async fn copy_counting(
     mut r: tokio::net::tcp::OwnedReadHalf,
     mut w: tokio::net::tcp::OwnedWriteHalf,
     n: Arc<AtomicUsize>,
+    paused: Arc<std::sync::atomic::AtomicBool>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0; 64 * 1024];
     while let Ok(k) = r.read(&mut buf).await {
+        while paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         if k == 0 || w.write_all(&buf[..k]).await.is_err() {
             break;
         }
@@ -660,7 +680,8 @@ async fn relay(to: u16) -> Relay {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     let (up, down) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (u, d) = (up.clone(), down.clone());
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (u, d, p) = (up.clone(), down.clone(), paused.clone());
     tokio::spawn(async move {
         while let Ok((c, _)) = l.accept().await {
             let Ok(s) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
@@ -668,11 +689,16 @@ async fn relay(to: u16) -> Relay {
             };
             let (cr, cw) = c.into_split();
             let (sr, sw) = s.into_split();
-            tokio::spawn(copy_counting(cr, sw, u.clone()));
-            tokio::spawn(copy_counting(sr, cw, d.clone()));
+            tokio::spawn(copy_counting(cr, sw, u.clone(), p.clone()));
+            tokio::spawn(copy_counting(sr, cw, d.clone(), p.clone()));
         }
     });
-    Relay { port, up, down }
+    Relay {
+        port,
+        up,
+        down,
+        paused,
+    }
 }
 
 #[tokio::test]
@@ -725,48 +751,113 @@ async fn a_response_stream_not_read_holds_the_server_at_the_window() {
 
 #[tokio::test]
 async fn an_unanswered_keepalive_ping_ends_the_connection() {
-    // A peer that accepts and reads but never answers anything (a dead host behind a
-    // middlebox): without keep-alive a call on it would wait for ever.
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((c, _)) = l.accept().await {
-            held.push(c);
-        }
-    });
-    let ch = Endpoint::new(format!("grpc://127.0.0.1:{port}"))
+    let t = tonic_server(None).await;
+    let r = relay(t.port).await;
+    let ch = Endpoint::new(format!("grpc://127.0.0.1:{}", r.port))
         .unwrap()
         .config(
             topspin::Config::default()
-                .with_keepalive_interval(Some(Duration::from_millis(200)))
+                .with_keepalive_interval(Some(Duration::from_millis(100)))
                 .with_keepalive_timeout(Duration::from_millis(500)),
         )
         .connect()
         .await
         .unwrap();
-    let e = common::within(15, ch.unary(RawCodec, "/test.T/Echo", b("x")))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unavailable, "{e}");
-    // Against a live gRPC server the PINGs are answered and calls go on.
-    let t = tonic_server(None).await;
-    let ch = Endpoint::new(format!("grpc://127.0.0.1:{}", t.port))
-        .unwrap()
-        .config(
-            topspin::Config::default()
-                .with_keepalive_interval(Some(Duration::from_millis(100)))
-                .with_keepalive_timeout(Duration::from_secs(5)),
-        )
-        .connect()
-        .await
-        .unwrap();
-    for _ in 0..5 {
+    // PINGs answered: calls go on across several intervals.
+    for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let r = ch
+        let reply = ch
             .unary(RawCodec, "/test.T/Echo", b("alive"))
             .await
             .unwrap();
-        assert_eq!(r.into_inner(), b("alive"));
+        assert_eq!(reply.into_inner(), b("alive"));
     }
+    // The path goes dead (nothing arrives, nothing is refused): without keep-alive the call
+    // below would wait for ever; with it the connection is closed and the call fails.
+    r.paused.store(true, Ordering::Relaxed);
+    let e = common::within(15, ch.unary(RawCodec, "/test.T/Slow", b("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("keep-alive"), "{e}");
+}
+
+#[tokio::test]
+async fn a_restarted_server_is_reconnected_to() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let serve = |listener: tokio::net::TcpListener| {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let seen = Arc::new(Seen::default());
+        let router = tonic::transport::Server::builder().add_service(TestService { seen });
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+            let _ = stopped.await;
+        }));
+        (stop, task)
+    };
+    let (stop, task) = serve(listener);
+    let ch = Endpoint::new(format!("grpc://127.0.0.1:{port}"))
+        .unwrap()
+        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    assert!(ch.unary(RawCodec, "/test.T/Echo", b("1")).await.is_ok());
+    // Graceful shutdown: GOAWAY, then the connection closes.
+    let _ = stop.send(());
+    let _ = common::within(10, task).await;
+    let e = ch
+        .unary(RawCodec, "/test.T/Echo", b("2"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    // Back on the same port: the channel reconnects.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (_stop, _task) = serve(listener);
+    let mut last = None;
+    for _ in 0..100 {
+        match ch.unary(RawCodec, "/test.T/Echo", b("3")).await {
+            Ok(r) => {
+                last = Some(Ok(r.into_inner()));
+                break;
+            }
+            Err(e) => last = Some(Err(e)),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(last.unwrap().unwrap(), b("3"));
+}
+
+#[tokio::test]
+async fn response_headers_over_the_limit_fail_the_call() {
+    let t = tonic_server(None).await;
+    let ch = Endpoint::new(format!("grpc://127.0.0.1:{}", t.port))
+        .unwrap()
+        .config(topspin::Config::default().with_max_metadata_size(16 * 1024))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    // 24 kB of headers: the stream is refused, the connection goes on.
+    let e = ch
+        .unary(RawCodec, "/test.T/BigHeaders", Bytes::from(vec![3u8]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Internal, "{e}");
+    assert!(e.message().contains("max_metadata_size of 16384"), "{e}");
+    // 160 kB: h2 closes the connection (an abuse limit); the channel reconnects.
+    let e = ch
+        .unary(RawCodec, "/test.T/BigHeaders", Bytes::from(vec![20u8]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    let reply = ch
+        .unary(RawCodec, "/test.T/Echo", b("still"))
+        .await
+        .unwrap();
+    assert_eq!(reply.into_inner(), b("still"));
 }

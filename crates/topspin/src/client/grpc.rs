@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// Messages up to this size go out in one DATA frame with their prefix (copied behind it);
 /// larger ones go as the prefix and the message as it is (no copy).
@@ -55,6 +55,10 @@ struct Base {
     /// Largest response message accepted (also after decompression).
     limit: usize,
     shared: Arc<ConnShared>,
+    /// Largest response header (and trailer) list accepted.
+    max_metadata: u32,
+    /// Why this side closed the connection (keep-alive), for the errors of its calls.
+    closed: Arc<std::sync::OnceLock<String>>,
 }
 
 /// Runs a gRPC client connection over a connected byte stream (TCP, or TLS that negotiated
@@ -78,6 +82,7 @@ where
     // Windows and header sizes bound what the server can make this side hold: per stream
     // `initial_call_window` of DATA not yet consumed, per connection eight of those, response
     // headers and trailers `max_metadata_size` (at least 8 KiB, what gRPC servers assume).
+    let max_metadata = config.max_metadata_size().max(8 * 1024);
     let window = config
         .initial_call_window()
         .clamp(65_535, topspin_proto::MAX_WINDOW);
@@ -85,7 +90,7 @@ where
     builder
         .initial_window_size(window)
         .initial_connection_window_size(window.saturating_mul(8).min(topspin_proto::MAX_WINDOW))
-        .max_header_list_size(config.max_metadata_size().max(8 * 1024))
+        .max_header_list_size(max_metadata)
         .max_frame_size(config.max_frame_size().clamp(16_384, 16_777_215))
         .enable_push(false);
     let (send, mut connection) = builder
@@ -93,17 +98,29 @@ where
         .await
         .map_err(|e| what(&format!("HTTP/2 handshake failed: {e}")))?;
     let shared = Arc::new(ConnShared::default());
-    let keepalive = config.keepalive_interval().and_then(|every| {
-        connection
-            .ping_pong()
-            .map(|p| (p, every, config.keepalive_timeout()))
-    });
+    let mut pings = connection.ping_pong();
+    let (stop, stopped) = oneshot::channel();
+    let closed = Arc::new(std::sync::OnceLock::new());
     tokio::spawn(drive(
         connection,
-        keepalive,
+        stopped,
         shared.clone(),
+        closed.clone(),
         address.clone(),
     ));
+    // One PING answered: the peer speaks HTTP/2 (a port that does not fails here, not at the
+    // first call). The caller bounds the wait with the handshake timeout.
+    if let Some(p) = pings.as_mut() {
+        if let Err(e) = p.ping(h2::Ping::opaque()).await {
+            let _ = stop.send(String::new());
+            return Err(what(&format!(
+                "no HTTP/2 answer ({e}): is it a gRPC server, and does its port use TLS (grpcs://)?"
+            )));
+        }
+    }
+    if let (Some(p), Some(every)) = (pings, config.keepalive_interval()) {
+        tokio::spawn(keep_alive(p, every, config.keepalive_timeout(), stop));
+    }
     let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let router = Router {
@@ -114,6 +131,8 @@ where
             authority,
             limit: config.max_message_size() as usize,
             shared: shared.clone(),
+            max_metadata,
+            closed,
         }),
         calls: FxHashMap::default(),
         max_calls: config.max_pending_calls(),
@@ -123,39 +142,52 @@ where
     Ok(ConnHandle { tx, shared })
 }
 
-/// Drives the HTTP/2 connection (and its keep-alive PINGs) until it ends.
+/// Drives the HTTP/2 connection until it ends or `stop` says why it must.
 async fn drive<T>(
-    connection: h2::client::Connection<T, Bytes>,
-    keepalive: Option<(h2::PingPong, Duration, Duration)>,
+    mut connection: h2::client::Connection<T, Bytes>,
+    mut stop: oneshot::Receiver<String>,
     shared: Arc<ConnShared>,
+    closed: Arc<std::sync::OnceLock<String>>,
     address: Address,
 ) where
     T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let why = match keepalive {
-        None => connection.await.err().map(|e| e.to_string()),
-        Some((pings, every, timeout)) => tokio::select! {
-            r = connection => r.err().map(|e| e.to_string()),
-            why = keep_alive(pings, every, timeout) => Some(why),
-        },
+    let why = tokio::select! {
+        r = &mut connection => r.err().map(|e| e.to_string()),
+        // (a dropped sender disables this branch: no keep-alive)
+        Ok(why) = &mut stop => {
+            let _ = closed.set(why.clone());
+            Some(why)
+        }
     };
     // Dropping the connection fails its open streams (UNAVAILABLE in their calls).
     shared.unusable.store(true, Ordering::Release);
+    drop(connection);
     if let Some(why) = why {
         tracing::debug!("gRPC connection to {address} ended: {why}");
     }
 }
 
-/// Sends a PING every `every` and returns why the connection should close once one is not
+/// Sends a PING every `every`; tells `stop` why the connection must close once one is not
 /// answered within `timeout`.
-async fn keep_alive(mut pings: h2::PingPong, every: Duration, timeout: Duration) -> String {
+async fn keep_alive(
+    mut pings: h2::PingPong,
+    every: Duration,
+    timeout: Duration,
+    mut stop: oneshot::Sender<String>,
+) {
     loop {
-        tokio::time::sleep(every).await;
-        match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return format!("keep-alive PING failed: {e}"),
-            Err(_) => return format!("keep-alive PING not answered within {timeout:?}"),
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.closed() => return,
         }
+        let why = match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => continue,
+            Ok(Err(e)) => format!("keep-alive PING failed: {e}"),
+            Err(_) => format!("keep-alive PING not answered within {timeout:?}"),
+        };
+        let _ = stop.send(why);
+        return;
     }
 }
 
@@ -322,24 +354,35 @@ impl GrpcCall {
     fn h2_error(&self, e: &h2::Error) -> Status {
         let method = &*self.method;
         let address = &self.base.address;
-        if e.is_go_away() {
-            return Status::unavailable(format!(
-                "{address} is going away ({e}); {method} was not processed and is safe to retry"
-            ));
+        if let Some(why) = self.base.closed.get() {
+            return Status::unavailable(format!("connection to {address} closed: {why}"));
         }
-        if let (true, Some(reason)) = (e.is_reset() && e.is_remote(), e.reason()) {
-            return Status::new(
+        match (e.is_remote(), e.is_go_away(), e.is_reset(), e.reason()) {
+            // The server's GOAWAY: streams past its last one were never processed.
+            (true, true, _, _) => Status::unavailable(format!(
+                "{address} is going away ({e}); {method} was not processed and is safe to retry"
+            )),
+            (true, _, true, Some(reason)) => Status::new(
                 wire::reset_code(reason),
                 format!("the server reset {method} ({reason})"),
-            );
+            ),
+            // h2 closed the connection over what the server sent.
+            (false, true, _, Some(h2::Reason::ENHANCE_YOUR_CALM)) => Status::resource_exhausted(
+                format!(
+                    "{method}: the server's response headers are far over this channel's max_metadata_size; the connection to {address} was closed ({e})"
+                ),
+            ),
+            // h2 refused one response (the connection goes on).
+            (false, false, true, _) => Status::internal(format!(
+                "{method}: the response was rejected ({e}): malformed, or its headers are over this channel's max_metadata_size of {} bytes",
+                self.base.max_metadata
+            )),
+            _ if e.is_io() => {
+                Status::unavailable(format!("connection to {address} lost: {e}"))
+            }
+            (true, ..) => Status::unavailable(format!("connection to {address} failed: {e}")),
+            _ => Status::internal(format!("{method} on {address}: HTTP/2 error: {e}")),
         }
-        if e.is_io() {
-            return Status::unavailable(format!("connection to {address} lost: {e}"));
-        }
-        if e.is_remote() {
-            return Status::unavailable(format!("connection to {address} failed: {e}"));
-        }
-        Status::internal(format!("{method} on {address}: HTTP/2 error: {e}"))
     }
 
     /// The request's head: `:path` = the method, gRPC's headers, the call's metadata.

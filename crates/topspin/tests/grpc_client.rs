@@ -366,6 +366,38 @@ async fn unary_and_metadata_both_ways() {
     {
         assert_eq!(r.unwrap().into_inner(), Bytes::from(format!("c{i}")));
     }
+    // A batch written together.
+    let batch = (0..5)
+        .map(|i| Request::new(Bytes::from(format!("b{i}"))))
+        .collect();
+    for (i, r) in ch
+        .unary_batch(RawCodec, "/test.T/Echo", batch)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(r.unwrap().into_inner(), Bytes::from(format!("b{i}")));
+    }
+    // An interceptor's metadata goes out as headers too.
+    let intercepted = Endpoint::new(format!("grpc://127.0.0.1:{}", t.port))
+        .unwrap()
+        .interceptor(topspin::interceptor::from_fn(
+            |c: &mut topspin::CallInfo| {
+                c.append_metadata("x-user", b"from-interceptor")
+                    .map_err(|e| topspin::Status::internal(e.to_string()))
+            },
+        ))
+        .connect()
+        .await
+        .unwrap();
+    let r = intercepted
+        .unary(RawCodec, "/test.T/Echo", b("i"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.metadata().get_str("x-echo-user"),
+        Some("from-interceptor")
+    );
     // An unknown method: tonic answers UNIMPLEMENTED in a trailers-only response.
     let e = ch
         .unary(RawCodec, "/test.T/Nope", b("x"))

@@ -313,6 +313,14 @@ struct GrpcCall {
     half_closed: bool,
 }
 
+/// The encoding of a call's request messages: topspin's compression names it in the call's
+/// metadata (and puts its flag byte before each message).
+fn request_encoding(md: &Metadata) -> Option<Encoding> {
+    md.get(compression::ENCODING_KEY)
+        .and_then(|e| std::str::from_utf8(e).ok())
+        .and_then(Encoding::from_name)
+}
+
 /// What a response body gave.
 enum BodyEvent {
     Data(Option<Result<Bytes, h2::Error>>),
@@ -413,10 +421,8 @@ impl GrpcCall {
                 wire::timeout_header(d.saturating_duration_since(Instant::now())),
             );
         }
-        if let Some(e) = call.metadata.get(compression::ENCODING_KEY) {
-            if let Some(e) = std::str::from_utf8(e).ok().and_then(Encoding::from_name) {
-                h.insert("grpc-encoding", HeaderValue::from_static(e.name()));
-            }
+        if let Some(e) = request_encoding(&call.metadata) {
+            h.insert("grpc-encoding", HeaderValue::from_static(e.name()));
         }
         h.insert("grpc-accept-encoding", ACCEPT_ENCODING);
         wire::metadata_to_headers(&call.metadata, h)?;
@@ -484,7 +490,7 @@ impl GrpcCall {
             );
             return self.fail(Status::deadline_exceeded(m));
         }
-        self.compressed = call.metadata.get(compression::ENCODING_KEY).is_some();
+        self.compressed = request_encoding(&call.metadata).is_some();
         let req = match self.request(&call) {
             Ok(r) => r,
             Err(s) => return self.fail(s),

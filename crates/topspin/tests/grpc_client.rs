@@ -893,3 +893,174 @@ async fn response_headers_over_the_limit_fail_the_call() {
         .unwrap();
     assert_eq!(reply.into_inner(), b("still"));
 }
+
+/// A bare HTTP/2 server (h2) that answers each path with one way a gRPC response can be
+/// wrong: the client must end each call with the status gRPC specifies, never hang.
+async fn misbehaving_server() -> u16 {
+    use http::{HeaderMap, HeaderValue, Response, StatusCode};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    fn grpc_head(status: StatusCode, content_type: &'static str) -> Response<()> {
+        let mut r = Response::new(());
+        *r.status_mut() = status;
+        r.headers_mut()
+            .insert("content-type", HeaderValue::from_static(content_type));
+        r
+    }
+    fn trailers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut t = HeaderMap::new();
+        for (k, v) in pairs {
+            t.insert(*k, HeaderValue::from_static(v));
+        }
+        t
+    }
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(sock).await else {
+                    return;
+                };
+                let mut held = Vec::new();
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    let path = req.uri().path().to_owned();
+                    let grpc = "application/grpc";
+                    let msg = |body: &[u8]| {
+                        let mut m = vec![0, 0, 0, 0, body.len() as u8];
+                        m.extend_from_slice(body);
+                        Bytes::from(m)
+                    };
+                    match path.as_str() {
+                        "/x.X/Http503" => {
+                            let _ = respond.send_response(
+                                grpc_head(StatusCode::SERVICE_UNAVAILABLE, "text/plain"),
+                                true,
+                            );
+                        }
+                        "/x.X/Http404" => {
+                            let _ = respond
+                                .send_response(grpc_head(StatusCode::NOT_FOUND, "text/html"), true);
+                        }
+                        "/x.X/Html" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, "text/html"), false)
+                                .unwrap();
+                            let _ = s.send_data(Bytes::from_static(b"<html>"), true);
+                        }
+                        "/x.X/NoStatus" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, grpc), false)
+                                .unwrap();
+                            let _ = s.send_data(msg(b"hi"), false);
+                            let _ = s.send_trailers(trailers(&[("x-other", "1")]));
+                        }
+                        "/x.X/NoTrailers" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, grpc), false)
+                                .unwrap();
+                            let _ = s.send_data(msg(b"hi"), true);
+                        }
+                        "/x.X/BadStatus" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, grpc), false)
+                                .unwrap();
+                            let _ = s.send_data(msg(b"hi"), false);
+                            let _ = s.send_trailers(trailers(&[("grpc-status", "zero")]));
+                        }
+                        "/x.X/UnknownCode" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, grpc), false)
+                                .unwrap();
+                            let _ = s.send_trailers(trailers(&[
+                                ("grpc-status", "42"),
+                                ("grpc-message", "odd"),
+                            ]));
+                        }
+                        "/x.X/TwoMessages" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, grpc), false)
+                                .unwrap();
+                            let _ = s.send_data(msg(b"a"), false);
+                            let _ = s.send_data(msg(b"b"), false);
+                            let _ = s.send_trailers(trailers(&[("grpc-status", "0")]));
+                        }
+                        "/x.X/CutShort" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, grpc), false)
+                                .unwrap();
+                            let _ = s.send_data(Bytes::from_static(&[0, 0, 0, 0, 9, b'a']), false);
+                            let _ = s.send_trailers(trailers(&[("grpc-status", "0")]));
+                        }
+                        "/x.X/CompressedUnannounced" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, grpc), false)
+                                .unwrap();
+                            let _ = s.send_data(Bytes::from_static(&[1, 0, 0, 0, 1, b'a']), false);
+                            let _ = s.send_trailers(trailers(&[("grpc-status", "0")]));
+                        }
+                        "/x.X/Huge" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, grpc), false)
+                                .unwrap();
+                            let _ = s
+                                .send_data(Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]), false);
+                            // Kept open: the client must act on the prefix alone.
+                            held.push(s);
+                        }
+                        "/x.X/Refused" => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                        "/x.X/Calm" => respond.send_reset(h2::Reason::ENHANCE_YOUR_CALM),
+                        _ => respond.send_reset(h2::Reason::INTERNAL_ERROR),
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn what_a_broken_grpc_response_ends_with() {
+    let port = misbehaving_server().await;
+    let ch = Endpoint::new(format!("grpc://127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    for (method, code) in [
+        // http-grpc-status-mapping.md
+        ("Http503", Code::Unavailable),
+        ("Http404", Code::Unimplemented),
+        ("Html", Code::Internal),
+        // a missing or malformed grpc-status, an unknown code
+        ("NoStatus", Code::Internal),
+        ("NoTrailers", Code::Internal),
+        ("BadStatus", Code::Internal),
+        ("UnknownCode", Code::Unknown),
+        // framing
+        ("TwoMessages", Code::Internal),
+        ("CutShort", Code::Internal),
+        ("CompressedUnannounced", Code::Internal),
+        ("Huge", Code::ResourceExhausted),
+        // RST_STREAM mapping
+        ("Refused", Code::Unavailable),
+        ("Calm", Code::ResourceExhausted),
+        ("Other", Code::Internal),
+    ] {
+        let path = format!("/x.X/{method}");
+        let e = common::within(15, ch.unary(RawCodec, path, b("x")))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{method}: {e}");
+    }
+    // The same on a response stream.
+    let r = common::within(15, async {
+        let mut s = ch
+            .server_streaming(RawCodec, "/x.X/CutShort", b("x"))
+            .await?
+            .into_inner();
+        while s.message().await?.is_some() {}
+        Ok::<_, topspin::Status>(())
+    })
+    .await;
+    assert_eq!(r.unwrap_err().code(), Code::Internal);
+}

@@ -686,6 +686,8 @@ struct Relay {
     down: Arc<AtomicUsize>,
     /// While set, nothing is forwarded either way (a dead network path).
     paused: Arc<std::sync::atomic::AtomicBool>,
+    /// Connections accepted.
+    accepted: Arc<AtomicUsize>,
 }
 
 async fn copy_counting(
@@ -713,9 +715,11 @@ async fn relay(to: u16) -> Relay {
     let port = l.local_addr().unwrap().port();
     let (up, down) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (u, d, p) = (up.clone(), down.clone(), paused.clone());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (u, d, p, a) = (up.clone(), down.clone(), paused.clone(), accepted.clone());
     tokio::spawn(async move {
         while let Ok((c, _)) = l.accept().await {
+            a.fetch_add(1, Ordering::Relaxed);
             let Ok(s) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
                 continue;
             };
@@ -730,6 +734,7 @@ async fn relay(to: u16) -> Relay {
         up,
         down,
         paused,
+        accepted,
     }
 }
 
@@ -1063,4 +1068,32 @@ async fn what_a_broken_grpc_response_ends_with() {
     })
     .await;
     assert_eq!(r.unwrap_err().code(), Code::Internal);
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_and_replaced() {
+    let t = tonic_server(None).await;
+    let r = relay(t.port).await;
+    let ch = Endpoint::new(format!("grpc://127.0.0.1:{}", r.port))
+        .unwrap()
+        .config(topspin::Config::default().with_idle_timeout(Some(Duration::from_millis(200))))
+        .connect()
+        .await
+        .unwrap();
+    // A call longer than the idle timeout keeps the connection.
+    let s = ch
+        .server_streaming(RawCodec, "/test.T/Count", Bytes::from(vec![3u8]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(s.into_inner().count().await, 3);
+    assert_eq!(r.accepted.load(Ordering::Relaxed), 1);
+    // Idle past the timeout: the next call goes over a new connection.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let reply = ch
+        .unary(RawCodec, "/test.T/Echo", b("again"))
+        .await
+        .unwrap();
+    assert_eq!(reply.into_inner(), b("again"));
+    assert_eq!(r.accepted.load(Ordering::Relaxed), 2);
 }

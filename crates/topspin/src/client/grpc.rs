@@ -138,7 +138,7 @@ where
         max_calls: config.max_pending_calls(),
         done_tx,
     };
-    tokio::spawn(router.run(rx, done_rx));
+    tokio::spawn(router.run(rx, done_rx, config.idle_timeout()));
     Ok(ConnHandle { tx, shared })
 }
 
@@ -203,7 +203,19 @@ struct Router {
 }
 
 impl Router {
-    async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, mut done_rx: mpsc::UnboundedReceiver<u64>) {
+    /// Runs until every handle is gone, or the connection has had no call for `idle`
+    /// (`Config::idle_timeout`): then it is marked unusable (new calls go to a new connection)
+    /// and closed.
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Cmd>,
+        mut done_rx: mpsc::UnboundedReceiver<u64>,
+        idle: Option<Duration>,
+    ) {
+        let idle_for = idle.unwrap_or(Duration::from_secs(86_400 * 365));
+        let idle_timer = tokio::time::sleep(idle_for);
+        tokio::pin!(idle_timer);
+        let mut busy = false;
         loop {
             tokio::select! {
                 biased;
@@ -215,6 +227,23 @@ impl Router {
                     // Every handle is gone: nobody waits for an answer any more.
                     None => break,
                 },
+                () = &mut idle_timer, if idle.is_some() && self.calls.is_empty() => {
+                    self.base.shared.unusable.store(true, Ordering::Release);
+                    // What raced in is refused as not sent (safe to retry).
+                    rx.close();
+                    while let Ok(cmd) = rx.try_recv() {
+                        self.apply(cmd);
+                    }
+                    tracing::debug!("gRPC connection to {} idle for {idle_for:?}: closing", self.base.address);
+                    break;
+                }
+            }
+            if !self.calls.is_empty() {
+                busy = true;
+            } else if std::mem::take(&mut busy) {
+                idle_timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + idle_for);
             }
         }
     }

@@ -194,6 +194,17 @@ fn big_headers(_: Arc<Seen>, r: tonic::Request<Bytes>) -> BoxFut<tonic::Response
     })
 }
 
+fn stall(
+    _: Arc<Seen>,
+    r: tonic::Request<tonic::Streaming<Bytes>>,
+) -> BoxFut<tonic::Response<Bytes>> {
+    Box::pin(async move {
+        let _requests = r.into_inner(); // never read
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        Ok(tonic::Response::new(Bytes::new()))
+    })
+}
+
 fn sum(_: Arc<Seen>, r: tonic::Request<tonic::Streaming<Bytes>>) -> BoxFut<tonic::Response<Bytes>> {
     Box::pin(async move {
         let mut s = r.into_inner();
@@ -268,6 +279,7 @@ impl Service<http::Request<tonic::body::Body>> for TestService {
                 "/test.T/Count" => g.server_streaming(Handler(seen, count), req).await,
                 "/test.T/Forever" => g.server_streaming(Handler(seen, forever), req).await,
                 // Not compressed: the window is counted in message bytes.
+                "/test.T/Stall" => g.client_streaming(Handler(seen, stall), req).await,
                 "/test.T/BigHeaders" => g.unary(Handler(seen, big_headers), req).await,
                 "/test.T/Flood" => {
                     let mut g = Grpc::new(Raw);
@@ -1096,4 +1108,28 @@ async fn an_idle_connection_is_closed_and_replaced() {
         .unwrap();
     assert_eq!(reply.into_inner(), b("again"));
     assert_eq!(r.accepted.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_stream_the_server_does_not_read_is_held_at_the_window() {
+    let t = tonic_server(None).await;
+    let ch = channel(&t).await;
+    let made = Arc::new(AtomicUsize::new(0));
+    let m = made.clone();
+    let kib = Bytes::from(vec![1u8; 1024]);
+    let requests = stream::repeat_with(move || {
+        m.fetch_add(1, Ordering::Relaxed);
+        kib.clone()
+    });
+    let call = ch.client_streaming(RawCodec, "/test.T/Stall", requests);
+    assert!(tokio::time::timeout(Duration::from_millis(1500), call)
+        .await
+        .is_err());
+    // The server's window (tonic: 1 MiB per stream), h2's send buffer (400 KiB) and one
+    // message in flight: the pump waits for window instead of queueing without end.
+    let made = made.load(Ordering::Relaxed);
+    assert!(
+        made < 4 * 1024,
+        "{made} request messages of 1 KiB taken from the stream"
+    );
 }

@@ -442,7 +442,13 @@ impl GrpcCall {
         *req.uri_mut() = uri;
         *req.version_mut() = http::Version::HTTP_2;
         let h = req.headers_mut();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        // The message format as gRPC names it: protobuf (and raw bytes, which are protobuf
+        // to the server) is plain `application/grpc`.
+        let content_type = match call.codec {
+            crate::codec::CODEC_JSON => "application/grpc+json",
+            _ => "application/grpc",
+        };
+        h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         h.insert(TE, HeaderValue::from_static("trailers"));
         if let Some(d) = call.deadline {
             h.insert(

@@ -1133,3 +1133,166 @@ async fn a_request_stream_the_server_does_not_read_is_held_at_the_window() {
         "{made} request messages of 1 KiB taken from the stream"
     );
 }
+
+/// The grpc-go server of `tests/grpc-go-server`, built by `scripts/test-grpcclient.sh`, which
+/// names the binary in `GRPC_GO_SERVER`. Killed when dropped.
+struct GrpcGo {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl GrpcGo {
+    fn start() -> GrpcGo {
+        use std::io::BufRead;
+        let bin = std::env::var("GRPC_GO_SERVER")
+            .expect("GRPC_GO_SERVER names the grpc-go test server: run scripts/test-grpcclient.sh");
+        let mut child = std::process::Command::new(bin)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the grpc-go server");
+        let out = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(out)
+            .read_line(&mut line)
+            .expect("read its port");
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        GrpcGo { child, port }
+    }
+}
+
+impl Drop for GrpcGo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the grpc-go server binary: scripts/test-grpcclient.sh runs it"]
+async fn grpc_go_every_call_kind_deadline_details_metadata_cancel() {
+    let go = GrpcGo::start();
+    let ch = common::within(15, async {
+        Endpoint::new(format!("grpc://127.0.0.1:{}", go.port))?
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+    })
+    .await
+    .expect("connect to grpc-go");
+    // Unary, metadata both ways, the timeout it saw, trailers.
+    let md = Metadata::builder()
+        .text("x-user", "ann")
+        .unwrap()
+        .binary("x-raw-bin", &[0, 255, 1])
+        .unwrap()
+        .build();
+    let r = ch
+        .unary(
+            RawCodec,
+            "/test.T/Echo",
+            Request::new(b("ping"))
+                .with_metadata(md)
+                .with_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.metadata().get_str("x-echo-user"), Some("ann"));
+    assert_eq!(r.metadata().get("x-echo-raw-bin"), Some(&[0u8, 255, 1][..]));
+    let left: u64 = r
+        .metadata()
+        .get_str("x-deadline-ms")
+        .and_then(|ms| ms.parse().ok())
+        .expect("the handler has the call's deadline (grpc-timeout)");
+    assert!(left > 0 && left <= 5000, "{left} ms");
+    assert_eq!(r.trailers().get_str("x-trailer"), Some("t"));
+    assert_eq!(r.into_inner(), b("ping"));
+    // A 2 MB message, and gzip.
+    let big = Bytes::from(vec![42u8; 2_000_000]);
+    let r = ch
+        .unary(RawCodec, "/test.T/Echo", big.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), big);
+    let gz = Request::new(big.clone()).with_compression(Some(Compression::new(Encoding::Gzip)));
+    let r = ch.unary(RawCodec, "/test.T/Echo", gz).await.unwrap();
+    assert_eq!(r.into_inner(), big);
+    // An error with details (a google.rpc.Status) and trailing metadata.
+    let e = ch
+        .unary(RawCodec, "/test.T/Fail", b("k"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert_eq!(e.message(), "no key 🍎 (100% gone)");
+    assert!(!e.details().is_empty());
+    assert_eq!(e.metadata().get("x-why-bin"), Some(&[9u8, 0, 9][..]));
+    // Streaming kinds.
+    let mut s = ch
+        .server_streaming(RawCodec, "/test.T/Count", Bytes::from(vec![4u8]))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut n = 0;
+    while s.message().await.unwrap().is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 4);
+    let parts = (0..50).map(|i| Bytes::from(format!("{i};")));
+    let all = ch
+        .client_streaming(RawCodec, "/test.T/Sum", stream::iter(parts))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        all,
+        Bytes::from((0..50).map(|i| format!("{i};")).collect::<String>())
+    );
+    let words = vec![b("go"), b("grpc")];
+    let mut chat = ch
+        .streaming(RawCodec, "/test.T/Chat", stream::iter(words))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(chat.message().await.unwrap(), Some(b("GO")));
+    assert_eq!(chat.message().await.unwrap(), Some(b("GRPC")));
+    assert_eq!(chat.message().await.unwrap(), None);
+    // Deadline, then cancellation by dropping: both reach the Go handler's context.
+    let e = ch
+        .unary(
+            RawCodec,
+            "/test.T/Slow",
+            Request::new(b("x")).with_timeout(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+    let call = ch.unary(RawCodec, "/test.T/Slow", b("x"));
+    assert!(tokio::time::timeout(Duration::from_millis(300), call)
+        .await
+        .is_err());
+    let mut seen = 0;
+    for _ in 0..100 {
+        let r = ch
+            .unary(RawCodec, "/test.T/Cancelled", b("?"))
+            .await
+            .unwrap();
+        seen = String::from_utf8_lossy(&r.into_inner())
+            .parse()
+            .unwrap_or(0);
+        if seen >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, 2, "the Go handlers saw both calls end");
+    // Unknown method.
+    let e = ch
+        .unary(RawCodec, "/test.T/Nope", b("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{e}");
+}

@@ -660,6 +660,16 @@ async fn grpcs_with_rustls() {
 }
 
 #[tokio::test]
+async fn a_tcp_address_to_a_grpc_server_says_to_use_grpc() {
+    let t = tonic_server(None).await;
+    let e = common::within(15, Channel::connect(format!("tcp://127.0.0.1:{}", t.port)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("grpc://host:port"), "{e}");
+}
+
+#[tokio::test]
 async fn a_server_that_is_not_there_or_not_grpc() {
     // Nothing listens: UNAVAILABLE.
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

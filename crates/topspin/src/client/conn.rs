@@ -405,6 +405,10 @@ impl ClientRole {
             Some(e) if e.code == ErrorCode::TIMEOUT => {
                 format!("{} (is it a topspin server?)", e.reason)
             }
+            Some(e) if super::grpc::answered_as_http2(&e.reason) => format!(
+                "the server does not speak the topspin protocol ({e}); it answered as an HTTP/2 \
+                 server: call a gRPC server with a grpc://host:port (or grpcs://) address"
+            ),
             Some(e) => format!("the server does not speak the topspin protocol ({e})"),
             None if why == "connection closed" => {
                 "the server closed the connection during the handshake (a tls:// or ws:// \

@@ -194,6 +194,13 @@ fn big_headers(_: Arc<Seen>, r: tonic::Request<Bytes>) -> BoxFut<tonic::Response
     })
 }
 
+fn nap(_: Arc<Seen>, r: tonic::Request<Bytes>) -> BoxFut<tonic::Response<Bytes>> {
+    Box::pin(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(tonic::Response::new(r.into_inner()))
+    })
+}
+
 fn stall(
     _: Arc<Seen>,
     r: tonic::Request<tonic::Streaming<Bytes>>,
@@ -279,6 +286,7 @@ impl Service<http::Request<tonic::body::Body>> for TestService {
                 "/test.T/Count" => g.server_streaming(Handler(seen, count), req).await,
                 "/test.T/Forever" => g.server_streaming(Handler(seen, forever), req).await,
                 // Not compressed: the window is counted in message bytes.
+                "/test.T/Nap" => g.unary(Handler(seen, nap), req).await,
                 "/test.T/Stall" => g.client_streaming(Handler(seen, stall), req).await,
                 "/test.T/BigHeaders" => g.unary(Handler(seen, big_headers), req).await,
                 "/test.T/Flood" => {
@@ -302,12 +310,20 @@ struct Tonic {
 
 /// Starts the tonic server on a loopback port (TLS with `tls`).
 async fn tonic_server(tls: Option<tonic::transport::ServerTlsConfig>) -> Tonic {
+    tonic_server_with(tls, None).await
+}
+
+/// The tonic server, allowing `max_streams` concurrent streams per connection if given.
+async fn tonic_server_with(
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    max_streams: Option<u32>,
+) -> Tonic {
     let seen = Arc::new(Seen::default());
     let (tx, drops) = mpsc::unbounded_channel();
     *seen.dropped.lock().unwrap() = Some(tx);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let mut server = tonic::transport::Server::builder();
+    let mut server = tonic::transport::Server::builder().max_concurrent_streams(max_streams);
     if let Some(tls) = tls {
         server = server.tls_config(tls).unwrap();
     }
@@ -1305,4 +1321,38 @@ async fn grpc_go_every_call_kind_deadline_details_metadata_cancel() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented, "{e}");
+}
+
+#[tokio::test]
+async fn calls_past_the_servers_stream_limit_wait_their_turn_within_a_bound() {
+    let t = tonic_server_with(None, Some(8)).await;
+    let ch = channel(&t).await;
+    // 200 calls, 8 at a time on the server: the rest wait in h2 for a stream.
+    let calls = (0..200).map(|i| {
+        let ch = ch.clone();
+        async move {
+            ch.unary(RawCodec, "/test.T/Nap", Bytes::from(format!("n{i}")))
+                .await
+        }
+    });
+    let replies = common::within(60, futures_util::future::join_all(calls)).await;
+    for (i, r) in replies.into_iter().enumerate() {
+        assert_eq!(r.unwrap().into_inner(), Bytes::from(format!("n{i}")));
+    }
+    // With room for 8 open and 10 waiting calls, the rest fail at once.
+    let small = Endpoint::new(format!("grpc://127.0.0.1:{}", t.port))
+        .unwrap()
+        .config(topspin::Config::default().with_max_pending_calls(10))
+        .connect()
+        .await
+        .unwrap();
+    let calls = (0..100).map(|_| small.unary(RawCodec, "/test.T/Nap", b("x")));
+    let results = common::within(60, futures_util::future::join_all(calls)).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Err(e) if e.code() == Code::ResourceExhausted))
+        .count();
+    assert_eq!(ok + refused, 100);
+    assert!((18..100).contains(&ok), "{ok} calls got through");
 }

@@ -1,6 +1,7 @@
 //! Where a server listens and a channel connects: `tcp://host:port`, `unix:///path`, (Linux)
 //! an abstract Unix socket name `unix:@name`, `tls://host:port`, `ws://host:port/path` or
-//! `wss://host:port/path`.
+//! `wss://host:port/path`; and, for a [`Channel`](crate::Channel) calling an existing gRPC
+//! server, `grpc://host:port` (HTTP/2 without TLS) or `grpcs://host:port` (HTTP/2 over TLS).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -42,15 +43,26 @@ pub enum Address {
     Ws(String, String),
     /// A WebSocket over TLS (`wss://host:port/path`). Needs the `tls` and `websocket` features.
     Wss(String, String),
+    /// An existing gRPC server at `host:port`, called over HTTP/2 without TLS (prior
+    /// knowledge, `grpc://host:port`): a [`Channel`](crate::Channel) speaks gRPC to it instead
+    /// of the topspin protocol. A client address only: a topspin server answers gRPC on its
+    /// `tcp://` port when its gRPC face is on.
+    Grpc(String),
+    /// An existing gRPC server at `host:port` over TLS with ALPN `h2` (`grpcs://host:port`;
+    /// needs the `tls` feature). A client address only.
+    Grpcs(String),
 }
 
 impl Address {
     /// The `host:port` of a TCP, TLS or WebSocket address; `None` for a Unix socket.
     pub fn host_port(&self) -> Option<&str> {
         match self {
-            Address::Tcp(hp) | Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
-                Some(hp)
-            }
+            Address::Tcp(hp)
+            | Address::Tls(hp)
+            | Address::Ws(hp, _)
+            | Address::Wss(hp, _)
+            | Address::Grpc(hp)
+            | Address::Grpcs(hp) => Some(hp),
             Address::Unix(_) | Address::UnixAbstract(_) => None,
         }
     }
@@ -68,7 +80,8 @@ impl Address {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "invalid address {input:?}: {reason} (expected tcp://host:port, unix:///path, unix:@name, \
-     tls://host:port, ws://host:port/path or wss://host:port/path)"
+     tls://host:port, ws://host:port/path, wss://host:port/path, grpc://host:port or \
+     grpcs://host:port)"
 )]
 pub struct AddressError {
     input: String,
@@ -120,10 +133,17 @@ impl FromStr for Address {
                 });
             }
         }
-        if let Some(rest) = s.strip_prefix("tls://") {
-            let hp = rest.trim_end_matches('/');
-            check_host_port(hp).map_err(err)?;
-            return Ok(Address::Tls(hp.to_owned()));
+        type Make = fn(String) -> Address;
+        for (scheme, make) in [
+            ("tls://", Address::Tls as Make),
+            ("grpc://", Address::Grpc),
+            ("grpcs://", Address::Grpcs),
+        ] {
+            if let Some(rest) = s.strip_prefix(scheme) {
+                let hp = rest.trim_end_matches('/');
+                check_host_port(hp).map_err(err)?;
+                return Ok(make(hp.to_owned()));
+            }
         }
         let hostport = match s.strip_prefix("tcp://") {
             Some(rest) => rest,
@@ -177,6 +197,8 @@ impl fmt::Display for Address {
             Address::Tls(hp) => write!(f, "tls://{hp}"),
             Address::Ws(hp, path) => write!(f, "ws://{hp}{path}"),
             Address::Wss(hp, path) => write!(f, "wss://{hp}{path}"),
+            Address::Grpc(hp) => write!(f, "grpc://{hp}"),
+            Address::Grpcs(hp) => write!(f, "grpcs://{hp}"),
         }
     }
 }
@@ -269,13 +291,18 @@ mod tests {
                 Address::Unix("/tmp/a b.sock".into()),
             ),
             ("tls://localhost:443", Address::Tls("localhost:443".into())),
+            (
+                "grpc://127.0.0.1:50051",
+                Address::Grpc("127.0.0.1:50051".into()),
+            ),
+            ("grpcs://[::1]:443/", Address::Grpcs("[::1]:443".into())),
             ("ws://h:80", Address::Ws("h:80".into(), "/".into())),
             (
                 "wss://[::1]:443/rpc/x",
                 Address::Wss("[::1]:443".into(), "/rpc/x".into()),
             ),
         ] {
-            if s.starts_with("tls") || s.starts_with("wss") {
+            if s.starts_with("tls") || s.starts_with("wss") || s.starts_with("grpc://") {
                 assert_eq!(want.to_string(), s, "round trip");
             }
             assert_eq!(s.parse::<Address>().unwrap(), want, "{s}");
@@ -291,6 +318,8 @@ mod tests {
             "unix:@",
             "http://x:1",
             "tls://host",
+            "grpc://host",
+            "grpcs://:1",
             "ws://:80/x",
         ] {
             let e = bad.parse::<Address>().unwrap_err();

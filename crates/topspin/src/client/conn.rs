@@ -56,7 +56,7 @@ impl Sink {
         }
     }
 
-    fn abandoned(&self) -> bool {
+    pub(crate) fn abandoned(&self) -> bool {
         match self {
             Sink::Unary(tx) => tx.is_closed(),
             Sink::Stream { headers, items } => {
@@ -106,6 +106,13 @@ pub(crate) struct Start {
     call: CallStart,
     sink: Sink,
     early: Option<Box<Early>>,
+}
+
+impl Start {
+    /// The call and where its results go (for the gRPC connection task, `grpc.rs`).
+    pub(crate) fn into_parts(self) -> (CallStart, Sink) {
+        (self.call, self.sink)
+    }
 }
 
 #[derive(Debug)]
@@ -401,6 +408,10 @@ impl ClientRole {
             Some(e) if e.code == ErrorCode::TIMEOUT => {
                 format!("{} (is it a topspin server?)", e.reason)
             }
+            Some(e) if super::grpc::answered_as_http2(&e.reason) => format!(
+                "the server does not speak the topspin protocol ({e}); it answered as an HTTP/2 \
+                 server: call a gRPC server with a grpc://host:port (or grpcs://) address"
+            ),
             Some(e) => format!("the server does not speak the topspin protocol ({e})"),
             None if why == "connection closed" => {
                 "the server closed the connection during the handshake (a tls:// or ws:// \

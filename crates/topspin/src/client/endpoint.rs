@@ -40,7 +40,11 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// An endpoint for an address (`tcp://host:port`, `unix:///path`).
+    /// An endpoint for an address (`tcp://host:port`, `unix:///path`, … see [`Address`]).
+    /// `grpc://host:port` and `grpcs://host:port` call an existing gRPC server (tonic,
+    /// grpc-go, grpcio, …) over HTTP/2 instead of speaking the topspin protocol: every call
+    /// kind, deadlines (`grpc-timeout`), metadata, status details, compression and
+    /// cancellation work as with a topspin server.
     pub fn new(address: impl crate::IntoAddress) -> Result<Endpoint, Status> {
         let address = address
             .into_address()
@@ -206,7 +210,7 @@ impl Endpoint {
         self
     }
 
-    /// TLS settings for `tls://` and `wss://` addresses: the CA to trust, a client
+    /// TLS settings for `tls://`, `wss://` and `grpcs://` addresses: the CA to trust, a client
     /// certificate for mutual TLS, a server-name override (default: the webpki roots, the
     /// address's host).
     #[cfg(feature = "tls")]
@@ -282,6 +286,33 @@ impl Endpoint {
                 .map_err(|e| what(&e))?;
                 let peer = peer_of(s.get_ref().get_ref().0);
                 super::conn::start(StreamTransport::new(s, peer), address, config).await
+            }
+            Address::Grpc(hp) => {
+                let tcp = tokio::time::timeout(config.handshake_timeout(), async {
+                    let tcp = tokio::net::TcpStream::connect(hp.as_str()).await?;
+                    let _ = tcp.set_nodelay(true);
+                    Ok::<_, std::io::Error>(tcp)
+                })
+                .await
+                .map_err(|_| what(&"connect timed out"))?
+                .map_err(|e| what(&e))?;
+                tokio::time::timeout(
+                    config.handshake_timeout(),
+                    super::grpc::start(tcp, address, config, http::uri::Scheme::HTTP),
+                )
+                .await
+                .map_err(|_| what(&"HTTP/2 handshake timed out"))?
+            }
+            #[cfg(feature = "tls")]
+            Address::Grpcs(hp) => {
+                let tls = self.tls.clone().unwrap_or_default();
+                let host = address.host().unwrap_or_default();
+                tokio::time::timeout(config.handshake_timeout(), async {
+                    let s = tls.connect(hp, host, b"h2").await.map_err(|e| what(&e))?;
+                    super::grpc::start(s, address, config, http::uri::Scheme::HTTPS).await
+                })
+                .await
+                .map_err(|_| what(&"connect, TLS and HTTP/2 handshakes timed out"))?
             }
             #[allow(unreachable_patterns)]
             other => Err(what(&format!(

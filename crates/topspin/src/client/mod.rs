@@ -8,11 +8,15 @@
 //!   `completion.rs`: the reusable completion a unary caller waits on;
 //! - `retry.rs`: retries, hedging, transparent retry and wait-for-ready, a layer over the
 //!   call path (each attempt is one `call::begin` plus its answer).
+//! - `grpc.rs`: the gRPC client mode (`grpc://`, `grpcs://`): a connection task taking the
+//!   same commands and feeding the same sinks over HTTP/2; `grpc_wire.rs`: its wire details.
 
 pub(crate) mod call;
 mod completion;
 pub(crate) mod conn;
 mod endpoint;
+mod grpc;
+mod grpc_wire;
 pub(crate) mod pool;
 pub mod retry;
 

@@ -205,6 +205,9 @@ impl ServerBuilder {
                 faces.ws = Some((self.websocket.clone(), path.clone()));
             }
             Address::Unix(_) | Address::UnixAbstract(_) => return Ok(None),
+            Address::Grpc(_) | Address::Grpcs(_) => return Err(err(
+                "grpc:// and grpcs:// name a gRPC server to call: a server binds tcp:// or tls://",
+            )),
             #[allow(unreachable_patterns)]
             _ => return Err(err("this build lacks the feature for it (tls, websocket)")),
         }

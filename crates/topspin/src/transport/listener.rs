@@ -175,6 +175,10 @@ impl Listener {
             Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
                 Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?))
             }
+            Address::Grpc(_) | Address::Grpcs(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{addr} names a gRPC server to call: a server binds tcp:// or tls://"),
+            )),
         }
     }
 

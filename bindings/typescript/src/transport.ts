@@ -75,6 +75,36 @@ export const WS_SUBPROTOCOL = "topspin.v1";
 /** Largest WebSocket message a sender writes (§14.2: SHOULD keep them at or under 256 KiB). */
 export const WS_MAX_MESSAGE = 256 * 1024;
 
+/**
+ * Sends a piece of the byte stream as binary WebSocket messages (§14.2): small frames coalesced
+ * into one message, messages cut at {@link WS_MAX_MESSAGE}.
+ */
+export function sendAsMessages(chunks: Uint8Array[], send: (message: Uint8Array) => void): void {
+  if (chunks.length === 1 && (chunks[0] as Uint8Array).length <= WS_MAX_MESSAGE) {
+    send(chunks[0] as Uint8Array);
+    return;
+  }
+  let total = 0;
+  for (const c of chunks) total += c.length;
+  let buf = new Uint8Array(Math.min(total, WS_MAX_MESSAGE));
+  let off = 0;
+  for (const c of chunks) {
+    let pos = 0;
+    while (pos < c.length) {
+      const n = Math.min(c.length - pos, buf.length - off);
+      buf.set(c.subarray(pos, pos + n), off);
+      off += n;
+      pos += n;
+      total -= n;
+      if (off === buf.length) {
+        send(buf);
+        buf = new Uint8Array(Math.min(total, WS_MAX_MESSAGE));
+        off = 0;
+      }
+    }
+  }
+}
+
 /** The part of the WebSocket API this transport uses (browser, `ws`, Node's own). */
 export interface WebSocketLike {
   binaryType: string;
@@ -113,27 +143,7 @@ export function webSocketDialer(url: string, ctor?: WebSocketCtor): Dialer {
       let open = false;
       const duplex = new HeldDuplex(
         (chunks) => {
-          if (ws.readyState !== 1) return;
-          let total = 0;
-          for (const c of chunks) total += c.length;
-          // Coalesce small frames into one message; cut at 256 KiB.
-          let buf = new Uint8Array(Math.min(total, WS_MAX_MESSAGE));
-          let off = 0;
-          for (const c of chunks) {
-            let pos = 0;
-            while (pos < c.length) {
-              const n = Math.min(c.length - pos, buf.length - off);
-              buf.set(c.subarray(pos, pos + n), off);
-              off += n;
-              pos += n;
-              total -= n;
-              if (off === buf.length) {
-                ws.send(buf);
-                buf = new Uint8Array(Math.min(total, WS_MAX_MESSAGE));
-                off = 0;
-              }
-            }
-          }
+          if (ws.readyState === 1) sendAsMessages(chunks, (m) => ws.send(m));
         },
         () => {
           try {

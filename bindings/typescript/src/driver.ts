@@ -17,6 +17,8 @@ export class Driver {
   private pumping = false;
   private again = false;
   private ioClosed = false;
+  /** How many reads arrived (keep-alive looks for a change: no clock on the hot path). */
+  reads = 0;
 
   constructor(
     readonly engine: Connection,
@@ -24,6 +26,7 @@ export class Driver {
     private readonly onEvent: (e: Event) => void,
   ) {
     io.onData = (b) => {
+      this.reads++;
       engine.receive(b);
       this.pump();
     };

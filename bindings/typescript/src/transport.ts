@@ -75,34 +75,42 @@ export const WS_SUBPROTOCOL = "topspin.v1";
 /** Largest WebSocket message a sender writes (§14.2: SHOULD keep them at or under 256 KiB). */
 export const WS_MAX_MESSAGE = 256 * 1024;
 
+/** Chunks at least this long are sent as they are (cut at {@link WS_MAX_MESSAGE}), not copied. */
+const WS_COPY_BELOW = 16 * 1024;
+
 /**
- * Sends a piece of the byte stream as binary WebSocket messages (§14.2): small frames coalesced
- * into one message, messages cut at {@link WS_MAX_MESSAGE}.
+ * Sends a piece of the byte stream as binary WebSocket messages (§14.2): runs of small chunks
+ * (frame headers, small frames) are copied into one message, large chunks (message payloads) go
+ * as their own messages without a copy; no message is over {@link WS_MAX_MESSAGE}.
  */
 export function sendAsMessages(chunks: Uint8Array[], send: (message: Uint8Array) => void): void {
-  if (chunks.length === 1 && (chunks[0] as Uint8Array).length <= WS_MAX_MESSAGE) {
-    send(chunks[0] as Uint8Array);
-    return;
-  }
-  let total = 0;
-  for (const c of chunks) total += c.length;
-  let buf = new Uint8Array(Math.min(total, WS_MAX_MESSAGE));
-  let off = 0;
-  for (const c of chunks) {
-    let pos = 0;
-    while (pos < c.length) {
-      const n = Math.min(c.length - pos, buf.length - off);
-      buf.set(c.subarray(pos, pos + n), off);
-      off += n;
-      pos += n;
-      total -= n;
-      if (off === buf.length) {
-        send(buf);
-        buf = new Uint8Array(Math.min(total, WS_MAX_MESSAGE));
-        off = 0;
+  let run: Uint8Array[] = [];
+  let runBytes = 0;
+  const sendRun = (): void => {
+    if (run.length === 1) send(run[0] as Uint8Array);
+    else if (run.length > 1) {
+      const m = new Uint8Array(runBytes);
+      let off = 0;
+      for (const c of run) {
+        m.set(c, off);
+        off += c.length;
       }
+      send(m);
+    }
+    run = [];
+    runBytes = 0;
+  };
+  for (const c of chunks) {
+    if (c.length >= WS_COPY_BELOW) {
+      sendRun();
+      for (let off = 0; off < c.length; off += WS_MAX_MESSAGE) send(c.subarray(off, off + WS_MAX_MESSAGE));
+    } else if (c.length > 0) {
+      if (runBytes + c.length > WS_MAX_MESSAGE) sendRun();
+      run.push(c);
+      runBytes += c.length;
     }
   }
+  sendRun();
 }
 
 /** The part of the WebSocket API this transport uses (browser, `ws`, Node's own). */

@@ -25,6 +25,12 @@ const N_SMALL = quick ? 500 : 5000;
 const N_BIG = quick ? 20 : 100;
 const N_TPUT = quick ? 5000 : 40000;
 const IN_FLIGHT = 64;
+/** Time caps (ms) per measurement, so that a slow system or a busy machine cannot stretch the run. */
+const CAP_SMALL_MS = quick ? 2000 : 6000;
+const CAP_BIG_MS = quick ? 1500 : 4000;
+const CAP_TPUT_MS = quick ? 2000 : 5000;
+/** Measurements cut short by a cap: "system: what (n done)". */
+const capped: string[] = [];
 
 type Echo = (b: Uint8Array) => Promise<Uint8Array>;
 type System = { name: string; echo: Echo; close: () => void };
@@ -181,37 +187,42 @@ interface Row {
   cpu: number;
 }
 
-async function latency(sys: System, size: number, n: number, serverProc: ChildProcess): Promise<Row> {
+async function latency(sys: System, size: number, max: number, capMs: number, serverProc: ChildProcess): Promise<Row> {
   const msg = new Uint8Array(size).fill(7);
-  for (let i = 0; i < Math.min(200, n); i++) await sys.echo(msg); // warm-up
-  const times = new Float64Array(n);
+  for (let i = 0; i < Math.min(200, max / 10); i++) await sys.echo(msg); // warm-up
+  const all = new Float64Array(max);
   const c0 = process.cpuUsage();
   const s0 = await childCpu(serverProc);
-  for (let i = 0; i < n; i++) {
+  const until = performance.now() + capMs;
+  let n = 0;
+  while (n < max && (n < 20 || performance.now() < until)) {
     const t = process.hrtime.bigint();
     const r = await sys.echo(msg);
-    times[i] = Number(process.hrtime.bigint() - t) / 1000;
+    all[n++] = Number(process.hrtime.bigint() - t) / 1000;
     if (r.length !== size) throw new Error(`${sys.name}: echo of ${size} B came back as ${r.length} B`);
   }
   const c = process.cpuUsage(c0);
   const s = (await childCpu(serverProc)) - s0;
-  times.sort();
+  if (n < max) capped.push(`${sys.name}: ${size} B (${n} calls)`);
+  const times = all.subarray(0, n).sort();
   return { median: times[n >> 1] as number, p99: times[Math.floor(n * 0.99)] as number, cpu: (c.user + c.system + s) / n };
 }
 
-async function throughput(sys: System, n: number): Promise<number> {
+async function throughput(sys: System, max: number): Promise<number> {
   const msg = new Uint8Array(20).fill(7);
   let next = 0;
   const t = process.hrtime.bigint();
+  const until = performance.now() + CAP_TPUT_MS;
   await Promise.all(
     Array.from({ length: IN_FLIGHT }, async () => {
-      while (next < n) {
+      while (next < max && performance.now() < until) {
         next++;
         await sys.echo(msg);
       }
     }),
   );
-  return n / (Number(process.hrtime.bigint() - t) / 1e9);
+  if (next < max) capped.push(`${sys.name}: throughput (${next} calls)`);
+  return next / (Number(process.hrtime.bigint() - t) / 1e9);
 }
 
 const SYSTEMS: { kind: string; name: string; client: (port: number) => System | Promise<System> }[] = [
@@ -232,8 +243,8 @@ async function main(): Promise<void> {
     const { proc, port } = await child(s.kind);
     try {
       const sys = await s.client(port);
-      const small = await latency(sys, 20, N_SMALL, proc);
-      const big = await latency(sys, 1 << 20, N_BIG, proc);
+      const small = await latency(sys, 20, N_SMALL, CAP_SMALL_MS, proc);
+      const big = await latency(sys, 1 << 20, N_BIG, CAP_BIG_MS, proc);
       const tput = await throughput(sys, N_TPUT);
       results.push({ name: s.name, small, big, tput });
       sys.close();
@@ -245,7 +256,7 @@ async function main(): Promise<void> {
   if (ref === undefined) throw new Error("no topspin TCP row");
   const f = (x: number): string => x.toFixed(1);
   const x = (a: number, b: number): string => (a / b).toFixed(2);
-  console.log(`Node ${process.version}, loopback, client and server in separate processes, ${N_SMALL} × 20 B, ${N_BIG} × 1 MiB, ${N_TPUT} calls at ${IN_FLIGHT} in flight${quick ? " (quick)" : ""}.`);
+  console.log(`Node ${process.version}, loopback, client and server in separate processes, ${N_SMALL} × 20 B, ${N_BIG} × 1 MiB, ${N_TPUT} calls at ${IN_FLIGHT} in flight (each capped at ${CAP_SMALL_MS / 1000} s / ${CAP_BIG_MS / 1000} s / ${CAP_TPUT_MS / 1000} s)${quick ? " (quick)" : ""}.`);
   console.log("Latency in µs; CPU = client + server µs per 20 B call; × topspin = this system's figure / topspin TCP's (calls/s: topspin's / this one's; > 1: topspin is faster).\n");
   console.log("| system | 20 B median | p99 | CPU µs/call | 1 MiB median | p99 | CPU µs/call | calls/s, 20 B, 64 in flight | × topspin: 20 B median | 1 MiB median | CPU (20 B) | calls/s |");
   console.log("|---|---|---|---|---|---|---|---|---|---|---|---|");
@@ -254,6 +265,7 @@ async function main(): Promise<void> {
       `| ${r.name} | ${f(r.small.median)} | ${f(r.small.p99)} | ${f(r.small.cpu)} | ${f(r.big.median)} | ${f(r.big.p99)} | ${f(r.big.cpu)} | ${r.tput.toFixed(0)} | ${x(r.small.median, ref.small.median)} | ${x(r.big.median, ref.big.median)} | ${x(r.small.cpu, ref.small.cpu)} | ${x(ref.tput, r.tput)} |`,
     );
   }
+  if (capped.length > 0) console.log(`\nCut short by the time cap: ${capped.join("; ")}.`);
 }
 
 if (process.argv[2] === "--serve") await serve(process.argv[3] as string);

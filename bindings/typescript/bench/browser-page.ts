@@ -29,33 +29,39 @@ const N_TPUT = Number(params.get("tput") ?? 5000);
 const out: NonNullable<Window["__bench"]> = { done: false, isolated: crossOriginIsolated, rows: [], counts: [N_SMALL, N_BIG, N_TPUT] };
 window.__bench = out;
 
-async function latency(echo: EchoFn, size: number, n: number): Promise<{ median: number; p99: number }> {
+/** Each measurement stops after this long (ms), whatever its count. */
+const CAP_MS = Number(params.get("capMs") ?? 5000);
+
+async function latency(echo: EchoFn, size: number, max: number): Promise<{ median: number; p99: number }> {
   const msg = new Uint8Array(size).fill(7);
-  for (let i = 0; i < Math.min(100, n); i++) await echo(msg); // warm-up
-  const times = new Float64Array(n);
-  for (let i = 0; i < n; i++) {
+  for (let i = 0; i < Math.min(100, max / 10); i++) await echo(msg); // warm-up
+  const all = new Float64Array(max);
+  const until = performance.now() + CAP_MS;
+  let n = 0;
+  while (n < max && (n < 10 || performance.now() < until)) {
     const t = performance.now();
     const r = await echo(msg);
-    times[i] = (performance.now() - t) * 1000;
+    all[n++] = (performance.now() - t) * 1000;
     if (r.length !== size) throw new Error(`echo of ${size} B came back as ${r.length} B`);
   }
-  times.sort();
+  const times = all.subarray(0, n).sort();
   return { median: times[n >> 1] as number, p99: times[Math.floor(n * 0.99)] as number };
 }
 
-async function throughput(echo: EchoFn, n: number): Promise<number> {
+async function throughput(echo: EchoFn, max: number): Promise<number> {
   const msg = new Uint8Array(20).fill(7);
   let next = 0;
   const t = performance.now();
+  const until = t + CAP_MS;
   await Promise.all(
     Array.from({ length: 64 }, async () => {
-      while (next < n) {
+      while (next < max && performance.now() < until) {
         next++;
         await echo(msg);
       }
     }),
   );
-  return n / ((performance.now() - t) / 1000);
+  return next / ((performance.now() - t) / 1000);
 }
 
 async function run(name: string, echo: EchoFn): Promise<void> {

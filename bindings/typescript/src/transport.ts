@@ -16,6 +16,22 @@ export interface Duplex {
   onData: (bytes: Uint8Array) => void;
   /** Set by the user of the stream: the stream ended (`reason` says why). */
   onClose: (reason: string) => void;
+  /** Bytes written and not yet handed to the network (transports that cannot tell leave it out). */
+  pending?(): number;
+  /** Stops delivering received bytes until {@link Duplex.resume} (transports that cannot leave it out). */
+  pause?(): void;
+  /** Delivers received bytes again. */
+  resume?(): void;
+}
+
+/** What a transport can say about its output and do about its input (optional parts of a {@link Duplex}). */
+export interface FlowControl {
+  /** Bytes written and not yet handed to the network. */
+  pending: () => number;
+  /** Stops delivering received bytes. */
+  pause: () => void;
+  /** Delivers received bytes again. */
+  resume: () => void;
 }
 
 /**
@@ -32,7 +48,18 @@ export class HeldDuplex implements Duplex {
   constructor(
     private readonly writeFn: (chunks: Uint8Array[]) => void,
     private readonly closeImpl: () => void,
+    private readonly flow?: FlowControl,
   ) {}
+
+  pending(): number {
+    return this.flow?.pending() ?? 0;
+  }
+  pause(): void {
+    this.flow?.pause();
+  }
+  resume(): void {
+    this.flow?.resume();
+  }
 
   write(chunks: Uint8Array[]): void {
     this.writeFn(chunks);

@@ -83,6 +83,13 @@ export interface ServerOptions {
   codecs?: Codecs;
   /** WebSocket listeners (`ws://` addresses). */
   webSocket?: WebSocketServerOptions;
+  /**
+   * Bound on the bytes produced for one connection and not yet written to it (§7, "output a peer
+   * does not read"; default 4 MiB). While it is reached the server stops reading from that
+   * connection, starts no handler and makes handlers' sends wait; what it may pass by is one
+   * message.
+   */
+  maxSendBuffer?: number;
 }
 
 /** Options of the WebSocket listeners (§14.2). */
@@ -111,6 +118,7 @@ function webSocketDuplex(ws: WebSocket): Duplex {
       if (ws.readyState === ws.OPEN) sendAsMessages(chunks, (m) => ws.send(m, { binary: true }));
     },
     () => ws.close(1000),
+    { pending: () => ws.bufferedAmount, pause: () => ws.pause(), resume: () => ws.resume() },
   );
   let why = "the peer closed the connection";
   ws.on("message", (data, isBinary) => {
@@ -269,7 +277,7 @@ export class Server {
     const calls = new Map<number, ServerCall>();
     const entry = { engine, driver: null as unknown as Driver, calls };
     this.conns.add(entry);
-    entry.driver = new Driver(engine, io, (e) => this.onEvent(entry, e));
+    entry.driver = new Driver(engine, io, (e) => this.onEvent(entry, e), this.options.maxSendBuffer ?? 4 << 20);
     return entry;
   }
 
@@ -395,6 +403,7 @@ export class Server {
     const send = async (v: unknown): Promise<void> => {
       const plain = route.encode(v);
       const bytes = respEncoder === null ? plain : await encodeMessage(plain, respEncoder);
+      while (driver.full && !call.done) await driver.room(); // the peer is not reading (§7)
       sendHeaders();
       for (;;) {
         if (call.done) throw call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
@@ -413,6 +422,8 @@ export class Server {
       return first.value;
     };
     const run = async (): Promise<void> => {
+      if (driver.full) await driver.room(); // no new handler while the peer does not read (§7)
+      if (call.done) return;
       const h = route.handler;
       switch (route.kind) {
         case "unary":

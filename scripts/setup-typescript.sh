@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what bindings/typescript needs; safe to run again (skips what is there):
 # Node.js and npm (Debian) if missing, Debian's chromium (the browser test drives it with
-# playwright-core; no browser download), the npm packages (npm install) and the generated
+# playwright-core; no browser download), the npm packages (npm install: package.json's
+# dependencies, the optional bufferutil, and the devDependencies, among them the benchmark's peers
+# @grpc/grpc-js, @connectrpc/connect-node and @connectrpc/connect-web) and the generated
 # protobuf-es code (buf generate; the buf binary comes from the @bufbuild/buf npm package).
 set -euo pipefail
 cd "$(dirname "$0")/../bindings/typescript"

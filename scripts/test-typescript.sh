@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Every check of bindings/typescript: set-up, tsc --strict, eslint, the vector runner, compression
-# negotiation (§15) and the memory budget for split messages (§9), Node
-# client ↔ Node server, interop with the Rust kvstore-server and the Rust `topspin` CLI over TCP
-# and Unix sockets, and the browser test (Chromium, WebSocket) when the Rust server speaks ws://.
+# negotiation (§15) and the memory budget for split messages (§9), keep-alive (§5.9), Node
+# client ↔ Node server (TCP, Unix, ws://), interop with the Rust kvstore-server and the Rust
+# `topspin` CLI over TCP, Unix sockets and ws:// (the CLI calling the Node server's WebSocket
+# listener), the browser test (Chromium, WebSocket, and the README's web page with bidi
+# streaming) when the Rust server speaks ws://, and a short run of both benchmarks (every system
+# answers; the figures of a short run mean nothing).
 #
 # KVSTORE_SERVER / TOPSPIN_CLI may name prebuilt binaries; otherwise they are built here.
 # KVSTORE_SERVER_WS may name a kvstore-server built with the WebSocket transport for the
@@ -45,4 +48,7 @@ if ! node dist/browser/ws-support.js "$ws_server"; then
 fi
 step "browser: Node over ws://, then a Chromium page → Rust server over ws://"
 KVSTORE_SERVER="$ws_server" node dist/browser/run.js
+step "benchmarks, short runs (Node: topspin, grpc-js, connect-es; Chromium: topspin vs connect-web)"
+node dist/bench/bench.js --quick
+node dist/bench/browser.js --quick
 step "all run checks passed"

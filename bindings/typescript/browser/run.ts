@@ -12,6 +12,7 @@ import { chromium } from "playwright-core";
 import { binary, startServer, stop } from "../test/procs.js";
 import { connect } from "../src/node/index.js";
 import { kvSuite } from "../test/suite.js";
+import { serveWebExample } from "../examples/web.js";
 
 const pkg = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 
@@ -58,6 +59,38 @@ try {
     const count = results?.checks.length ?? 0;
     console.log(`browser: ${passed} passed, ${count - passed + Math.max(0, expected - count)} failed`);
     failed = passed !== expected || count !== expected;
+
+    // The README's web page (examples/web-page.ts, served by examples/web.ts): keys typed in its
+    // form go up one open bidi GetMany call, the answers are listed as they come down.
+    const web = await serveWebExample(address, 0);
+    try {
+      const chat = await context.newPage();
+      chat.on("console", (m) => console.log(`[web example] ${m.text()}`));
+      await chat.goto(web.url);
+      const lines = async (n: number): Promise<string[]> => {
+        await chat.waitForFunction((k) => document.querySelectorAll("ol li").length >= k, n, { timeout: 20_000 });
+        return chat.$$eval("ol li", (lis) => lis.map((li) => li.textContent ?? ""));
+      };
+      await lines(1); // ready
+      for (const key of ["greeting", "language", "greeting", "nope"]) {
+        await chat.fill("input", key);
+        await chat.press("input", "Enter");
+      }
+      const got = await lines(5);
+      await chat.screenshot({ path: join(pkg, "test-results", "web-example.png"), fullPage: true });
+      const want = [
+        "ready: type greeting or language",
+        "greeting = hello from topspin (version 1)",
+        "language = TypeScript, in a browser (version 1)",
+        "greeting = hello from topspin (version 1)",
+        'ended: NOT_FOUND: no key "nope"',
+      ];
+      const ok = JSON.stringify(got) === JSON.stringify(want);
+      console.log(`${ok ? "ok    " : "FAILED"} README web page (bidi GetMany from a form): ${JSON.stringify(got)}`);
+      if (!ok) failed = true;
+    } finally {
+      web.server.close();
+    }
   } finally {
     await context.close();
   }

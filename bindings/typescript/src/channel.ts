@@ -5,7 +5,7 @@
  */
 import { Connection, type Event, type Limits, type MemoryBudget } from "./connection.js";
 import { Driver } from "./driver.js";
-import type { Metadata, Settings } from "./frame.js";
+import { ErrorCode, type Metadata, type Settings } from "./frame.js";
 import { AsyncQueue } from "./queue.js";
 import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, decodeMessage, encodeMessage, type Codecs, type Compression, type Decoder, type Encoder } from "./compression.js";
 import { Code, TopspinError } from "./status.js";
@@ -42,6 +42,24 @@ export interface BackoffOptions {
   jitter: number;
 }
 
+/**
+ * Keep-alive (protocol.md §5.9, §9): after `intervalMs` in which nothing arrived, the channel
+ * sends a PING; when nothing (its answer or anything else) arrives within `timeoutMs` after it,
+ * the connection is closed (ERROR `TIMEOUT`) and its calls fail with `UNAVAILABLE`. A PING goes
+ * out at most once per interval and only after that much silence, so any interval of 100 ms or
+ * more stays within a server's PING budget (shorter ones are raised to 100 ms).
+ */
+export interface KeepaliveOptions {
+  /** Silence before a PING, ms (at least 100). */
+  intervalMs: number;
+  /** How long the PING may stay unanswered, ms (default 20 000). */
+  timeoutMs?: number;
+}
+
+/** The shortest keep-alive interval: the default PING budget of a server is one per 100 ms (§9). */
+export const MIN_KEEPALIVE_INTERVAL_MS = 100;
+const KEEPALIVE_DATA = new TextEncoder().encode("keepaliv");
+
 /** Options of a {@link Channel}. */
 export interface ChannelOptions {
   /** Opens a byte stream to the server. */
@@ -61,6 +79,8 @@ export interface ChannelOptions {
    * browsers, `nodeCodecs` (`connect` in Node passes it). Without them nothing can be compressed.
    */
   codecs?: Codecs;
+  /** PINGs on a silent connection, closing it when they go unanswered (off by default). */
+  keepalive?: KeepaliveOptions;
 }
 
 const NO_CODECS: Codecs = { encoders: {}, decoders: {} };
@@ -79,6 +99,55 @@ interface Live {
   ready: Promise<void>;
   /** Calls waiting for room under MAX_CONCURRENT_CALLS. */
   slotWaiters: (() => void)[];
+  /** Stops the keep-alive timers. */
+  stopKeepalive: () => void;
+}
+
+type Timer = ReturnType<typeof setTimeout>;
+/** Lets Node exit while only this timer is left (no-op in browsers). */
+function unref(t: Timer): Timer {
+  (t as { unref?: () => void }).unref?.();
+  return t;
+}
+
+/**
+ * Runs keep-alive on one connection: a tick every interval; a tick that finds no read since the
+ * last one sends a PING, and a PING after which nothing was read for `timeoutMs` closes the
+ * connection. Returns the function that stops it.
+ */
+function startKeepalive(driver: Driver, opts: KeepaliveOptions): () => void {
+  const interval = Math.max(MIN_KEEPALIVE_INTERVAL_MS, opts.intervalMs);
+  const timeout = opts.timeoutMs ?? 20_000;
+  let seen = driver.reads;
+  let waiting: Timer | undefined;
+  const tick = unref(
+    setInterval(() => {
+      if (driver.engine.closed) return stop();
+      if (driver.reads !== seen) {
+        // something arrived (the PING's answer or anything else): the peer is alive
+        seen = driver.reads;
+        clearTimeout(waiting);
+        waiting = undefined;
+        return;
+      }
+      if (waiting !== undefined) return; // our PING is out and nothing came yet
+      driver.engine.ping(KEEPALIVE_DATA);
+      driver.pump();
+      waiting = unref(
+        setTimeout(() => {
+          waiting = undefined;
+          if (driver.reads !== seen) return; // alive: the next tick sees it
+          driver.engine.abort(ErrorCode.TIMEOUT, `keep-alive PING unanswered for ${timeout} ms`);
+          driver.pump();
+        }, timeout),
+      );
+    }, interval),
+  );
+  function stop(): void {
+    clearInterval(tick);
+    clearTimeout(waiting);
+  }
+  return stop;
 }
 
 /** One call in progress (the raw, bytes-level API under the typed clients). */
@@ -375,7 +444,7 @@ export class Channel {
       lost = rej;
     });
     ready.catch(() => undefined);
-    const live: Live = { engine, driver: null as unknown as Driver, calls: new Map(), ready, slotWaiters: [] };
+    const live: Live = { engine, driver: null as unknown as Driver, calls: new Map(), ready, slotWaiters: [], stopKeepalive: () => undefined };
     live.driver = new Driver(engine, io, (e) => {
       switch (e.type) {
         case "Established":
@@ -387,6 +456,7 @@ export class Channel {
           for (const w of live.slotWaiters.splice(0)) w();
           break;
         case "Closed":
+          live.stopKeepalive();
           if (this.live === live) this.live = null;
           if (e.error !== null || !engine.established) this.failed();
           lost(new TopspinError(Code.UNAVAILABLE, `connection lost: ${e.reason}`));
@@ -398,6 +468,7 @@ export class Channel {
           if (live.engine.goingAway && live.calls.size === 0 && this.live !== live) live.driver.io.close();
       }
     });
+    if (this.options.keepalive !== undefined) live.stopKeepalive = startKeepalive(live.driver, this.options.keepalive);
     this.live = live;
     await ready;
     return live;

@@ -17,13 +17,23 @@ export class Driver {
   private pumping = false;
   private again = false;
   private ioClosed = false;
+  /** How many reads arrived (keep-alive looks for a change: no clock on the hot path). */
+  reads = 0;
 
+  /**
+   * @param maxPending The bound on output produced and not yet written to the network (§7,
+   *   "output a peer does not read"); 0: none. Past it the driver stops reading from the stream
+   *   (the peer sees backpressure) and {@link Driver.full} tells producers to wait
+   *   ({@link Driver.room}) until the output drained below half of it.
+   */
   constructor(
     readonly engine: Connection,
     readonly io: Duplex,
     private readonly onEvent: (e: Event) => void,
+    private readonly maxPending = 0,
   ) {
     io.onData = (b) => {
+      this.reads++;
       engine.receive(b);
       this.pump();
     };
@@ -32,6 +42,7 @@ export class Driver {
       this.ioClosed = true;
       engine.transportClosed(reason);
       this.pump();
+      this.wakeRoom();
     };
     this.pump();
   }
@@ -75,6 +86,43 @@ export class Driver {
     if (this.engine.closed && !this.ioClosed) {
       this.ioClosed = true;
       this.io.close();
-    }
+      this.wakeRoom();
+    } else if (this.full && !this.paused) this.block();
+  }
+
+  private paused = false;
+  /** Producers waiting for the output to drain (at most one per call of the connection). */
+  private roomWaiters: (() => void)[] = [];
+
+  /** Whether the output not yet written has reached `maxPending` (always false without a bound). */
+  get full(): boolean {
+    return this.maxPending > 0 && !this.ioClosed && (this.io.pending?.() ?? 0) + this.engine.outputBytes >= this.maxPending;
+  }
+
+  /** Resolves once the output is below the bound again (at once when it is, or the stream closed). */
+  room(): Promise<void> {
+    if (!this.full) return Promise.resolve();
+    if (!this.paused) this.block();
+    return new Promise((r) => this.roomWaiters.push(r));
+  }
+
+  /** Stops reading until the output drained below half the bound (checked every 5 ms meanwhile). */
+  private block(): void {
+    this.paused = true;
+    this.io.pause?.();
+    const check = (): void => {
+      if (!this.ioClosed && (this.io.pending?.() ?? 0) + this.engine.outputBytes > this.maxPending / 2) {
+        setTimeout(check, 5);
+        return;
+      }
+      this.paused = false;
+      if (!this.ioClosed) this.io.resume?.();
+      this.wakeRoom();
+    };
+    setTimeout(check, 5);
+  }
+
+  private wakeRoom(): void {
+    for (const w of this.roomWaiters.splice(0)) w();
   }
 }

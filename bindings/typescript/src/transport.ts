@@ -16,6 +16,22 @@ export interface Duplex {
   onData: (bytes: Uint8Array) => void;
   /** Set by the user of the stream: the stream ended (`reason` says why). */
   onClose: (reason: string) => void;
+  /** Bytes written and not yet handed to the network (transports that cannot tell leave it out). */
+  pending?(): number;
+  /** Stops delivering received bytes until {@link Duplex.resume} (transports that cannot leave it out). */
+  pause?(): void;
+  /** Delivers received bytes again. */
+  resume?(): void;
+}
+
+/** What a transport can say about its output and do about its input (optional parts of a {@link Duplex}). */
+export interface FlowControl {
+  /** Bytes written and not yet handed to the network. */
+  pending: () => number;
+  /** Stops delivering received bytes. */
+  pause: () => void;
+  /** Delivers received bytes again. */
+  resume: () => void;
 }
 
 /**
@@ -32,7 +48,18 @@ export class HeldDuplex implements Duplex {
   constructor(
     private readonly writeFn: (chunks: Uint8Array[]) => void,
     private readonly closeImpl: () => void,
+    private readonly flow?: FlowControl,
   ) {}
+
+  pending(): number {
+    return this.flow?.pending() ?? 0;
+  }
+  pause(): void {
+    this.flow?.pause();
+  }
+  resume(): void {
+    this.flow?.resume();
+  }
 
   write(chunks: Uint8Array[]): void {
     this.writeFn(chunks);
@@ -75,6 +102,44 @@ export const WS_SUBPROTOCOL = "topspin.v1";
 /** Largest WebSocket message a sender writes (§14.2: SHOULD keep them at or under 256 KiB). */
 export const WS_MAX_MESSAGE = 256 * 1024;
 
+/** Chunks at least this long are sent as they are (cut at {@link WS_MAX_MESSAGE}), not copied. */
+const WS_COPY_BELOW = 16 * 1024;
+
+/**
+ * Sends a piece of the byte stream as binary WebSocket messages (§14.2): runs of small chunks
+ * (frame headers, small frames) are copied into one message, large chunks (message payloads) go
+ * as their own messages without a copy; no message is over {@link WS_MAX_MESSAGE}.
+ */
+export function sendAsMessages(chunks: Uint8Array[], send: (message: Uint8Array) => void): void {
+  let run: Uint8Array[] = [];
+  let runBytes = 0;
+  const sendRun = (): void => {
+    if (run.length === 1) send(run[0] as Uint8Array);
+    else if (run.length > 1) {
+      const m = new Uint8Array(runBytes);
+      let off = 0;
+      for (const c of run) {
+        m.set(c, off);
+        off += c.length;
+      }
+      send(m);
+    }
+    run = [];
+    runBytes = 0;
+  };
+  for (const c of chunks) {
+    if (c.length >= WS_COPY_BELOW) {
+      sendRun();
+      for (let off = 0; off < c.length; off += WS_MAX_MESSAGE) send(c.subarray(off, off + WS_MAX_MESSAGE));
+    } else if (c.length > 0) {
+      if (runBytes + c.length > WS_MAX_MESSAGE) sendRun();
+      run.push(c);
+      runBytes += c.length;
+    }
+  }
+  sendRun();
+}
+
 /** The part of the WebSocket API this transport uses (browser, `ws`, Node's own). */
 export interface WebSocketLike {
   binaryType: string;
@@ -113,27 +178,7 @@ export function webSocketDialer(url: string, ctor?: WebSocketCtor): Dialer {
       let open = false;
       const duplex = new HeldDuplex(
         (chunks) => {
-          if (ws.readyState !== 1) return;
-          let total = 0;
-          for (const c of chunks) total += c.length;
-          // Coalesce small frames into one message; cut at 256 KiB.
-          let buf = new Uint8Array(Math.min(total, WS_MAX_MESSAGE));
-          let off = 0;
-          for (const c of chunks) {
-            let pos = 0;
-            while (pos < c.length) {
-              const n = Math.min(c.length - pos, buf.length - off);
-              buf.set(c.subarray(pos, pos + n), off);
-              off += n;
-              pos += n;
-              total -= n;
-              if (off === buf.length) {
-                ws.send(buf);
-                buf = new Uint8Array(Math.min(total, WS_MAX_MESSAGE));
-                off = 0;
-              }
-            }
-          }
+          if (ws.readyState === 1) sendAsMessages(chunks, (m) => ws.send(m));
         },
         () => {
           try {

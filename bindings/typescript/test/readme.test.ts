@@ -1,4 +1,4 @@
-// The README's quick start is the file that the tests run: keep them the same.
+// The README's quick start and web page are the files that the tests run: keep them the same.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
@@ -11,4 +11,10 @@ test("README quotes examples/quickstart.ts verbatim", () => {
   const readme = readFileSync(join(pkg, "README.md"), "utf8");
   const qs = readFileSync(join(pkg, "examples", "quickstart.ts"), "utf8");
   assert.ok(readme.includes("```ts\n" + qs + "```"), "README.md must contain examples/quickstart.ts as its ts block");
+});
+
+test("README quotes examples/web-page.ts (the web page with bidi streaming) verbatim", () => {
+  const readme = readFileSync(join(pkg, "README.md"), "utf8");
+  const page = readFileSync(join(pkg, "examples", "web-page.ts"), "utf8");
+  assert.ok(readme.includes("```ts\n" + page + "```"), "README.md must contain examples/web-page.ts as a ts block");
 });

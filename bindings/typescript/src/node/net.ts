@@ -41,6 +41,7 @@ export function socketDuplex(socket: net.Socket): Duplex {
       socket.end();
       socket.destroySoon();
     },
+    { pending: () => socket.writableLength, pause: () => socket.pause(), resume: () => socket.resume() },
   );
   let why = "the peer closed the connection";
   socket.on("data", (b: Buffer) => d.deliver(b));

@@ -1,10 +1,14 @@
 /**
- * A topspin server for Node over TCP and Unix sockets: handlers for the four call kinds, typed
- * from protobuf-es service descriptors, with deadlines, cancellation (an `AbortSignal` per
- * call), metadata and graceful shutdown (GOAWAY).
+ * A topspin server for Node over TCP, Unix sockets and WebSocket (`ws://`, §14.2, through the
+ * `ws` package): handlers for the four call kinds, typed from protobuf-es service descriptors,
+ * with deadlines, cancellation (an `AbortSignal` per call), metadata and graceful shutdown
+ * (GOAWAY).
  * @module
  */
 import * as net from "node:net";
+import { createServer as createHttpServer, type IncomingMessage } from "node:http";
+import type { Duplex as NodeDuplex } from "node:stream";
+import { WebSocketServer, type WebSocket } from "ws";
 import { existsSync, unlinkSync } from "node:fs";
 import { create, fromBinary, toBinary, type DescMessage, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Connection, type Event, type Limits, type MemoryBudget } from "../connection.js";
@@ -14,6 +18,7 @@ import { AsyncQueue } from "../queue.js";
 import { Code, TopspinError } from "../status.js";
 import { methodPath } from "../client.js";
 import { parseAddress, socketDuplex } from "./net.js";
+import { HeldDuplex, WS_SUBPROTOCOL, sendAsMessages, type Duplex } from "../transport.js";
 import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, accepts, decodeMessage, encodeMessage, type Codecs, type Compression } from "../compression.js";
 import { nodeCodecs } from "./gzip.js";
 
@@ -76,6 +81,57 @@ export interface ServerOptions {
   memoryBudget?: MemoryBudget;
   /** Encoders and decoders (default: `nodeCodecs`: gzip both ways, zstd decoding). */
   codecs?: Codecs;
+  /** WebSocket listeners (`ws://` addresses). */
+  webSocket?: WebSocketServerOptions;
+  /**
+   * Bound on the bytes produced for one connection and not yet written to it (§7, "output a peer
+   * does not read"; default 4 MiB). While it is reached the server stops reading from that
+   * connection, starts no handler and makes handlers' sends wait; what it may pass by is one
+   * message.
+   */
+  maxSendBuffer?: number;
+}
+
+/** Options of the WebSocket listeners (§14.2). */
+export interface WebSocketServerOptions {
+  /**
+   * Origins (`http://host:port`) whose pages may connect; an upgrade with another `Origin` is
+   * refused with 403. Unset: every origin. Requests without `Origin` (not from a browser) pass.
+   */
+  allowedOrigins?: string[];
+  /**
+   * Largest WebSocket message (and frame) accepted, bytes (default 4 MiB, at least 256 KiB);
+   * a larger one closes the connection with 1009. This bounds what one message makes us buffer.
+   */
+  maxMessageBytes?: number;
+}
+
+/** Answers an upgrade request with an HTTP error and closes the socket. */
+function refuseUpgrade(socket: NodeDuplex, status: number, reason: string, body: string): void {
+  socket.end(`HTTP/1.1 ${status} ${reason}\r\nconnection: close\r\ncontent-type: text/plain\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+}
+
+/** Wraps a server-side WebSocket (the `ws` package) as a {@link Duplex}: binary messages carry the stream. */
+function webSocketDuplex(ws: WebSocket): Duplex {
+  const d = new HeldDuplex(
+    (chunks) => {
+      if (ws.readyState === ws.OPEN) sendAsMessages(chunks, (m) => ws.send(m, { binary: true }));
+    },
+    () => ws.close(1000),
+    { pending: () => ws.bufferedAmount, pause: () => ws.pause(), resume: () => ws.resume() },
+  );
+  let why = "the peer closed the connection";
+  ws.on("message", (data, isBinary) => {
+    if (!isBinary) {
+      ws.close(1003, "text messages are not topspin");
+      return;
+    }
+    if (Array.isArray(data)) for (const b of data) d.deliver(b);
+    else d.deliver(data instanceof ArrayBuffer ? new Uint8Array(data) : data);
+  });
+  ws.on("error", (e) => (why = e.message));
+  ws.on("close", (code, reason) => d.end(code === 1000 || code === 1005 ? why : `WebSocket closed (${code}${reason.length > 0 ? " " + reason.toString() : ""})`));
+  return d;
 }
 
 interface ServerCall {
@@ -131,9 +187,14 @@ export class Server {
     return this;
   }
 
-  /** Listens on `tcp://host:port` (port 0: any) or `unix:///path`; resolves with the address. */
+  /**
+   * Listens on `tcp://host:port` (port 0: any), `unix:///path` or `ws://host:port/path`
+   * (WebSocket, subprotocol `topspin.v1`, upgrades on that path only); resolves with the
+   * address (the port filled in).
+   */
   async listen(address: string): Promise<string> {
     const a = parseAddress(address);
+    if (a.kind === "ws") return this.listenWebSocket(a.url);
     const srv = net.createServer((s) => this.accept(s));
     this.servers.push(srv);
     await new Promise<void>((resolve, reject) => {
@@ -142,7 +203,7 @@ export class Server {
         if (existsSync(a.path)) unlinkSync(a.path);
         srv.listen(a.path, resolve);
       } else if (a.kind === "tcp") srv.listen(a.port, a.host, resolve);
-      else reject(new Error("the Node server listens on tcp:// and unix:// addresses"));
+      else reject(new Error("unreachable"));
     });
     const addr = srv.address();
     if (addr !== null && typeof addr === "object") return `tcp://${addr.family === "IPv6" ? `[${addr.address}]` : addr.address}:${addr.port}`;
@@ -167,13 +228,57 @@ export class Server {
     this.conns.clear();
   }
 
+  /** A WebSocket listener (§14.2) on an HTTP/1.1 server of its own. */
+  private async listenWebSocket(url: string): Promise<string> {
+    const u = new URL(url);
+    if (u.protocol !== "ws:") throw new TopspinError(Code.INVALID_ARGUMENT, `the Node server listens on ws:// (no TLS here), not ${url}`);
+    const path = u.pathname === "" ? "/" : u.pathname;
+    const host = u.hostname.startsWith("[") ? u.hostname.slice(1, -1) : u.hostname;
+    const opts = this.options.webSocket ?? {};
+    const wss = new WebSocketServer({
+      noServer: true,
+      maxPayload: Math.max(256 * 1024, opts.maxMessageBytes ?? 4 << 20),
+      perMessageDeflate: false,
+      handleProtocols: (offered) => (offered.has(WS_SUBPROTOCOL) ? WS_SUBPROTOCOL : false),
+    });
+    const srv = createHttpServer((_req, res) => {
+      res.writeHead(426, { "content-type": "text/plain", upgrade: "websocket" }).end(`topspin over WebSocket (subprotocol ${WS_SUBPROTOCOL}): upgrade required\n`);
+    });
+    srv.on("upgrade", (req: IncomingMessage, socket: NodeDuplex, head: Buffer) => {
+      socket.on("error", () => undefined);
+      if (this.closing) return refuseUpgrade(socket, 503, "Service Unavailable", "shutting down\n");
+      if (new URL(req.url ?? "/", "http://x").pathname !== path) return refuseUpgrade(socket, 404, "Not Found", `no topspin endpoint here (it is at ${path})\n`);
+      const offered = (req.headers["sec-websocket-protocol"] ?? "").split(",").map((p) => p.trim());
+      if (!offered.includes(WS_SUBPROTOCOL)) return refuseUpgrade(socket, 400, "Bad Request", `the ${WS_SUBPROTOCOL} subprotocol must be offered\n`);
+      const origin = req.headers.origin;
+      if (opts.allowedOrigins !== undefined && origin !== undefined && !opts.allowedOrigins.includes(origin)) return refuseUpgrade(socket, 403, "Forbidden", `origin ${origin} is not allowed\n`);
+      wss.handleUpgrade(req, socket, head, (ws) => {
+        const entry = this.serve(webSocketDuplex(ws));
+        ws.on("close", () => this.conns.delete(entry));
+      });
+    });
+    this.servers.push(srv);
+    await new Promise<void>((resolve, reject) => {
+      srv.once("error", reject);
+      srv.listen(Number(u.port === "" ? 80 : u.port), host, resolve);
+    });
+    const addr = srv.address() as net.AddressInfo;
+    return `ws://${addr.family === "IPv6" ? `[${addr.address}]` : addr.address}:${addr.port}${path}`;
+  }
+
   private accept(socket: net.Socket): void {
+    const entry = this.serve(socketDuplex(socket));
+    socket.on("close", () => this.conns.delete(entry));
+  }
+
+  /** Runs a server connection over an accepted stream. */
+  private serve(io: Duplex): { engine: Connection; driver: Driver; calls: Map<number, ServerCall> } {
     const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
     const calls = new Map<number, ServerCall>();
     const entry = { engine, driver: null as unknown as Driver, calls };
     this.conns.add(entry);
-    entry.driver = new Driver(engine, socketDuplex(socket), (e) => this.onEvent(entry, e));
-    socket.on("close", () => this.conns.delete(entry));
+    entry.driver = new Driver(engine, io, (e) => this.onEvent(entry, e), this.options.maxSendBuffer ?? 4 << 20);
+    return entry;
   }
 
   private onEvent(c: { engine: Connection; driver: Driver; calls: Map<number, ServerCall> }, e: Event): void {
@@ -298,6 +403,7 @@ export class Server {
     const send = async (v: unknown): Promise<void> => {
       const plain = route.encode(v);
       const bytes = respEncoder === null ? plain : await encodeMessage(plain, respEncoder);
+      while (driver.full && !call.done) await driver.room(); // the peer is not reading (§7)
       sendHeaders();
       for (;;) {
         if (call.done) throw call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
@@ -316,6 +422,8 @@ export class Server {
       return first.value;
     };
     const run = async (): Promise<void> => {
+      if (driver.full) await driver.room(); // no new handler while the peer does not read (§7)
+      if (call.done) return;
       const h = route.handler;
       switch (route.kind) {
         case "unary":

@@ -21,6 +21,9 @@ use std::str::FromStr;
 /// // A bare host:port is TCP.
 /// assert_eq!("127.0.0.1:80".parse::<Address>().unwrap(), Address::Tcp("127.0.0.1:80".into()));
 /// assert!("http://x".parse::<Address>().is_err());
+/// // Every server behind a DNS name (for channels; see `Balancing`).
+/// let d: Address = "dns:///kv.default.svc.cluster.local:50051".parse().unwrap();
+/// assert_eq!(d, Address::Dns("kv.default.svc.cluster.local:50051".into()));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -42,15 +45,22 @@ pub enum Address {
     Ws(String, String),
     /// A WebSocket over TLS (`wss://host:port/path`). Needs the `tls` and `websocket` features.
     Wss(String, String),
+    /// Every server a DNS name resolves to (`dns:///host:port`, gRPC's target syntax): a
+    /// channel to it balances over all A and AAAA records over TCP, resolving the name again
+    /// on an interval and when a connection fails (see [`Balancing`](crate::Balancing)). Only
+    /// for connecting: a server cannot bind it.
+    Dns(String),
 }
 
 impl Address {
     /// The `host:port` of a TCP, TLS or WebSocket address; `None` for a Unix socket.
     pub fn host_port(&self) -> Option<&str> {
         match self {
-            Address::Tcp(hp) | Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
-                Some(hp)
-            }
+            Address::Tcp(hp)
+            | Address::Tls(hp)
+            | Address::Ws(hp, _)
+            | Address::Wss(hp, _)
+            | Address::Dns(hp) => Some(hp),
             Address::Unix(_) | Address::UnixAbstract(_) => None,
         }
     }
@@ -68,7 +78,7 @@ impl Address {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "invalid address {input:?}: {reason} (expected tcp://host:port, unix:///path, unix:@name, \
-     tls://host:port, ws://host:port/path or wss://host:port/path)"
+     tls://host:port, ws://host:port/path, wss://host:port/path or dns:///host:port)"
 )]
 pub struct AddressError {
     input: String,
@@ -119,6 +129,23 @@ impl FromStr for Address {
                     Address::Ws(hp, path)
                 });
             }
+        }
+        if let Some(rest) = s.strip_prefix("dns:") {
+            // dns:///host:port (no authority: the system's resolver) or dns:host:port.
+            let hp = match rest.strip_prefix("//") {
+                Some(r) => match r.strip_prefix('/') {
+                    Some(hp) => hp,
+                    None => {
+                        return Err(err(
+                            "a DNS server authority is not supported: use dns:///host:port",
+                        ))
+                    }
+                },
+                None => rest,
+            };
+            let hp = hp.trim_end_matches('/');
+            check_host_port(hp).map_err(err)?;
+            return Ok(Address::Dns(hp.to_owned()));
         }
         if let Some(rest) = s.strip_prefix("tls://") {
             let hp = rest.trim_end_matches('/');
@@ -177,6 +204,7 @@ impl fmt::Display for Address {
             Address::Tls(hp) => write!(f, "tls://{hp}"),
             Address::Ws(hp, path) => write!(f, "ws://{hp}{path}"),
             Address::Wss(hp, path) => write!(f, "wss://{hp}{path}"),
+            Address::Dns(hp) => write!(f, "dns:///{hp}"),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The connections of a channel: a fixed pool of slots, each (re)connected on demand with
-//! exponential backoff and jitter after failures.
+//! exponential backoff and jitter after failures. A channel over many endpoints has one such
+//! pool per endpoint (a subchannel) and a [`Balancer`] choosing among them per call.
 
+use super::balance::Balancer;
 use super::conn::ConnHandle;
 use super::Endpoint;
 use crate::Status;
@@ -35,10 +37,35 @@ pub(crate) struct Pool {
     pub(crate) replies: Arc<Replies>,
     /// Whether a dead connection is replaced (not for a connection over a given transport).
     reconnect: bool,
+    /// Many endpoints: the balancer picks a subchannel (a pool of its own) per call; `slots`
+    /// is then empty.
+    balancer: Option<Arc<Balancer>>,
+}
+
+/// Why a call cannot start on a connection right now.
+#[derive(Debug)]
+pub(crate) enum Pending {
+    /// This slot of a one-address pool needs (re)connecting.
+    Slot(usize),
+    /// No subchannel is ready now: wait for the balancer (within the call's deadline).
+    Balance,
 }
 
 impl Pool {
+    /// The pool of an endpoint: balanced when its address is `dns:///` or it has a resolver.
     pub(crate) fn new(endpoint: Endpoint) -> Pool {
+        match super::balance::resolver_of(&endpoint) {
+            Some(resolver) => Pool {
+                slots: Vec::new(),
+                balancer: Some(Arc::new(Balancer::new(endpoint.clone(), resolver))),
+                ..Pool::single(endpoint)
+            },
+            None => Pool::single(endpoint),
+        }
+    }
+
+    /// The pool of one address (also a balancer's subchannel).
+    pub(crate) fn single(endpoint: Endpoint) -> Pool {
         Pool {
             slots: (0..endpoint.connections).map(|_| Slot::default()).collect(),
             endpoint,
@@ -46,12 +73,13 @@ impl Pool {
             token: AtomicU64::new(1),
             replies: Arc::default(),
             reconnect: true,
+            balancer: None,
         }
     }
 
     /// A pool of one connection that already exists and is never replaced.
     pub(crate) fn fixed(endpoint: Endpoint, handle: ConnHandle) -> Pool {
-        let mut pool = Pool::new(Endpoint {
+        let mut pool = Pool::single(Endpoint {
             connections: 1,
             ..endpoint
         });
@@ -64,19 +92,62 @@ impl Pool {
         pool
     }
 
+    /// The addresses calls go to: a balancer's current set, or the one address.
+    pub(crate) fn endpoints(&self) -> Vec<crate::Address> {
+        match &self.balancer {
+            Some(b) => b.addresses(),
+            None => vec![self.endpoint.address.clone()],
+        }
+    }
+
     /// A fresh call token (unique per channel).
     pub(crate) fn token(&self) -> u64 {
         self.token.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) async fn connect_all(&self) -> Result<(), Status> {
+        if let Some(b) = &self.balancer {
+            return b.connect().await;
+        }
         for slot in 0..self.slots.len() {
             self.conn(slot).await?;
         }
         Ok(())
     }
 
-    fn cached(&self, slot: usize) -> Option<ConnHandle> {
+    /// Number of connection slots.
+    pub(crate) fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// When a slot that failed to connect may try again (`None`: not backing off).
+    pub(crate) fn retry_at(&self, slot: usize) -> Option<Instant> {
+        let st = self.slots[slot]
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        st.retry_at.filter(|_| st.handle.is_none())
+    }
+
+    /// The last connection error of a slot.
+    pub(crate) fn last_error(&self, slot: usize) -> Option<Status> {
+        let st = self.slots[slot]
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        st.last_error.clone()
+    }
+
+    /// The connection of a slot, usable or not (a balancer's keeper watches it).
+    pub(crate) fn handle(&self, slot: usize) -> Option<ConnHandle> {
+        let st = self.slots[slot]
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        st.handle.clone()
+    }
+
+    pub(crate) fn cached(&self, slot: usize) -> Option<ConnHandle> {
         let st = self.slots[slot]
             .state
             .lock()
@@ -85,7 +156,7 @@ impl Pool {
     }
 
     /// The slot's live connection, (re)connecting if needed, with backoff after failures.
-    async fn conn(&self, slot: usize) -> Result<ConnHandle, Status> {
+    pub(crate) async fn conn(&self, slot: usize) -> Result<ConnHandle, Status> {
         if let Some(h) = self.cached(slot) {
             return Ok(h);
         }
@@ -155,10 +226,22 @@ impl Pool {
         }
     }
 
-    /// The connection for the next call if it is up, else the slot to connect.
-    pub(crate) fn pick_now(&self) -> Result<ConnHandle, usize> {
+    /// The connection for the next call if it is up, else what to wait for.
+    #[inline]
+    pub(crate) fn pick_now(&self) -> Result<ConnHandle, Pending> {
+        if let Some(b) = &self.balancer {
+            return b.pick_now();
+        }
         let slot = self.next_slot();
-        self.cached(slot).ok_or(slot)
+        self.cached(slot).ok_or(Pending::Slot(slot))
+    }
+
+    /// A usable connection of this pool, trying each slot from the next one (a subchannel's
+    /// pick: no connecting).
+    pub(crate) fn ready(&self) -> Option<ConnHandle> {
+        let n = self.slots.len();
+        let first = self.next_slot();
+        (0..n).find_map(|i| self.cached((first + i) % n))
     }
 
     /// The connection for the next call (round robin over the pool), (re)connecting if needed.
@@ -170,15 +253,24 @@ impl Pool {
             Ok(h) => Ok(h),
             // (Re)connecting is rare and its future is large: boxed, it stays out of every
             // call's future (which would otherwise be over a kilobyte).
-            Err(slot) => Box::pin(self.conn_within(slot, deadline)).await,
+            Err(pending) => Box::pin(self.conn_within(pending, deadline)).await,
         }
     }
 
+    /// The connection for a call that could not start at once: connects the slot, or waits
+    /// for the balancer to have a ready endpoint, within the call's deadline.
     pub(crate) async fn conn_within(
         &self,
-        slot: usize,
+        pending: Pending,
         deadline: Option<Instant>,
     ) -> Result<ConnHandle, Status> {
+        let slot = match pending {
+            Pending::Slot(slot) => slot,
+            Pending::Balance => match &self.balancer {
+                Some(b) => return b.pick_within(deadline).await,
+                None => return Err(Status::internal("no balancer for a balanced pick")),
+            },
+        };
         let Some(d) = deadline else {
             return self.conn(slot).await;
         };

@@ -175,6 +175,10 @@ impl Listener {
             Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
                 Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?))
             }
+            Address::Dns(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a dns:/// address names servers to connect to; a server binds tcp://host:port",
+            )),
         }
     }
 

@@ -19,6 +19,24 @@ const WHO: &str = "/b.Replica/Who";
 const HOLD: &str = "/b.Replica/Hold";
 const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
 
+/// `grpc.health.v1` messages encoded by hand, under the protobuf codec id as a real health
+/// server registers them (`topspin-health` depends on this crate, so its tests cannot be here;
+/// the namespace fault test runs the real one).
+#[derive(Clone, Copy)]
+struct Protobuf;
+
+impl topspin::codec::Codec for Protobuf {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    const ID: u8 = topspin::codec::CODEC_PROTOBUF;
+    fn encode(&self, item: Bytes) -> Result<Bytes, Status> {
+        Ok(item)
+    }
+    fn decode(&self, buf: Bytes) -> Result<Bytes, Status> {
+        Ok(buf)
+    }
+}
+
 /// What a replica's handlers share with the test.
 #[derive(Default)]
 struct State {
@@ -85,7 +103,7 @@ impl Replica {
                     Ok(Response::new(name))
                 }
             })
-            .server_streaming(HEALTH_WATCH, RawCodec, move |_req: Request<Bytes>| {
+            .server_streaming(HEALTH_WATCH, Protobuf, move |_req: Request<Bytes>| {
                 let rx = health_rx.clone();
                 async move {
                     let answers = stream::unfold((rx, true), |(mut rx, first)| async move {
@@ -212,8 +230,7 @@ async fn concurrent_calls_favour_the_less_loaded_server() {
         }));
     }
     within(10, async {
-        while rs[0].state.held.load(Ordering::SeqCst) + rs[1].state.held.load(Ordering::SeqCst)
-            < 20
+        while rs[0].state.held.load(Ordering::SeqCst) + rs[1].state.held.load(Ordering::SeqCst) < 20
         {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -239,7 +256,14 @@ async fn concurrent_calls_favour_the_less_loaded_server() {
 #[tokio::test]
 async fn dns_names_resolve_to_their_servers() {
     let r = Replica::start("solo", "tcp://127.0.0.1:0").await;
-    let port = r.addr.host_port().unwrap().rsplit_once(':').unwrap().1.to_owned();
+    let port = r
+        .addr
+        .host_port()
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .to_owned();
     let ch = Endpoint::new(format!("dns:///localhost:{port}"))
         .unwrap()
         .connect()
@@ -249,7 +273,10 @@ async fn dns_names_resolve_to_their_servers() {
     assert!(ch
         .endpoints()
         .contains(&Address::Tcp(format!("127.0.0.1:{port}"))));
-    assert_eq!(ch.endpoint().address().to_string(), format!("dns:///localhost:{port}"));
+    assert_eq!(
+        ch.endpoint().address().to_string(),
+        format!("dns:///localhost:{port}")
+    );
     // A name that does not resolve fails the call at once, as UNAVAILABLE and unsent.
     let bad = Channel::lazy("dns:///no-such-host.invalid:50051").unwrap();
     let e = within(30, who(&bad, 1)).await.unwrap_err();
@@ -265,11 +292,16 @@ async fn dns_names_resolve_to_their_servers() {
 async fn a_changing_endpoint_set_leaves_calls_in_flight_alone() {
     let rs = replicas(3).await;
     let (tx, rx) = mpsc::channel::<Vec<Address>>(4);
-    let sets = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|s| (Ok(s), rx)) });
+    let sets = stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|s| (Ok(s), rx)) },
+    );
     let ch = Endpoint::with_resolver(resolve::from_stream(sets))
         .balancing(Balancing::round_robin())
         .connect_lazy();
-    tx.send(vec![rs[0].addr.clone(), rs[1].addr.clone()]).await.unwrap();
+    tx.send(vec![rs[0].addr.clone(), rs[1].addr.clone()])
+        .await
+        .unwrap();
     // One held call on each of r0 and r1 (round robin).
     let mut held = Vec::new();
     for _ in 0..2 {
@@ -291,7 +323,9 @@ async fn a_changing_endpoint_set_leaves_calls_in_flight_alone() {
     assert_eq!(rs[0].state.held.load(Ordering::SeqCst), 1);
     assert_eq!(rs[1].state.held.load(Ordering::SeqCst), 1);
     // r1 leaves, r2 comes: new calls go to r0 and r2 only.
-    tx.send(vec![rs[0].addr.clone(), rs[2].addr.clone()]).await.unwrap();
+    tx.send(vec![rs[0].addr.clone(), rs[2].addr.clone()])
+        .await
+        .unwrap();
     within(10, async {
         while !ch.endpoints().contains(&rs[2].addr) {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -301,7 +335,10 @@ async fn a_changing_endpoint_set_leaves_calls_in_flight_alone() {
     let before = rs[1].who();
     let hits = within(20, spread(&ch, 40)).await;
     assert_eq!(rs[1].who(), before, "a removed server got calls: {hits:?}");
-    assert!(hits.contains_key("r0") && hits.contains_key("r2"), "{hits:?}");
+    assert!(
+        hits.contains_key("r0") && hits.contains_key("r2"),
+        "{hits:?}"
+    );
     // Both held calls — on the kept r0 and on the removed r1 — finish normally.
     for r in &rs {
         r.release();
@@ -340,7 +377,7 @@ async fn health_checks_keep_calls_off_servers_that_are_not_serving() {
     let hits = within(20, spread(&ch, 60)).await;
     assert_eq!(hits.len(), 2, "{hits:?}");
     rs[0].health.send_replace(2); // NOT_SERVING
-    // The watch reports it promptly; from then on r0 gets nothing.
+                                  // The watch reports it promptly; from then on r0 gets nothing.
     within(10, async {
         loop {
             let before = rs[0].who();
@@ -365,7 +402,10 @@ async fn health_checks_keep_calls_off_servers_that_are_not_serving() {
     })
     .await;
     assert_eq!(e.code(), Code::Unavailable, "{e}");
-    assert!(e.is_unprocessed() && e.message().contains("not serving"), "{e:?}");
+    assert!(
+        e.is_unprocessed() && e.message().contains("not serving"),
+        "{e:?}"
+    );
     // Serving again: calls come back.
     rs[0].health.send_replace(1);
     rs[1].health.send_replace(1);
@@ -418,7 +458,11 @@ async fn a_server_whose_calls_fail_unavailable_is_ejected_then_readmitted() {
         r.state.failing.store(true, Ordering::Relaxed);
     }
     let ch = endpoint(&two)
-        .balancing(Balancing::round_robin().ejection(1, Duration::from_secs(5), Duration::from_secs(5)))
+        .balancing(Balancing::round_robin().ejection(
+            1,
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        ))
         .connect()
         .await
         .unwrap();
@@ -435,9 +479,8 @@ async fn a_server_whose_calls_fail_unavailable_is_ejected_then_readmitted() {
 #[tokio::test]
 async fn subsetting_talks_to_a_stable_few_of_many_servers() {
     let rs = replicas(8).await;
-    let subset = |seed| {
-        endpoint(&rs).balancing(Balancing::round_robin().subset(3).subset_seed(seed))
-    };
+    let subset =
+        |seed| endpoint(&rs).balancing(Balancing::round_robin().subset(3).subset_seed(seed));
     let a = subset(7).connect().await.unwrap();
     let b = subset(7).connect().await.unwrap();
     let mut ea = a.endpoints();
@@ -494,7 +537,10 @@ async fn a_draining_server_gets_no_new_calls_and_finishes_its_own() {
     r0_state.release.notify_waiters();
     r1.release();
     for h in held {
-        within(10, h).await.unwrap().expect("a call in flight on a draining server");
+        within(10, h)
+            .await
+            .unwrap()
+            .expect("a call in flight on a draining server");
     }
     within(10, drain).await.unwrap();
     drop(r0_release);
@@ -567,7 +613,12 @@ async fn a_rolling_restart_of_three_replicas_under_load_loses_no_call() {
         }
     }
     for id in ok {
-        assert_eq!(runs.get(&id), Some(&1), "call {id} ran {:?} times", runs.get(&id));
+        assert_eq!(
+            runs.get(&id),
+            Some(&1),
+            "call {id} ran {:?} times",
+            runs.get(&id)
+        );
     }
     eprintln!(
         "rolling restart: {issued} calls, none lost, {} sent again after an unprocessed failure",

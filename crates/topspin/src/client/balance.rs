@@ -684,6 +684,23 @@ impl Keeper {
 /// The `grpc.health.v1.Health/Watch` method.
 const WATCH: &str = "/grpc.health.v1.Health/Watch";
 
+/// Protobuf messages encoded by hand: bytes both ways under the protobuf codec id, which is
+/// what a `grpc.health.v1` server (such as `topspin-health`) registers.
+#[derive(Clone, Copy, Debug)]
+struct Protobuf;
+
+impl crate::codec::Codec for Protobuf {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    const ID: u8 = crate::codec::CODEC_PROTOBUF;
+    fn encode(&self, item: Bytes) -> Result<Bytes, Status> {
+        Ok(item)
+    }
+    fn decode(&self, buf: Bytes) -> Result<Bytes, Status> {
+        Ok(buf)
+    }
+}
+
 /// Watches one endpoint's health for as long as the subchannel lives.
 async fn watch_health(pool: Arc<Pool>, st: Arc<SubState>, changed: Arc<Notify>, service: String) {
     let channel = Channel::from_shared(pool.clone());
@@ -695,7 +712,7 @@ async fn watch_health(pool: Arc<Pool>, st: Arc<SubState>, changed: Arc<Notify>, 
     };
     loop {
         let r = channel
-            .server_streaming(crate::codec::RawCodec, WATCH, Request::new(request.clone()))
+            .server_streaming(Protobuf, WATCH, Request::new(request.clone()))
             .await;
         match r {
             Ok(resp) => {

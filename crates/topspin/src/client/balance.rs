@@ -574,7 +574,7 @@ fn subset(mut addresses: Vec<Address>, n: Option<usize>, seed: u64) -> Vec<Addre
         splitmix(h.finish())
     };
     let mut ranked: Vec<(u64, Address)> = addresses.into_iter().map(|a| (weight(&a), a)).collect();
-    ranked.sort_unstable_by(|x, y| y.0.cmp(&x.0));
+    ranked.sort_unstable_by_key(|x| std::cmp::Reverse(x.0));
     ranked.truncate(n);
     ranked.into_iter().map(|(_, a)| a).collect()
 }

@@ -46,7 +46,7 @@ use tokio::sync::Notify;
 /// ```
 pub trait Resolver: Send + Sync + 'static {
     /// The stream of endpoint sets (each item a complete set).
-    fn resolve(&self) -> BoxStream<'static, Result<Vec<Address>, Status>>;
+    fn resolve(&self) -> Sets;
 
     /// A hint that a connection to one of the endpoints failed, so the set may be stale:
     /// resolve again soon. The default does nothing.
@@ -90,7 +90,10 @@ where
     FromStream(Mutex::new(Some(sets.boxed())))
 }
 
-struct FromStream(Mutex<Option<BoxStream<'static, Result<Vec<Address>, Status>>>>);
+/// A stream of endpoint sets, as resolvers yield them.
+pub type Sets = BoxStream<'static, Result<Vec<Address>, Status>>;
+
+struct FromStream(Mutex<Option<Sets>>);
 
 impl Resolver for FromStream {
     fn resolve(&self) -> BoxStream<'static, Result<Vec<Address>, Status>> {

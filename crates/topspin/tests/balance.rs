@@ -628,3 +628,37 @@ async fn a_rolling_restart_of_three_replicas_under_load_loses_no_call() {
         r.stop(Duration::from_secs(1)).await;
     }
 }
+
+#[tokio::test]
+async fn only_calls_that_never_left_are_marked_unprocessed() {
+    // A call in flight when its server dies may have run: not marked.
+    let r = Replica::start("r", "tcp://127.0.0.1:0").await;
+    let addr = r.addr.clone();
+    let ch = Endpoint::new(addr.clone())
+        .unwrap()
+        .backoff(Duration::from_secs(5), Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    let state = r.state.clone();
+    let held = tokio::spawn({
+        let ch = ch.clone();
+        async move { ch.unary(RawCodec, HOLD, Request::new(Bytes::new())).await }
+    });
+    within(10, async {
+        while state.held.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    r.stop(Duration::ZERO).await;
+    let e = within(10, held).await.unwrap().unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(!e.is_unprocessed(), "a call that reached the server: {e:?}");
+    // Calls after that cannot connect (refused, then backing off): never sent, marked.
+    for _ in 0..2 {
+        let e = within(10, who(&ch, 1)).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        assert!(e.is_unprocessed(), "{e:?}");
+    }
+}

@@ -367,13 +367,16 @@ impl Balancer {
     /// Connects: waits for the first endpoint set and one ready endpoint (or fails as a call
     /// would).
     pub(crate) async fn connect(self: &Arc<Self>) -> Result<(), Status> {
-        self.pick_within(None).await.map(|_| ())
+        self.pick_waiting(None, false).await.map(|_| ())
     }
 
-    /// The connection for a call once an endpoint is ready, within the call's deadline.
-    pub(crate) async fn pick_within(
+    /// The connection for a call once an endpoint is ready, within the call's deadline. With
+    /// `wait_for_ready` a call waits even while every endpoint fails (until its deadline);
+    /// without, it fails at once then.
+    pub(crate) async fn pick_waiting(
         self: &Arc<Self>,
         deadline: Option<Instant>,
+        wait_for_ready: bool,
     ) -> Result<ConnHandle, Status> {
         self.start();
         loop {
@@ -388,16 +391,19 @@ impl Balancer {
             if let Some((_, h)) = scan(&set, 0, |s| s.ready(self.health, true)) {
                 return Ok(h);
             }
-            if let Some(status) = self.hopeless(&set) {
+            let hopeless = self.hopeless(&set);
+            if let Some(status) = hopeless.clone().filter(|_| !wait_for_ready) {
                 return Err(status.with_unprocessed());
             }
             // Wait for a change; look again now and then in case a notice was missed.
             let mut wake = Instant::now() + Duration::from_millis(250);
             if let Some(d) = deadline {
                 if d <= Instant::now() {
+                    let why = hopeless.map(|s| format!(": {}", s.message()));
                     return Err(Status::deadline_exceeded(format!(
-                        "the call's deadline passed while waiting for a ready endpoint of {}",
-                        self.target
+                        "the call's deadline passed while waiting for a ready endpoint of {}{}",
+                        self.target,
+                        why.unwrap_or_default()
                     ))
                     .with_unprocessed());
                 }

@@ -167,7 +167,8 @@ impl Pool {
         if !self.reconnect {
             return Err(Status::unavailable(
                 "the connection closed, and a channel over a given transport does not reconnect",
-            ));
+            )
+            .with_unprocessed());
         }
         self.backing_off(slot)?;
         let ep = &self.endpoint;
@@ -192,7 +193,8 @@ impl Pool {
                 let jittered = capped * (0.8 + 0.4 * fastrand::f64());
                 st.retry_at = Some(Instant::now() + Duration::from_secs_f64(jittered));
                 st.last_error = Some(status.clone());
-                Err(status)
+                // Not connected: the call was never written anywhere.
+                Err(status.with_unprocessed())
             }
         }
     }
@@ -210,7 +212,8 @@ impl Pool {
                     "{}; next connection attempt in {:?}",
                     err.message(),
                     at - now
-                )));
+                ))
+                .with_unprocessed());
             }
         }
         Ok(())
@@ -257,6 +260,46 @@ impl Pool {
         }
     }
 
+    /// The connection for a wait-for-ready call: unlike [`Pool::pick`], it does not fail
+    /// while the server (or, balanced, every endpoint) is unreachable, but waits through
+    /// failed attempts and backoff until a connection is ready or the deadline passes (then
+    /// `DEADLINE_EXCEEDED`, unprocessed). Errors other than `UNAVAILABLE` end it at once.
+    /// (The hook for per-call `wait_for_ready`.)
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) async fn pick_wait_for_ready(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<ConnHandle, Status> {
+        if let Some(b) = &self.balancer {
+            return b.pick_waiting(deadline, true).await;
+        }
+        loop {
+            match self.pick(deadline).await {
+                Ok(h) => return Ok(h),
+                Err(e) if e.code() != crate::Code::Unavailable => return Err(e),
+                Err(e) => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| d <= now) {
+                        return Err(Status::deadline_exceeded(format!(
+                            "the call's deadline passed while waiting for {} to be ready: {}",
+                            self.endpoint.address,
+                            e.message()
+                        ))
+                        .with_unprocessed());
+                    }
+                    // Until the next attempt may start (at most 1 s, never past the deadline).
+                    let retry = (0..self.slots.len()).filter_map(|s| self.retry_at(s)).min();
+                    let mut wake = retry.unwrap_or(now).max(now + Duration::from_millis(5));
+                    wake = wake.min(now + Duration::from_secs(1));
+                    if let Some(d) = deadline {
+                        wake = wake.min(d);
+                    }
+                    tokio::time::sleep_until(wake.into()).await;
+                }
+            }
+        }
+    }
+
     /// The connection for a call that could not start at once: connects the slot, or waits
     /// for the balancer to have a ready endpoint, within the call's deadline.
     pub(crate) async fn conn_within(
@@ -267,7 +310,7 @@ impl Pool {
         let slot = match pending {
             Pending::Slot(slot) => slot,
             Pending::Balance => match &self.balancer {
-                Some(b) => return b.pick_within(deadline).await,
+                Some(b) => return b.pick_waiting(deadline, false).await,
                 None => return Err(Status::internal("no balancer for a balanced pick")),
             },
         };
@@ -279,7 +322,63 @@ impl Pool {
             Err(_) => Err(Status::deadline_exceeded(format!(
                 "the call's deadline passed while connecting to {}",
                 self.endpoint.address
-            ))),
+            ))
+            .with_unprocessed()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Code;
+
+    /// A port nobody listens on yet (bound, read, released).
+    fn free_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    }
+
+    async fn serve_later(address: String) -> crate::ShutdownHandle {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let server = crate::Server::builder()
+            .bind(address.as_str())
+            .await
+            .expect("bind");
+        let handle = server.shutdown_handle();
+        tokio::spawn(server.serve());
+        handle
+    }
+
+    #[tokio::test]
+    async fn wait_for_ready_waits_through_failures_until_a_server_appears() {
+        for balanced in [false, true] {
+            let address = format!("tcp://127.0.0.1:{}", free_port());
+            let endpoint = if balanced {
+                Endpoint::balanced([address.as_str()]).expect("endpoint")
+            } else {
+                Endpoint::new(address.as_str()).expect("endpoint")
+            }
+            .backoff(Duration::from_millis(20), Duration::from_millis(100));
+            let pool = Arc::new(Pool::new(endpoint));
+            // Without waiting: nobody listens, the call fails at once, unsent.
+            let e = pool.pick(None).await.expect_err("nobody listens");
+            assert_eq!(e.code(), Code::Unavailable, "{e}");
+            assert!(e.is_unprocessed(), "{e:?}");
+            // A deadline bounds the wait.
+            let soon = Instant::now() + Duration::from_millis(100);
+            let e = pool
+                .pick_wait_for_ready(Some(soon))
+                .await
+                .expect_err("deadline");
+            assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+            assert!(e.is_unprocessed());
+            // Waiting: the server comes up 300 ms later and the pick succeeds.
+            let server = tokio::spawn(serve_later(address.clone()));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let h = pool.pick_wait_for_ready(Some(deadline)).await;
+            assert!(h.is_ok(), "balanced {balanced}: {h:?}");
+            server.await.expect("server").shutdown(Duration::ZERO).await;
         }
     }
 }

@@ -33,6 +33,9 @@ const ECHO: &str = "/bench.Endpoints/Echo";
 const WORK: &str = "/bench.Endpoints/Work";
 const PREFIX: &str = "tsb";
 const COUNTS: [usize; 3] = [1, 2, 4];
+/// The points measured: endpoints, connections per endpoint. One endpoint with four
+/// connections tells what comes from more connections rather than more servers.
+const POINTS: [(usize, usize); 4] = [(1, 1), (1, 4), (2, 1), (4, 1)];
 
 fn flag(name: &str) -> Option<String> {
     let mut args = std::env::args();
@@ -116,7 +119,7 @@ fn run(netns: bool, secs: f64, inflight: usize) -> Result<(), String> {
     }
     let mut rows = Vec::new();
     for workload in ["echo", "capacity"] {
-        for n in COUNTS {
+        for (n, conns) in POINTS {
             let mut cmd = if netns {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", &format!("{PREFIX}-c")])
@@ -126,6 +129,7 @@ fn run(netns: bool, secs: f64, inflight: usize) -> Result<(), String> {
                 Command::new(exe()?)
             };
             cmd.args(["drive", workload, &secs.to_string(), &inflight.to_string()]);
+            cmd.arg(conns.to_string());
             cmd.args(&addresses[..n]);
             let out = cmd.output().map_err(|e| e.to_string())?;
             let text = String::from_utf8_lossy(&out.stdout);
@@ -139,21 +143,21 @@ fn run(netns: bool, secs: f64, inflight: usize) -> Result<(), String> {
                         String::from_utf8_lossy(&out.stderr)
                     )
                 })?;
-            rows.push((workload, n, rate));
+            rows.push((workload, n, conns, rate));
         }
     }
     for mut s in servers {
         let _ = s.kill();
         let _ = s.wait();
     }
-    println!("\n| workload | endpoints | calls/s | vs 1 endpoint |");
-    println!("|---|---:|---:|---:|");
-    for (w, n, rate) in &rows {
+    println!("\n| workload | endpoints | connections each | calls/s | vs 1 endpoint |");
+    println!("|---|---:|---:|---:|---:|");
+    for (w, n, c, rate) in &rows {
         let one = rows
             .iter()
-            .find(|(w1, n1, _)| w1 == w && *n1 == 1)
-            .map_or(1.0, |r| r.2);
-        println!("| {w} | {n} | {rate:.0} | {:.2}× |", rate / one);
+            .find(|(w1, n1, c1, _)| w1 == w && *n1 == 1 && *c1 == 1)
+            .map_or(1.0, |r| r.3);
+        println!("| {w} | {n} | {c} | {rate:.0} | {:.2}× |", rate / one);
     }
     Ok(())
 }
@@ -278,12 +282,13 @@ fn serve(address: &str) {
     });
 }
 
-/// The client: `drive WORKLOAD SECS INFLIGHT ADDRESS…`; prints `RATE <calls/s>`.
+/// The client: `drive WORKLOAD SECS INFLIGHT CONNECTIONS ADDRESS…`; prints `RATE <calls/s>`.
 fn drive(args: &[String]) {
     let method = if args[0] == "echo" { ECHO } else { WORK };
     let secs: f64 = args[1].parse().unwrap_or(3.0);
     let inflight: usize = args[2].parse().unwrap_or(128);
-    let addresses = args[3..].to_vec();
+    let connections: usize = args[3].parse().unwrap_or(1);
+    let addresses = args[4..].to_vec();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -292,6 +297,7 @@ fn drive(args: &[String]) {
     rt.block_on(async move {
         let channel = Endpoint::balanced(addresses)
             .expect("addresses")
+            .connections(connections)
             .connect()
             .await
             .expect("connect");

@@ -420,6 +420,7 @@ impl Balancer {
             return None;
         }
         if set.is_empty() {
+            self.resolver.resolve_now();
             let why = self
                 .resolve_error
                 .lock()

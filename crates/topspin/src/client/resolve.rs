@@ -113,7 +113,8 @@ impl Resolver for FromStream {
 ///
 /// The name is resolved when the channel is first used, then every `interval` (default 30 s:
 /// `getaddrinfo` does not report TTLs) and soon after a connection to one of its servers fails
-/// (at most once per `min_interval`, default 1 s). A failed lookup keeps the previous set.
+/// or a call finds no server (at most once per `min_interval`, default 1 s). A failed lookup
+/// keeps the previous set and is tried again after 1 s, doubling up to `interval`.
 #[derive(Clone, Debug)]
 pub struct DnsResolver {
     host_port: String,
@@ -164,24 +165,77 @@ impl DnsResolver {
 impl Resolver for DnsResolver {
     fn resolve(&self) -> BoxStream<'static, Result<Vec<Address>, Status>> {
         let me = self.clone();
-        stream::unfold((me, true), |(me, first)| async move {
-            if !first {
-                // Wait for the interval or a hint, but never less than min_interval.
-                tokio::time::sleep(me.min_interval).await;
-                let rest = me.interval.saturating_sub(me.min_interval);
-                tokio::select! {
-                    _ = tokio::time::sleep(rest) => {}
-                    _ = me.now.notified() => {}
+        // State: the resolver, and how many lookups in a row failed (None before the first).
+        stream::unfold(
+            (me, None),
+            |(me, failed): (DnsResolver, Option<u32>)| async move {
+                if let Some(failed) = failed {
+                    // Wait for the interval (after failures: 1 s doubling up to it) or a hint,
+                    // but never less than min_interval.
+                    let wait = match failed {
+                        0 => me.interval,
+                        n => Duration::from_secs(1u64 << (n - 1).min(16)).min(me.interval),
+                    };
+                    tokio::time::sleep(me.min_interval).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait.saturating_sub(me.min_interval)) => {}
+                        _ = me.now.notified() => {}
+                    }
                 }
-            }
-            let set = DnsResolver::lookup(&me.host_port).await;
-            Some((set, (me, false)))
-        })
+                let set = DnsResolver::lookup(&me.host_port).await;
+                let failed = match set {
+                    Ok(_) => 0,
+                    Err(_) => failed.unwrap_or(0).saturating_add(1),
+                };
+                Some((set, (me, Some(failed))))
+            },
+        )
         .boxed()
     }
 
     fn resolve_now(&self) {
         // A permit is stored if no lookup waits now: the next wait ends at once.
         self.now.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failed_lookup_is_tried_again_soon() {
+        // The interval is ten minutes; after a failure the next lookup comes after ~1 s.
+        let dns = DnsResolver::new("no-such-host.invalid:50051")
+            .interval(Duration::from_secs(600))
+            .min_interval(Duration::from_millis(10));
+        let mut sets = dns.resolve();
+        for _ in 0..2 {
+            let set = tokio::time::timeout(Duration::from_secs(20), sets.next())
+                .await
+                .expect("a lookup within 20 s");
+            let e = set.expect("an item").expect_err("no such host");
+            assert_eq!(e.code(), crate::Code::Unavailable);
+        }
+    }
+
+    #[tokio::test]
+    async fn static_and_stream_resolvers() {
+        let a: Address = "tcp://10.0.0.1:1".parse().expect("address");
+        let fixed = StaticResolver::new(vec![a.clone()]);
+        assert_eq!(
+            fixed.resolve().next().await.map(|r| r.ok()),
+            Some(Some(vec![a.clone()]))
+        );
+        let once = from_stream(stream::iter([Ok(vec![a.clone()])]));
+        assert!(once.resolve().next().await.is_some_and(|r| r.is_ok()));
+        // A second channel cannot take the same stream: it says so.
+        let e = once
+            .resolve()
+            .next()
+            .await
+            .expect("an item")
+            .expect_err("used");
+        assert_eq!(e.code(), crate::Code::FailedPrecondition);
     }
 }

@@ -240,8 +240,9 @@ async fn concurrent_calls_favour_the_less_loaded_server() {
         rs[0].state.held.load(Ordering::SeqCst),
         rs[1].state.held.load(Ordering::SeqCst),
     );
-    // With loads compared, 20 calls split close to evenly (pure chance would often not).
-    assert!(a.abs_diff(b) <= 6, "held calls split {a}/{b}");
+    // With loads compared, 20 calls split evenly (by chance alone a 13/7 split or worse
+    // would come one time in four).
+    assert!(a.abs_diff(b) <= 2, "held calls split {a}/{b}");
     for r in &rs {
         r.release();
     }

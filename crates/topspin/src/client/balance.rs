@@ -9,8 +9,8 @@
 //!   moment a connection becomes unusable (GOAWAY, closed) to replace it. New calls never go
 //!   to an unusable connection: a draining server gets none, its calls in flight finish.
 //! - A pick reads the set under a read lock and, per policy, takes the less loaded of two
-//!   random ready subchannels (load: the calls open on the connection, published by its task)
-//!   or the next ready one round robin. Nothing ready: the call waits (within its deadline)
+//!   random ready subchannels (load: the calls open on the connection, published by its task,
+//!   plus those picked since the task last took its queue) or the next ready one round robin. Nothing ready: the call waits (within its deadline)
 //!   while some endpoint is connecting, else fails `UNAVAILABLE` at once, marked
 //!   [`unprocessed`](crate::Status::is_unprocessed).
 //! - Passive ejection: a connection whose calls ended `UNAVAILABLE` `eject_after` times in a
@@ -225,6 +225,8 @@ pub(crate) struct Balancer {
     template: Endpoint,
     resolver: Arc<dyn Resolver>,
     health: bool,
+    /// The endpoints: as many as the resolver names (a subset bounds them); local
+    /// configuration, not something a server can grow.
     set: RwLock<Set>,
     next: AtomicUsize,
     started: AtomicBool,
@@ -290,12 +292,18 @@ impl Balancer {
 
     /// The connection for a call if an endpoint is ready now.
     pub(crate) fn pick_now(&self) -> Result<ConnHandle, Pending> {
+        self.choose(true)
+    }
+
+    /// A ready endpoint's connection; `count`: a call goes there now (a pick that sends
+    /// nothing must not count, or the connection would look loaded until its next call).
+    fn choose(&self, count: bool) -> Result<ConnHandle, Pending> {
         let set = self.set.read().unwrap_or_else(|e| e.into_inner());
         let picked = match set.len() {
             0 => None,
             1 => set[0].ready(self.health, false).map(|h| (0, h)),
             n => match self.template.balancing.policy {
-                Policy::LeastLoadedOfTwo => self.two_choices(&set, n),
+                Policy::LeastLoadedOfTwo => self.two_choices(&set, n, count),
                 Policy::RoundRobin => self.round_robin(&set, n),
             },
         };
@@ -310,7 +318,7 @@ impl Balancer {
         Ok(h)
     }
 
-    fn two_choices(&self, set: &[Arc<Sub>], n: usize) -> Option<(usize, ConnHandle)> {
+    fn two_choices(&self, set: &[Arc<Sub>], n: usize, count: bool) -> Option<(usize, ConnHandle)> {
         let a = fastrand::usize(..n);
         let mut b = fastrand::usize(..n - 1);
         if b >= a {
@@ -321,8 +329,17 @@ impl Balancer {
             set[b].ready(self.health, false),
         ) {
             (Some(x), Some(y)) => {
-                let load = |h: &ConnHandle| h.shared.open.load(Ordering::Relaxed);
-                Some(if load(&y) < load(&x) { (b, y) } else { (a, x) })
+                let load = |h: &ConnHandle| {
+                    let s = &h.shared;
+                    s.open.load(Ordering::Relaxed) + s.queued.load(Ordering::Relaxed)
+                };
+                let chosen = if load(&y) < load(&x) { (b, y) } else { (a, x) };
+                // Counted until its connection task takes it, so that a burst of picks
+                // before the task runs spreads too.
+                if count {
+                    chosen.1.shared.queued.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(chosen)
             }
             (Some(x), None) => Some((a, x)),
             (None, Some(y)) => Some((b, y)),
@@ -367,7 +384,7 @@ impl Balancer {
     /// Connects: waits for the first endpoint set and one ready endpoint (or fails as a call
     /// would).
     pub(crate) async fn connect(self: &Arc<Self>) -> Result<(), Status> {
-        self.pick_waiting(None, false).await.map(|_| ())
+        self.wait(None, false, false).await.map(|_| ())
     }
 
     /// The connection for a call once an endpoint is ready, within the call's deadline. With
@@ -378,12 +395,21 @@ impl Balancer {
         deadline: Option<Instant>,
         wait_for_ready: bool,
     ) -> Result<ConnHandle, Status> {
+        self.wait(deadline, wait_for_ready, true).await
+    }
+
+    async fn wait(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+        wait_for_ready: bool,
+        count: bool,
+    ) -> Result<ConnHandle, Status> {
         self.start();
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Ok(h) = self.pick_now() {
+            if let Ok(h) = self.choose(count) {
                 return Ok(h);
             }
             // Nothing else takes calls: an ejected endpoint does rather than none.

@@ -151,6 +151,9 @@ pub(crate) struct ConnShared {
     /// Calls open or waiting on this connection as of the connection task's last turn: the
     /// load a balancer compares (written only when it changes, relaxed).
     pub(crate) open: AtomicU32,
+    /// Calls a balancer sent here since the connection task last took its queue (it clears
+    /// this then): with `open`, the load before the task has run.
+    pub(crate) queued: AtomicU32,
     /// Calls in a row that ended `UNAVAILABLE` on this connection (a balancer ejects the
     /// endpoint past a threshold; reset by any other outcome).
     pub(crate) failures: AtomicU32,
@@ -266,6 +269,10 @@ impl Role for ClientRole {
 
     fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, room: usize) -> Poll<()> {
         let r = self.work(cx, conn, room);
+        // The queue was taken: the calls a balancer counted are in `open` now.
+        if self.shared.queued.load(Ordering::Relaxed) != 0 {
+            self.shared.queued.store(0, Ordering::Relaxed);
+        }
         self.publish();
         r
     }

@@ -138,6 +138,9 @@ pub const DETAILS_KEY: &str = "topspin-status-details-bin";
 #[derive(Clone, PartialEq, Eq)]
 pub struct Status {
     code: Code,
+    /// The call never reached the server's application (see [`Status::is_unprocessed`]).
+    /// Local knowledge: never sent on the wire.
+    unprocessed: bool,
     message: ByteString,
     /// Details and trailers, out of line: most statuses have neither, and a small status is
     /// cheap to move through the engine's event queue.
@@ -167,6 +170,7 @@ impl Status {
     pub fn new(code: Code, message: impl Into<ByteString>) -> Status {
         Status {
             code,
+            unprocessed: false,
             message: message.into(),
             extra: None,
         }
@@ -197,6 +201,29 @@ impl Status {
     pub fn with_metadata(mut self, metadata: Metadata) -> Status {
         self.extra.get_or_insert_default().metadata = metadata;
         self
+    }
+
+    /// Marks the status of a call that never reached the server's application: it was not
+    /// written to a connection (the connection was closed or going away, no endpoint was
+    /// available), or the server's GOAWAY says it did not process it. Such a call is safe to
+    /// send again, even when it is not idempotent (a "transparent retry").
+    pub fn with_unprocessed(mut self) -> Status {
+        self.unprocessed = true;
+        self
+    }
+
+    /// Whether the call certainly never reached the server's application, so sending it again
+    /// cannot run it twice (see [`Status::with_unprocessed`]). `false` means "unknown or
+    /// processed", never "not processed". Set only by the side that knows; a status received
+    /// from a peer never has it.
+    ///
+    /// ```
+    /// use topspin_proto::Status;
+    /// assert!(!Status::unavailable("connection reset").is_unprocessed());
+    /// assert!(Status::unavailable("not sent").with_unprocessed().is_unprocessed());
+    /// ```
+    pub fn is_unprocessed(&self) -> bool {
+        self.unprocessed
     }
 
     /// The code.
@@ -285,6 +312,9 @@ impl fmt::Debug for Status {
         let mut d = f.debug_struct("Status");
         d.field("code", &self.code)
             .field("message", &&*self.message);
+        if self.unprocessed {
+            d.field("unprocessed", &true);
+        }
         if !self.details().is_empty() {
             d.field("details", self.details());
         }

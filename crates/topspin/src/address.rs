@@ -22,6 +22,9 @@ use std::str::FromStr;
 /// // A bare host:port is TCP.
 /// assert_eq!("127.0.0.1:80".parse::<Address>().unwrap(), Address::Tcp("127.0.0.1:80".into()));
 /// assert!("http://x".parse::<Address>().is_err());
+/// // Every server behind a DNS name (for channels; see `Balancing`).
+/// let d: Address = "dns:///kv.default.svc.cluster.local:50051".parse().unwrap();
+/// assert_eq!(d, Address::Dns("kv.default.svc.cluster.local:50051".into()));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -51,6 +54,11 @@ pub enum Address {
     /// An existing gRPC server at `host:port` over TLS with ALPN `h2` (`grpcs://host:port`;
     /// needs the `tls` feature). A client address only.
     Grpcs(String),
+    /// Every server a DNS name resolves to (`dns:///host:port`, gRPC's target syntax): a
+    /// channel to it balances over all A and AAAA records over TCP, resolving the name again
+    /// on an interval and when a connection fails (see [`Balancing`](crate::Balancing)). Only
+    /// for connecting: a server cannot bind it.
+    Dns(String),
 }
 
 impl Address {
@@ -62,7 +70,8 @@ impl Address {
             | Address::Ws(hp, _)
             | Address::Wss(hp, _)
             | Address::Grpc(hp)
-            | Address::Grpcs(hp) => Some(hp),
+            | Address::Grpcs(hp)
+            | Address::Dns(hp) => Some(hp),
             Address::Unix(_) | Address::UnixAbstract(_) => None,
         }
     }
@@ -80,8 +89,8 @@ impl Address {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "invalid address {input:?}: {reason} (expected tcp://host:port, unix:///path, unix:@name, \
-     tls://host:port, ws://host:port/path, wss://host:port/path, grpc://host:port or \
-     grpcs://host:port)"
+     tls://host:port, ws://host:port/path, wss://host:port/path, grpc://host:port, \
+     grpcs://host:port or dns:///host:port)"
 )]
 pub struct AddressError {
     input: String,
@@ -132,6 +141,23 @@ impl FromStr for Address {
                     Address::Ws(hp, path)
                 });
             }
+        }
+        if let Some(rest) = s.strip_prefix("dns:") {
+            // dns:///host:port (no authority: the system's resolver) or dns:host:port.
+            let hp = match rest.strip_prefix("//") {
+                Some(r) => match r.strip_prefix('/') {
+                    Some(hp) => hp,
+                    None => {
+                        return Err(err(
+                            "a DNS server authority is not supported: use dns:///host:port",
+                        ))
+                    }
+                },
+                None => rest,
+            };
+            let hp = hp.trim_end_matches('/');
+            check_host_port(hp).map_err(err)?;
+            return Ok(Address::Dns(hp.to_owned()));
         }
         type Make = fn(String) -> Address;
         for (scheme, make) in [
@@ -199,6 +225,7 @@ impl fmt::Display for Address {
             Address::Wss(hp, path) => write!(f, "wss://{hp}{path}"),
             Address::Grpc(hp) => write!(f, "grpc://{hp}"),
             Address::Grpcs(hp) => write!(f, "grpcs://{hp}"),
+            Address::Dns(hp) => write!(f, "dns:///{hp}"),
         }
     }
 }

@@ -63,8 +63,9 @@ mod streaming;
 mod transport;
 
 pub use address::{Address, AddressError, IntoAddress};
+pub use client::resolve;
 pub use client::retry::{self, HedgingPolicy, RetryBudget, RetryPolicy};
-pub use client::{Channel, Endpoint, MethodName};
+pub use client::{Balancing, Channel, Endpoint, MethodName, Policy};
 pub use compression::{Compression, Encoding};
 pub use config::Config;
 pub use interceptor::{AsyncInterceptor, CallEnd, CallInfo, Interceptor};

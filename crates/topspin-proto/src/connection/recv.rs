@@ -119,7 +119,8 @@ impl Connection {
                             "the server is going away ({}) and did not process this call; it is safe to retry",
                             &*reason
                         ),
-                    ),
+                    )
+                    .with_unprocessed(),
                     trailers: Metadata::new(),
                 });
             }

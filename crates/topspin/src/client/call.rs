@@ -4,7 +4,7 @@
 //! the language bindings all sit on this.
 
 use super::conn::{send_now, CallStart, Cmd, ConnHandle, Sink};
-use super::pool::Pool;
+use super::pool::{Pending, Pool};
 use crate::codec::Codec;
 use crate::streaming::CreditReturn;
 use crate::{Response, Status};
@@ -69,6 +69,7 @@ impl CreditReturn for ClientCredit {
 
 fn not_sent() -> Status {
     Status::unavailable("the connection closed; the call was not sent and is safe to retry")
+        .with_unprocessed()
 }
 
 /// Queues a command, waiting for room while the connection's queue is full (backpressure) — at
@@ -103,7 +104,7 @@ async fn wait_for_room(h: &ConnHandle, cmd: Cmd, deadline: Option<Instant>) -> R
 pub(crate) enum Slow {
     /// The pooled connection is not up: (re)connect first.
     Connect {
-        slot: usize,
+        slot: Pending,
         call: CallStart,
         sink: Sink,
     },

@@ -2,7 +2,6 @@
 //! [`connect`]. The connection loop itself is `crate::connection`'s; callers talk to it through
 //! one bounded command queue (no lock shared by all calls of a connection).
 
-use super::retry::unsent;
 pub(crate) use crate::connection::send_now;
 use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
 use crate::streaming::Item;
@@ -13,7 +12,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -156,6 +155,26 @@ impl Cmd {
 pub(crate) struct ConnShared {
     /// The server sent GOAWAY or the connection closed: new calls go to a new connection.
     pub(crate) unusable: AtomicBool,
+    /// Calls open or waiting on this connection as of the connection task's last turn: the
+    /// load a balancer compares (written only when it changes, relaxed).
+    pub(crate) open: AtomicU32,
+    /// Calls a balancer sent here since the connection task last took its queue (it clears
+    /// this then): with `open`, the load before the task has run.
+    pub(crate) queued: AtomicU32,
+    /// Calls in a row that ended `UNAVAILABLE` on this connection (a balancer ejects the
+    /// endpoint past a threshold; reset by any other outcome).
+    pub(crate) failures: AtomicU32,
+    /// Notified when the connection becomes unusable.
+    pub(crate) gone: tokio::sync::Notify,
+}
+
+impl ConnShared {
+    /// No new call goes to this connection; whoever keeps it (a balancer) is told.
+    pub(crate) fn mark_unusable(&self) {
+        self.unusable.store(true, Ordering::Release);
+        // One permit at most is stored: the keeper waiting for this connection's end.
+        self.gone.notify_one();
+    }
 }
 
 #[derive(Debug)]
@@ -256,6 +275,94 @@ impl Role for ClientRole {
     const SIDE: Side = Side::Client;
 
     fn poll_work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, room: usize) -> Poll<()> {
+        let r = self.work(cx, conn, room);
+        // The queue was taken: the calls a balancer counted are in `open` now.
+        if self.shared.queued.load(Ordering::Relaxed) != 0 {
+            self.shared.queued.store(0, Ordering::Relaxed);
+        }
+        self.publish();
+        r
+    }
+
+    fn on_event(&mut self, event: Event, conn: &mut Connection, room: usize) {
+        self.event(event, conn, room);
+        self.publish();
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        if self.waiting.is_empty() {
+            return None;
+        }
+        self.waiting.iter().filter_map(|s| s.call.deadline).min()
+    }
+
+    fn on_timer(&mut self, now: Instant, _conn: &mut Connection, lapse: Lapse) {
+        if lapse == Lapse::Idle {
+            self.shared.mark_unusable();
+        }
+        if self
+            .waiting
+            .iter()
+            .any(|s| s.call.deadline.is_some_and(|d| d <= now))
+        {
+            let (expired, kept) = std::mem::take(&mut self.waiting)
+                .into_iter()
+                .partition(|s: &Start| s.call.deadline.is_some_and(|d| d <= now));
+            self.waiting = kept;
+            for s in Vec::from(expired) {
+                s.sink.fail(Status::deadline_exceeded(format!(
+                    "deadline exceeded while {} waited to be sent (the server's max_concurrent_calls was reached, or it was not reading)",
+                    &*s.call.method
+                )));
+            }
+        }
+    }
+
+    fn stop(&self) -> Option<&'static str> {
+        (!self.handles_open && self.calls.is_empty() && self.waiting.is_empty())
+            .then_some("channel dropped")
+    }
+
+    fn idle(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    fn on_end(&mut self, _conn: &mut Connection, why: &str) {
+        self.shared.mark_unusable();
+        if let Some(ready) = self.ready.take() {
+            let _ = ready.send(Err(self.handshake_failure(why)));
+        }
+        let status = Status::unavailable(format!("connection to {} closed: {why}", self.address));
+        for (_, mut call) in self.calls.drain() {
+            if let Some(sink) = call.sink.take() {
+                sink.fail(status.clone());
+            }
+        }
+        // Calls still waiting or queued were never written: safe to send elsewhere.
+        let unsent = status.clone().with_unprocessed();
+        for s in self.waiting.drain(..) {
+            s.sink.fail(unsent.clone());
+        }
+        for cmd in self.deferred.drain(..) {
+            cmd.fail(&status);
+        }
+        self.rx.close();
+        while let Ok(cmd) = self.rx.try_recv() {
+            cmd.fail(&unsent);
+        }
+    }
+}
+
+impl ClientRole {
+    /// Publishes the connection's load for balancers (a relaxed store, only on change).
+    fn publish(&self) {
+        let open = (self.calls.len() + self.waiting.len()) as u32;
+        if self.shared.open.load(Ordering::Relaxed) != open {
+            self.shared.open.store(open, Ordering::Relaxed);
+        }
+    }
+
+    fn work(&mut self, cx: &mut Context<'_>, conn: &mut Connection, room: usize) -> Poll<()> {
         let full = room == 0;
         let mut progressed = false;
         if !full && self.held_for_room {
@@ -300,7 +407,7 @@ impl Role for ClientRole {
         }
     }
 
-    fn on_event(&mut self, event: Event, conn: &mut Connection, _room: usize) {
+    fn event(&mut self, event: Event, conn: &mut Connection, _room: usize) {
         match event {
             Event::Established => {
                 if let Some(r) = self.ready.take() {
@@ -320,89 +427,25 @@ impl Role for ClientRole {
             } => self.on_ended(id, status, trailers, conn),
             Event::Writable { id } => self.on_writable(id, conn),
             Event::GoAway { .. } => {
-                self.shared.unusable.store(true, Ordering::Release);
+                self.shared.mark_unusable();
                 // Parked calls can never start here now.
-                let st = unsent(Status::unavailable(format!(
+                let st = Status::unavailable(format!(
                     "{} is going away; the call was not sent and is safe to retry",
                     self.address
-                )));
+                ))
+                .with_unprocessed();
                 for s in self.waiting.drain(..) {
                     s.sink.fail(st.clone());
                 }
             }
             Event::Closed { error } => {
-                self.shared.unusable.store(true, Ordering::Release);
+                self.shared.mark_unusable();
                 self.close_error = error;
             }
             _ => {}
         }
     }
 
-    fn next_timer(&self) -> Option<Instant> {
-        if self.waiting.is_empty() {
-            return None;
-        }
-        self.waiting.iter().filter_map(|s| s.call.deadline).min()
-    }
-
-    fn on_timer(&mut self, now: Instant, _conn: &mut Connection, lapse: Lapse) {
-        if lapse == Lapse::Idle {
-            self.shared.unusable.store(true, Ordering::Release);
-        }
-        if self
-            .waiting
-            .iter()
-            .any(|s| s.call.deadline.is_some_and(|d| d <= now))
-        {
-            let (expired, kept) = std::mem::take(&mut self.waiting)
-                .into_iter()
-                .partition(|s: &Start| s.call.deadline.is_some_and(|d| d <= now));
-            self.waiting = kept;
-            for s in Vec::from(expired) {
-                s.sink.fail(Status::deadline_exceeded(format!(
-                    "deadline exceeded while {} waited to be sent (the server's max_concurrent_calls was reached, or it was not reading)",
-                    &*s.call.method
-                )));
-            }
-        }
-    }
-
-    fn stop(&self) -> Option<&'static str> {
-        (!self.handles_open && self.calls.is_empty() && self.waiting.is_empty())
-            .then_some("channel dropped")
-    }
-
-    fn idle(&self) -> bool {
-        self.calls.is_empty()
-    }
-
-    fn on_end(&mut self, _conn: &mut Connection, why: &str) {
-        self.shared.unusable.store(true, Ordering::Release);
-        if let Some(ready) = self.ready.take() {
-            let _ = ready.send(Err(self.handshake_failure(why)));
-        }
-        let status = Status::unavailable(format!("connection to {} closed: {why}", self.address));
-        for (_, mut call) in self.calls.drain() {
-            if let Some(sink) = call.sink.take() {
-                sink.fail(status.clone());
-            }
-        }
-        // Parked and queued calls were never written: safe to retry anywhere.
-        let not_sent = unsent(status.clone());
-        for s in self.waiting.drain(..) {
-            s.sink.fail(not_sent.clone());
-        }
-        for cmd in self.deferred.drain(..) {
-            cmd.fail(&status);
-        }
-        self.rx.close();
-        while let Ok(cmd) = self.rx.try_recv() {
-            cmd.fail(&not_sent);
-        }
-    }
-}
-
-impl ClientRole {
     fn handshake_failure(&self, why: &str) -> Status {
         let reason = match &self.close_error {
             Some(e) if e.code == ErrorCode::TIMEOUT => {
@@ -539,10 +582,10 @@ impl ClientRole {
             // MAX_CONCURRENT_CALLS 0: the server takes no calls at all; waiting would be for
             // ever (protocol.md §9).
             Err(CallError::TooManyCalls { limit: 0 }) => {
-                s.sink.fail(unsent(Status::unavailable(format!(
+                s.sink.fail(Status::unavailable(format!(
                     "{} on {}: the server accepts no calls on this connection (its max_concurrent_calls is 0); the call was not sent and is safe to retry",
                     &*s.call.method, self.address
-                ))));
+                )).with_unprocessed());
                 return true;
             }
             Err(CallError::TooManyCalls { .. }) => {
@@ -550,13 +593,15 @@ impl ClientRole {
                 return false;
             }
             Err(e) => {
-                let never_sent = matches!(
-                    e,
-                    CallError::GoingAway | CallError::Closed | CallError::NotReady
-                );
+                // start_call wrote nothing: a call refused as unavailable (closed, going
+                // away) never reached the server.
                 let status = self.refused(e, &s.call.method);
-                s.sink
-                    .fail(if never_sent { unsent(status) } else { status });
+                let status = if status.code() == Code::Unavailable {
+                    status.with_unprocessed()
+                } else {
+                    status
+                };
+                s.sink.fail(status);
                 return true;
             }
         };
@@ -709,6 +754,12 @@ impl ClientRole {
         let Some(mut call) = self.finish(id.0, conn) else {
             return;
         };
+        let failures = &self.shared.failures;
+        if status.code() == Code::Unavailable {
+            failures.fetch_add(1, Ordering::Relaxed);
+        } else if failures.load(Ordering::Relaxed) != 0 {
+            failures.store(0, Ordering::Relaxed);
+        }
         if let Some((_, ack)) = call.blocked.take().map(|b| *b) {
             let _ = ack.send(Err(status.clone()));
         }
@@ -717,11 +768,11 @@ impl ClientRole {
         };
         if !status.is_ok() {
             // A call above the last_call_id of the server's GOAWAY was not processed
-            // (protocol.md §8.3): marked so that it is sent again; a mark a peer sent is dropped.
+            // (protocol.md §8.3): marked so that it is sent again (a local flag, never on the wire).
             let status = if conn.go_away_received().is_some_and(|last| id.0 > last.0) {
-                unsent(status)
+                status.with_unprocessed()
             } else {
-                super::retry::public(Status::from_wire(status, trailers))
+                Status::from_wire(status, trailers)
             };
             sink.fail(status);
             return;

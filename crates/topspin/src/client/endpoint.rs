@@ -37,6 +37,10 @@ pub struct Endpoint {
     pub(super) websocket: crate::ws::WebSocketSettings,
     /// Retry and hedging policies and the retry budget (`None`: no method is retried).
     pub(crate) retries: Option<std::sync::Arc<Retries>>,
+    /// How calls are spread over many endpoints (used when there are several).
+    pub(super) balancing: super::balance::Balancing,
+    /// Where the endpoints come from, for a balanced channel (`dns:///` gets its own).
+    pub(super) resolver: Option<super::balance::SharedResolver>,
 }
 
 impl Endpoint {
@@ -62,7 +66,66 @@ impl Endpoint {
             #[cfg(feature = "websocket")]
             websocket: crate::ws::WebSocketSettings::default(),
             retries: None,
+            balancing: super::balance::Balancing::default(),
+            resolver: None,
         })
+    }
+
+    /// An endpoint balancing its channel's calls over a fixed list of servers (each with its
+    /// own pool of [`connections`](Endpoint::connections)); see [`Balancing`](crate::Balancing)
+    /// for how. Settings made on the returned endpoint (limits, TLS, interceptors) apply to
+    /// every server. `dns:///host:port` addresses take every server of a name instead, and
+    /// [`Endpoint::with_resolver`] any source of endpoint sets.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), topspin::Status> {
+    /// use topspin::{Balancing, Endpoint};
+    /// let channel = Endpoint::balanced(["tcp://10.0.0.1:50051", "tcp://10.0.0.2:50051"])?
+    ///     .balancing(Balancing::round_robin())
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn balanced<A: crate::IntoAddress>(
+        addresses: impl IntoIterator<Item = A>,
+    ) -> Result<Endpoint, Status> {
+        let addresses = addresses
+            .into_iter()
+            .map(|a| a.into_address())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if let Some(dns) = addresses.iter().find(|a| matches!(a, Address::Dns(_))) {
+            return Err(Status::invalid_argument(format!(
+                "{dns} in a static list: pass it to Endpoint::new alone"
+            )));
+        }
+        let first = addresses.first().cloned().ok_or_else(|| {
+            Status::invalid_argument("Endpoint::balanced needs at least one address")
+        })?;
+        let mut e = Endpoint::new(first)?;
+        e.resolver = Some(super::balance::SharedResolver::new(
+            super::resolve::StaticResolver::new(addresses),
+        ));
+        Ok(e)
+    }
+
+    /// An endpoint whose servers come from `resolver`: a stream of endpoint sets (a
+    /// Kubernetes endpoints watch, Consul, xDS; see [`resolve`](crate::resolve)). Calls are
+    /// balanced over the current set; servers added or removed change the channel's
+    /// subchannels without disturbing calls in flight on the others.
+    pub fn with_resolver(resolver: impl super::resolve::Resolver) -> Endpoint {
+        let mut e = Endpoint::new(Address::Unix("(resolver)".into())).expect("a valid address");
+        e.resolver = Some(super::balance::SharedResolver::new(resolver));
+        e
+    }
+
+    /// How calls are spread over the servers of a balanced endpoint (default
+    /// [`Balancing::default`](crate::Balancing::default): least outstanding calls of two
+    /// random choices, passive ejection, no health checks, no subsetting). No effect on an
+    /// endpoint of one address.
+    pub fn balancing(mut self, balancing: super::balance::Balancing) -> Endpoint {
+        self.balancing = balancing;
+        self
     }
 
     /// The endpoint of [`Channel::from_stream`]: default settings, named `stream` in errors.

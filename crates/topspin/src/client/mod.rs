@@ -2,6 +2,8 @@
 //! pool) and [`Endpoint`] (where and how to connect).
 //!
 //! - `endpoint.rs`: the builder; `pool.rs`: the connections and reconnecting;
+//! - `resolve.rs`: where the servers of a balanced channel are (static, DNS, any stream);
+//!   `balance.rs`: one pool per server and the pick of one per call;
 //! - `call.rs`: the one bytes-level call path every call kind uses (start, guard, request
 //!   pump, waiting for the answer); this file: the typed call API on top;
 //! - `conn.rs`: the client's role in the connection loop (call bookkeeping);
@@ -11,6 +13,7 @@
 //! - `grpc.rs`: the gRPC client mode (`grpc://`, `grpcs://`): a connection task taking the
 //!   same commands and feeding the same sinks over HTTP/2; `grpc_wire.rs`: its wire details.
 
+pub(crate) mod balance;
 pub(crate) mod call;
 mod completion;
 pub(crate) mod conn;
@@ -19,7 +22,9 @@ mod grpc;
 mod grpc_wire;
 pub(crate) mod pool;
 pub mod retry;
+pub mod resolve;
 
+pub use balance::{Balancing, Policy};
 pub use endpoint::Endpoint;
 
 use crate::codec::Codec;
@@ -119,6 +124,11 @@ impl Channel {
         }
     }
 
+    /// A channel over a pool another owner shares (a balancer's subchannel).
+    pub(crate) fn from_shared(inner: Arc<Pool>) -> Channel {
+        Channel { inner }
+    }
+
     /// A channel over one connected transport (an in-memory pipe, a TLS stream …), which it
     /// does not replace once it closes. `endpoint` gives the limits and the name used in errors.
     pub(crate) async fn over_transport<T: crate::transport::Transport>(
@@ -163,6 +173,12 @@ impl Channel {
     /// The endpoint this channel connects to.
     pub fn endpoint(&self) -> &Endpoint {
         &self.inner.endpoint
+    }
+
+    /// The servers this channel spreads its calls over now: a balanced channel's current
+    /// endpoint set (after subsetting; empty before its first use), else its one address.
+    pub fn endpoints(&self) -> Vec<crate::Address> {
+        self.inner.endpoints()
     }
 
     /// A call's start from a request: a token, and the deadline running from now.

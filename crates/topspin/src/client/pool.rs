@@ -1,6 +1,8 @@
 //! The connections of a channel: a fixed pool of slots, each (re)connected on demand with
-//! exponential backoff and jitter after failures.
+//! exponential backoff and jitter after failures. A channel over many endpoints has one such
+//! pool per endpoint (a subchannel) and a [`Balancer`] choosing among them per call.
 
+use super::balance::Balancer;
 use super::conn::ConnHandle;
 use super::Endpoint;
 use crate::Status;
@@ -35,10 +37,35 @@ pub(crate) struct Pool {
     pub(crate) replies: Arc<Replies>,
     /// Whether a dead connection is replaced (not for a connection over a given transport).
     reconnect: bool,
+    /// Many endpoints: the balancer picks a subchannel (a pool of its own) per call; `slots`
+    /// is then empty.
+    balancer: Option<Arc<Balancer>>,
+}
+
+/// Why a call cannot start on a connection right now.
+#[derive(Debug)]
+pub(crate) enum Pending {
+    /// This slot of a one-address pool needs (re)connecting.
+    Slot(usize),
+    /// No subchannel is ready now: wait for the balancer (within the call's deadline).
+    Balance,
 }
 
 impl Pool {
+    /// The pool of an endpoint: balanced when its address is `dns:///` or it has a resolver.
     pub(crate) fn new(endpoint: Endpoint) -> Pool {
+        match super::balance::resolver_of(&endpoint) {
+            Some(resolver) => Pool {
+                slots: Vec::new(),
+                balancer: Some(Arc::new(Balancer::new(endpoint.clone(), resolver))),
+                ..Pool::single(endpoint)
+            },
+            None => Pool::single(endpoint),
+        }
+    }
+
+    /// The pool of one address (also a balancer's subchannel).
+    pub(crate) fn single(endpoint: Endpoint) -> Pool {
         Pool {
             slots: (0..endpoint.connections).map(|_| Slot::default()).collect(),
             endpoint,
@@ -46,12 +73,13 @@ impl Pool {
             token: AtomicU64::new(1),
             replies: Arc::default(),
             reconnect: true,
+            balancer: None,
         }
     }
 
     /// A pool of one connection that already exists and is never replaced.
     pub(crate) fn fixed(endpoint: Endpoint, handle: ConnHandle) -> Pool {
-        let mut pool = Pool::new(Endpoint {
+        let mut pool = Pool::single(Endpoint {
             connections: 1,
             ..endpoint
         });
@@ -64,19 +92,62 @@ impl Pool {
         pool
     }
 
+    /// The addresses calls go to: a balancer's current set, or the one address.
+    pub(crate) fn endpoints(&self) -> Vec<crate::Address> {
+        match &self.balancer {
+            Some(b) => b.addresses(),
+            None => vec![self.endpoint.address.clone()],
+        }
+    }
+
     /// A fresh call token (unique per channel).
     pub(crate) fn token(&self) -> u64 {
         self.token.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) async fn connect_all(&self) -> Result<(), Status> {
+        if let Some(b) = &self.balancer {
+            return b.connect().await;
+        }
         for slot in 0..self.slots.len() {
             self.conn(slot).await?;
         }
         Ok(())
     }
 
-    fn cached(&self, slot: usize) -> Option<ConnHandle> {
+    /// Number of connection slots.
+    pub(crate) fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// When a slot that failed to connect may try again (`None`: not backing off).
+    pub(crate) fn retry_at(&self, slot: usize) -> Option<Instant> {
+        let st = self.slots[slot]
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        st.retry_at.filter(|_| st.handle.is_none())
+    }
+
+    /// The last connection error of a slot.
+    pub(crate) fn last_error(&self, slot: usize) -> Option<Status> {
+        let st = self.slots[slot]
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        st.last_error.clone()
+    }
+
+    /// The connection of a slot, usable or not (a balancer's keeper watches it).
+    pub(crate) fn handle(&self, slot: usize) -> Option<ConnHandle> {
+        let st = self.slots[slot]
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        st.handle.clone()
+    }
+
+    pub(crate) fn cached(&self, slot: usize) -> Option<ConnHandle> {
         let st = self.slots[slot]
             .state
             .lock()
@@ -85,7 +156,7 @@ impl Pool {
     }
 
     /// The slot's live connection, (re)connecting if needed, with backoff after failures.
-    async fn conn(&self, slot: usize) -> Result<ConnHandle, Status> {
+    pub(crate) async fn conn(&self, slot: usize) -> Result<ConnHandle, Status> {
         if let Some(h) = self.cached(slot) {
             return Ok(h);
         }
@@ -96,7 +167,8 @@ impl Pool {
         if !self.reconnect {
             return Err(Status::unavailable(
                 "the connection closed, and a channel over a given transport does not reconnect",
-            ));
+            )
+            .with_unprocessed());
         }
         self.backing_off(slot)?;
         let ep = &self.endpoint;
@@ -121,7 +193,8 @@ impl Pool {
                 let jittered = capped * (0.8 + 0.4 * fastrand::f64());
                 st.retry_at = Some(Instant::now() + Duration::from_secs_f64(jittered));
                 st.last_error = Some(status.clone());
-                Err(status)
+                // Not connected: the call was never written anywhere.
+                Err(status.with_unprocessed())
             }
         }
     }
@@ -139,7 +212,8 @@ impl Pool {
                     "{}; next connection attempt in {:?}",
                     err.message(),
                     at - now
-                )));
+                ))
+                .with_unprocessed());
             }
         }
         Ok(())
@@ -155,10 +229,22 @@ impl Pool {
         }
     }
 
-    /// The connection for the next call if it is up, else the slot to connect.
-    pub(crate) fn pick_now(&self) -> Result<ConnHandle, usize> {
+    /// The connection for the next call if it is up, else what to wait for.
+    #[inline]
+    pub(crate) fn pick_now(&self) -> Result<ConnHandle, Pending> {
+        if let Some(b) = &self.balancer {
+            return b.pick_now();
+        }
         let slot = self.next_slot();
-        self.cached(slot).ok_or(slot)
+        self.cached(slot).ok_or(Pending::Slot(slot))
+    }
+
+    /// A usable connection of this pool, trying each slot from the next one (a subchannel's
+    /// pick: no connecting).
+    pub(crate) fn ready(&self) -> Option<ConnHandle> {
+        let n = self.slots.len();
+        let first = self.next_slot();
+        (0..n).find_map(|i| self.cached((first + i) % n))
     }
 
     /// The connection for the next call (round robin over the pool), (re)connecting if needed.
@@ -170,15 +256,64 @@ impl Pool {
             Ok(h) => Ok(h),
             // (Re)connecting is rare and its future is large: boxed, it stays out of every
             // call's future (which would otherwise be over a kilobyte).
-            Err(slot) => Box::pin(self.conn_within(slot, deadline)).await,
+            Err(pending) => Box::pin(self.conn_within(pending, deadline)).await,
         }
     }
 
-    pub(crate) async fn conn_within(
+    /// The connection for a wait-for-ready call: unlike [`Pool::pick`], it does not fail
+    /// while the server (or, balanced, every endpoint) is unreachable, but waits through
+    /// failed attempts and backoff until a connection is ready or the deadline passes (then
+    /// `DEADLINE_EXCEEDED`, unprocessed). Errors other than `UNAVAILABLE` end it at once.
+    /// (The hook for per-call `wait_for_ready`.)
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) async fn pick_wait_for_ready(
         &self,
-        slot: usize,
         deadline: Option<Instant>,
     ) -> Result<ConnHandle, Status> {
+        if let Some(b) = &self.balancer {
+            return b.pick_waiting(deadline, true).await;
+        }
+        loop {
+            match self.pick(deadline).await {
+                Ok(h) => return Ok(h),
+                Err(e) if e.code() != crate::Code::Unavailable => return Err(e),
+                Err(e) => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| d <= now) {
+                        return Err(Status::deadline_exceeded(format!(
+                            "the call's deadline passed while waiting for {} to be ready: {}",
+                            self.endpoint.address,
+                            e.message()
+                        ))
+                        .with_unprocessed());
+                    }
+                    // Until the next attempt may start (at most 1 s, never past the deadline).
+                    let retry = (0..self.slots.len()).filter_map(|s| self.retry_at(s)).min();
+                    let mut wake = retry.unwrap_or(now).max(now + Duration::from_millis(5));
+                    wake = wake.min(now + Duration::from_secs(1));
+                    if let Some(d) = deadline {
+                        wake = wake.min(d);
+                    }
+                    tokio::time::sleep_until(wake.into()).await;
+                }
+            }
+        }
+    }
+
+    /// The connection for a call that could not start at once: connects the slot, or waits
+    /// for the balancer to have a ready endpoint, within the call's deadline.
+    pub(crate) async fn conn_within(
+        &self,
+        pending: Pending,
+        deadline: Option<Instant>,
+    ) -> Result<ConnHandle, Status> {
+        let slot = match pending {
+            Pending::Slot(slot) => slot,
+            Pending::Balance => match &self.balancer {
+                Some(b) => return b.pick_waiting(deadline, false).await,
+                None => return Err(Status::internal("no balancer for a balanced pick")),
+            },
+        };
         let Some(d) = deadline else {
             return self.conn(slot).await;
         };
@@ -187,7 +322,63 @@ impl Pool {
             Err(_) => Err(Status::deadline_exceeded(format!(
                 "the call's deadline passed while connecting to {}",
                 self.endpoint.address
-            ))),
+            ))
+            .with_unprocessed()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Code;
+
+    /// A port nobody listens on yet (bound, read, released).
+    fn free_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    }
+
+    async fn serve_later(address: String) -> crate::ShutdownHandle {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let server = crate::Server::builder()
+            .bind(address.as_str())
+            .await
+            .expect("bind");
+        let handle = server.shutdown_handle();
+        tokio::spawn(server.serve());
+        handle
+    }
+
+    #[tokio::test]
+    async fn wait_for_ready_waits_through_failures_until_a_server_appears() {
+        for balanced in [false, true] {
+            let address = format!("tcp://127.0.0.1:{}", free_port());
+            let endpoint = if balanced {
+                Endpoint::balanced([address.as_str()]).expect("endpoint")
+            } else {
+                Endpoint::new(address.as_str()).expect("endpoint")
+            }
+            .backoff(Duration::from_millis(20), Duration::from_millis(100));
+            let pool = Arc::new(Pool::new(endpoint));
+            // Without waiting: nobody listens, the call fails at once, unsent.
+            let e = pool.pick(None).await.expect_err("nobody listens");
+            assert_eq!(e.code(), Code::Unavailable, "{e}");
+            assert!(e.is_unprocessed(), "{e:?}");
+            // A deadline bounds the wait.
+            let soon = Instant::now() + Duration::from_millis(100);
+            let e = pool
+                .pick_wait_for_ready(Some(soon))
+                .await
+                .expect_err("deadline");
+            assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+            assert!(e.is_unprocessed());
+            // Waiting: the server comes up 300 ms later and the pick succeeds.
+            let server = tokio::spawn(serve_later(address.clone()));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let h = pool.pick_wait_for_ready(Some(deadline)).await;
+            assert!(h.is_ok(), "balanced {balanced}: {h:?}");
+            server.await.expect("server").shutdown(Duration::ZERO).await;
         }
     }
 }

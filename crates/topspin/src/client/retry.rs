@@ -40,12 +40,6 @@ use topspin_proto::Metadata;
 /// earlier attempt never reached a server) does not count.
 pub const PREVIOUS_ATTEMPTS: &str = "topspin-previous-attempts";
 
-/// Internal: the key by which the client runtime marks a failed call's [`Status`] as "never
-/// left the client" (never sent, or not processed per the server's GOAWAY). It is set and
-/// read only inside the client, stripped before a status reaches the application and
-/// ignored (removed) when a peer sends it.
-pub(crate) const UNSENT_KEY: &str = "topspin-internal-unsent";
-
 /// Most attempts a policy may ask for (larger values are lowered to it), as gRPC caps at 5.
 pub const MAX_ATTEMPTS: u32 = 10;
 
@@ -455,35 +449,15 @@ impl<'a> Plan<'a> {
     }
 }
 
-/// Marks a status as "the call never left the client".
+/// Marks a status as "the call never left the client" ([`Status::with_unprocessed`]: a local
+/// flag, never sent on the wire, so a peer cannot set it).
 pub(crate) fn unsent(status: Status) -> Status {
-    match Metadata::builder().text(UNSENT_KEY, "1") {
-        Ok(b) => status.with_metadata(b.build()),
-        Err(_) => status,
-    }
+    status.with_unprocessed()
 }
 
 /// Whether the call that failed with `status` never left the client.
 pub(crate) fn is_unsent(status: &Status) -> bool {
-    status.metadata().get(UNSENT_KEY).is_some()
-}
-
-/// `status` without the internal mark (what the application, or a peer's status, may carry).
-pub(crate) fn public(status: Status) -> Status {
-    if !is_unsent(&status) {
-        return status;
-    }
-    let mut b = Metadata::builder();
-    for (k, v) in status.metadata().iter() {
-        if k != UNSENT_KEY {
-            b = match b.entry(k, v) {
-                Ok(b) => b,
-                Err(_) => return status.with_metadata(Metadata::new()),
-            };
-        }
-    }
-    let md = b.build();
-    status.with_metadata(md)
+    status.is_unprocessed()
 }
 
 /// An error of `begin` (the call was not queued on any connection): `UNAVAILABLE` there means
@@ -783,8 +757,7 @@ mod tests {
     fn unsent_mark_is_internal() {
         let s = unsent(Status::unavailable("x"));
         assert!(is_unsent(&s));
-        let p = public(s);
-        assert!(!is_unsent(&p) && p.metadata().is_empty());
+        assert!(s.metadata().is_empty());
         assert!(!is_unsent(&began(Status::not_found("y"))));
         assert!(is_unsent(&began(Status::unavailable("y"))));
     }

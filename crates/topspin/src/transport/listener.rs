@@ -179,6 +179,10 @@ impl Listener {
                 io::ErrorKind::InvalidInput,
                 format!("{addr} names a gRPC server to call: a server binds tcp:// or tls://"),
             )),
+            Address::Dns(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a dns:/// address names servers to connect to; a server binds tcp://host:port",
+            )),
         }
     }
 

@@ -262,7 +262,7 @@ impl Channel {
                 }
             },
         };
-        let (m, md, tr) = r.map_err(retry::public)?.into_parts();
+        let (m, md, tr) = r?.into_parts();
         let m = compression::response_message(&md, m, self.limit())?;
         Ok(Response::from_parts(codec.decode(m)?, md, tr))
     }
@@ -317,9 +317,7 @@ impl Channel {
         for w in waits {
             out.push(match w {
                 Err(e) => Err(e),
-                Ok((rx, guard)) => call::reply(&codec, rx, guard, self.limit())
-                    .await
-                    .map_err(retry::public),
+                Ok((rx, guard)) => call::reply(&codec, rx, guard, self.limit()).await,
             });
         }
         out
@@ -340,9 +338,7 @@ impl Channel {
         // The request is one message: the call can be sent again until the response headers
         // (or the first message) arrive; the stream it returns is not retried.
         let attempt = |s| self.open_stream(codec.clone(), s, ready, |_, _| {});
-        retry::run(pool, plan, start, attempt)
-            .await
-            .map_err(retry::public)
+        retry::run(pool, plan, start, attempt).await
     }
 
     /// Starts a call whose responses are a stream; `after_start` runs once the call's start is
@@ -418,12 +414,9 @@ impl Channel {
         // Only a start that never left the client is sent again: the request stream is
         // consumed as it goes out and cannot be replayed.
         let (h, guard, rx, token) = retry::start_call(&self.inner, start, ready, sink)
-            .await
-            .map_err(retry::public)?;
+            .await?;
         pump(codec.clone(), compression, h.tx, token, Box::pin(requests));
-        call::reply(&codec, rx, guard, self.limit())
-            .await
-            .map_err(retry::public)
+        call::reply(&codec, rx, guard, self.limit()).await
     }
 
     /// A bidirectional streaming call. Returns once the response headers (or the first
@@ -456,6 +449,5 @@ impl Channel {
             )
         })
         .await
-        .map_err(retry::public)
     }
 }

@@ -21,8 +21,8 @@ mod endpoint;
 mod grpc;
 mod grpc_wire;
 pub(crate) mod pool;
-pub mod retry;
 pub mod resolve;
+pub mod retry;
 
 pub use balance::{Balancing, Policy};
 pub use endpoint::Endpoint;
@@ -413,8 +413,7 @@ impl Channel {
         };
         // Only a start that never left the client is sent again: the request stream is
         // consumed as it goes out and cannot be replayed.
-        let (h, guard, rx, token) = retry::start_call(&self.inner, start, ready, sink)
-            .await?;
+        let (h, guard, rx, token) = retry::start_call(&self.inner, start, ready, sink).await?;
         pump(codec.clone(), compression, h.tx, token, Box::pin(requests));
         call::reply(&codec, rx, guard, self.limit()).await
     }

@@ -27,14 +27,15 @@ cargo build --workspace --bins --locked -q
   --systems raw,raw-uds,topspin,topspin-uds,tonic,tarpc,capnp,thrift
 # The other languages' suites — Go (go vet, staticcheck, go test -race), Python (ruff, mypy,
 # pytest), TypeScript (tsc, eslint, node --test via npm, the Chromium test) — use the Rust
-# peers just built (kvstore server and client, CLI).
+# peers just built (kvstore server and client, CLI). Then the suites against peers no one here
+# wrote or across a network: grpcclient (topspin's gRPC client mode against grpc-go and a tonic
+# kvstore) and netns (balancing across network namespaces with faults; needs root, and skips
+# with a message without it unless TOPSPIN_REQUIRE_NETNS=1, which .ci/run sets).
 bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 export KVSTORE_SERVER="$bin/kvstore-server" KVSTORE_CLIENT="$bin/kvstore-client" TOPSPIN_CLI="$bin/topspin"
-for lang in go python typescript; do
-  if [ -x "scripts/test-$lang.sh" ]; then
-    step "$lang (scripts/test-$lang.sh)"
-    "./scripts/test-$lang.sh"
-  fi
+for part in go python typescript grpcclient netns; do
+  step "$part (scripts/test-$part.sh)"
+  "./scripts/test-$part.sh"
 done
 if [ -x scripts/fuzz.sh ] && rustup toolchain list | grep -q '^nightly'; then
   step "fuzz targets build"

@@ -160,7 +160,7 @@ pub(crate) fn decode(
     }
 }
 
-fn inflate(encoding: Encoding, body: &[u8], limit: usize) -> Result<Bytes, Status> {
+pub(crate) fn inflate(encoding: Encoding, body: &[u8], limit: usize) -> Result<Bytes, Status> {
     let failed = |e: std::io::Error| {
         Status::internal(format!(
             "could not decompress a {} message: {e}",

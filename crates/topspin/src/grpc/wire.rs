@@ -304,6 +304,7 @@ impl Buf for Frame {
 }
 
 /// One received message: its bytes (decompressed) and the bytes it took on the wire.
+#[derive(Debug)]
 pub(crate) struct Received {
     pub(crate) message: Bytes,
     pub(crate) wire_len: usize,

@@ -106,6 +106,11 @@ impl Faces {
         let kind = if self.sniff {
             let mut b = [0u8; 1];
             match tokio::time::timeout(self.sniff_timeout, tcp.peek(&mut b)).await {
+                // A plain port tells only gRPC apart: anything else is the native engine's
+                // (which answers garbage with BAD_PREFACE, as without the gRPC face).
+                Ok(Ok(1)) if self.plain && classify(b[0], self.grpc()) != Sniffed::H2 => {
+                    Sniffed::Native
+                }
                 Ok(Ok(1)) => classify(b[0], self.grpc()),
                 Ok(Ok(_)) => return Err("closed before sending anything".into()),
                 Ok(Err(e)) => return Err(e.to_string()),

@@ -235,11 +235,7 @@ impl Reflection {
         use grpc_v1::server_reflection_response::MessageResponse as A;
         let files = |f: Option<FileDescriptor>, what: &str| match f {
             Some(f) => A::FileDescriptorResponse(grpc_v1::FileDescriptorResponse {
-                file_descriptor_proto: Self::with_imports(f)
-                    .files
-                    .into_iter()
-                    .map(|b| b.to_vec())
-                    .collect(),
+                file_descriptor_proto: Self::with_imports(f).files,
             }),
             None => not_found(format!("this server describes no {what}")),
         };

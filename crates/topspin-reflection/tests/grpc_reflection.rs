@@ -88,7 +88,7 @@ async fn grpc_reflection_lists_and_describes_over_the_grpc_face() {
                     panic!("{a:?}");
                 };
                 let file = <prost_types::FileDescriptorProto as prost::Message>::decode(
-                    f.file_descriptor_proto[0].as_slice(),
+                    f.file_descriptor_proto[0].as_ref(),
                 )
                 .unwrap();
                 assert!(file.name().ends_with("reflection.proto"), "{file:?}");

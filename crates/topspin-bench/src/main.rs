@@ -59,6 +59,12 @@ const SYSTEMS: &[System] = &[
         transport: "tcp",
     },
     System {
+        name: "topspin-grpc",
+        bin: "topspin-bench-topspin-grpc",
+        args: &[],
+        transport: "tcp",
+    },
+    System {
         name: "raw-tls",
         bin: "topspin-bench-raw-layered",
         args: &["--tls"],
@@ -107,6 +113,12 @@ const SYSTEMS: &[System] = &[
         transport: "tcp",
     },
 ];
+
+/// Rows that run in --smoke and, otherwise, only when named with --systems (the quick run's
+/// time budget): `topspin-grpc`, topspin's gRPC face under tonic's client.
+fn opt_in(s: &System) -> bool {
+    s.name == "topspin-grpc"
+}
 
 /// The frameworks a row's "× best peer" compares with.
 pub(crate) const PEERS: &[&str] = &["tonic", "tarpc", "capnp", "thrift"];
@@ -348,8 +360,9 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
   --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight) and answer (client + server), from
                two valgrind runs of different lengths (needs valgrind)
   systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
-           raw-tls topspin-tls tonic-tls raw-ws topspin-ws (TLS and WebSocket rows: in --smoke,
-           otherwise only when named with --systems)";
+           raw-tls topspin-tls tonic-tls raw-ws topspin-ws topspin-grpc (TLS, WebSocket and
+           topspin-grpc, the server's gRPC face under tonic's client: in --smoke, otherwise
+           only when named with --systems)";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -421,7 +434,7 @@ fn main() {
     let load_start = load_avg();
     // The TLS and WebSocket rows run in --smoke and when named with --systems (they would
     // take the quick run past its time budget).
-    let layered = |s: &System| matches!(s.transport, "tls" | "ws");
+    let layered = |s: &System| matches!(s.transport, "tls" | "ws") || opt_in(s);
     let systems: Vec<System> = SYSTEMS
         .iter()
         .filter(|s| match &args.systems {
@@ -655,7 +668,7 @@ fn syscalls(args: &Args) -> i32 {
     );
     for sys in SYSTEMS.iter().filter(|s| match &args.systems {
         Some(l) => l.iter().any(|n| n == s.name),
-        None => !matches!(s.transport, "tls" | "ws"),
+        None => !matches!(s.transport, "tls" | "ws") && !opt_in(s),
     }) {
         let mut cols: Vec<String> = Vec::new();
         let mut top = String::new();

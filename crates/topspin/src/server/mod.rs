@@ -173,6 +173,7 @@ impl ServerBuilder {
         self
     }
 
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
     fn grpc_on(&self) -> bool {
         #[cfg(feature = "grpc")]
         return !self.no_grpc;

@@ -7,6 +7,7 @@
 //! gRPC.
 
 use super::socket::SocketTransport;
+#[cfg(any(feature = "tls", feature = "websocket"))]
 use super::stream::StreamTransport;
 use super::PeerAddr;
 use std::net::SocketAddr;

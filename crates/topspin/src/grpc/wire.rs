@@ -7,7 +7,6 @@ use crate::{Code, Status};
 use base64::Engine as _;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use std::collections::VecDeque;
 use std::time::Duration;
 use topspin_proto::Metadata;
 
@@ -311,27 +310,42 @@ pub(crate) struct Received {
 }
 
 /// Cuts gRPC messages out of a request body's DATA chunks. A message inside one chunk is a
-/// slice of it (no copy); one spread over chunks is gathered into a buffer of its exact size.
-/// Holds at most one message's bytes beyond what was taken, a message being at most
-/// `limit` bytes (checked on its prefix, before any of it is buffered).
+/// slice of it (no copy); the rest is copied into a buffer as it arrives, so that h2's receive
+/// buffer is never held and is reused in place (holding its chunks until a large message is
+/// complete made h2 allocate afresh for every 16 KiB frame). A message is at most `limit`
+/// bytes (checked on its prefix, before any of it is buffered); the buffer is reserved for it
+/// up to `reserve` bytes (the stream window: more cannot arrive before it is consumed), then
+/// grows as bytes come.
 #[derive(Default)]
 pub(crate) struct Deframer {
-    chunks: VecDeque<Bytes>,
-    len: usize,
+    buf: BytesMut,
+    fresh: Option<Bytes>,
+    reserve: usize,
 }
 
 impl Deframer {
-    /// Adds a received chunk.
+    /// A deframer that reserves at most `reserve` bytes ahead of what arrived.
+    pub(crate) fn new(reserve: usize) -> Deframer {
+        Deframer {
+            reserve,
+            ..Deframer::default()
+        }
+    }
+
+    /// Adds a received chunk (call [`Deframer::next`] until `None` before the next one).
     pub(crate) fn push(&mut self, b: Bytes) {
-        if !b.is_empty() {
-            self.len += b.len();
-            self.chunks.push_back(b);
+        if let Some(old) = self.fresh.replace(b) {
+            // Not drained: keep the order.
+            self.buf.extend_from_slice(&old);
+            if let Some(b) = self.fresh.take() {
+                self.buf.extend_from_slice(&b);
+            }
         }
     }
 
     /// Whether bytes of an unfinished message are left.
     pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.buf.is_empty() && self.fresh.as_ref().is_none_or(|f| f.is_empty())
     }
 
     /// The next whole message, if it has arrived. `Err`: over `limit` (RESOURCE_EXHAUSTED), an
@@ -342,24 +356,59 @@ impl Deframer {
         limit: u32,
         encoding: Option<Encoding>,
     ) -> Result<Option<Received>, Status> {
-        if self.len < 5 {
+        if self.buf.is_empty() {
+            if let Some(f) = self.fresh.as_mut() {
+                if f.len() >= 5 {
+                    let n = Self::length(f, limit)?;
+                    if f.len() >= 5 + n {
+                        // The whole message is in this chunk: a slice of it.
+                        let flag = f[0];
+                        f.advance(5);
+                        let body = f.split_to(n);
+                        if f.is_empty() {
+                            self.fresh = None;
+                        }
+                        return Self::finish(flag, body, n, limit, encoding).map(Some);
+                    }
+                    let want = (5 + n).min(self.reserve.max(5));
+                    self.buf.reserve(want);
+                }
+            }
+        }
+        if let Some(f) = self.fresh.take() {
+            self.buf.extend_from_slice(&f);
+        }
+        if self.buf.len() < 5 {
             return Ok(None);
         }
-        let mut head = [0u8; 5];
-        self.peek(&mut head);
-        let n = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+        let n = Self::length(&self.buf, limit)?;
+        if self.buf.len() < 5 + n {
+            return Ok(None);
+        }
+        let flag = self.buf[0];
+        self.buf.advance(5);
+        let body = self.buf.split_to(n).freeze();
+        Self::finish(flag, body, n, limit, encoding).map(Some)
+    }
+
+    fn length(b: &[u8], limit: u32) -> Result<usize, Status> {
+        let n = u32::from_be_bytes([b[1], b[2], b[3], b[4]]);
         if n > limit {
             return Err(Status::resource_exhausted(format!(
                 "a request message of {n} bytes is over this server's max_message_size of {limit} bytes"
             )));
         }
-        let n = n as usize;
-        if self.len < 5 + n {
-            return Ok(None);
-        }
-        self.skip(5);
-        let body = self.take(n);
-        let message = match (head[0], encoding) {
+        Ok(n as usize)
+    }
+
+    fn finish(
+        flag: u8,
+        body: Bytes,
+        n: usize,
+        limit: u32,
+        encoding: Option<Encoding>,
+    ) -> Result<Received, Status> {
+        let message = match (flag, encoding) {
             (0, _) => body,
             (1, Some(e)) => compression::inflate(e, &body, limit as usize)?,
             (1, None) => {
@@ -373,67 +422,10 @@ impl Deframer {
                 )))
             }
         };
-        Ok(Some(Received {
+        Ok(Received {
             message,
             wire_len: 5 + n,
-        }))
-    }
-
-    fn peek(&self, out: &mut [u8]) {
-        let mut filled = 0;
-        for c in &self.chunks {
-            let k = (out.len() - filled).min(c.len());
-            out[filled..filled + k].copy_from_slice(&c[..k]);
-            filled += k;
-            if filled == out.len() {
-                return;
-            }
-        }
-    }
-
-    fn skip(&mut self, mut n: usize) {
-        self.len -= n;
-        while n > 0 {
-            let Some(front) = self.chunks.front_mut() else {
-                return;
-            };
-            if front.len() <= n {
-                n -= front.len();
-                self.chunks.pop_front();
-            } else {
-                front.advance(n);
-                n = 0;
-            }
-        }
-    }
-
-    fn take(&mut self, n: usize) -> Bytes {
-        if let Some(front) = self.chunks.front_mut() {
-            if front.len() >= n {
-                let b = front.split_to(n);
-                if front.is_empty() {
-                    self.chunks.pop_front();
-                }
-                self.len -= n;
-                return b;
-            }
-        }
-        let mut out = BytesMut::with_capacity(n);
-        let mut want = n;
-        while want > 0 {
-            let Some(front) = self.chunks.front_mut() else {
-                break;
-            };
-            let k = want.min(front.len());
-            out.extend_from_slice(&front[..k]);
-            front.advance(k);
-            if front.is_empty() {
-                self.chunks.pop_front();
-            }
-            want -= k;
-        }
-        self.len -= n;
-        out.freeze()
+        })
     }
 }
 
@@ -500,7 +492,7 @@ mod tests {
                 out.extend_from_slice(&c);
             }
         }
-        let mut d = Deframer::default();
+        let mut d = Deframer::new(1 << 20);
         let mut got = Vec::new();
         for b in out.chunks(3) {
             d.push(Bytes::copy_from_slice(b));
@@ -510,7 +502,7 @@ mod tests {
         }
         assert_eq!(got, vec![&b"hello"[..], b"", b"a longer message"]);
         assert!(d.is_empty());
-        let mut d = Deframer::default();
+        let mut d = Deframer::new(1 << 20);
         d.push(Bytes::from_static(&[0, 0, 0, 4, 1]));
         assert_eq!(
             d.next(1000, None).unwrap_err().code(),
@@ -525,7 +517,7 @@ mod tests {
         let mut f = Frame::new(msg.clone(), Some(c)).unwrap();
         assert_eq!(f.head[0], 1);
         let wire = f.copy_to_bytes(f.remaining());
-        let mut d = Deframer::default();
+        let mut d = Deframer::new(1 << 20);
         d.push(wire.clone());
         assert_eq!(
             d.next(1 << 20, Some(Encoding::Gzip))

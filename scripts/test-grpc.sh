@@ -69,4 +69,16 @@ mkdir -p "$work/gen"
 "$PY" -m grpc_tools.protoc -I examples/kvstore/proto --python_out="$work/gen" \
   --grpc_python_out="$work/gen" kv/v1/kv.proto
 "$PY" scripts/grpc-client.py "$addr" "$work/gen"
+# The README's "gRPC on the same port" section, as written (only the address differs).
+block() { awk -v m="$1" -v f="$2" 'index($0, m) {on=1; next} on && $0 == f {in_=1; next} in_ && $0 == "```" {exit} in_ {print}' README.md; }
+block "grpc-readme-sh" '```sh' | sed "s/127.0.0.1:50051/$addr/g" > "$work/readme.sh"
+[ "$(grep -c '^grpcurl ' "$work/readme.sh")" -ge 5 ] || { echo "test-grpc: README grpcurl block not found"; exit 1; }
+while IFS= read -r line; do
+  (cd "$work" && PATH="$root/target/grpc-tools:$PATH" bash -c "$line") > "$work/out" 2>&1 || fail "README: $line"
+done < "$work/readme.sh"
+echo "ok: the README's grpcurl commands"
+block "grpc-readme-py" '```python' | sed "s/127.0.0.1:50051/$addr/g" > "$work/readme.py"
+(cd "$work" && "$PY" readme.py) > "$work/out" 2>&1 || fail "README's Python program"
+grep -qx "2" "$work/out" && grep -qF 'StatusCode.NOT_FOUND no key "nope"' "$work/out" || fail "README's Python output"
+echo "ok: the README's grpcio program"
 echo "test-grpc: grpcurl and grpcio against the topspin server's gRPC face: ok"

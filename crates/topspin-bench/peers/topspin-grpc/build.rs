@@ -7,7 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={file}");
     topspin_build::configure()
         .extern_path(".bench.v1", "::topspin_bench_common::pb")
-        .compile(&[file.clone()], &[proto_dir.to_string()])?;
+        .compile(std::slice::from_ref(&file), &[proto_dir.to_string()])?;
     let tonic_out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("tonic");
     std::fs::create_dir_all(&tonic_out)?;
     let fds = protox::compile([&file], [proto_dir])?;

@@ -189,8 +189,8 @@ fn main() {
     let clients: Vec<Client> = rt.block_on(async {
         let mut v = Vec::new();
         for _ in 0..CONNS {
-            let endpoint =
-                tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("endpoint");
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("endpoint");
             let ch = endpoint.tcp_nodelay(true).connect().await.expect("connect");
             v.push(Client(
                 BenchClient::new(ch)

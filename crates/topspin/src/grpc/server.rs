@@ -97,6 +97,7 @@ where
         max_message_size: config.max_message_size(),
         window: window as usize,
         compression: config.compression(),
+        budget: config.memory_budget(),
         unary_tx,
         _unary_rx: unary_rx,
         abort: CancellationToken::new(),
@@ -224,6 +225,8 @@ struct Face {
     max_message_size: u32,
     window: usize,
     compression: Option<Compression>,
+    /// What large request messages are reserved against (shared with native calls).
+    budget: Arc<topspin_proto::MemoryBudget>,
     /// The `CallIo` of unary handlers, which send nothing through it.
     unary_tx: mpsc::Sender<SCmd>,
     _unary_rx: mpsc::Receiver<SCmd>,
@@ -387,7 +390,7 @@ impl Call {
         let abort = face.abort.cancelled();
         tokio::pin!(abort);
         let limit = face.max_message_size;
-        let mut deframer = Deframer::new(face.window);
+        let mut deframer = Deframer::new(face.window, Some(face.budget.clone()));
         let mut body_open = !body.is_end_stream();
         // Unary and server-streaming: the one request message, and what the handler needs
         // once it has arrived.

@@ -314,21 +314,45 @@ pub(crate) struct Received {
 /// buffer is never held and is reused in place (holding its chunks until a large message is
 /// complete made h2 allocate afresh for every 16 KiB frame). A message is at most `limit`
 /// bytes (checked on its prefix, before any of it is buffered); the buffer is reserved for it
-/// up to `reserve` bytes (the stream window: more cannot arrive before it is consumed), then
-/// grows as bytes come.
-#[derive(Default)]
+/// whole if the process's memory budget (`Config::memory_budget`, as for native calls) has
+/// room, else up to `reserve` bytes (the stream window), then grows as bytes come.
 pub(crate) struct Deframer {
     buf: BytesMut,
     fresh: Option<Bytes>,
     reserve: usize,
+    budget: Option<std::sync::Arc<topspin_proto::MemoryBudget>>,
+    /// Bytes of the budget held for the message being gathered.
+    held: usize,
+}
+
+impl Drop for Deframer {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 impl Deframer {
-    /// A deframer that reserves at most `reserve` bytes ahead of what arrived.
-    pub(crate) fn new(reserve: usize) -> Deframer {
+    /// A deframer that reserves a message whole if `budget` has room for it, else at most
+    /// `reserve` bytes ahead of what arrived.
+    pub(crate) fn new(
+        reserve: usize,
+        budget: Option<std::sync::Arc<topspin_proto::MemoryBudget>>,
+    ) -> Deframer {
         Deframer {
+            buf: BytesMut::new(),
+            fresh: None,
             reserve,
-            ..Deframer::default()
+            budget,
+            held: 0,
+        }
+    }
+
+    fn release(&mut self) {
+        if self.held > 0 {
+            if let Some(b) = &self.budget {
+                b.release(self.held);
+            }
+            self.held = 0;
         }
     }
 
@@ -370,7 +394,15 @@ impl Deframer {
                         }
                         return Self::finish(flag, body, n, limit, encoding).map(Some);
                     }
-                    let want = (5 + n).min(self.reserve.max(5));
+                    let whole = 5 + n;
+                    let want = if whole > self.reserve
+                        && self.budget.as_ref().is_some_and(|b| b.try_reserve(whole))
+                    {
+                        self.held = whole;
+                        whole
+                    } else {
+                        whole.min(self.reserve.max(5))
+                    };
                     self.buf.reserve(want);
                 }
             }
@@ -388,6 +420,7 @@ impl Deframer {
         let flag = self.buf[0];
         self.buf.advance(5);
         let body = self.buf.split_to(n).freeze();
+        self.release(); // the message is the handler's now
         Self::finish(flag, body, n, limit, encoding).map(Some)
     }
 
@@ -492,7 +525,7 @@ mod tests {
                 out.extend_from_slice(&c);
             }
         }
-        let mut d = Deframer::new(1 << 20);
+        let mut d = Deframer::new(1 << 20, None);
         let mut got = Vec::new();
         for b in out.chunks(3) {
             d.push(Bytes::copy_from_slice(b));
@@ -502,7 +535,7 @@ mod tests {
         }
         assert_eq!(got, vec![&b"hello"[..], b"", b"a longer message"]);
         assert!(d.is_empty());
-        let mut d = Deframer::new(1 << 20);
+        let mut d = Deframer::new(1 << 20, None);
         d.push(Bytes::from_static(&[0, 0, 0, 4, 1]));
         assert_eq!(
             d.next(1000, None).unwrap_err().code(),
@@ -517,7 +550,7 @@ mod tests {
         let mut f = Frame::new(msg.clone(), Some(c)).unwrap();
         assert_eq!(f.head[0], 1);
         let wire = f.copy_to_bytes(f.remaining());
-        let mut d = Deframer::new(1 << 20);
+        let mut d = Deframer::new(1 << 20, None);
         d.push(wire.clone());
         assert_eq!(
             d.next(1 << 20, Some(Encoding::Gzip))

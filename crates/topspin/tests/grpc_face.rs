@@ -562,3 +562,22 @@ async fn graceful_shutdown_lets_grpc_calls_finish_then_ends_the_rest_unavailable
     s.wait_for("cancelled").await;
     let _ = Code::Ok;
 }
+
+#[tokio::test]
+async fn a_sniffing_port_serves_grpc_too() {
+    let s = start(
+        |b| b.sniff_transports(Duration::from_secs(5)),
+        "tcp://127.0.0.1:0",
+    )
+    .await;
+    let mut g = s.tonic().await;
+    let r = unary(&mut g, "/t.T/Echo", tonic::Request::new("g".into())).await;
+    assert_eq!(r.unwrap().metadata().get("protocol").unwrap(), "grpc");
+    let native = Channel::connect(format!("tcp://{}", s.hp)).await.unwrap();
+    let r = native
+        .unary(Codec::default(), "/t.T/Echo", "n".to_string())
+        .await
+        .unwrap();
+    assert_eq!(r.metadata().get_str("protocol"), Some("topspin"));
+    s.stop().await;
+}

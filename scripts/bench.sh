@@ -28,7 +28,7 @@ for a in "$@"; do
 done
 
 packages=(topspin-bench topspin-bench-tonic topspin-bench-tarpc topspin-bench-capnp topspin-bench-thrift
-          topspin-bench-layered topspin-bench-tonic-tls)
+          topspin-bench-layered topspin-bench-tonic-tls topspin-bench-topspin-grpc)
 for p in "${packages[@]}"; do
     cargo build --release --locked -q -p "$p"
 done

@@ -86,6 +86,12 @@ const SYSTEMS: &[System] = &[
         transport: "tcp",
     },
     System {
+        name: "topspin-grpc",
+        bin: "topspin-bench-topspin-grpc",
+        args: &[],
+        transport: "tcp",
+    },
+    System {
         name: "raw-tls",
         bin: "topspin-bench-raw-layered",
         args: &["--tls"],
@@ -134,6 +140,12 @@ const SYSTEMS: &[System] = &[
         transport: "tcp",
     },
 ];
+
+/// Rows that run in --smoke and, otherwise, only when named with --systems (the quick run's
+/// time budget): `topspin-grpc`, topspin's gRPC face under tonic's client.
+fn opt_in(s: &System) -> bool {
+    s.name == "topspin-grpc"
+}
 
 /// The frameworks a row's "× best peer" compares with.
 pub(crate) const PEERS: &[&str] = &["tonic", "tarpc", "capnp", "thrift"];
@@ -387,8 +399,9 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
                run (default: client and server of a system share one process). TLS and
                WebSocket rows keep one process. CPU and allocations per call stay client + server
   systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
-           raw-tls topspin-tls tonic-tls raw-ws topspin-ws (TLS and WebSocket rows: in --smoke,
-           otherwise only when named with --systems)";
+           raw-tls topspin-tls tonic-tls raw-ws topspin-ws topspin-grpc (TLS, WebSocket and
+           topspin-grpc, the server's gRPC face under tonic's client: in --smoke, otherwise
+           only when named with --systems)";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -462,7 +475,7 @@ fn main() {
     let load_start = load_avg();
     // The TLS and WebSocket rows run in --smoke and when named with --systems (they would
     // take the quick run past its time budget).
-    let layered = |s: &System| matches!(s.transport, "tls" | "ws");
+    let layered = |s: &System| matches!(s.transport, "tls" | "ws") || opt_in(s);
     let systems: Vec<System> = SYSTEMS
         .iter()
         .filter(|s| match &args.systems {
@@ -708,7 +721,7 @@ fn syscalls(args: &Args) -> i32 {
     );
     for sys in SYSTEMS.iter().filter(|s| match &args.systems {
         Some(l) => l.iter().any(|n| n == s.name),
-        None => !matches!(s.transport, "tls" | "ws"),
+        None => !matches!(s.transport, "tls" | "ws") && !opt_in(s),
     }) {
         let mut cols: Vec<String> = Vec::new();
         let mut top = String::new();

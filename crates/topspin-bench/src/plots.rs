@@ -47,6 +47,7 @@ fn color(system: &str) -> RGBColor {
         "tonic-tls" => RGBColor(23, 190, 207),
         "raw-ws" => RGBColor(60, 120, 120),
         "topspin-ws" => RGBColor(188, 189, 34),
+        "topspin-grpc" => RGBColor(255, 152, 150),
         _ => RGBColor(0, 0, 0),
     }
 }

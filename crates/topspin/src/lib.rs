@@ -53,6 +53,8 @@ pub mod codec;
 mod compression;
 mod config;
 mod connection;
+#[cfg(feature = "grpc")]
+mod grpc;
 pub mod interceptor;
 pub mod observe;
 mod request;
@@ -69,7 +71,7 @@ pub use client::{Balancing, Channel, Endpoint, MethodName, Policy};
 pub use compression::{Compression, Encoding};
 pub use config::Config;
 pub use interceptor::{AsyncInterceptor, CallEnd, CallInfo, Interceptor};
-pub use request::{Cancellation, IntoRequest, IntoStreamingRequest, Request, Response};
+pub use request::{Cancellation, IntoRequest, IntoStreamingRequest, Protocol, Request, Response};
 pub use server::{
     shutdown_signal, CallKind, ServeError, Server, ServerBuilder, Service, ShutdownHandle,
     StreamAcceptor,

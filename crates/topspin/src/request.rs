@@ -153,6 +153,20 @@ impl<T> Request<T> {
         (!c.is_empty()).then_some(c)
     }
 
+    /// Server: the protocol the call came in on — native topspin, or gRPC over HTTP/2 on the
+    /// same port ([`ServerBuilder::grpc`](crate::ServerBuilder::grpc)). Handlers need not care:
+    /// every call reaches the same handler with the same metadata, deadline and cancellation;
+    /// this is the only way to tell the two apart. `None` on a client's request.
+    ///
+    /// ```
+    /// use topspin::{Protocol, Request};
+    /// assert_eq!(Request::new(()).protocol(), None); // a client's request has no context
+    /// assert_ne!(Protocol::Topspin, Protocol::Grpc);
+    /// ```
+    pub fn protocol(&self) -> Option<Protocol> {
+        self.ctx.as_ref().map(|c| c.protocol)
+    }
+
     /// Server: the full method name, e.g. `/kv.Store/Get`.
     pub fn method(&self) -> Option<&str> {
         self.ctx.as_ref().map(|c| &*c.method)
@@ -282,6 +296,19 @@ pub(crate) struct ServerContext {
     /// The server's `Config::compression` and `max_message_size`, for this call's messages.
     pub(crate) compression: Option<Compression>,
     pub(crate) max_message_size: u32,
+    /// The face the call came in on.
+    pub(crate) protocol: Protocol,
+}
+
+/// The protocol a server-side call came in on ([`Request::protocol`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// Native topspin (`docs/protocol.md`), over any transport.
+    Topspin,
+    /// gRPC over HTTP/2 (h2c with prior knowledge, or TLS with ALPN `h2`), answered by the
+    /// server's gRPC face on the same port.
+    Grpc,
 }
 
 /// Tells a server handler whether its call was cancelled: by the client, by its deadline, by

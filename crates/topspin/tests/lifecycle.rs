@@ -328,12 +328,14 @@ fn fd_child() {
                 waiting
                     .set_read_timeout(Some(Duration::from_secs(8)))
                     .unwrap();
+                // The client speaks first (protocol.md §2): the server tells native
+                // topspin from gRPC by the first byte before it answers.
+                let _ = waiting.write_all(&PREFACE);
                 let mut preface = [0u8; 8];
                 waiting
                     .read_exact(&mut preface)
                     .expect("the server accepted and answered");
                 assert_eq!(preface, PREFACE);
-                let _ = waiting.write_all(&PREFACE);
             }),
         )
         .await

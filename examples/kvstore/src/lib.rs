@@ -38,6 +38,21 @@ pub mod kv {
 use kv::event::Kind;
 use kv::mutation::Op;
 
+/// `google.rpc.Status`, the conventional content of a gRPC status's details
+/// (`grpc-status-details-bin`): code, message and typed detail messages.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcStatus {
+    /// The status code.
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    /// The message.
+    #[prost(string, tag = "2")]
+    pub message: String,
+    /// Detail messages, each an `Any`.
+    #[prost(message, repeated, tag = "3")]
+    pub details: Vec<prost_types::Any>,
+}
+
 /// Watchers that fall this many events behind are ended with `RESOURCE_EXHAUSTED`.
 const WATCH_BUFFER: usize = 1024;
 
@@ -102,10 +117,21 @@ impl KvStore {
         let current = map.get(&put.key).map_or(0, |e| e.version);
         if let Some(expected) = put.expected_version {
             if expected != current {
-                return Err(Status::failed_precondition(format!(
-                    "key {:?} is at version {current}, not {expected}",
-                    put.key
-                )));
+                let message = format!("key {:?} is at version {current}, not {expected}", put.key);
+                // The details say what the key holds now, as gRPC's richer error model does:
+                // a google.rpc.Status carrying the current Entry (grpcio's
+                // `rpc_status.from_call`, grpc-go's `status.Details()` read it).
+                let now = map.get(&put.key).cloned().unwrap_or_default();
+                let details = RpcStatus {
+                    code: topspin::Code::FailedPrecondition as i32,
+                    message: message.clone(),
+                    details: vec![prost_types::Any {
+                        type_url: "type.googleapis.com/kv.v1.Entry".into(),
+                        value: prost::Message::encode_to_vec(&now),
+                    }],
+                };
+                return Err(Status::failed_precondition(message)
+                    .with_details(prost::Message::encode_to_vec(&details)));
             }
         }
         let entry = kv::Entry {

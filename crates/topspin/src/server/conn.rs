@@ -246,6 +246,7 @@ impl ServerRole {
             cancel: self.cancel_pool.pop().unwrap_or_default(),
             compression: self.compression,
             max_message_size: self.max_message_size,
+            protocol: crate::request::Protocol::Topspin,
         }
     }
 

@@ -97,8 +97,11 @@ pub struct ServerBuilder {
     tls: Option<crate::tls::ServerTls>,
     #[cfg(feature = "websocket")]
     websocket: crate::ws::WebSocketSettings,
-    #[cfg(any(feature = "tls", feature = "websocket"))]
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
     sniff: Option<Duration>,
+    /// The gRPC face is off (it is on by default).
+    #[cfg(feature = "grpc")]
+    no_grpc: bool,
 }
 
 impl ServerBuilder {
@@ -140,14 +143,46 @@ impl ServerBuilder {
     /// [`ServerBuilder::tls`] is set) and WebSocket upgrades apart by the client's first byte,
     /// which it peeks without consuming; a client that sends nothing within `timeout` is
     /// dropped. Native connections then run on the same socket fast path as without sniffing.
-    #[cfg(any(feature = "tls", feature = "websocket"))]
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
     pub fn sniff_transports(mut self, timeout: Duration) -> ServerBuilder {
         self.sniff = Some(timeout);
         self
     }
 
+    /// Whether the same methods also answer gRPC clients over HTTP/2 on this server's TCP and
+    /// TLS ports (default: on). On a plain `tcp://` port a connection whose first byte is the
+    /// `P` of HTTP/2's `PRI * HTTP/2.0` preface (h2c, "prior knowledge", what grpcurl
+    /// `-plaintext`, grpcio's `insecure_channel` and tonic send) is served as gRPC; a native
+    /// one goes on the usual socket fast path after one `recv(MSG_PEEK)`. On TLS the server
+    /// offers ALPN `h2` next to `topspin/1`. Handlers see the same `Request` either way;
+    /// [`Request::protocol`](crate::Request::protocol) tells them apart. Unix sockets and
+    /// [`Server::serve_stream`] stay native. The bounds of the gRPC face are in
+    /// `docs/architecture.md` ("The gRPC face").
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let server = topspin::Server::builder()
+    ///     .grpc(false) // native topspin only: no peek, no HTTP/2
+    ///     .bind("tcp://127.0.0.1:50051")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "grpc")]
+    pub fn grpc(mut self, on: bool) -> ServerBuilder {
+        self.no_grpc = !on;
+        self
+    }
+
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+    fn grpc_on(&self) -> bool {
+        #[cfg(feature = "grpc")]
+        return !self.no_grpc;
+        #[cfg(not(feature = "grpc"))]
+        false
+    }
+
     /// The faces of a listener on `address`; `None` for the plain socket fast path.
-    #[cfg(any(feature = "tls", feature = "websocket"))]
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
     #[allow(unused_mut, unused_variables)]
     fn faces(
         &self,
@@ -164,19 +199,32 @@ impl ServerBuilder {
             ws: None,
             sniff: false,
             sniff_timeout: self.sniff.unwrap_or(Duration::from_secs(5)),
+            #[cfg(feature = "grpc")]
+            grpc: self.grpc_on(),
+            plain: false,
         };
+        let grpc = self.grpc_on();
         match address {
-            Address::Tcp(_) => {
-                if self.sniff.is_none() {
+            Address::Tcp(_) if self.sniff.is_none() => {
+                if !grpc {
                     return Ok(None);
                 }
+                // Only gRPC is told apart: a client silent for the handshake timeout is the
+                // native engine's to time out.
+                faces.sniff = true;
+                faces.plain = true;
+                faces.sniff_timeout = self.config.handshake_timeout();
+            }
+            Address::Tcp(_) => {
                 faces.sniff = true;
                 #[cfg(feature = "tls")]
                 {
-                    faces.tls = self
-                        .tls
-                        .as_ref()
-                        .map(|t| t.with_alpn(&[crate::tls::ALPN, b"http/1.1"]));
+                    let alpn: &[&[u8]] = if grpc {
+                        &[crate::tls::ALPN, b"h2", b"http/1.1"]
+                    } else {
+                        &[crate::tls::ALPN, b"http/1.1"]
+                    };
+                    faces.tls = self.tls.as_ref().map(|t| t.with_alpn(alpn));
                 }
                 #[cfg(feature = "websocket")]
                 {
@@ -189,7 +237,11 @@ impl ServerBuilder {
                     .tls
                     .as_ref()
                     .ok_or_else(|| err("a tls:// address needs ServerBuilder::tls"))?;
-                faces.tls = Some(tls.clone());
+                faces.tls = Some(if grpc {
+                    tls.with_alpn(&[crate::tls::ALPN, b"h2"])
+                } else {
+                    tls.clone()
+                });
             }
             #[cfg(feature = "websocket")]
             Address::Ws(_, path) => {
@@ -341,9 +393,9 @@ impl ServerBuilder {
     /// [`Config::unix_socket_mode`] (default `0o660`) and is removed when the server stops.
     pub async fn bind(self, address: impl crate::IntoAddress) -> Result<Server, ServeError> {
         let address = address.into_address()?;
-        #[cfg(any(feature = "tls", feature = "websocket"))]
+        #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
         let faces = self.faces(&address)?.map(Arc::new);
-        #[cfg(not(any(feature = "tls", feature = "websocket")))]
+        #[cfg(not(any(feature = "tls", feature = "websocket", feature = "grpc")))]
         if !matches!(
             address,
             Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_)
@@ -383,7 +435,7 @@ impl ServerBuilder {
         }
         Ok(Server {
             gauges,
-            #[cfg(any(feature = "tls", feature = "websocket"))]
+            #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
             faces,
             listener,
             local,
@@ -489,7 +541,7 @@ impl ShutdownHandle {
 pub struct Server {
     listener: Listener,
     /// TLS, WebSocket or sniffing, for a listener that is not the plain socket fast path.
-    #[cfg(any(feature = "tls", feature = "websocket"))]
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
     faces: Option<Arc<crate::transport::sniff::Faces>>,
     local: Address,
     registry: Arc<Registry>,
@@ -572,7 +624,7 @@ impl Server {
             config,
             shutdown,
             done,
-            #[cfg(any(feature = "tls", feature = "websocket"))]
+            #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
             faces,
             ..
         } = self;
@@ -588,7 +640,7 @@ impl Server {
             tokio::select! {
                 accepted = async {
                     let l = listener.as_ref().expect("listener present");
-                    #[cfg(any(feature = "tls", feature = "websocket"))]
+                    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
                     if let Some(faces) = &faces {
                         if let Some(r) = l.accept_tcp().await {
                             return r.map(|(tcp, addr)| Ok(Accepted::Layered(faces.clone(), tcp, addr)));
@@ -605,7 +657,7 @@ impl Server {
                                     Accepted::Socket(transport) => {
                                         conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
                                     }
-                                    #[cfg(any(feature = "tls", feature = "websocket"))]
+                                    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
                                     Accepted::Layered(faces, tcp, addr) => {
                                         conns.spawn(serve_layered(faces, tcp, addr, registry.clone(), config.clone(), signal.clone()));
                                     }
@@ -615,9 +667,15 @@ impl Server {
                                     Accepted::Socket(transport) => {
                                         refusals.spawn(refuse(transport, config.clone()));
                                     }
+                                    // A plain port's native client is told why, as without
+                                    // the gRPC face.
+                                    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+                                    Accepted::Layered(faces, tcp, _) if faces.plain => {
+                                        refusals.spawn(refuse_sniffed(tcp, config.clone()));
+                                    }
                                     // Closed at once (its TLS or WebSocket handshake is not
                                     // worth doing to refuse it).
-                                    #[cfg(any(feature = "tls", feature = "websocket"))]
+                                    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
                                     Accepted::Layered(..) => {}
                                 }
                             } // else: dropped at once; the client sees the connection close.
@@ -760,6 +818,21 @@ async fn refuse<T: crate::transport::Transport>(mut transport: T, config: Config
     .await;
 }
 
+/// [`refuse`] for a plain port with the gRPC face: a client whose first byte (awaited up to
+/// [`REFUSAL_WAIT`]) is not HTTP/2's is refused as a native one; a gRPC client is closed.
+#[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+async fn refuse_sniffed(tcp: tokio::net::TcpStream, config: Config) {
+    let mut b = [0u8; 1];
+    if let Ok(Ok(1)) = tokio::time::timeout(REFUSAL_WAIT, tcp.peek(&mut b)).await {
+        if b[0] == b'P' {
+            return;
+        }
+    }
+    if let Ok(t) = crate::transport::socket::SocketTransport::from_tcp(tcp) {
+        refuse(t, config).await;
+    }
+}
+
 /// Writes everything the engine has queued.
 async fn write_all<T: crate::transport::Transport>(
     transport: &mut T,
@@ -782,7 +855,7 @@ async fn write_all<T: crate::transport::Transport>(
 /// What the accept loop took.
 enum Accepted {
     Socket(crate::transport::socket::SocketTransport),
-    #[cfg(any(feature = "tls", feature = "websocket"))]
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
     Layered(
         Arc<crate::transport::sniff::Faces>,
         tokio::net::TcpStream,
@@ -792,7 +865,7 @@ enum Accepted {
 
 /// Sets up a connection's TLS and WebSocket layers (within the handshake timeout) on its own
 /// task, then serves it; a failed handshake ends that connection only.
-#[cfg(any(feature = "tls", feature = "websocket"))]
+#[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
 async fn serve_layered(
     faces: Arc<crate::transport::sniff::Faces>,
     tcp: tokio::net::TcpStream,
@@ -815,6 +888,28 @@ async fn serve_layered(
         Ok(Upgraded::Ws(t)) => serve_connection(t, registry, config, &signal).await,
         #[cfg(all(feature = "tls", feature = "websocket"))]
         Ok(Upgraded::Wss(t)) => serve_connection(t, registry, config, &signal).await,
+        Ok(Upgraded::Silent(t)) => {
+            // Silent for the whole handshake timeout already: the engine says TIMEOUT at once.
+            let config = config.with_handshake_timeout(Duration::from_millis(1));
+            serve_connection(t, registry, config, &signal).await
+        }
+        #[cfg(feature = "grpc")]
+        Ok(Upgraded::H2(tcp, addr)) => {
+            let peer = crate::grpc::server::Peer {
+                addr,
+                #[cfg(feature = "tls")]
+                tls: None,
+            };
+            crate::grpc::serve(tcp, peer, registry, config, signal).await
+        }
+        #[cfg(all(feature = "grpc", feature = "tls"))]
+        Ok(Upgraded::TlsH2(s, addr, tls)) => {
+            let peer = crate::grpc::server::Peer {
+                addr,
+                tls: Some(tls),
+            };
+            crate::grpc::serve(s, peer, registry, config, signal).await
+        }
         Err(why) => tracing::debug!(peer = %addr, "connection refused: {why}"),
     }
 }

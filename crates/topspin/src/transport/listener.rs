@@ -196,7 +196,7 @@ impl Listener {
 
     /// Accepts a TCP connection as a tokio stream, for the transports layered over TCP (TLS,
     /// WebSocket, sniffing); `None` on a Unix listener.
-    #[cfg(any(feature = "tls", feature = "websocket"))]
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
     pub(crate) async fn accept_tcp(
         &self,
     ) -> Option<io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>> {

@@ -18,7 +18,7 @@
 //! for the stream transport).
 
 mod listener;
-#[cfg(any(feature = "tls", feature = "websocket"))]
+#[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
 pub(crate) mod sniff;
 pub(crate) mod socket;
 pub(crate) mod stream;

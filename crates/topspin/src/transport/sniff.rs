@@ -1,10 +1,13 @@
 //! The faces of a TCP listener: native topspin, TLS, WebSocket, WebSocket over TLS, or one
 //! port that tells them apart by the client's first byte (`T` of the `TOPSPIN` preface, `0x16`
-//! of a TLS handshake record, `G` of an HTTP `GET`). Sniffing peeks: the bytes stay in the
-//! socket, and a native connection then gets the ordinary socket transport, so the fast path
-//! pays one `recv(MSG_PEEK)` per connection and nothing per call.
+//! of a TLS handshake record, `G` of an HTTP `GET`, and with the gRPC face `P` of HTTP/2's
+//! `PRI * HTTP/2.0` preface). Sniffing peeks: the bytes stay in the socket, and a native
+//! connection then gets the ordinary socket transport, so the fast path pays one
+//! `recv(MSG_PEEK)` per connection and nothing per call. After a TLS handshake, ALPN `h2` is
+//! gRPC.
 
 use super::socket::SocketTransport;
+#[cfg(any(feature = "tls", feature = "websocket"))]
 use super::stream::StreamTransport;
 use super::PeerAddr;
 use std::net::SocketAddr;
@@ -30,6 +33,12 @@ pub(crate) struct Faces {
     pub(crate) sniff: bool,
     /// How long a sniffing server waits for a client's first byte.
     pub(crate) sniff_timeout: Duration,
+    /// The gRPC face: `P` (HTTP/2 prior knowledge) and ALPN `h2` go to it.
+    #[cfg(feature = "grpc")]
+    pub(crate) grpc: bool,
+    /// A plain `tcp://` port that sniffs only for gRPC: a client silent for the sniff timeout
+    /// (the handshake timeout) is handed to the native engine, which tells it `TIMEOUT`.
+    pub(crate) plain: bool,
 }
 
 /// One accepted connection, its layers set up (moved once into its connection task).
@@ -42,6 +51,18 @@ pub(crate) enum Upgraded {
     Ws(StreamTransport<WsStream<TcpStream>>),
     #[cfg(all(feature = "tls", feature = "websocket"))]
     Wss(StreamTransport<WsStream<tokio_rustls::server::TlsStream<TcpStream>>>),
+    /// A native client that sent nothing within the handshake timeout (plain ports only).
+    Silent(SocketTransport),
+    /// HTTP/2 with prior knowledge: the gRPC face.
+    #[cfg(feature = "grpc")]
+    H2(TcpStream, PeerAddr),
+    /// HTTP/2 over TLS (ALPN `h2`): the gRPC face.
+    #[cfg(all(feature = "grpc", feature = "tls"))]
+    TlsH2(
+        tokio_rustls::server::TlsStream<TcpStream>,
+        PeerAddr,
+        std::sync::Arc<TlsPeer>,
+    ),
 }
 
 /// What the first byte of a connection says it speaks.
@@ -50,13 +71,26 @@ pub(crate) enum Sniffed {
     Native,
     Tls,
     Http,
+    /// `P` of HTTP/2's `PRI * HTTP/2.0` connection preface (gRPC face only).
+    H2,
 }
 
-pub(crate) fn classify(first: u8) -> Sniffed {
+pub(crate) fn classify(first: u8, grpc: bool) -> Sniffed {
     match first {
-        0x16 => Sniffed::Tls,  // TLS handshake record (ClientHello)
-        b'G' => Sniffed::Http, // GET: a WebSocket upgrade
-        _ => Sniffed::Native,  // `T` of TOPSPIN, or garbage the engine rejects with BAD_PREFACE
+        0x16 => Sniffed::Tls,        // TLS handshake record (ClientHello)
+        b'G' => Sniffed::Http,       // GET: a WebSocket upgrade
+        b'P' if grpc => Sniffed::H2, // PRI * HTTP/2.0: gRPC with prior knowledge
+        _ => Sniffed::Native, // `T` of TOPSPIN, or garbage the engine rejects with BAD_PREFACE
+    }
+}
+
+impl Faces {
+    /// Whether the gRPC face is on.
+    pub(crate) fn grpc(&self) -> bool {
+        #[cfg(feature = "grpc")]
+        return self.grpc;
+        #[cfg(not(feature = "grpc"))]
+        false
     }
 }
 
@@ -73,9 +107,19 @@ impl Faces {
         let kind = if self.sniff {
             let mut b = [0u8; 1];
             match tokio::time::timeout(self.sniff_timeout, tcp.peek(&mut b)).await {
-                Ok(Ok(1)) => classify(b[0]),
+                // A plain port tells only gRPC apart: anything else is the native engine's
+                // (which answers garbage with BAD_PREFACE, as without the gRPC face).
+                Ok(Ok(1)) if self.plain && classify(b[0], self.grpc()) != Sniffed::H2 => {
+                    Sniffed::Native
+                }
+                Ok(Ok(1)) => classify(b[0], self.grpc()),
                 Ok(Ok(_)) => return Err("closed before sending anything".into()),
                 Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) if self.plain => {
+                    return Ok(Upgraded::Silent(
+                        SocketTransport::from_tcp(tcp).map_err(|e| e.to_string())?,
+                    ))
+                }
                 Err(_) => return Err("sent nothing within the sniff timeout".into()),
             }
         } else {
@@ -116,6 +160,10 @@ impl Faces {
                     .await
                     .map_err(|e| super::tls::handshake_error(&e))?;
                 let info = TlsPeer::from_server(s.get_ref().1);
+                #[cfg(feature = "grpc")]
+                if self.grpc && s.get_ref().1.alpn_protocol() == Some(b"h2") {
+                    return Ok(Upgraded::TlsH2(s, peer, std::sync::Arc::new(info)));
+                }
                 // Under a WebSocket the client's ALPN is http/1.1; native topspin is
                 // topspin/1 or none.
                 #[cfg(feature = "websocket")]
@@ -144,6 +192,8 @@ impl Faces {
                 let ws = ws.accept(tcp, path).await?;
                 Ok(Upgraded::Ws(StreamTransport::new(ws, peer)))
             }
+            #[cfg(feature = "grpc")]
+            Sniffed::H2 => Ok(Upgraded::H2(tcp, peer)),
             #[allow(unreachable_patterns)]
             _ => Err("no transport for this client's first bytes".into()),
         }
@@ -156,8 +206,10 @@ mod tests {
 
     #[test]
     fn first_bytes() {
-        assert_eq!(classify(b'T'), Sniffed::Native);
-        assert_eq!(classify(0x16), Sniffed::Tls);
-        assert_eq!(classify(b'G'), Sniffed::Http);
+        assert_eq!(classify(b'T', true), Sniffed::Native);
+        assert_eq!(classify(0x16, true), Sniffed::Tls);
+        assert_eq!(classify(b'G', true), Sniffed::Http);
+        assert_eq!(classify(b'P', true), Sniffed::H2);
+        assert_eq!(classify(b'P', false), Sniffed::Native);
     }
 }

@@ -1,0 +1,34 @@
+//! The gRPC face of a server: the same registered methods answer gRPC clients (grpcurl, grpcio,
+//! grpc-go, tonic, Envoy…) over HTTP/2 on the server's own port — h2c with prior knowledge on a
+//! plain `tcp://` port (told apart from native topspin by its first byte, `P` of
+//! `PRI * HTTP/2.0`) and ALPN `h2` on TLS. On by default; [`ServerBuilder::grpc`] turns it off.
+//!
+//! HTTP/2 is the `h2` crate's. A call is dispatched to the very handler a native call gets
+//! (`server::handler`, behind the method's interceptors): the handler sees the same
+//! `Request` — metadata (`-bin` values decoded from base64), deadline (`grpc-timeout`),
+//! cancellation (the client's `RST_STREAM`), peer, TLS peer — and only
+//! [`Request::protocol`](crate::Request::protocol) says [`Protocol::Grpc`](crate::Protocol).
+//! Its `Status` becomes `grpc-status`, `grpc-message` (percent-encoded) and
+//! `grpc-status-details-bin` trailers; an error before any response is a trailers-only
+//! response. Messages are gRPC's length-prefixed frames, compressed per `grpc-encoding`
+//! (`gzip`, `zstd`; `grpc-accept-encoding` lists them) with the server's
+//! [`Config::compression`](crate::Config::compression).
+//!
+//! Bounds a peer cannot raise (`server.rs` sets them on the HTTP/2 connection):
+//!
+//! | bound | value |
+//! |---|---|
+//! | streams open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`) | `Config::max_concurrent_calls` (1024) |
+//! | header list (`SETTINGS_MAX_HEADER_LIST_SIZE`, h2's accounting: name + value + 32 per field) | `Config::max_metadata_size` + 4 KiB (20 KiB) |
+//! | stream window (`SETTINGS_INITIAL_WINDOW_SIZE`) | `Config::initial_call_window` (1 MiB); a request stream's data is given back as the handler consumes it |
+//! | connection window | 2 × the stream window (2 MiB) |
+//! | frame size (`SETTINGS_MAX_FRAME_SIZE`) | 16 KiB (HTTP/2's default) |
+//! | one request message | `Config::max_message_size` (64 MiB), compressed or not; more is `RESOURCE_EXHAUSTED` |
+//! | response bytes buffered per stream | h2's send buffer (400 KiB) + one message: a handler's next message waits for the client to read |
+//! | streams reset by the client and not yet accepted / reset locally | h2's defaults (20 / 50, "Rapid Reset"), then GOAWAY |
+//! | the HTTP/2 handshake | `Config::handshake_timeout` (10 s) |
+
+pub(crate) mod server;
+pub(crate) mod wire;
+
+pub(crate) use server::serve;

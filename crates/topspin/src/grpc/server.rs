@@ -1,0 +1,712 @@
+//! One HTTP/2 connection of the gRPC face: h2 accepts streams; each is a call run on the
+//! connection's task by [`Face::call`], which hands it to the method's handler — the same
+//! type-erased handler (`server::handler`) native calls get, first polled inline, then on a
+//! task of its own if it waits, exactly as `server/conn.rs` does.
+
+use super::wire::{self, Deframer, Frame};
+use crate::request::{Cancellation, Protocol, ServerContext};
+use crate::server::handler::{
+    CallIo, Done, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit, Spawned,
+};
+use crate::server::{Registry, Shutdown};
+use crate::streaming::Item;
+use crate::transport::PeerAddr;
+use crate::{Compression, Config, Encoding, Status};
+use bytes::Bytes;
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt;
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use http::HeaderMap;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use topspin_proto::{Code, Metadata};
+
+/// Commands a streaming call's handler may have queued to its call (headers, a message
+/// waiting for its acknowledgement, credit for consumed requests). The handler waits for room.
+const CALL_QUEUE: usize = 64;
+/// Response bytes h2 buffers per stream beyond what the client's window lets out (h2's
+/// default); a handler's next message waits until they are written.
+const SEND_BUFFER: usize = 400 * 1024;
+/// Header-list room beyond `max_metadata_size`, for the HTTP/2 and gRPC headers themselves.
+const HEADER_ROOM: u32 = 4096;
+
+/// Who is on the other end of the connection.
+#[derive(Clone, Debug)]
+pub(crate) struct Peer {
+    pub(crate) addr: PeerAddr,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<Arc<crate::tls::TlsPeer>>,
+}
+
+/// Serves gRPC over HTTP/2 on `io` (h2c with prior knowledge, or TLS that agreed on `h2`)
+/// until the client closes it or a graceful shutdown completes.
+pub(crate) fn serve<IO>(
+    io: IO,
+    peer: Peer,
+    registry: Arc<Registry>,
+    config: Config,
+    shutdown: Shutdown,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    Coalesced::new(run(io, peer, registry, config, shutdown))
+}
+
+async fn run<IO>(io: IO, peer: Peer, registry: Arc<Registry>, config: Config, shutdown: Shutdown)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let window = config.initial_call_window();
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(config.max_concurrent_calls())
+        .initial_window_size(window)
+        .initial_connection_window_size(window.saturating_mul(2).min(i32::MAX as u32))
+        .max_header_list_size(config.max_metadata_size().saturating_add(HEADER_ROOM))
+        .max_send_buffer_size(SEND_BUFFER);
+    let handshake = tokio::time::timeout(
+        config.handshake_timeout(),
+        builder.handshake::<IO, Frame>(io),
+    );
+    let mut conn = tokio::select! {
+        r = handshake => match r {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                tracing::debug!(peer = %peer.addr, "gRPC connection: HTTP/2 handshake failed: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(peer = %peer.addr, "gRPC connection: HTTP/2 handshake timed out");
+                return;
+            }
+        },
+        () = shutdown.token.cancelled() => return,
+    };
+    let (unary_tx, unary_rx) = mpsc::channel(1);
+    let face = Face {
+        registry,
+        peer,
+        max_message_size: config.max_message_size(),
+        window: window as usize,
+        compression: config.compression(),
+        budget: config.memory_budget(),
+        unary_tx,
+        _unary_rx: unary_rx,
+        abort: CancellationToken::new(),
+    };
+    let mut calls = FuturesUnordered::new();
+    let grace = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(grace);
+    let (mut going_away, mut aborted) = (false, false);
+    loop {
+        tokio::select! {
+            accepted = conn.accept() => match accepted {
+                Some(Ok((req, respond))) => calls.push(face.call(req, respond)),
+                Some(Err(e)) => {
+                    tracing::debug!(peer = %face.peer.addr, "gRPC connection ends: {e}");
+                    break;
+                }
+                None => break,
+            },
+            Some(()) = calls.next(), if !calls.is_empty() => {}
+            () = shutdown.token.cancelled(), if !going_away => {
+                // GOAWAY; calls in flight get the grace period.
+                going_away = true;
+                conn.graceful_shutdown();
+                let until = shutdown.deadline().unwrap_or_else(Instant::now);
+                grace.as_mut().reset(until.into());
+            }
+            () = &mut grace, if going_away && !aborted => {
+                aborted = true;
+                face.abort.cancel();
+            }
+        }
+    }
+    // Calls still here lost their connection: dropping them cancels their handlers.
+    drop(calls);
+}
+
+/// Runs a connection's future so that the wake-ups it gives itself while it runs (h2 wakes
+/// the connection whenever a call queues a frame or takes data; the calls run on the same task)
+/// become another turn of the same poll rather than a reschedule: tokio reschedules a task that
+/// woke itself as a yield, which also wakes a parked worker thread to steal it — an extra
+/// thread wake-up (and often a migration to another CPU) per call. Wake-ups from elsewhere
+/// (the socket, spawned handlers) go to the task as usual. At most [`TURNS`] turns per poll.
+struct Coalesced<F> {
+    fut: Pin<Box<F>>,
+    shared: Arc<WakeState>,
+    waker: std::task::Waker,
+}
+
+/// Turns of one poll before the task yields to others anyway.
+const TURNS: usize = 32;
+const IDLE: u8 = 0;
+const RUNNING: u8 = 1;
+const RUNNING_WOKEN: u8 = 2;
+
+#[derive(Default)]
+struct WakeState {
+    state: std::sync::atomic::AtomicU8,
+    task: futures_util::task::AtomicWaker,
+}
+
+impl std::task::Wake for WakeState {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering::AcqRel;
+        match self.state.compare_exchange(
+            RUNNING,
+            RUNNING_WOKEN,
+            AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+        ) {
+            Ok(_) | Err(RUNNING_WOKEN) => {}
+            Err(_) => self.task.wake(),
+        }
+    }
+}
+
+impl<F: Future<Output = ()>> Coalesced<F> {
+    fn new(fut: F) -> Coalesced<F> {
+        let shared = Arc::new(WakeState::default());
+        Coalesced {
+            fut: Box::pin(fut),
+            waker: std::task::Waker::from(shared.clone()),
+            shared,
+        }
+    }
+}
+
+impl<F: Future<Output = ()>> Future for Coalesced<F> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+        let this = &mut *self;
+        this.shared.task.register(cx.waker());
+        let mut inner = std::task::Context::from_waker(&this.waker);
+        for _ in 0..TURNS {
+            this.shared.state.store(RUNNING, Release);
+            if this.fut.as_mut().poll(&mut inner).is_ready() {
+                this.shared.state.store(IDLE, Release);
+                return Poll::Ready(());
+            }
+            if this
+                .shared
+                .state
+                .compare_exchange(RUNNING, IDLE, AcqRel, Acquire)
+                .is_ok()
+            {
+                return Poll::Pending; // nothing woke it while it ran
+            }
+            // Woken while running: another turn.
+        }
+        this.shared.state.store(IDLE, Release);
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// What every call of one connection shares.
+struct Face {
+    registry: Arc<Registry>,
+    peer: Peer,
+    max_message_size: u32,
+    window: usize,
+    compression: Option<Compression>,
+    /// What large request messages are reserved against (shared with native calls).
+    budget: Arc<topspin_proto::MemoryBudget>,
+    /// The `CallIo` of unary handlers, which send nothing through it.
+    unary_tx: mpsc::Sender<SCmd>,
+    _unary_rx: mpsc::Receiver<SCmd>,
+    /// The grace period of a shutdown is over: calls end `UNAVAILABLE`.
+    abort: CancellationToken,
+}
+
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(wire::CONTENT_TYPE.as_bytes()))
+}
+
+/// Answers a call with a trailers-only response (HEADERS with END_STREAM).
+fn trailers_only(respond: &mut SendResponse<Frame>, status: &Status, negotiating: bool) {
+    let mut h = wire::response_headers(&Metadata::new(), None, negotiating);
+    wire::status_trailers(&mut h, status, &Metadata::new());
+    let mut resp = http::Response::new(());
+    *resp.headers_mut() = h;
+    let _ = respond.send_response(resp, true);
+}
+
+impl Face {
+    /// One call, from its request headers to its trailers.
+    async fn call(&self, req: http::Request<RecvStream>, mut respond: SendResponse<Frame>) {
+        let (parts, body) = req.into_parts();
+        let headers = &parts.headers;
+        if !is_grpc(headers) {
+            // gRPC's rule for a request that is not gRPC.
+            let mut resp = http::Response::new(());
+            *resp.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            let _ = respond.send_response(resp, true);
+            return;
+        }
+        let method = parts.uri.path();
+        let Some(handler) = self.registry.get(method) else {
+            let st =
+                Status::unimplemented(format!("method {method} is not implemented by this server"));
+            trailers_only(&mut respond, &st, false);
+            return;
+        };
+        let deadline = match headers.get("grpc-timeout") {
+            None => None,
+            Some(v) => match wire::parse_timeout(v.as_bytes()) {
+                Ok(d) => Instant::now().checked_add(d),
+                Err(st) => return trailers_only(&mut respond, &st, false),
+            },
+        };
+        let recv = match wire::request_encoding(headers) {
+            Ok(e) => e,
+            Err(st) => return trailers_only(&mut respond, &st, true),
+        };
+        let negotiating = recv.is_some() || headers.contains_key("grpc-accept-encoding");
+        let send = wire::response_compression(headers, self.compression);
+        let metadata = wire::metadata_from_headers(headers);
+        let cancel = Cancellation::default();
+        let ctx = ServerContext {
+            deadline,
+            peer: self.peer.addr.clone(),
+            #[cfg(feature = "tls")]
+            tls: self.peer.tls.clone(),
+            method: bytestring::ByteString::from(method),
+            cancel: cancel.clone(),
+            // gRPC's compression is in its own frames, handled here: the handler's codec
+            // sees plain messages.
+            compression: None,
+            max_message_size: self.max_message_size,
+            protocol: Protocol::Grpc,
+        };
+        let mut call = Call {
+            id: respond.stream_id().as_u32(),
+            out: Out::Head(respond),
+            send,
+            recv,
+            negotiating,
+            guard: CancelGuard {
+                cancel,
+                armed: true,
+            },
+        };
+        call.run(self, handler, metadata, ctx, body).await;
+    }
+}
+
+/// Where the response stands.
+enum Out {
+    /// Nothing sent yet.
+    Head(SendResponse<Frame>),
+    /// Headers sent: messages and trailers go here.
+    Body(SendStream<Frame>),
+    /// Trailers sent (or the stream is gone).
+    Closed,
+}
+
+impl Out {
+    /// Ready when the client reset the stream (or the connection failed).
+    fn poll_reset(&mut self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        match self {
+            Out::Head(r) => r.poll_reset(cx).map(|_| ()),
+            Out::Body(s) => s.poll_reset(cx).map(|_| ()),
+            Out::Closed => Poll::Pending,
+        }
+    }
+}
+
+/// Cancels the handler's call if the call ends (or its connection goes) before the handler
+/// returned: its `Request::cancellation()` fires and its future is dropped.
+struct CancelGuard {
+    cancel: Cancellation,
+    armed: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cancel.cancel();
+        }
+    }
+}
+
+/// What woke a call up.
+enum Ev {
+    Reset,
+    Deadline,
+    Abort,
+    Done(Done),
+    Capacity(Option<Result<usize, h2::Error>>),
+    Cmd(Option<SCmd>),
+    Data(Option<Result<Bytes, h2::Error>>),
+}
+
+type Ack = tokio::sync::oneshot::Sender<Result<(), Status>>;
+
+struct Call {
+    id: u32,
+    out: Out,
+    send: Option<Compression>,
+    recv: Option<Encoding>,
+    negotiating: bool,
+    guard: CancelGuard,
+}
+
+impl Call {
+    #[allow(clippy::too_many_lines)]
+    async fn run(
+        &mut self,
+        face: &Face,
+        handler: HandlerRef,
+        metadata: Metadata,
+        ctx: ServerContext,
+        mut body: RecvStream,
+    ) {
+        let kind = handler.kind();
+        let deadline = ctx.deadline;
+        let sleep = tokio::time::sleep_until(
+            deadline
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365))
+                .into(),
+        );
+        tokio::pin!(sleep);
+        let abort = face.abort.cancelled();
+        tokio::pin!(abort);
+        let limit = face.max_message_size;
+        let mut deframer = Deframer::new(face.window, Some(face.budget.clone()));
+        let mut body_open = !body.is_end_stream();
+        // Unary and server-streaming: the one request message, and what the handler needs
+        // once it has arrived.
+        let mut one: Option<Bytes> = None;
+        let mut waiting = Some((handler, metadata, ctx));
+        let mut inbound: Option<mpsc::UnboundedSender<Item>> = None;
+        let mut exec: Option<Spawned> = None;
+        // Request bytes handed to the handler and not consumed yet; the body is read only while
+        // they are under the stream window, so a handler that does not read bounds the client.
+        let mut outstanding = 0usize;
+        let mut pending: Option<(Frame, Ack)> = None;
+        let (mut rx, io) = if kind == crate::CallKind::Unary {
+            (
+                None,
+                CallIo {
+                    tx: face.unary_tx.clone(),
+                    id: self.id,
+                },
+            )
+        } else {
+            let (tx, rx) = mpsc::channel(CALL_QUEUE);
+            (Some(rx), CallIo { tx, id: self.id })
+        };
+        if kind.client_streams() {
+            // Requests arrive as a stream: the handler starts now.
+            let (tx, in_rx) = mpsc::unbounded_channel();
+            inbound = Some(tx);
+            let credit = Box::new(ServerCredit {
+                tx: io.tx.clone(),
+                id: self.id,
+            });
+            let (handler, md, ctx) = waiting.take().expect("not started");
+            let input = Input::Stream { rx: in_rx, credit };
+            match self.start(&handler, input, md, ctx, io.clone()) {
+                Started::Done(d) => return self.done(d, rx.as_mut()),
+                Started::Running(s) => exec = Some(s),
+                Started::Ended => return,
+            }
+        }
+        loop {
+            let ev = poll_fn(|cx| {
+                if self.out.poll_reset(cx).is_ready() {
+                    return Poll::Ready(Ev::Reset);
+                }
+                if deadline.is_some() && sleep.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ev::Deadline);
+                }
+                if abort.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ev::Abort);
+                }
+                if let Some(e) = exec.as_mut() {
+                    if let Poll::Ready(d) = Pin::new(e).poll(cx) {
+                        return Poll::Ready(Ev::Done(d));
+                    }
+                }
+                if pending.is_some() {
+                    if let Out::Body(s) = &mut self.out {
+                        if let Poll::Ready(c) = s.poll_capacity(cx) {
+                            return Poll::Ready(Ev::Capacity(c));
+                        }
+                    }
+                }
+                if let Some(rx) = rx.as_mut() {
+                    if let Poll::Ready(c) = rx.poll_recv(cx) {
+                        return Poll::Ready(Ev::Cmd(c));
+                    }
+                }
+                if body_open && outstanding < face.window {
+                    if let Poll::Ready(d) = body.poll_data(cx) {
+                        return Poll::Ready(Ev::Data(d));
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
+            match ev {
+                // The client cancelled (RST_STREAM): the guard cancels the handler.
+                Ev::Reset => return,
+                Ev::Deadline => {
+                    let st = Status::new(Code::DeadlineExceeded, "the call's deadline passed");
+                    return self.end(&st, &Metadata::new());
+                }
+                Ev::Abort => {
+                    let st = Status::unavailable("the server shut down before the call finished");
+                    return self.end(&st, &Metadata::new());
+                }
+                Ev::Done(d) => return self.done(d, rx.as_mut()),
+                Ev::Capacity(Some(Ok(n))) if n > 0 => {
+                    if let (Some((f, ack)), Out::Body(s)) = (pending.take(), &mut self.out) {
+                        let r = s.send_data(f, false);
+                        let _ = ack.send(r.map_err(|_| Status::cancelled("the stream is gone")));
+                    }
+                }
+                Ev::Capacity(Some(Ok(_))) => {}
+                Ev::Capacity(_) => return, // the stream is gone
+                Ev::Cmd(None) => rx = None,
+                Ev::Cmd(Some(cmd)) => {
+                    if let Err(st) = self.apply(cmd, &mut pending, &mut outstanding) {
+                        return self.end(&st, &Metadata::new());
+                    }
+                }
+                Ev::Data(Some(Ok(chunk))) => {
+                    // Taken off h2's buffer: the window reopens (bounded by `outstanding`).
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                    deframer.push(chunk);
+                    loop {
+                        match deframer.next(limit, self.recv) {
+                            Ok(Some(r)) => {
+                                if let Some(tx) = &inbound {
+                                    outstanding += r.wire_len;
+                                    let credit = u32::try_from(r.wire_len).unwrap_or(u32::MAX);
+                                    let _ = tx.send(Item::Message(r.message, credit));
+                                } else if one.is_none() && waiting.is_some() {
+                                    one = Some(r.message);
+                                } else {
+                                    let st = Status::invalid_argument(format!(
+                                        "{} takes one request message, got more",
+                                        method_of(&waiting)
+                                    ));
+                                    return self.end(&st, &Metadata::new());
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(st) => return self.end(&st, &Metadata::new()),
+                        }
+                    }
+                }
+                Ev::Data(Some(Err(_))) => return, // reset or connection error
+                Ev::Data(None) => {
+                    body_open = false;
+                    if !deframer.is_empty() {
+                        let st = Status::internal("the request stream ended inside a message");
+                        return self.end(&st, &Metadata::new());
+                    }
+                    if let Some(tx) = inbound.take() {
+                        let _ = tx.send(Item::End(Ok(Metadata::new())));
+                        continue;
+                    }
+                    let Some((handler, md, ctx)) = waiting.take() else {
+                        continue;
+                    };
+                    let Some(m) = one.take() else {
+                        let st = Status::invalid_argument(format!(
+                            "{} takes one request message, got none",
+                            &*ctx.method
+                        ));
+                        return self.end(&st, &Metadata::new());
+                    };
+                    match self.start(&handler, Input::One(m), md, ctx, io.clone()) {
+                        Started::Done(d) => return self.done(d, rx.as_mut()),
+                        Started::Running(s) => exec = Some(s),
+                        Started::Ended => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Builds the handler's future and polls it once on this task; one that is not done goes
+    /// on on a task of its own (`server::handler::Spawned`, as native calls do).
+    fn start(
+        &mut self,
+        handler: &HandlerRef,
+        input: Input,
+        md: Metadata,
+        ctx: ServerContext,
+        io: CallIo,
+    ) -> Started {
+        // A call whose deadline passed on its way in is not started.
+        if ctx.deadline.is_some_and(|d| d <= Instant::now()) {
+            let st = Status::new(
+                Code::DeadlineExceeded,
+                "the deadline passed before the handler started",
+            );
+            self.end(&st, &Metadata::new());
+            return Started::Ended;
+        }
+        let mut running = Running {
+            id: self.id,
+            cancel: self.guard.cancel.clone(),
+            fut: Some(handler.call(input, md, ctx, io, None)),
+        };
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        match Pin::new(&mut running).poll(&mut cx) {
+            Poll::Ready(done) => Started::Done(done),
+            Poll::Pending => Started::Running(Spawned::spawn(running)),
+        }
+    }
+
+    /// Applies a streaming handler's command.
+    fn apply(
+        &mut self,
+        cmd: SCmd,
+        pending: &mut Option<(Frame, Ack)>,
+        outstanding: &mut usize,
+    ) -> Result<(), Status> {
+        match cmd {
+            SCmd::Headers { metadata, .. } => {
+                self.headers(&metadata);
+            }
+            SCmd::Credit { bytes, .. } => {
+                *outstanding = outstanding.saturating_sub(bytes as usize);
+            }
+            SCmd::Send { message, ack, .. } => {
+                if pending.is_some() || !self.headers(&Metadata::new()) {
+                    let _ = ack.send(Err(Status::cancelled("the call is over")));
+                    return Ok(());
+                }
+                let frame = match Frame::new(message, self.send) {
+                    Ok(f) => f,
+                    Err(st) => {
+                        let _ = ack.send(Err(st.clone()));
+                        return Err(st);
+                    }
+                };
+                let Out::Body(s) = &mut self.out else {
+                    return Ok(());
+                };
+                // At most one message beyond h2's send buffer: the next waits for the client.
+                s.reserve_capacity(1);
+                if s.capacity() == 0 {
+                    *pending = Some((frame, ack));
+                } else {
+                    let r = s.send_data(frame, false);
+                    let _ = ack.send(r.map_err(|_| Status::cancelled("the stream is gone")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the response headers if they have not gone yet; false if the stream is gone.
+    fn headers(&mut self, md: &Metadata) -> bool {
+        match std::mem::replace(&mut self.out, Out::Closed) {
+            Out::Head(mut respond) => {
+                let mut resp = http::Response::new(());
+                *resp.headers_mut() = wire::response_headers(md, self.send, self.negotiating);
+                match respond.send_response(resp, false) {
+                    Ok(s) => {
+                        self.out = Out::Body(s);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            out @ Out::Body(_) => {
+                self.out = out;
+                true
+            }
+            Out::Closed => false,
+        }
+    }
+
+    /// The handler returned (or was cancelled: `None`).
+    fn done(&mut self, (_, outcome, _): Done, rx: Option<&mut mpsc::Receiver<SCmd>>) {
+        let Some(outcome) = outcome else {
+            return;
+        };
+        self.guard.armed = false;
+        if let Some(rx) = rx {
+            // A response stream's headers are queued, not awaited: they go before the trailers.
+            while let Ok(cmd) = rx.try_recv() {
+                if let SCmd::Headers { metadata, .. } = cmd {
+                    self.headers(&metadata);
+                }
+            }
+        }
+        match outcome {
+            Outcome::Reply(Ok((message, headers, trailers))) => {
+                let frame = match Frame::new(message, self.send) {
+                    Ok(f) => f,
+                    Err(st) => return self.end(&st, &Metadata::new()),
+                };
+                if !self.headers(&headers) {
+                    return;
+                }
+                if let Out::Body(s) = &mut self.out {
+                    // One message: h2 holds what the client's window does not let out yet.
+                    if s.send_data(frame, false).is_err() {
+                        return;
+                    }
+                }
+                self.end(&Status::ok(), &trailers);
+            }
+            Outcome::Reply(Err(st)) | Outcome::Finished(Err(st)) => {
+                self.end(&st, &Metadata::new());
+            }
+            Outcome::Finished(Ok(trailers)) => self.end(&Status::ok(), &trailers),
+        }
+    }
+
+    /// Ends the call with `status`: trailers, or a trailers-only response if nothing was sent.
+    /// A handler still running is cancelled (by the guard, when the call is dropped).
+    fn end(&mut self, status: &Status, trailers: &Metadata) {
+        match std::mem::replace(&mut self.out, Out::Closed) {
+            Out::Head(mut respond) => trailers_only(&mut respond, status, self.negotiating),
+            Out::Body(mut s) => {
+                let mut h = HeaderMap::new();
+                wire::status_trailers(&mut h, status, trailers);
+                let _ = s.send_trailers(h);
+            }
+            Out::Closed => {}
+        }
+    }
+}
+
+fn method_of(waiting: &Option<(HandlerRef, Metadata, ServerContext)>) -> &str {
+    waiting
+        .as_ref()
+        .map_or("the method", |(_, _, c)| &*c.method)
+}
+
+enum Started {
+    Done(Done),
+    Running(Spawned),
+    /// Answered without running (its deadline had passed).
+    Ended,
+}

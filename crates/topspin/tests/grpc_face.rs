@@ -1,0 +1,583 @@
+//! The gRPC face over real sockets: tonic's client (a gRPC stack this project did not write)
+//! calls a topspin server's ordinary handlers over HTTP/2 — h2c on a plain `tcp://` port and
+//! ALPN `h2` on `tls://` — with every call kind, deadlines, errors with details, cancellation,
+//! metadata and `-bin` values both ways, trailers, compression and size limits; and one port
+//! serves a native topspin client and a gRPC client at once.
+
+mod common;
+mod layered;
+
+use futures_util::{stream, StreamExt};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::metadata::{BinaryMetadataValue, MetadataValue};
+use topspin::codec::ProstCodec;
+use topspin::{
+    Channel, Code, Compression, Config, Encoding, Metadata, Protocol, Request, Response, Server,
+    ServerBuilder, ShutdownHandle, Status,
+};
+
+type Codec = ProstCodec<String, String>;
+type Tonic = tonic::client::Grpc<tonic::transport::Channel>;
+type Events = Arc<Mutex<Vec<String>>>;
+
+fn codec() -> tonic_prost::ProstCodec<String, String> {
+    tonic_prost::ProstCodec::default()
+}
+
+fn protocol(req: &Request<impl Sized>) -> &'static str {
+    match req.protocol() {
+        Some(Protocol::Grpc) => "grpc",
+        Some(Protocol::Topspin) => "topspin",
+        _ => "other",
+    }
+}
+
+/// The test service: ordinary topspin handlers, nothing gRPC-specific.
+fn service(events: Events) -> ServerBuilder {
+    let ev = events.clone();
+    let slow_events = events;
+    Server::builder()
+        .unary(
+            "/t.T/Echo",
+            Codec::default(),
+            |req: Request<String>| async move {
+                let md = req.metadata();
+                let mut h = Metadata::builder()
+                    .text("protocol", protocol(&req))
+                    .unwrap();
+                if let Some(u) = md.get_str("user") {
+                    h = h.text("seen-user", u).unwrap();
+                }
+                if let Some(b) = md.get("trace-bin") {
+                    h = h.binary("seen-bin", b).unwrap();
+                }
+                let trailers = Metadata::builder()
+                    .text("t-trailer", "done")
+                    .unwrap()
+                    .binary("t-trailer-bin", &[0xde, 0xad])
+                    .unwrap()
+                    .build();
+                Ok(Response::new(req.into_inner())
+                    .with_metadata(h.build())
+                    .with_trailers(trailers))
+            },
+        )
+        .unary(
+            "/t.T/Fail",
+            Codec::default(),
+            |_req: Request<String>| async move {
+                let md = Metadata::builder().text("why", "because").unwrap().build();
+                Err::<Response<String>, _>(
+                    Status::failed_precondition("no 100% grüße")
+                        .with_details(vec![1u8, 2, 3, 0xff])
+                        .with_metadata(md),
+                )
+            },
+        )
+        .unary(
+            "/t.T/Slow",
+            Codec::default(),
+            move |req: Request<String>| {
+                let ev = slow_events.clone();
+                async move {
+                    ev.lock()
+                        .unwrap()
+                        .push(format!("deadline {}", req.deadline().is_some()));
+                    let cancel = req.cancellation().expect("server request");
+                    let ev2 = ev.clone();
+                    tokio::spawn(async move {
+                        cancel.cancelled().await;
+                        ev2.lock().unwrap().push("cancelled".into());
+                    });
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    Ok(Response::new(String::from("too late")))
+                }
+            },
+        )
+        .server_streaming(
+            "/t.T/Split",
+            Codec::default(),
+            |req: Request<String>| async move {
+                let words: Vec<Result<String, Status>> = req
+                    .into_inner()
+                    .split(' ')
+                    .map(|w| Ok(w.to_owned()))
+                    .collect();
+                Ok(Response::new(stream::iter(words))
+                    .with_trailers(Metadata::builder().text("count", "many").unwrap().build()))
+            },
+        )
+        .client_streaming(
+            "/t.T/Join",
+            Codec::default(),
+            |req: Request<topspin::Streaming<String>>| async move {
+                let mut s = req.into_inner();
+                let mut parts = Vec::new();
+                while let Some(m) = s.message().await? {
+                    parts.push(m);
+                }
+                Ok(Response::new(parts.join("+")))
+            },
+        )
+        .streaming(
+            "/t.T/Upper",
+            Codec::default(),
+            move |req: Request<topspin::Streaming<String>>| {
+                let ev = ev.clone();
+                async move {
+                    ev.lock().unwrap().push(format!("upper {}", protocol(&req)));
+                    let out = req.into_inner().map(|m| m.map(|s| s.to_uppercase()));
+                    Ok(Response::new(out))
+                }
+            },
+        )
+}
+
+struct Running {
+    /// host:port
+    hp: String,
+    shutdown: ShutdownHandle,
+    events: Events,
+}
+
+async fn start(f: impl FnOnce(ServerBuilder) -> ServerBuilder, addr: &str) -> Running {
+    let events = Events::default();
+    let server = f(service(events.clone())).bind(addr).await.expect("bind");
+    let local = server.local_addr().to_string();
+    let hp = local.split("://").nth(1).expect("host:port").to_owned();
+    let shutdown = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    Running {
+        hp,
+        shutdown,
+        events,
+    }
+}
+
+impl Running {
+    async fn tonic(&self) -> Tonic {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", self.hp))
+            .unwrap()
+            .connect()
+            .await
+            .expect("tonic connects");
+        tonic::client::Grpc::new(ch)
+    }
+
+    async fn wait_for(&self, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !self.events.lock().unwrap().iter().any(|e| e == what) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {what:?} in {:?}",
+                self.events.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(self) {
+        self.shutdown.shutdown(Duration::from_secs(1)).await;
+    }
+}
+
+fn path(p: &'static str) -> PathAndQuery {
+    PathAndQuery::from_static(p)
+}
+
+async fn unary(
+    g: &mut Tonic,
+    p: &'static str,
+    req: tonic::Request<String>,
+) -> Result<tonic::Response<String>, tonic::Status> {
+    g.ready().await.expect("ready");
+    g.unary(req, path(p), codec()).await
+}
+
+/// All four call kinds, metadata and `-bin` both ways, headers and trailers.
+async fn four_kinds(g: &mut Tonic) {
+    let mut req = tonic::Request::new("hello".to_string());
+    req.metadata_mut()
+        .insert("user", MetadataValue::from_static("ann"));
+    req.metadata_mut().insert_bin(
+        "trace-bin",
+        BinaryMetadataValue::from_bytes(&[0, 1, 0xfe, 0xff]),
+    );
+    let resp = unary(g, "/t.T/Echo", req).await.expect("echo");
+    let md = resp.metadata();
+    assert_eq!(md.get("protocol").unwrap(), "grpc");
+    assert_eq!(md.get("seen-user").unwrap(), "ann");
+    assert_eq!(
+        md.get_bin("seen-bin").unwrap().to_bytes().unwrap().as_ref(),
+        &[0, 1, 0xfe, 0xff]
+    );
+    // tonic merges a unary call's trailers into its metadata.
+    assert_eq!(md.get("t-trailer").unwrap(), "done");
+    assert_eq!(
+        md.get_bin("t-trailer-bin")
+            .unwrap()
+            .to_bytes()
+            .unwrap()
+            .as_ref(),
+        &[0xde, 0xad]
+    );
+    assert_eq!(resp.into_inner(), "hello");
+
+    g.ready().await.unwrap();
+    let resp = g
+        .server_streaming(
+            tonic::Request::new("a b c".to_string()),
+            path("/t.T/Split"),
+            codec(),
+        )
+        .await
+        .expect("split");
+    let mut s = resp.into_inner();
+    let mut words = Vec::new();
+    while let Some(w) = s.message().await.expect("word") {
+        words.push(w);
+    }
+    assert_eq!(words, ["a", "b", "c"]);
+    let trailers = s
+        .trailers()
+        .await
+        .expect("trailers")
+        .expect("some trailers");
+    assert_eq!(trailers.get("count").unwrap(), "many");
+
+    g.ready().await.unwrap();
+    let parts = stream::iter(["x", "y", "z"].map(String::from));
+    let joined = g
+        .client_streaming(tonic::Request::new(parts), path("/t.T/Join"), codec())
+        .await
+        .expect("join");
+    assert_eq!(joined.into_inner(), "x+y+z");
+
+    g.ready().await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(4);
+    let out = tokio_stream_from(rx);
+    let resp = g
+        .streaming(tonic::Request::new(out), path("/t.T/Upper"), codec())
+        .await
+        .expect("upper");
+    let mut s = resp.into_inner();
+    // Ping-pong: each answer arrives before the next request is sent.
+    for w in ["one", "two", "three"] {
+        tx.send(w.to_owned()).await.unwrap();
+        assert_eq!(s.message().await.unwrap().unwrap(), w.to_uppercase());
+    }
+    drop(tx);
+    assert!(s.message().await.unwrap().is_none());
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<String>,
+) -> impl futures_util::Stream<Item = String> + Send + 'static {
+    stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[tokio::test]
+async fn tonic_calls_every_kind_over_h2c() {
+    let s = start(|b| b, "tcp://127.0.0.1:0").await;
+    let mut g = s.tonic().await;
+    four_kinds(&mut g).await;
+    s.wait_for("upper grpc").await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn errors_carry_code_message_details_and_trailers() {
+    let s = start(|b| b, "tcp://127.0.0.1:0").await;
+    let mut g = s.tonic().await;
+    let err = unary(&mut g, "/t.T/Fail", tonic::Request::new(String::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(err.message(), "no 100% grüße");
+    assert_eq!(err.details(), &[1, 2, 3, 0xff]);
+    assert_eq!(err.metadata().get("why").unwrap(), "because");
+
+    let err = unary(&mut g, "/t.T/Nope", tonic::Request::new(String::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(err.message().contains("/t.T/Nope"), "{err:?}");
+    s.stop().await;
+}
+
+/// A raw HTTP/2 client (h2): sends exactly the headers given, enforces no deadline itself.
+async fn raw_call(
+    hp: &str,
+    method: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+) -> (http::HeaderMap, Vec<u8>, Option<http::HeaderMap>) {
+    let tcp = tokio::net::TcpStream::connect(hp).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut req = http::Request::post(format!("http://{hp}{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let (resp, mut send) = client.send_request(req.body(()).unwrap(), false).unwrap();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    framed.extend_from_slice(body);
+    send.send_data(bytes::Bytes::from(framed), true).unwrap();
+    let resp = resp.await.unwrap();
+    let (parts, mut recv) = resp.into_parts();
+    let mut data = Vec::new();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.unwrap();
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = recv.trailers().await.unwrap();
+    (parts.headers, data, trailers)
+}
+
+#[tokio::test]
+async fn grpc_timeout_is_the_handlers_deadline() {
+    let s = start(|b| b, "tcp://127.0.0.1:0").await;
+    let t0 = std::time::Instant::now();
+    let (headers, data, trailers) =
+        raw_call(&s.hp, "/t.T/Slow", &[("grpc-timeout", "300m")], b"").await;
+    assert!(t0.elapsed() >= Duration::from_millis(250) && t0.elapsed() < Duration::from_secs(10));
+    // Nothing was sent before the deadline: a trailers-only response.
+    assert!(data.is_empty() && trailers.is_none(), "{trailers:?}");
+    assert_eq!(headers.get("grpc-status").unwrap(), "4", "{headers:?}");
+    s.wait_for("deadline true").await;
+    // The handler's call was cancelled when its deadline passed.
+    s.wait_for("cancelled").await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn raw_h2_sees_headers_message_and_trailers() {
+    let s = start(|b| b, "tcp://127.0.0.1:0").await;
+    // "hi" as a protobuf string (field 1).
+    let (headers, data, trailers) = raw_call(
+        &s.hp,
+        "/t.T/Echo",
+        &[("user", "bob"), ("trace-bin", "AAE")],
+        &[10, 2, b'h', b'i'],
+    )
+    .await;
+    assert_eq!(headers.get("content-type").unwrap(), "application/grpc");
+    assert_eq!(headers.get("seen-user").unwrap(), "bob");
+    assert_eq!(headers.get("seen-bin").unwrap(), "AAE");
+    assert_eq!(data, [0, 0, 0, 0, 4, 10, 2, b'h', b'i']);
+    let trailers = trailers.expect("trailers");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert_eq!(trailers.get("t-trailer").unwrap(), "done");
+    // Errors before any response are trailers-only, the message percent-encoded.
+    let (headers, _, trailers) = raw_call(&s.hp, "/t.T/Fail", &[], b"").await;
+    assert!(trailers.is_none());
+    assert_eq!(headers.get("grpc-status").unwrap(), "9");
+    assert_eq!(
+        headers.get("grpc-message").unwrap(),
+        "no 100%25 gr%C3%BC%C3%9Fe"
+    );
+    assert_eq!(headers.get("grpc-status-details-bin").unwrap(), "AQID/w");
+    // A malformed grpc-timeout and an unknown encoding are refused.
+    let (headers, _, _) = raw_call(&s.hp, "/t.T/Echo", &[("grpc-timeout", "soon")], b"").await;
+    assert_eq!(headers.get("grpc-status").unwrap(), "13");
+    let (headers, _, _) = raw_call(&s.hp, "/t.T/Echo", &[("grpc-encoding", "snappy")], b"").await;
+    assert_eq!(headers.get("grpc-status").unwrap(), "12");
+    assert!(headers.get("grpc-accept-encoding").is_some());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_reset_cancels_the_handler() {
+    let s = start(|b| b, "tcp://127.0.0.1:0").await;
+    let mut g = s.tonic().await;
+    let call = unary(&mut g, "/t.T/Slow", tonic::Request::new(String::new()));
+    // Dropping the call's future resets its stream (RST_STREAM CANCEL).
+    let r = tokio::time::timeout(Duration::from_millis(300), call).await;
+    assert!(r.is_err(), "the slow call answered: {r:?}");
+    s.wait_for("deadline false").await;
+    s.wait_for("cancelled").await;
+    // The connection goes on.
+    let ok = unary(&mut g, "/t.T/Echo", tonic::Request::new("still".into())).await;
+    assert_eq!(ok.unwrap().into_inner(), "still");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn messages_over_max_message_size_are_resource_exhausted() {
+    let s = start(|b| b.max_message_size(1024), "tcp://127.0.0.1:0").await;
+    let mut g = s.tonic().await;
+    let err = unary(&mut g, "/t.T/Echo", tonic::Request::new("x".repeat(5000)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    let ok = unary(&mut g, "/t.T/Echo", tonic::Request::new("x".repeat(500))).await;
+    assert_eq!(ok.unwrap().into_inner().len(), 500);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn grpc_compression_both_ways() {
+    for (ours, theirs) in [
+        (Encoding::Gzip, tonic::codec::CompressionEncoding::Gzip),
+        (Encoding::Zstd, tonic::codec::CompressionEncoding::Zstd),
+    ] {
+        let config =
+            Config::default().with_compression(Some(Compression::new(ours).with_threshold(0)));
+        let s = start(|b| b.config(config), "tcp://127.0.0.1:0").await;
+        let mut g = s
+            .tonic()
+            .await
+            .send_compressed(theirs)
+            .accept_compressed(theirs);
+        let big = "compressible ".repeat(1000);
+        let resp = unary(&mut g, "/t.T/Echo", tonic::Request::new(big.clone()))
+            .await
+            .expect("echo");
+        assert_eq!(resp.into_inner(), big);
+        four_kinds(&mut g).await;
+        s.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn one_port_serves_native_and_grpc_clients_at_once() {
+    let s = start(|b| b, "tcp://127.0.0.1:0").await;
+    let native = Channel::connect(format!("tcp://{}", s.hp))
+        .await
+        .expect("native connects");
+    let mut g = s.tonic().await;
+    let native_calls = async {
+        for i in 0..50 {
+            let r = native
+                .unary(Codec::default(), "/t.T/Echo", format!("n{i}"))
+                .await
+                .expect("native echo");
+            assert_eq!(r.metadata().get_str("protocol"), Some("topspin"));
+            assert_eq!(r.into_inner(), format!("n{i}"));
+        }
+    };
+    let grpc_calls = async {
+        for i in 0..50 {
+            let r = unary(&mut g, "/t.T/Echo", tonic::Request::new(format!("g{i}")))
+                .await
+                .expect("grpc echo");
+            assert_eq!(r.metadata().get("protocol").unwrap(), "grpc");
+            assert_eq!(r.into_inner(), format!("g{i}"));
+        }
+    };
+    tokio::join!(native_calls, grpc_calls);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn tls_with_alpn_h2() {
+    let ca = layered::Ca::new("grpc test CA");
+    let pair = ca.issue("server", &["localhost"], false);
+    let tls = topspin::tls::ServerTls::from_pem_files(&pair.cert, &pair.key).expect("tls");
+    let s = start(|b| b.tls(tls), "tls://127.0.0.1:0").await;
+    let ca_pem = std::fs::read(&ca.cert).unwrap();
+    let ch = tonic::transport::Endpoint::from_shared(format!("https://{}", s.hp))
+        .unwrap()
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .expect("tonic connects over TLS");
+    let mut g = tonic::client::Grpc::new(ch);
+    four_kinds(&mut g).await;
+    // The native client still gets topspin/1 on the same TLS port.
+    let native = topspin::Endpoint::new(format!(
+        "tls://localhost:{}",
+        s.hp.rsplit(':').next().unwrap()
+    ))
+    .unwrap()
+    .tls(topspin::tls::ClientTls::ca_pem_file(&ca.cert).unwrap())
+    .connect()
+    .await
+    .expect("native TLS connects");
+    let r = native
+        .unary(Codec::default(), "/t.T/Echo", "n".to_string())
+        .await
+        .unwrap();
+    assert_eq!(r.metadata().get_str("protocol"), Some("topspin"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn grpc_false_turns_the_face_off() {
+    let s = start(|b| b.grpc(false), "tcp://127.0.0.1:0").await;
+    let r = tokio::time::timeout(Duration::from_secs(10), async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", s.hp))
+            .unwrap()
+            .connect()
+            .await;
+        match ch {
+            Err(_) => Err(()),
+            Ok(ch) => {
+                let mut g = tonic::client::Grpc::new(ch);
+                unary(&mut g, "/t.T/Echo", tonic::Request::new("x".into()))
+                    .await
+                    .map(|_| ())
+                    .map_err(|_| ())
+            }
+        }
+    })
+    .await
+    .expect("fails promptly");
+    assert!(r.is_err());
+    // Native clients are served as ever.
+    let native = Channel::connect(format!("tcp://{}", s.hp)).await.unwrap();
+    let r = native
+        .unary(Codec::default(), "/t.T/Echo", "n".to_string())
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner(), "n");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_lets_grpc_calls_finish_then_ends_the_rest_unavailable() {
+    let s = start(|b| b, "tcp://127.0.0.1:0").await;
+    let mut g = s.tonic().await;
+    let slow = tokio::spawn({
+        let mut g = g.clone();
+        async move { unary(&mut g, "/t.T/Slow", tonic::Request::new(String::new())).await }
+    });
+    s.wait_for("deadline false").await;
+    let ok = unary(&mut g, "/t.T/Echo", tonic::Request::new("before".into())).await;
+    assert_eq!(ok.unwrap().into_inner(), "before");
+    s.shutdown.shutdown(Duration::from_millis(200)).await;
+    let err = slow.await.unwrap().unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    s.wait_for("cancelled").await;
+    let _ = Code::Ok;
+}
+
+#[tokio::test]
+async fn a_sniffing_port_serves_grpc_too() {
+    let s = start(
+        |b| b.sniff_transports(Duration::from_secs(5)),
+        "tcp://127.0.0.1:0",
+    )
+    .await;
+    let mut g = s.tonic().await;
+    let r = unary(&mut g, "/t.T/Echo", tonic::Request::new("g".into())).await;
+    assert_eq!(r.unwrap().metadata().get("protocol").unwrap(), "grpc");
+    let native = Channel::connect(format!("tcp://{}", s.hp)).await.unwrap();
+    let r = native
+        .unary(Codec::default(), "/t.T/Echo", "n".to_string())
+        .await
+        .unwrap();
+    assert_eq!(r.metadata().get_str("protocol"), Some("topspin"));
+    s.stop().await;
+}

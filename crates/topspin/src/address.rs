@@ -322,7 +322,11 @@ mod tests {
         assert!(long.parse::<Address>().is_err());
         let longest = format!("unix:@{}", "x".repeat(107));
         assert!(longest.parse::<Address>().is_ok());
-        assert!(format!("shm://{}", "x".repeat(95)).parse::<Address>().is_ok());
-        assert!(format!("shm://{}", "x".repeat(96)).parse::<Address>().is_err());
+        assert!(format!("shm://{}", "x".repeat(95))
+            .parse::<Address>()
+            .is_ok());
+        assert!(format!("shm://{}", "x".repeat(96))
+            .parse::<Address>()
+            .is_err());
     }
 }

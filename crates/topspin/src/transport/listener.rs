@@ -220,7 +220,9 @@ impl Listener {
     /// (it was reset before it could be set up).
     pub(crate) async fn accept(&self) -> io::Result<io::Result<Accepted>> {
         Ok(match self {
-            Listener::Tcp(l) => SocketTransport::from_tcp(l.accept().await?.0).map(Accepted::Socket),
+            Listener::Tcp(l) => {
+                SocketTransport::from_tcp(l.accept().await?.0).map(Accepted::Socket)
+            }
             Listener::Unix(l, _, _) | Listener::UnixAbstract(l, _) => {
                 SocketTransport::from_unix(l.accept().await?.0).map(Accepted::Socket)
             }

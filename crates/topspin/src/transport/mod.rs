@@ -20,10 +20,10 @@
 //! for the stream transport).
 
 mod listener;
-#[cfg(any(feature = "tls", feature = "websocket"))]
-pub(crate) mod sniff;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) mod shm;
+#[cfg(any(feature = "tls", feature = "websocket"))]
+pub(crate) mod sniff;
 pub(crate) mod socket;
 pub(crate) mod stream;
 #[cfg(feature = "tls")]

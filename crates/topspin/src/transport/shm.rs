@@ -325,7 +325,9 @@ impl ShmTransport {
             }
         }
         if hello[..8] != MAGIC {
-            return Err(corrupt("bad hello (not a topspin shm:// server, or another version)"));
+            return Err(corrupt(
+                "bad hello (not a topspin shm:// server, or another version)",
+            ));
         }
         let ring = u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]) as usize;
         if !ring.is_power_of_two() || !(MIN_RING..=MAX_RING).contains(&ring) {
@@ -455,6 +457,9 @@ impl ShmTransport {
                 return Poll::Ready(Ok(0));
             }
             if self.poll_sock(cx).is_ready() {
+                // Woken: the peer's other index is checked too, so garbage there ends the
+                // connection now rather than at our next write.
+                self.tx_room()?;
                 continue;
             }
             if self.spin(cx) {
@@ -463,8 +468,7 @@ impl ShmTransport {
             let flag = self.map.u32_at(self.rx + READER_WAITING);
             flag.store(1, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            if self.rx_available()? > 0 || self.closed_flag(self.rx).load(Ordering::Acquire) != 0
-            {
+            if self.rx_available()? > 0 || self.closed_flag(self.rx).load(Ordering::Acquire) != 0 {
                 flag.store(0, Ordering::Relaxed);
                 continue;
             }

@@ -53,6 +53,18 @@ const SYSTEMS: &[System] = &[
         transport: "uds",
     },
     System {
+        name: "raw-shm",
+        bin: "topspin-bench-raw",
+        args: &["--shm"],
+        transport: "shm",
+    },
+    System {
+        name: "topspin-shm",
+        bin: "topspin-bench-topspin",
+        args: &["--shm"],
+        transport: "shm",
+    },
+    System {
         name: "tonic",
         bin: "topspin-bench-tonic",
         args: &[],
@@ -348,8 +360,8 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
   --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight) and answer (client + server), from
                two valgrind runs of different lengths (needs valgrind)
   systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
-           raw-tls topspin-tls tonic-tls raw-ws topspin-ws (TLS and WebSocket rows: in --smoke,
-           otherwise only when named with --systems)";
+           raw-tls topspin-tls tonic-tls raw-ws topspin-ws raw-shm topspin-shm (TLS, WebSocket
+           and shared-memory rows: in --smoke, otherwise only when named with --systems)";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -419,9 +431,9 @@ fn main() {
     let t_start = Instant::now();
     let started = report::rfc3339_now();
     let load_start = load_avg();
-    // The TLS and WebSocket rows run in --smoke and when named with --systems (they would
-    // take the quick run past its time budget).
-    let layered = |s: &System| matches!(s.transport, "tls" | "ws");
+    // The TLS, WebSocket and shared-memory rows run in --smoke and when named with --systems
+    // (they would take the quick run past its time budget).
+    let layered = |s: &System| matches!(s.transport, "tls" | "ws" | "shm");
     let systems: Vec<System> = SYSTEMS
         .iter()
         .filter(|s| match &args.systems {
@@ -655,7 +667,7 @@ fn syscalls(args: &Args) -> i32 {
     );
     for sys in SYSTEMS.iter().filter(|s| match &args.systems {
         Some(l) => l.iter().any(|n| n == s.name),
-        None => !matches!(s.transport, "tls" | "ws"),
+        None => !matches!(s.transport, "tls" | "ws" | "shm"),
     }) {
         let mut cols: Vec<String> = Vec::new();
         let mut top = String::new();

@@ -47,6 +47,8 @@ fn color(system: &str) -> RGBColor {
         "tonic-tls" => RGBColor(23, 190, 207),
         "raw-ws" => RGBColor(60, 120, 120),
         "topspin-ws" => RGBColor(188, 189, 34),
+        "raw-shm" => RGBColor(200, 200, 120),
+        "topspin-shm" => RGBColor(255, 187, 120),
         _ => RGBColor(0, 0, 0),
     }
 }

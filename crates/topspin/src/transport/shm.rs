@@ -19,9 +19,10 @@
 //!   offset into the ring is computed from our private index, so no value a peer writes into
 //!   the mapping can make us read or write outside it; ring bytes are copied out exactly once
 //!   (into the connection's read buffer) before anything parses them.
-//! - **Wake-ups.** A side spins (cooperatively: its task re-schedules itself, so the tasks of
-//!   the same thread keep running) for up to [`SPIN`] after its last progress, then announces
-//!   that it sleeps (`reader_waiting` / `writer_waiting` in the header), re-checks the ring and
+//! - **Wake-ups.** A side spins for up to [`SPIN`] after its last progress — cooperatively:
+//!   its task asks to be polled again once the thread has nothing else to run (tokio's
+//!   `yield_now` deferral), so other tasks of the thread are never delayed, and not at all
+//!   while the CPUs are contended (see `spin`) — then announces that it sleeps (`reader_waiting` / `writer_waiting` in the header), re-checks the ring and
 //!   waits on the socket's readiness. The other side, after publishing an index, checks the
 //!   flag and — only if it is set — clears it and sends one byte on the socket. Both sides
 //!   order "store my index / flag; full fence; load the other's flag / index" (Dekker), so at
@@ -39,6 +40,7 @@
 
 use super::{PeerAddr, PeerCredentials, Transport};
 use bytes::BytesMut;
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
@@ -78,6 +80,21 @@ const WRITER_WAITING: usize = 384; // u32, producer sleeps until `tail` moves
 /// the cost of one cross-CPU wake-up on the VMs we measure on (~40 µs), so a reply that comes
 /// within it costs no wake-up and one that does not costs at most twice the wake-up.
 pub(crate) const SPIN: Duration = Duration::from_micros(50);
+/// [`SPIN`], or `TOPSPIN_SHM_SPIN_US` (microseconds; `0` never spins) read once per process.
+fn spin_time() -> Duration {
+    static S: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        std::env::var("TOPSPIN_SHM_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_micros)
+            .unwrap_or(SPIN)
+    })
+}
+/// Two checks of one spin further apart than this mean the thread was preempted (or busy):
+/// spinning stops for [`SPIN_BACKOFF`].
+const SPIN_GAP: Duration = Duration::from_micros(20);
+const SPIN_BACKOFF: Duration = Duration::from_millis(2);
 /// Wake bytes drained per readiness check (a peer that floods them only costs us reads).
 const DRAIN: usize = 64;
 
@@ -183,6 +200,19 @@ impl Drop for Mapping {
     }
 }
 
+/// Where a side is in its spin before sleeping.
+#[derive(Debug, Default)]
+struct SpinState {
+    /// When the current spin began (the first wait since the last progress).
+    start: Option<Instant>,
+    /// The previous check of the current spin.
+    last: Option<Instant>,
+    /// The spin ran out (or was cut short): sleep until the next progress.
+    expired: bool,
+    /// No spinning until then: the CPUs were found contended.
+    off_until: Option<Instant>,
+}
+
 /// One side of a shared-memory connection.
 #[derive(Debug)]
 pub(crate) struct ShmTransport {
@@ -201,8 +231,8 @@ pub(crate) struct ShmTransport {
     /// The liveness and wake-up socket, watched for read readiness only.
     sock: AsyncFd<UnixStream>,
     credentials: Option<PeerCredentials>,
-    /// Spin until then before sleeping; `None`: the next wait starts a new spin.
-    spin_until: Option<Instant>,
+    /// The spin before sleeping.
+    spin: SpinState,
     /// We announced sleeping on rx data / tx room (the flag may still be set).
     rx_parked: bool,
     tx_parked: bool,
@@ -253,7 +283,7 @@ impl ShmTransport {
             rx_tail: 0,
             sock: register(sock)?,
             credentials,
-            spin_until: None,
+            spin: SpinState::default(),
             rx_parked: false,
             tx_parked: false,
             peer_gone: false,
@@ -423,18 +453,53 @@ impl ShmTransport {
         }
     }
 
-    /// Spins cooperatively: `true` (task woken again at once) while within the spin window.
+    /// Spins cooperatively: `true` (the task is polled again soon) while within the spin
+    /// window, `false` when the caller should sleep. One window per wait: it starts at the
+    /// first wait after progress and is not restarted until the next progress. Spinning only
+    /// pays while both processes are on a CPU: when two checks of a spin are more than
+    /// [`SPIN_GAP`] apart (this thread was preempted, or busy with other tasks), the CPUs are
+    /// contended and spinning stops for [`SPIN_BACKOFF`] (a spinner there only takes CPU time
+    /// from the peer it waits for, and loses the scheduler's wake-up preference).
     #[inline]
     fn spin(&mut self, cx: &mut Context<'_>) -> bool {
-        let now = Instant::now();
-        let until = *self.spin_until.get_or_insert(now + SPIN);
-        if now < until {
-            cx.waker().wake_by_ref();
-            true
-        } else {
-            self.spin_until = None; // the next wake-up starts a new spin
-            false
+        if self.spin.expired {
+            return false;
         }
+        let now = Instant::now();
+        if let Some(off) = self.spin.off_until {
+            if now < off {
+                return false;
+            }
+            self.spin.off_until = None;
+        }
+        let start = *self.spin.start.get_or_insert(now);
+        if let Some(last) = self.spin.last {
+            if now.saturating_duration_since(last) > SPIN_GAP {
+                self.spin.off_until = Some(now + SPIN_BACKOFF);
+                self.spin.expired = true;
+                return false;
+            }
+        }
+        if now.saturating_duration_since(start) >= spin_time() {
+            self.spin.expired = true;
+            return false;
+        }
+        self.spin.last = Some(now);
+        // Polled once, `yield_now` hands the waker to the scheduler, which wakes the task only
+        // after it ran every other ready task and polled the I/O driver: the spin takes no turn
+        // from other tasks of the thread (nor from a current-thread runtime's `block_on`
+        // future), and costs nothing when the thread has other work.
+        let yielded = std::pin::pin!(tokio::task::yield_now());
+        let _ = yielded.poll(cx);
+        true
+    }
+
+    /// Bytes moved: the next wait spins again.
+    #[inline]
+    fn progressed(&mut self) {
+        self.spin.start = None;
+        self.spin.last = None;
+        self.spin.expired = false;
     }
 
     /// Waits for bytes to read: `Ready(Ok(n))` with `n > 0` available, `Ready(Ok(0))` at the
@@ -567,7 +632,7 @@ impl Transport for ShmTransport {
             .u64_at(self.rx + TAIL)
             .store(self.rx_tail, Ordering::Release);
         self.wake_if_waiting(self.rx + WRITER_WAITING);
-        self.spin_until = None;
+        self.progressed();
         Poll::Ready(Ok(n))
     }
 
@@ -606,7 +671,7 @@ impl Transport for ShmTransport {
             .u64_at(self.tx + HEAD)
             .store(head, Ordering::Release);
         self.wake_if_waiting(self.tx + READER_WAITING);
-        self.spin_until = None;
+        self.progressed();
         Poll::Ready(Ok(n))
     }
 

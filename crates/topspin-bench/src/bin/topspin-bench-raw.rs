@@ -400,8 +400,10 @@ mod shm {
     const TAIL: usize = 128;
     const READER_WAITING: usize = 256;
     const WRITER_WAITING: usize = 384;
-    /// As topspin's `shm::SPIN`.
+    /// As topspin's `shm::SPIN`, `SPIN_GAP`, `SPIN_BACKOFF`.
     const SPIN: Duration = Duration::from_micros(50);
+    const SPIN_GAP: Duration = Duration::from_micros(20);
+    const SPIN_BACKOFF: Duration = Duration::from_millis(2);
     /// As topspin's `shm::RING`.
     pub const RING: usize = 1 << 20;
 
@@ -416,6 +418,7 @@ mod shm {
         tx_head: u64,
         rx_tail: u64,
         sock: UnixStream,
+        spin_off_until: Option<Instant>,
     }
 
     // SAFETY: the mapping is owned by the stream and accessed through atomics and copies.
@@ -458,6 +461,7 @@ mod shm {
                 tx_head: 0,
                 rx_tail: 0,
                 sock,
+                spin_off_until: None,
             }
         };
         (end(a, false), end(b, true))
@@ -484,16 +488,29 @@ mod shm {
             }
         }
         /// Spins up to SPIN, then sleeps until woken, while `ready` is false. `Ok(false)`:
-        /// the other end is gone.
-        fn wait(&self, flag: usize, ready: impl Fn(&Self) -> bool) -> io::Result<bool> {
-            let until = Instant::now() + SPIN;
+        /// the other end is gone. As topspin's transport, a spin whose checks are more than
+        /// SPIN_GAP apart (this thread was preempted: the CPUs are contended) stops, and no
+        /// spin starts for SPIN_BACKOFF.
+        fn wait(&mut self, flag: usize, ready: impl Fn(&Self) -> bool) -> io::Result<bool> {
+            let start = Instant::now();
+            let mut last = start;
+            let mut spinning = self.spin_off_until.is_none_or(|t| start >= t);
             loop {
                 if ready(self) {
                     return Ok(true);
                 }
-                if Instant::now() < until {
-                    std::hint::spin_loop();
-                    continue;
+                if spinning {
+                    let now = Instant::now();
+                    if now - last > SPIN_GAP {
+                        self.spin_off_until = Some(now + SPIN_BACKOFF);
+                        spinning = false;
+                    } else if now - start < SPIN {
+                        last = now;
+                        std::hint::spin_loop();
+                        continue;
+                    } else {
+                        spinning = false;
+                    }
                 }
                 let f = self.u32_at(flag);
                 f.store(1, Ordering::SeqCst);
@@ -503,7 +520,8 @@ mod shm {
                     return Ok(true);
                 }
                 let mut b = [0u8; 64];
-                let (n, _) = rustix::net::recv(&self.sock, &mut b, rustix::net::RecvFlags::empty())?;
+                let (n, _) =
+                    rustix::net::recv(&self.sock, &mut b, rustix::net::RecvFlags::empty())?;
                 if n == 0 {
                     return Ok(false);
                 }

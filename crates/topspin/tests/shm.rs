@@ -1,5 +1,5 @@
 //! The shared-memory transport (`shm://name`, Linux): the four call kinds, a 16 MiB message
-//! through a 1 MiB ring, many concurrent calls, peer death both ways (a child process killed
+//! through a 2 MiB ring, many concurrent calls, peer death both ways (a child process killed
 //! with SIGKILL), and hostile peers that write garbage into the shared header or send an
 //! unsealed memfd — a connection error, never a crash.
 #![cfg(target_os = "linux")]
@@ -125,7 +125,7 @@ async fn a_16_mib_message_each_way_and_many_concurrent_calls() {
         .await
         .unwrap();
     assert!(r.into_inner() == big, "16 MiB echo differs");
-    // 500 calls at once, mixed sizes (some larger than the ring: 1 MiB).
+    // 500 calls at once, mixed sizes (some larger than half the ring).
     let calls = (0..500).map(|i| {
         let ch = ch.clone();
         async move {

@@ -405,7 +405,7 @@ mod shm {
     const SPIN_GAP: Duration = Duration::from_micros(20);
     const SPIN_BACKOFF: Duration = Duration::from_millis(2);
     /// As topspin's `shm::RING`.
-    pub const RING: usize = 1 << 20;
+    pub const RING: usize = 1 << 21;
 
     pub struct ShmStream {
         map: *mut u8,

@@ -416,6 +416,37 @@ async fn a_client_writing_garbage_indices_gets_its_connection_closed() {
     within(10, server.stop()).await;
 }
 
+/// A client that floods wake bytes (and never writes into its ring) costs the server re-checks,
+/// not its thread: on a current-thread runtime, another client is still served meanwhile.
+#[tokio::test]
+async fn a_client_flooding_wake_bytes_does_not_hold_the_server() {
+    let name = name("flood");
+    let server = serve_shm(&name).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = std::thread::spawn({
+        let (name, stop) = (name.clone(), stop.clone());
+        move || {
+            let c = RawClient::connect(&name);
+            let until = Instant::now() + Duration::from_secs(10);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                let _ = rustix::net::send(&c.sock, &[1; 512], rustix::net::SendFlags::DONTWAIT);
+            }
+        }
+    });
+    let ch = within(10, server.channel()).await;
+    for i in 0..200 {
+        let body = i.to_string();
+        assert_eq!(
+            within(10, unary(&ch, UNARY, &body)).await.unwrap(),
+            bytes(&body)
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    drop(ch);
+    within(10, server.stop()).await;
+}
+
 /// A fake server on `shm://name`: answers each connection with `hello` and `fd`, then does
 /// `then` with the socket and the mapping it made.
 fn fake_server(

@@ -98,7 +98,7 @@ fn spin_time() -> Duration {
 const SPIN_GAP: Duration = Duration::from_micros(20);
 const SPIN_BACKOFF: Duration = Duration::from_millis(2);
 /// Wake bytes drained per readiness check (a peer that floods them only costs us reads).
-const DRAIN: usize = 64;
+const DRAIN: usize = 256;
 
 fn corrupt(what: &str) -> io::Error {
     io::Error::new(
@@ -513,7 +513,7 @@ impl ShmTransport {
                 .u32_at(self.rx + READER_WAITING)
                 .store(0, Ordering::Relaxed);
         }
-        loop {
+        for _ in 0..WAKES_PER_POLL {
             // `closed` before `head`: the producer sets it after its last `head`.
             let closed = self.closed_flag(self.rx).load(Ordering::Acquire) != 0;
             let avail = self.rx_available()?;
@@ -542,6 +542,7 @@ impl ShmTransport {
             self.rx_parked = true;
             return Poll::Pending; // the socket's readiness has the waker
         }
+        yield_turn(cx)
     }
 
     /// Waits for room to write: `Ready(Ok(n))` with `n > 0` free bytes.
@@ -552,7 +553,7 @@ impl ShmTransport {
                 .u32_at(self.tx + WRITER_WAITING)
                 .store(0, Ordering::Relaxed);
         }
-        loop {
+        for _ in 0..WAKES_PER_POLL {
             if self.peer_gone {
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::BrokenPipe,
@@ -579,7 +580,18 @@ impl ShmTransport {
             self.tx_parked = true;
             return Poll::Pending;
         }
+        yield_turn(cx)
     }
+}
+
+/// A peer flooding wake bytes (a wake-up that finds nothing to do) gets this many re-checks
+/// per poll; then the task yields its turn, so the flood cannot hold the thread.
+const WAKES_PER_POLL: usize = 4;
+
+/// Gives the task's turn back (polled again soon) after [`WAKES_PER_POLL`] empty wake-ups.
+fn yield_turn<T>(cx: &mut Context<'_>) -> Poll<T> {
+    cx.waker().wake_by_ref();
+    Poll::Pending
 }
 
 /// One `recvmsg` of the hello: bytes into `buf`, a descriptor (the first one only; any

@@ -443,8 +443,8 @@ mod shm {
     /// A connected pair: (client, server).
     pub fn pair() -> (ShmStream, ShmStream) {
         let len = HEADER + 2 * RING;
-        let fd = rustix::fs::memfd_create("raw-shm", rustix::fs::MemfdFlags::CLOEXEC)
-            .expect("memfd");
+        let fd =
+            rustix::fs::memfd_create("raw-shm", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
         rustix::fs::ftruncate(&fd, len as u64).expect("ftruncate");
         let (a, b) = UnixStream::pair().expect("socketpair");
         let end = |sock, server: bool| {
@@ -553,7 +553,8 @@ mod shm {
                 std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr().add(first), n - first);
             }
             self.rx_tail += n as u64;
-            self.u64_at(self.rx + TAIL).store(self.rx_tail, Ordering::Release);
+            self.u64_at(self.rx + TAIL)
+                .store(self.rx_tail, Ordering::Release);
             self.wake_if_waiting(self.rx + WRITER_WAITING);
             Ok(n)
         }
@@ -577,7 +578,8 @@ mod shm {
                 std::ptr::copy_nonoverlapping(buf.as_ptr().add(first), dst, n - first);
             }
             self.tx_head += n as u64;
-            self.u64_at(self.tx + HEAD).store(self.tx_head, Ordering::Release);
+            self.u64_at(self.tx + HEAD)
+                .store(self.tx_head, Ordering::Release);
             self.wake_if_waiting(self.tx + READER_WAITING);
             Ok(n)
         }

@@ -402,7 +402,7 @@ mod shm {
     const WRITER_WAITING: usize = 384;
     /// As topspin's `shm::SPIN`, `SPIN_GAP`, `SPIN_BACKOFF`.
     const SPIN: Duration = Duration::from_micros(50);
-    const SPIN_GAP: Duration = Duration::from_micros(20);
+    const SPIN_GAP: Duration = Duration::from_micros(10);
     const SPIN_BACKOFF: Duration = Duration::from_millis(2);
     /// As topspin's `shm::RING`.
     pub const RING: usize = 1 << 21;

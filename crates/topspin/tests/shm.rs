@@ -156,6 +156,31 @@ async fn a_16_mib_message_each_way_and_many_concurrent_calls() {
     within(10, server.stop()).await;
 }
 
+/// Limits apply as on a socket: a request over the server's `max_message_size` (larger than
+/// the ring, too) fails alone, and the connection goes on.
+#[tokio::test]
+async fn limits_apply_as_on_sockets() {
+    let name = name("limits");
+    let server = builder(Probe::default())
+        .config(topspin::Config::default().with_max_message_size(3 << 20))
+        .bind(format!("shm://{name}"))
+        .await
+        .expect("bind");
+    let stop = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    let ch = within(10, Channel::connect(format!("shm://{name}")))
+        .await
+        .unwrap();
+    let big = Bytes::from(vec![1u8; 4 << 20]);
+    let e = within(10, ch.unary(RawCodec, UNARY, Request::new(big)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert_eq!(unary(&ch, UNARY, "next").await.unwrap(), bytes("next"));
+    drop(ch);
+    within(10, stop.shutdown(Duration::from_secs(1))).await;
+}
+
 #[tokio::test]
 async fn connecting_to_no_server_is_unavailable() {
     let e = Channel::connect(format!("shm://{}", name("nobody")))

@@ -71,8 +71,9 @@ const HEADER: usize = 4096;
 /// The direction blocks in the header: client → server, server → client.
 const C2S: usize = 0;
 const S2C: usize = 1024;
-/// Fields of a direction block, each on its own 128-byte line (no false sharing between the
-/// producer's and the consumer's words, adjacent-line prefetch included).
+/// Fields of a direction block: the producer's two words share a 128-byte line, the others have
+/// one each (no false sharing between the producer's and the consumer's words, adjacent-line
+/// prefetch included).
 const HEAD: usize = 0; // u64, producer
 const CLOSED: usize = 8; // u32, producer: no more bytes after `head`
 const TAIL: usize = 128; // u64, consumer

@@ -419,6 +419,7 @@ mod shm {
         rx_tail: u64,
         sock: UnixStream,
         spin_off_until: Option<Instant>,
+        spin_fails: u32,
     }
 
     // SAFETY: the mapping is owned by the stream and accessed through atomics and copies.
@@ -462,6 +463,7 @@ mod shm {
                 rx_tail: 0,
                 sock,
                 spin_off_until: None,
+                spin_fails: 0,
             }
         };
         (end(a, false), end(b, true))
@@ -488,29 +490,31 @@ mod shm {
             }
         }
         /// Spins up to SPIN, then sleeps until woken, while `ready` is false. `Ok(false)`:
-        /// the other end is gone. As topspin's transport, a spin whose checks are more than
-        /// SPIN_GAP apart (this thread was preempted: the CPUs are contended) stops, and no
-        /// spin starts for SPIN_BACKOFF.
+        /// the other end is gone. As topspin's transport: a spin that runs out, or whose checks
+        /// are more than SPIN_GAP apart (this thread was preempted: the CPUs are contended),
+        /// fails; after `n` failures in a row no spin starts for SPIN_BACKOFF × 2^(n−1) (at
+        /// most 64×); a spin that sees the other end's progress resets the count.
         fn wait(&mut self, flag: usize, ready: impl Fn(&Self) -> bool) -> io::Result<bool> {
             let start = Instant::now();
             let mut last = start;
             let mut spinning = self.spin_off_until.is_none_or(|t| start >= t);
             loop {
                 if ready(self) {
+                    if spinning {
+                        self.spin_fails = 0;
+                    }
                     return Ok(true);
                 }
                 if spinning {
                     let now = Instant::now();
-                    if now - last > SPIN_GAP {
-                        self.spin_off_until = Some(now + SPIN_BACKOFF);
-                        spinning = false;
-                    } else if now - start < SPIN {
+                    if now - last <= SPIN_GAP && now - start < SPIN {
                         last = now;
                         std::hint::spin_loop();
                         continue;
-                    } else {
-                        spinning = false;
                     }
+                    spinning = false;
+                    self.spin_fails = (self.spin_fails + 1).min(7);
+                    self.spin_off_until = Some(now + SPIN_BACKOFF * (1 << (self.spin_fails - 1)));
                 }
                 let f = self.u32_at(flag);
                 f.store(1, Ordering::SeqCst);
@@ -527,6 +531,7 @@ mod shm {
                 }
             }
         }
+
         fn avail(&self) -> usize {
             let h = self.u64_at(self.rx + HEAD).load(Ordering::Acquire);
             h.wrapping_sub(self.rx_tail) as usize

@@ -94,8 +94,8 @@ fn spin_time() -> Duration {
             .unwrap_or(SPIN)
     })
 }
-/// Two checks of one spin further apart than this mean the thread was preempted (or busy):
-/// spinning stops for [`SPIN_BACKOFF`]. A check costs ~1–2 µs (a turn of the scheduler with a
+/// Two checks of one spin further apart than this mean the thread was preempted (or busy): the
+/// spin fails (see `ShmTransport::spin`; [`SPIN_BACKOFF`] is the first pause after a failure). A check costs ~1–2 µs (a turn of the scheduler with a
 /// non-blocking poll of the I/O driver). Measured on the loaded 2-CPU VM (load average 5–9),
 /// echo 20 B median: 9.5 µs with 10 µs here, 11 µs with 20 µs, 18–73 µs with 50 µs, 59 µs
 /// with no back-off at all.
@@ -215,8 +215,10 @@ struct SpinState {
     last: Option<Instant>,
     /// The spin ran out (or was cut short): sleep until the next progress.
     expired: bool,
-    /// No spinning until then: the CPUs were found contended.
+    /// No spinning until then: recent spins failed.
     off_until: Option<Instant>,
+    /// Spins that failed in a row (at most 7).
+    fails: u32,
 }
 
 /// One side of a shared-memory connection.
@@ -462,10 +464,12 @@ impl ShmTransport {
     /// Spins cooperatively: `true` (the task is polled again soon) while within the spin
     /// window, `false` when the caller should sleep. One window per wait: it starts at the
     /// first wait after progress and is not restarted until the next progress. Spinning only
-    /// pays while both processes are on a CPU: when two checks of a spin are more than
-    /// [`SPIN_GAP`] apart (this thread was preempted, or busy with other tasks), the CPUs are
-    /// contended and spinning stops for [`SPIN_BACKOFF`] (a spinner there only takes CPU time
-    /// from the peer it waits for, and loses the scheduler's wake-up preference).
+    /// pays while both processes are on a CPU and the peer answers within the window: a spin
+    /// that runs out, or whose checks are more than [`SPIN_GAP`] apart (this thread was
+    /// preempted, or busy with other tasks: the CPUs are contended, and a spinner there only
+    /// takes CPU time from the peer it waits for), fails, and after `n` failures in a row no
+    /// spin starts for `SPIN_BACKOFF × 2^(n−1)` (at most 64×); a spin that sees progress
+    /// resets the count.
     #[inline]
     fn spin(&mut self, cx: &mut Context<'_>) -> bool {
         if self.spin.expired {
@@ -479,15 +483,14 @@ impl ShmTransport {
             self.spin.off_until = None;
         }
         let start = *self.spin.start.get_or_insert(now);
-        if let Some(last) = self.spin.last {
-            if now.saturating_duration_since(last) > SPIN_GAP {
-                self.spin.off_until = Some(now + SPIN_BACKOFF);
-                self.spin.expired = true;
-                return false;
-            }
-        }
-        if now.saturating_duration_since(start) >= spin_time() {
+        let preempted = self
+            .spin
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) > SPIN_GAP);
+        if preempted || now.saturating_duration_since(start) >= spin_time() {
             self.spin.expired = true;
+            self.spin.fails = (self.spin.fails + 1).min(7);
+            self.spin.off_until = Some(now + SPIN_BACKOFF * (1 << (self.spin.fails - 1)));
             return false;
         }
         self.spin.last = Some(now);
@@ -500,9 +503,12 @@ impl ShmTransport {
         true
     }
 
-    /// Bytes moved: the next wait spins again.
+    /// Bytes moved: the next wait spins again (a spin that was under way succeeded).
     #[inline]
     fn progressed(&mut self) {
+        if self.spin.start.is_some() && !self.spin.expired {
+            self.spin.fails = 0;
+        }
         self.spin.start = None;
         self.spin.last = None;
         self.spin.expired = false;

@@ -99,7 +99,7 @@ fn spin_time() -> Duration {
 /// non-blocking poll of the I/O driver). Measured on the loaded 2-CPU VM (load average 5–9),
 /// echo 20 B median: 9.5 µs with 10 µs here, 11 µs with 20 µs, 18–73 µs with 50 µs, 59 µs
 /// with no back-off at all.
-const SPIN_GAP: Duration = Duration::from_micros(10);
+const SPIN_GAP: Duration = Duration::from_micros(25);
 const SPIN_BACKOFF: Duration = Duration::from_millis(2);
 /// Wake bytes drained per readiness check (a peer that floods them only costs us reads).
 const DRAIN: usize = 256;
@@ -219,6 +219,8 @@ struct SpinState {
     off_until: Option<Instant>,
     /// Spins that failed in a row (at most 7).
     fails: u32,
+    /// Our last write had to wake the peer (it slept).
+    peer_asleep: bool,
 }
 
 /// One side of a shared-memory connection.
@@ -415,10 +417,12 @@ impl ShmTransport {
     /// Clears the peer's sleep flag at `off` and wakes it if it was set (the caller stored its
     /// index first). The fence pairs with the one in `park`.
     #[inline]
-    fn wake_if_waiting(&self, off: usize) {
+    /// Whether it sent a wake byte.
+    fn wake_if_waiting(&self, off: usize) -> bool {
         fence(Ordering::SeqCst);
         let flag = self.map.u32_at(off);
-        if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::AcqRel) != 0 {
+        let asleep = flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::AcqRel) != 0;
+        if asleep {
             // EAGAIN: the socket is full of wake bytes the peer has not read yet, so it is
             // awake anyway. Other errors: the peer is gone, which the read side reports.
             let _ = rustix::net::send(
@@ -427,6 +431,7 @@ impl ShmTransport {
                 rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
             );
         }
+        asleep
     }
 
     /// Checks the socket: `Ready` after it woke us or reported the peer gone (the caller looks
@@ -465,9 +470,9 @@ impl ShmTransport {
     /// window, `false` when the caller should sleep. One window per wait: it starts at the
     /// first wait after progress and is not restarted until the next progress. Spinning only
     /// pays while both processes are on a CPU and the peer answers within the window: a spin
-    /// that runs out, or whose checks are more than [`SPIN_GAP`] apart (this thread was
-    /// preempted, or busy with other tasks: the CPUs are contended, and a spinner there only
-    /// takes CPU time from the peer it waits for), fails, and after `n` failures in a row no
+    /// whose checks are more than [`SPIN_GAP`] apart (this thread was preempted, or busy with
+    /// other tasks: the CPUs are contended, and a spinner there only takes CPU time from the
+    /// peer it waits for), or that runs out although the peer was awake, fails, and after `n` failures in a row no
     /// spin starts for `SPIN_BACKOFF × 2^(n−1)` (at most 64×); a spin that sees progress
     /// resets the count.
     #[inline]
@@ -487,10 +492,15 @@ impl ShmTransport {
             .spin
             .last
             .is_some_and(|last| now.saturating_duration_since(last) > SPIN_GAP);
-        if preempted || now.saturating_duration_since(start) >= spin_time() {
+        let ran_out = now.saturating_duration_since(start) >= spin_time();
+        if preempted || ran_out {
             self.spin.expired = true;
-            self.spin.fails = (self.spin.fails + 1).min(7);
-            self.spin.off_until = Some(now + SPIN_BACKOFF * (1 << (self.spin.fails - 1)));
+            // Running out while the peer had to be woken for what we last wrote says nothing
+            // about spinning (its answer includes a wake-up); otherwise it is a failure.
+            if preempted || !self.spin.peer_asleep {
+                self.spin.fails = (self.spin.fails + 1).min(7);
+                self.spin.off_until = Some(now + SPIN_BACKOFF * (1 << (self.spin.fails - 1)));
+            }
             return false;
         }
         self.spin.last = Some(now);
@@ -694,7 +704,7 @@ impl Transport for ShmTransport {
         self.map
             .u64_at(self.tx + HEAD)
             .store(head, Ordering::Release);
-        self.wake_if_waiting(self.tx + READER_WAITING);
+        self.spin.peer_asleep = self.wake_if_waiting(self.tx + READER_WAITING);
         self.progressed();
         Poll::Ready(Ok(n))
     }

@@ -420,6 +420,7 @@ mod shm {
         sock: UnixStream,
         spin_off_until: Option<Instant>,
         spin_fails: u32,
+        peer_asleep: bool,
     }
 
     // SAFETY: the mapping is owned by the stream and accessed through atomics and copies.
@@ -464,6 +465,7 @@ mod shm {
                 sock,
                 spin_off_until: None,
                 spin_fails: 0,
+                peer_asleep: false,
             }
         };
         (end(a, false), end(b, true))
@@ -478,16 +480,18 @@ mod shm {
             // SAFETY: as above.
             unsafe { &*self.map.add(off).cast::<AtomicU32>() }
         }
-        fn wake_if_waiting(&self, off: usize) {
+        fn wake_if_waiting(&self, off: usize) -> bool {
             fence(Ordering::SeqCst);
             let f = self.u32_at(off);
-            if f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::AcqRel) != 0 {
+            let asleep = f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::AcqRel) != 0;
+            if asleep {
                 let _ = rustix::net::send(
                     &self.sock,
                     &[1],
                     rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
                 );
             }
+            asleep
         }
         /// Spins up to SPIN, then sleeps until woken, while `ready` is false. `Ok(false)`:
         /// the other end is gone. As topspin's transport: a spin that runs out, or whose checks
@@ -513,8 +517,12 @@ mod shm {
                         continue;
                     }
                     spinning = false;
-                    self.spin_fails = (self.spin_fails + 1).min(7);
-                    self.spin_off_until = Some(now + SPIN_BACKOFF * (1 << (self.spin_fails - 1)));
+                    // Running out while the peer had to be woken is no failure (as topspin's).
+                    if now - last > SPIN_GAP || !self.peer_asleep {
+                        self.spin_fails = (self.spin_fails + 1).min(7);
+                        self.spin_off_until =
+                            Some(now + SPIN_BACKOFF * (1 << (self.spin_fails - 1)));
+                    }
                 }
                 let f = self.u32_at(flag);
                 f.store(1, Ordering::SeqCst);

@@ -80,6 +80,18 @@ const SYSTEMS: &[System] = &[
         transport: "uds",
     },
     System {
+        name: "raw-shm",
+        bin: "topspin-bench-raw",
+        args: &["--shm"],
+        transport: "shm",
+    },
+    System {
+        name: "topspin-shm",
+        bin: "topspin-bench-topspin",
+        args: &["--shm"],
+        transport: "shm",
+    },
+    System {
         name: "tonic",
         bin: "topspin-bench-tonic",
         args: &[],
@@ -399,9 +411,9 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
                run (default: client and server of a system share one process). TLS and
                WebSocket rows keep one process. CPU and allocations per call stay client + server
   systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
-           raw-tls topspin-tls tonic-tls raw-ws topspin-ws topspin-grpc (TLS, WebSocket and
-           topspin-grpc, the server's gRPC face under tonic's client: in --smoke, otherwise
-           only when named with --systems)";
+           raw-tls topspin-tls tonic-tls raw-ws topspin-ws raw-shm topspin-shm topspin-grpc (TLS,
+           WebSocket, shared-memory and topspin-grpc, the server's gRPC face under tonic's
+           client: in --smoke, otherwise only when named with --systems)";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -473,9 +485,9 @@ fn main() {
     let t_start = Instant::now();
     let started = report::rfc3339_now();
     let load_start = load_avg();
-    // The TLS and WebSocket rows run in --smoke and when named with --systems (they would
-    // take the quick run past its time budget).
-    let layered = |s: &System| matches!(s.transport, "tls" | "ws") || opt_in(s);
+    // The TLS, WebSocket, shared-memory and gRPC-face rows run in --smoke and when named
+    // with --systems (they would take the quick run past its time budget).
+    let layered = |s: &System| matches!(s.transport, "tls" | "ws" | "shm") || opt_in(s);
     let systems: Vec<System> = SYSTEMS
         .iter()
         .filter(|s| match &args.systems {
@@ -721,7 +733,7 @@ fn syscalls(args: &Args) -> i32 {
     );
     for sys in SYSTEMS.iter().filter(|s| match &args.systems {
         Some(l) => l.iter().any(|n| n == s.name),
-        None => !matches!(s.transport, "tls" | "ws") && !opt_in(s),
+        None => !matches!(s.transport, "tls" | "ws" | "shm") && !opt_in(s),
     }) {
         let mut cols: Vec<String> = Vec::new();
         let mut top = String::new();

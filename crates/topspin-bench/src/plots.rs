@@ -48,6 +48,8 @@ fn color(system: &str) -> RGBColor {
         "raw-ws" => RGBColor(60, 120, 120),
         "topspin-ws" => RGBColor(188, 189, 34),
         "topspin-grpc" => RGBColor(255, 152, 150),
+        "raw-shm" => RGBColor(200, 200, 120),
+        "topspin-shm" => RGBColor(255, 187, 120),
         _ => RGBColor(0, 0, 0),
     }
 }

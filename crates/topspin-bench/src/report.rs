@@ -214,8 +214,8 @@ impl Record {
     }
 }
 
-/// ratio_to_raw (raw for TCP systems, raw-uds for Unix-socket ones, raw-tls and raw-ws for the
-/// TLS and WebSocket ones) and ratio to the best of tonic, tarpc, capnp and thrift (tonic-tls
+/// ratio_to_raw (raw for TCP systems, raw-uds for Unix-socket ones, raw-tls, raw-ws and raw-shm
+/// for the TLS, WebSocket and shared-memory ones) and ratio to the best of tonic, tarpc, capnp and thrift (tonic-tls
 /// for TLS systems; WebSocket systems have no peer), on the same workload point of the same run.
 pub(crate) fn fill_ratios(records: &mut [Record]) {
     let snapshot = records.to_vec();
@@ -227,6 +227,7 @@ pub(crate) fn fill_ratios(records: &mut [Record]) {
             "uds" => ("raw-uds", PEERS),
             "tls" => ("raw-tls", &["tonic-tls"]),
             "ws" => ("raw-ws", &[]),
+            "shm" => ("raw-shm", PEERS),
             _ => ("raw", PEERS),
         };
         let base = snapshot

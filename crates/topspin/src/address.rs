@@ -1,7 +1,9 @@
 //! Where a server listens and a channel connects: `tcp://host:port`, `unix:///path`, (Linux)
-//! an abstract Unix socket name `unix:@name`, `tls://host:port`, `ws://host:port/path` or
-//! `wss://host:port/path`; and, for a [`Channel`](crate::Channel) calling an existing gRPC
-//! server, `grpc://host:port` (HTTP/2 without TLS) or `grpcs://host:port` (HTTP/2 over TLS).
+//! an abstract Unix socket name `unix:@name`, `tls://host:port`, `ws://host:port/path`,
+//! `wss://host:port/path` or (Linux) shared memory `shm://name`; for a
+//! [`Channel`](crate::Channel) also `dns:///host:port` (every server a name resolves to) and,
+//! calling an existing gRPC server, `grpc://host:port` (HTTP/2 without TLS) or
+//! `grpcs://host:port` (HTTP/2 over TLS).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -19,6 +21,9 @@ use std::str::FromStr;
 /// let a: Address = "unix:@kv".parse().unwrap();
 /// assert_eq!(a, Address::UnixAbstract("kv".into()));
 /// assert_eq!(a.to_string(), "unix:@kv");
+/// // Shared memory between processes of one host (Linux).
+/// let s: Address = "shm://kv".parse().unwrap();
+/// assert_eq!(s, Address::Shm("kv".into()));
 /// // A bare host:port is TCP.
 /// assert_eq!("127.0.0.1:80".parse::<Address>().unwrap(), Address::Tcp("127.0.0.1:80".into()));
 /// assert!("http://x".parse::<Address>().is_err());
@@ -59,6 +64,11 @@ pub enum Address {
     /// on an interval and when a connection fails (see [`Balancing`](crate::Balancing)). Only
     /// for connecting: a server cannot bind it.
     Dns(String),
+    /// Shared memory between two processes of one host (`shm://name`, Linux): a ring per
+    /// direction in a memfd both map, set up over the abstract Unix socket
+    /// `topspin-shm:<name>` (which anyone in the network namespace can connect to, as with
+    /// `unix:@name`: check [`PeerAddr::credentials`](crate::PeerAddr::credentials)).
+    Shm(String),
 }
 
 impl Address {
@@ -72,7 +82,7 @@ impl Address {
             | Address::Grpc(hp)
             | Address::Grpcs(hp)
             | Address::Dns(hp) => Some(hp),
-            Address::Unix(_) | Address::UnixAbstract(_) => None,
+            Address::Unix(_) | Address::UnixAbstract(_) | Address::Shm(_) => None,
         }
     }
 
@@ -89,7 +99,7 @@ impl Address {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "invalid address {input:?}: {reason} (expected tcp://host:port, unix:///path, unix:@name, \
-     tls://host:port, ws://host:port/path, wss://host:port/path, grpc://host:port, \
+     tls://host:port, ws://host:port/path, wss://host:port/path, shm://name, grpc://host:port, \
      grpcs://host:port or dns:///host:port)"
 )]
 pub struct AddressError {
@@ -120,6 +130,17 @@ impl FromStr for Address {
                 return Err(err("abstract socket name longer than 107 bytes"));
             }
             return Ok(Address::UnixAbstract(name.to_owned()));
+        }
+        if let Some(name) = s.strip_prefix("shm://") {
+            if name.is_empty() {
+                return Err(err("empty shared-memory name"));
+            }
+            // The abstract socket `topspin-shm:<name>` must fit sun_path (107 bytes after the
+            // NUL that marks it abstract).
+            if name.len() > 107 - "topspin-shm:".len() {
+                return Err(err("shared-memory name longer than 95 bytes"));
+            }
+            return Ok(Address::Shm(name.to_owned()));
         }
         if let Some(path) = s.strip_prefix("unix:") {
             if path.is_empty() {
@@ -226,6 +247,7 @@ impl fmt::Display for Address {
             Address::Grpc(hp) => write!(f, "grpc://{hp}"),
             Address::Grpcs(hp) => write!(f, "grpcs://{hp}"),
             Address::Dns(hp) => write!(f, "dns:///{hp}"),
+            Address::Shm(name) => write!(f, "shm://{name}"),
         }
     }
 }
@@ -324,12 +346,13 @@ mod tests {
             ),
             ("grpcs://[::1]:443/", Address::Grpcs("[::1]:443".into())),
             ("ws://h:80", Address::Ws("h:80".into(), "/".into())),
+            ("shm://kv", Address::Shm("kv".into())),
             (
                 "wss://[::1]:443/rpc/x",
                 Address::Wss("[::1]:443".into(), "/rpc/x".into()),
             ),
         ] {
-            if s.starts_with("tls") || s.starts_with("wss") || s.starts_with("grpc://") {
+            if s.starts_with("tls") || s.starts_with("wss") || s.starts_with("grpc://") || s.starts_with("shm") {
                 assert_eq!(want.to_string(), s, "round trip");
             }
             assert_eq!(s.parse::<Address>().unwrap(), want, "{s}");
@@ -348,6 +371,7 @@ mod tests {
             "grpc://host",
             "grpcs://:1",
             "ws://:80/x",
+            "shm://",
         ] {
             let e = bad.parse::<Address>().unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");
@@ -356,5 +380,11 @@ mod tests {
         assert!(long.parse::<Address>().is_err());
         let longest = format!("unix:@{}", "x".repeat(107));
         assert!(longest.parse::<Address>().is_ok());
+        assert!(format!("shm://{}", "x".repeat(95))
+            .parse::<Address>()
+            .is_ok());
+        assert!(format!("shm://{}", "x".repeat(96))
+            .parse::<Address>()
+            .is_err());
     }
 }

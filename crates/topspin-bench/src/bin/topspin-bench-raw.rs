@@ -8,6 +8,12 @@
 //! protobuf-encoded once at start: the floor moves the same bytes but decodes nothing).
 //! NymphRPC calls echo the value's bytes.
 //!
+//! `--shm` is `raw-shm`: the same frames through a shared-memory ring per direction (a memfd
+//! mapped twice, as two processes would) with topspin's `shm://` wake-up protocol — spin up to
+//! 50 µs after the last progress, then announce sleeping in the header and block on a Unix
+//! socket for a wake byte the other side sends only when it sees the announcement. The floor
+//! under `topspin-shm`.
+//!
 //! Built by the `topspin-bench-layered` package (feature `layered`) as
 //! `topspin-bench-raw-layered`: `--tls` is `raw-tls` (the same frames over blocking rustls, ring
 //! provider: the TLS floor) and `--ws` is `raw-ws` (the same frames in binary messages of
@@ -375,6 +381,237 @@ fn run<S: Stream>(clients: &mut [Client<S>], cmd: &Cmd) -> Outcome {
 
 const CONNS: usize = 4;
 
+/// `raw-shm`: a blocking byte stream over two shared-memory rings, with the wake-up protocol of
+/// topspin's `shm://` transport (docs/protocol.md, "Shared memory"): the floor under
+/// `topspin-shm`. Both ends are in this process (as every raw system's are); each maps the memfd
+/// on its own, as two processes would.
+#[cfg(not(feature = "layered"))]
+mod shm {
+    use std::io::{self, Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    const HEADER: usize = 4096;
+    const C2S: usize = 0;
+    const S2C: usize = 1024;
+    const HEAD: usize = 0;
+    const CLOSED: usize = 8;
+    const TAIL: usize = 128;
+    const READER_WAITING: usize = 256;
+    const WRITER_WAITING: usize = 384;
+    /// As topspin's `shm::SPIN`, `SPIN_GAP`, `SPIN_BACKOFF`.
+    const SPIN: Duration = Duration::from_micros(50);
+    const SPIN_GAP: Duration = Duration::from_micros(10);
+    const SPIN_BACKOFF: Duration = Duration::from_millis(2);
+    /// As topspin's `shm::RING`.
+    pub const RING: usize = 1 << 21;
+
+    pub struct ShmStream {
+        map: *mut u8,
+        len: usize,
+        ring: usize,
+        tx: usize,
+        rx: usize,
+        tx_base: usize,
+        rx_base: usize,
+        tx_head: u64,
+        rx_tail: u64,
+        sock: UnixStream,
+        spin_off_until: Option<Instant>,
+        spin_fails: u32,
+        peer_asleep: bool,
+    }
+
+    // SAFETY: the mapping is owned by the stream and accessed through atomics and copies.
+    unsafe impl Send for ShmStream {}
+
+    fn map(fd: &std::os::fd::OwnedFd, len: usize) -> *mut u8 {
+        // SAFETY: a fresh shared mapping of the memfd, which is `len` long.
+        unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }
+        .expect("mmap")
+        .cast()
+    }
+
+    /// A connected pair: (client, server).
+    pub fn pair() -> (ShmStream, ShmStream) {
+        let len = HEADER + 2 * RING;
+        let fd =
+            rustix::fs::memfd_create("raw-shm", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
+        rustix::fs::ftruncate(&fd, len as u64).expect("ftruncate");
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        let end = |sock, server: bool| {
+            let (tx, rx) = if server { (S2C, C2S) } else { (C2S, S2C) };
+            let base = |d| HEADER + if d == C2S { 0 } else { RING };
+            ShmStream {
+                map: map(&fd, len),
+                len,
+                ring: RING,
+                tx,
+                rx,
+                tx_base: base(tx),
+                rx_base: base(rx),
+                tx_head: 0,
+                rx_tail: 0,
+                sock,
+                spin_off_until: None,
+                spin_fails: 0,
+                peer_asleep: false,
+            }
+        };
+        (end(a, false), end(b, true))
+    }
+
+    impl ShmStream {
+        fn u64_at(&self, off: usize) -> &AtomicU64 {
+            // SAFETY: an aligned word of the header, accessed atomically by both ends.
+            unsafe { &*self.map.add(off).cast::<AtomicU64>() }
+        }
+        fn u32_at(&self, off: usize) -> &AtomicU32 {
+            // SAFETY: as above.
+            unsafe { &*self.map.add(off).cast::<AtomicU32>() }
+        }
+        fn wake_if_waiting(&self, off: usize) -> bool {
+            fence(Ordering::SeqCst);
+            let f = self.u32_at(off);
+            let asleep = f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::AcqRel) != 0;
+            if asleep {
+                let _ = rustix::net::send(
+                    &self.sock,
+                    &[1],
+                    rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
+                );
+            }
+            asleep
+        }
+        /// Spins up to SPIN, then sleeps until woken, while `ready` is false. `Ok(false)`:
+        /// the other end is gone. As topspin's transport: a spin that runs out, or whose checks
+        /// are more than SPIN_GAP apart (this thread was preempted: the CPUs are contended),
+        /// fails; after `n` failures in a row no spin starts for SPIN_BACKOFF × 2^(n−1) (at
+        /// most 64×); a spin that sees the other end's progress resets the count.
+        fn wait(&mut self, flag: usize, ready: impl Fn(&Self) -> bool) -> io::Result<bool> {
+            let start = Instant::now();
+            let mut last = start;
+            let mut spinning = self.spin_off_until.is_none_or(|t| start >= t);
+            loop {
+                if ready(self) {
+                    if spinning {
+                        self.spin_fails = 0;
+                    }
+                    return Ok(true);
+                }
+                if spinning {
+                    let now = Instant::now();
+                    if now - last <= SPIN_GAP && now - start < SPIN {
+                        last = now;
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    spinning = false;
+                    // Running out while the peer had to be woken is no failure (as topspin's).
+                    if now - last > SPIN_GAP || !self.peer_asleep {
+                        self.spin_fails = (self.spin_fails + 1).min(7);
+                        self.spin_off_until =
+                            Some(now + SPIN_BACKOFF * (1 << (self.spin_fails - 1)));
+                    }
+                }
+                let f = self.u32_at(flag);
+                f.store(1, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                if ready(self) {
+                    f.store(0, Ordering::Relaxed);
+                    return Ok(true);
+                }
+                let mut b = [0u8; 64];
+                let (n, _) =
+                    rustix::net::recv(&self.sock, &mut b, rustix::net::RecvFlags::empty())?;
+                if n == 0 {
+                    return Ok(false);
+                }
+            }
+        }
+
+        fn avail(&self) -> usize {
+            let h = self.u64_at(self.rx + HEAD).load(Ordering::Acquire);
+            h.wrapping_sub(self.rx_tail) as usize
+        }
+        fn room(&self) -> usize {
+            let t = self.u64_at(self.tx + TAIL).load(Ordering::Acquire);
+            self.ring - self.tx_head.wrapping_sub(t) as usize
+        }
+    }
+
+    impl Read for ShmStream {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let closed = |s: &Self| s.u32_at(s.rx + CLOSED).load(Ordering::Acquire) != 0;
+            if !self.wait(self.rx + READER_WAITING, |s| s.avail() > 0 || closed(s))? {
+                return Ok(0);
+            }
+            let n = self.avail().min(buf.len());
+            let off = (self.rx_tail as usize) & (self.ring - 1);
+            let first = n.min(self.ring - off);
+            // SAFETY: offsets within the receive ring (a power of two), inside the mapping.
+            unsafe {
+                let src = self.map.add(self.rx_base);
+                std::ptr::copy_nonoverlapping(src.add(off), buf.as_mut_ptr(), first);
+                std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr().add(first), n - first);
+            }
+            self.rx_tail += n as u64;
+            self.u64_at(self.rx + TAIL)
+                .store(self.rx_tail, Ordering::Release);
+            self.wake_if_waiting(self.rx + WRITER_WAITING);
+            Ok(n)
+        }
+    }
+
+    impl Write for ShmStream {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if buf.is_empty() {
+                return Ok(0);
+            }
+            if !self.wait(self.tx + WRITER_WAITING, |s| s.room() > 0)? {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            let n = self.room().min(buf.len());
+            let off = (self.tx_head as usize) & (self.ring - 1);
+            let first = n.min(self.ring - off);
+            // SAFETY: offsets within the send ring, inside the mapping.
+            unsafe {
+                let dst = self.map.add(self.tx_base);
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst.add(off), first);
+                std::ptr::copy_nonoverlapping(buf.as_ptr().add(first), dst, n - first);
+            }
+            self.tx_head += n as u64;
+            self.u64_at(self.tx + HEAD)
+                .store(self.tx_head, Ordering::Release);
+            self.wake_if_waiting(self.tx + READER_WAITING);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Drop for ShmStream {
+        fn drop(&mut self) {
+            self.u32_at(self.tx + CLOSED).store(1, Ordering::Release);
+            self.wake_if_waiting(self.tx + READER_WAITING);
+            let _ = rustix::net::shutdown(&self.sock, rustix::net::Shutdown::Write);
+            // SAFETY: unmaps this end's own mapping, once; nothing refers into it any more.
+            let _ = unsafe { rustix::mm::munmap(self.map.cast(), self.len) };
+        }
+    }
+}
+
 /// A blocking WebSocket as a byte stream: each write is one binary message (from a buffer
 /// reclaimed in place, so no allocation per message), reads concatenate the messages.
 #[cfg(feature = "layered")]
@@ -508,6 +745,18 @@ fn main() {
     let uds = std::env::args().any(|a| a == "--uds");
     common::blob_pool();
     structs_encoded();
+    #[cfg(not(feature = "layered"))]
+    if std::env::args().any(|a| a == "--shm") {
+        let mut clients: Vec<_> = (0..CONNS)
+            .map(|_| {
+                let (c, s) = shm::pair();
+                std::thread::spawn(move || serve_conn(s));
+                Client::new(c)
+            })
+            .collect();
+        common::serve_commands("raw-shm", |cmd| run(&mut clients, cmd));
+        return;
+    }
     // The server: its threads in this process, or a child process of its own
     // (`--separate-processes`, see common::placement).
     let separate = common::placement::separate_server();

@@ -1,4 +1,4 @@
-//! Peer `topspin` / `topspin-uds`: the `BenchClient` and `BenchServer` that topspin-build
+//! Peer `topspin` / `topspin-uds` / `topspin-shm` (`--shm`: shared memory, `shm://`): the `BenchClient` and `BenchServer` that topspin-build
 //! generates from proto/bench/v1/bench.proto (over topspin's Channel and Server, `ProstCodec`),
 //! default settings. The server runs on its own tokio multi-thread runtime (default worker
 //! count); the client on a current-thread runtime on the main thread.
@@ -212,6 +212,7 @@ const CONNS: usize = 4;
 
 fn main() {
     let uds = std::env::args().any(|a| a == "--uds");
+    let shm = std::env::args().any(|a| a == "--shm");
     common::blob_pool();
     common::students();
     let callgrind_mode = std::env::args().any(|a| a == "--callgrind");
@@ -235,6 +236,8 @@ fn main() {
                 "tls://127.0.0.1:0".to_string()
             } else if ws {
                 "ws://127.0.0.1:0/".to_string()
+            } else if shm {
+                format!("shm://topspin-bench-{}", std::process::id())
             } else if uds {
                 let p = std::env::temp_dir()
                     .join(format!("topspin-bench-topspin-{}.sock", std::process::id()));
@@ -287,6 +290,7 @@ fn main() {
         v
     });
     let name = match (uds, tls, ws) {
+        _ if shm => "topspin-shm",
         (_, true, _) => "topspin-tls",
         (_, _, true) => "topspin-ws",
         (true, _, _) => "topspin-uds",

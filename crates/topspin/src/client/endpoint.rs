@@ -289,8 +289,8 @@ impl Endpoint {
         self
     }
 
-    /// Opens one connection: TCP or Unix on the socket fast path; TLS and WebSocket as byte
-    /// streams. Connecting and the TLS and WebSocket handshakes share the handshake timeout.
+    /// Opens one connection: TCP or Unix on the socket fast path; shared memory over its rings;
+    /// TLS and WebSocket as byte streams. Connecting and the TLS and WebSocket handshakes share the handshake timeout.
     pub(super) async fn connect_one(&self) -> Result<super::conn::ConnHandle, Status> {
         #[cfg(any(feature = "tls", feature = "websocket"))]
         use crate::transport::stream::StreamTransport;
@@ -302,6 +302,17 @@ impl Endpoint {
         match address {
             Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_) => {
                 super::conn::connect(address, config).await
+            }
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            Address::Shm(name) => {
+                let t = tokio::time::timeout(
+                    config.handshake_timeout(),
+                    crate::transport::shm::ShmTransport::connect(name),
+                )
+                .await
+                .map_err(|_| what(&"connect and shared-memory handshake timed out"))?
+                .map_err(|e| what(&e))?;
+                super::conn::start(t, address, config).await
             }
             #[cfg(feature = "tls")]
             Address::Tls(hp) => {

@@ -256,7 +256,7 @@ impl ServerBuilder {
                 faces.tls = Some(tls.with_alpn(&[b"http/1.1"]));
                 faces.ws = Some((self.websocket.clone(), path.clone()));
             }
-            Address::Unix(_) | Address::UnixAbstract(_) | Address::Dns(_) => return Ok(None),
+            Address::Unix(_) | Address::UnixAbstract(_) | Address::Dns(_) | Address::Shm(_) => return Ok(None),
             Address::Grpc(_) | Address::Grpcs(_) => return Err(err(
                 "grpc:// and grpcs:// name a gRPC server to call: a server binds tcp:// or tls://",
             )),
@@ -387,7 +387,7 @@ impl ServerBuilder {
     }
 
     /// Binds the listener (`tcp://host:port`, port 0 for any; `unix:///path`; on Linux
-    /// `unix:@name`, an abstract socket). A Unix socket file is bound under a lock
+    /// `unix:@name`, an abstract socket; on Linux `shm://name`, shared memory). A Unix socket file is bound under a lock
     /// (`<path>.lock`, removed once bound), replaces a stale socket file nothing answers on,
     /// never one a live server answers on, gets the permission bits of
     /// [`Config::unix_socket_mode`] (default `0o660`) and is removed when the server stops.
@@ -398,7 +398,7 @@ impl ServerBuilder {
         #[cfg(not(any(feature = "tls", feature = "websocket", feature = "grpc")))]
         if !matches!(
             address,
-            Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_)
+            Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_) | Address::Shm(_)
         ) {
             return Err(ServeError::Transport {
                 address,
@@ -646,7 +646,7 @@ impl Server {
                             return r.map(|(tcp, addr)| Ok(Accepted::Layered(faces.clone(), tcp, addr)));
                         }
                     }
-                    l.accept().await.map(|r| r.map(Accepted::Socket))
+                    l.accept().await.map(|r| r.map(Accepted::Plain))
                 }, if listener.is_some() && !paused => {
                     match accepted {
                         Ok(Err(e)) => tracing::debug!("an accepted connection failed at once: {e}"),
@@ -654,7 +654,11 @@ impl Server {
                             backoff = Duration::ZERO;
                             if conns.len() < config.max_connections() {
                                 match accepted {
-                                    Accepted::Socket(transport) => {
+                                    Accepted::Plain(crate::transport::Accepted::Socket(transport)) => {
+                                        conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
+                                    }
+                                    #[cfg(any(target_os = "linux", target_os = "android"))]
+                                    Accepted::Plain(crate::transport::Accepted::Shm(transport)) => {
                                         conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
                                     }
                                     #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
@@ -664,7 +668,11 @@ impl Server {
                                 }
                             } else if refusals.len() < MAX_REFUSALS {
                                 match accepted {
-                                    Accepted::Socket(transport) => {
+                                    Accepted::Plain(crate::transport::Accepted::Socket(transport)) => {
+                                        refusals.spawn(refuse(transport, config.clone()));
+                                    }
+                                    #[cfg(any(target_os = "linux", target_os = "android"))]
+                                    Accepted::Plain(crate::transport::Accepted::Shm(transport)) => {
                                         refusals.spawn(refuse(transport, config.clone()));
                                     }
                                     // A plain port's native client is told why, as without
@@ -854,7 +862,8 @@ async fn write_all<T: crate::transport::Transport>(
 
 /// What the accept loop took.
 enum Accepted {
-    Socket(crate::transport::socket::SocketTransport),
+    /// A socket or shared-memory connection, ready for the protocol.
+    Plain(crate::transport::Accepted),
     #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
     Layered(
         Arc<crate::transport::sniff::Faces>,

@@ -1,5 +1,5 @@
-//! Listening sockets: TCP, Unix (a file, bound under a lock file) and Linux abstract Unix
-//! sockets (a name, no file).
+//! Listening sockets: TCP, Unix (a file, bound under a lock file), Linux abstract Unix
+//! sockets (a name, no file), and the abstract socket of a shared-memory (`shm://`) server.
 
 use super::socket::SocketTransport;
 use crate::address::Address;
@@ -17,6 +17,18 @@ pub(crate) enum Listener {
     Unix(UnixListener, PathBuf, (u64, u64)),
     /// A Linux abstract socket: nothing on the file system.
     UnixAbstract(UnixListener, String),
+    /// A shared-memory server (`shm://name`): the abstract socket `topspin-shm:<name>`.
+    Shm(UnixListener, String),
+}
+
+/// An accepted connection's transport.
+#[derive(Debug)]
+pub(crate) enum Accepted {
+    /// TCP or Unix socket.
+    Socket(SocketTransport),
+    /// Shared memory, its handshake done.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    Shm(super::shm::ShmTransport),
 }
 
 /// The (device, inode) of the file at `p`.
@@ -145,22 +157,19 @@ async fn bind_unix(p: &Path, mode: u32) -> io::Result<Listener> {
 
 /// Binds a Linux abstract Unix socket (no file, so no lock, no permissions, nothing to remove).
 #[cfg(any(target_os = "linux", target_os = "android"))]
-fn bind_abstract(name: &str) -> io::Result<Listener> {
+fn bind_abstract(name: &str) -> io::Result<UnixListener> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;
     l.set_nonblocking(true)?;
-    Ok(Listener::UnixAbstract(
-        UnixListener::from_std(l)?,
-        name.to_owned(),
-    ))
+    UnixListener::from_std(l)
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn bind_abstract(_name: &str) -> io::Result<Listener> {
+fn bind_abstract(_name: &str) -> io::Result<UnixListener> {
     Err(io::Error::new(
         io::ErrorKind::Unsupported,
-        "abstract Unix socket addresses (unix:@name) exist on Linux only",
+        "abstract Unix socket addresses (unix:@name, shm://name) exist on Linux only",
     ))
 }
 
@@ -170,7 +179,14 @@ impl Listener {
         match addr {
             Address::Tcp(hp) => Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?)),
             Address::Unix(p) => bind_unix(p, unix_mode).await,
-            Address::UnixAbstract(name) => bind_abstract(name),
+            Address::UnixAbstract(name) => Ok(Listener::UnixAbstract(
+                bind_abstract(name)?,
+                name.to_owned(),
+            )),
+            Address::Shm(name) => Ok(Listener::Shm(
+                bind_abstract(&format!("topspin-shm:{name}"))?,
+                name.to_owned(),
+            )),
             // TLS and WebSocket listen on TCP; the server adds the layers per connection.
             Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
                 Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?))
@@ -191,6 +207,7 @@ impl Listener {
             Listener::Tcp(l) => Ok(Address::from(l.local_addr()?)),
             Listener::Unix(_, p, _) => Ok(Address::Unix(p.clone())),
             Listener::UnixAbstract(_, name) => Ok(Address::UnixAbstract(name.clone())),
+            Listener::Shm(_, name) => Ok(Address::Shm(name.clone())),
         }
     }
 
@@ -209,12 +226,23 @@ impl Listener {
     /// Accepts a connection. The outer error is the listener's (out of file descriptors and
     /// the like: worth a pause before trying again); the inner one is that connection's alone
     /// (it was reset before it could be set up).
-    pub(crate) async fn accept(&self) -> io::Result<io::Result<SocketTransport>> {
+    pub(crate) async fn accept(&self) -> io::Result<io::Result<Accepted>> {
         Ok(match self {
-            Listener::Tcp(l) => SocketTransport::from_tcp(l.accept().await?.0),
-            Listener::Unix(l, _, _) | Listener::UnixAbstract(l, _) => {
-                SocketTransport::from_unix(l.accept().await?.0)
+            Listener::Tcp(l) => {
+                SocketTransport::from_tcp(l.accept().await?.0).map(Accepted::Socket)
             }
+            Listener::Unix(l, _, _) | Listener::UnixAbstract(l, _) => {
+                SocketTransport::from_unix(l.accept().await?.0).map(Accepted::Socket)
+            }
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            Listener::Shm(l, _) => {
+                let s = l.accept().await?.0;
+                s.into_std()
+                    .and_then(super::shm::ShmTransport::accept)
+                    .map(Accepted::Shm)
+            }
+            #[cfg(not(any(target_os = "linux", target_os = "android")))]
+            Listener::Shm(..) => return Err(io::ErrorKind::Unsupported.into()),
         })
     }
 }

@@ -9,6 +9,8 @@
 //!   readiness call and raw descriptor of the crate is in that file.
 //! - [`stream`]: any `AsyncRead + AsyncWrite` byte stream (TLS, WebSocket, user streams,
 //!   in-memory pipes such as `tokio::io::duplex`).
+//! - `shm` (Linux): `shm://name`, a ring per direction in a memfd shared by two processes of
+//!   one host, set up over a Unix socket that stays open for liveness and wake-ups.
 //!
 //! Layers over TCP: `tls` (rustls), `ws` (WebSocket binary messages as a byte stream), and
 //! `sniff`, which sets up an accepted connection's layers — or tells them apart by its first
@@ -18,6 +20,8 @@
 //! for the stream transport).
 
 mod listener;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) mod shm;
 #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
 pub(crate) mod sniff;
 pub(crate) mod socket;
@@ -27,7 +31,7 @@ pub mod tls;
 #[cfg(feature = "websocket")]
 pub mod ws;
 
-pub(crate) use listener::Listener;
+pub(crate) use listener::{Accepted, Listener};
 
 use bytes::BytesMut;
 use std::io::{self, IoSlice};
@@ -58,15 +62,24 @@ pub enum PeerAddr {
     },
     /// A connection over a byte stream whose peer has no socket address.
     Stream,
+    /// A shared-memory peer (`shm://`) on this host.
+    #[non_exhaustive]
+    Shm {
+        /// Who the peer process is, as the kernel saw it when it connected to the server's
+        /// Unix socket (`SO_PEERCRED`).
+        credentials: Option<PeerCredentials>,
+    },
 }
 
 impl PeerAddr {
-    /// The peer process's credentials: on a Unix socket, the user, group and process that
+    /// The peer process's credentials: on a Unix socket or shared memory, the user, group and process that
     /// connected (as the kernel recorded them at `connect`); `None` for other transports.
     /// Servers can use them to authorise local clients without any secret.
     pub fn credentials(&self) -> Option<&PeerCredentials> {
         match self {
-            PeerAddr::Unix { credentials, .. } => credentials.as_ref(),
+            PeerAddr::Unix { credentials, .. } | PeerAddr::Shm { credentials } => {
+                credentials.as_ref()
+            }
             _ => None,
         }
     }
@@ -98,6 +111,13 @@ impl std::fmt::Display for PeerAddr {
             },
             PeerAddr::Unix { path: None, .. } => f.write_str("unix:(unnamed)"),
             PeerAddr::Stream => f.write_str("stream"),
+            PeerAddr::Shm {
+                credentials: Some(c),
+            } => match c.pid {
+                Some(pid) => write!(f, "shm:(pid {pid}, uid {})", c.uid),
+                None => write!(f, "shm:(uid {})", c.uid),
+            },
+            PeerAddr::Shm { credentials: None } => f.write_str("shm:(unknown)"),
         }
     }
 }

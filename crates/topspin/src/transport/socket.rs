@@ -249,7 +249,7 @@ impl Transport for SocketTransport {
 
 /// Connects to a Linux abstract Unix socket address (no file): non-blocking, so a full
 /// backlog is an error rather than a blocked thread.
-fn connect_abstract(name: &str) -> io::Result<UnixStream> {
+pub(crate) fn connect_abstract(name: &str) -> io::Result<UnixStream> {
     let sock = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
     sock.set_nonblocking(true)?;
     let mut path = Vec::with_capacity(name.len() + 1);

@@ -28,12 +28,13 @@ cargo build --workspace --bins --locked -q
 # The other languages' suites — Go (go vet, staticcheck, go test -race), Python (ruff, mypy,
 # pytest), TypeScript (tsc, eslint, node --test via npm, the Chromium test) — use the Rust
 # peers just built (kvstore server and client, CLI). Then the suites against peers no one here
-# wrote or across a network: grpcclient (topspin's gRPC client mode against grpc-go and a tonic
-# kvstore) and netns (balancing across network namespaces with faults; needs root, and skips
-# with a message without it unless TOPSPIN_REQUIRE_NETNS=1, which .ci/run sets).
+# wrote or across a network: grpc (grpcurl and Python grpcio against the server's gRPC face),
+# grpcclient (topspin's gRPC client mode against grpc-go and a tonic kvstore) and netns
+# (balancing across network namespaces with faults; needs root, and skips with a message
+# without it unless TOPSPIN_REQUIRE_NETNS=1, which .ci/run sets).
 bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 export KVSTORE_SERVER="$bin/kvstore-server" KVSTORE_CLIENT="$bin/kvstore-client" TOPSPIN_CLI="$bin/topspin"
-for part in go python typescript grpcclient netns; do
+for part in go python typescript grpc grpcclient netns; do
   step "$part (scripts/test-$part.sh)"
   "./scripts/test-$part.sh"
 done

@@ -100,7 +100,9 @@ func check(name string, f func() error) {
 	fmt.Printf("ok: grpc-go %s\n", name)
 }
 
-func ctxT() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), T) }
+func ctxT() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), T)
+}
 
 func put(ctx context.Context, key, value string, opts ...grpc.CallOption) (uint64, error) {
 	resp := empty("kv.v1.PutResponse")
@@ -331,6 +333,49 @@ func main() {
 		return nil
 	})
 
+	check("errors on streams: NOT_FOUND after a message (GetMany), details at the end of Apply", func() error {
+		ctx, cancel := ctxT()
+		defer cancel()
+		s, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method("GetMany"))
+		if err != nil {
+			return err
+		}
+		for _, k := range []string{"goa", "go-missing"} {
+			if err := s.SendMsg(msg("kv.v1.GetRequest", "key", k)); err != nil && err != io.EOF {
+				return err
+			}
+		}
+		_ = s.CloseSend()
+		e := empty("kv.v1.Entry")
+		if err := s.RecvMsg(e); err != nil || str(e, "key") != "goa" {
+			return fmt.Errorf("first answer %v, %v", e, err)
+		}
+		if err := wantCode(s.RecvMsg(empty("kv.v1.Entry")), codes.NotFound); err != nil {
+			return fmt.Errorf("GetMany: %w", err)
+		}
+		a, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, method("Apply"))
+		if err != nil {
+			return err
+		}
+		stale := msg("kv.v1.PutRequest", "key", "goa", "value", "z", "expected_version", uint64(5))
+		if err := a.SendMsg(msg("kv.v1.Mutation", "put", stale)); err != nil && err != io.EOF {
+			return err
+		}
+		_ = a.CloseSend()
+		err = a.RecvMsg(empty("kv.v1.ApplySummary"))
+		if err := wantCode(err, codes.FailedPrecondition); err != nil {
+			return fmt.Errorf("Apply: %w", err)
+		}
+		d := status.Convert(err).Details()
+		if len(d) != 1 {
+			return fmt.Errorf("Apply details %v", d)
+		}
+		if e, ok := d[0].(proto.Message); !ok || str(e, "key") != "goa" || str(e, "value") != "x" {
+			return fmt.Errorf("Apply detail %v", d[0])
+		}
+		return nil
+	})
+
 	check("metadata out (ascii and -bin) and back (response header and trailer, unary and stream)", func() error {
 		ctx, cancel := ctxT()
 		defer cancel()
@@ -383,8 +428,9 @@ func main() {
 		if _, err := put(ctx, "go-big", big, grpc.UseCompressor(gzip.Name)); err != nil {
 			return err
 		}
-		if payloads.outWire >= payloads.outLen/4 {
-			return fmt.Errorf("request not compressed: %d bytes on the wire for %d", payloads.outWire, payloads.outLen)
+		reqLen, reqWire := payloads.outLen, payloads.outWire
+		if reqWire >= reqLen/4 {
+			return fmt.Errorf("request not compressed: %d bytes on the wire for %d", reqWire, reqLen)
 		}
 		e, err := getKey(ctx, "go-big", grpc.UseCompressor(gzip.Name))
 		if err != nil {
@@ -393,8 +439,9 @@ func main() {
 		if !bytes.Equal([]byte(str(e, "value")), []byte(big)) {
 			return fmt.Errorf("value of %d bytes back, want %d", len(str(e, "value")), len(big))
 		}
-		fmt.Printf("    (request %d bytes, %d on the wire; response %d bytes, %d on the wire)\n",
-			payloads.outLen, payloads.outWire, payloads.inLen, payloads.inWire)
+		// The server compresses responses only if its Config::compression says so.
+		fmt.Printf("    (Put request %d bytes, %d on the wire; Get response %d bytes, %d on the wire)\n",
+			reqLen, reqWire, payloads.inLen, payloads.inWire)
 		return nil
 	})
 

@@ -445,6 +445,50 @@ func main() {
 		return nil
 	})
 
+	check("flow control: a 3 MiB value up and back, 2000 GetMany keys sent while answers are read", func() error {
+		ctx, cancel := ctxT()
+		defer cancel()
+		big := strings.Repeat("0123456789abcdef", 3<<20/16) // more than the 1 MiB stream window
+		if _, err := put(ctx, "go-huge", big); err != nil {
+			return err
+		}
+		e, err := getKey(ctx, "go-huge")
+		if err != nil {
+			return err
+		}
+		if str(e, "value") != big {
+			return fmt.Errorf("value of %d bytes back, want %d", len(str(e, "value")), len(big))
+		}
+		s, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method("GetMany"))
+		if err != nil {
+			return err
+		}
+		const n = 2000
+		sent := make(chan error, 1)
+		go func() {
+			for i := 0; i < n; i++ {
+				if err := s.SendMsg(msg("kv.v1.GetRequest", "key", "go")); err != nil {
+					sent <- err
+					return
+				}
+			}
+			sent <- s.CloseSend()
+		}()
+		for i := 0; i < n; i++ {
+			e := empty("kv.v1.Entry")
+			if err := s.RecvMsg(e); err != nil {
+				return fmt.Errorf("answer %d: %w", i, err)
+			}
+			if str(e, "key") != "go" {
+				return fmt.Errorf("answer %d: %v", i, e)
+			}
+		}
+		if err := s.RecvMsg(empty("kv.v1.Entry")); err != io.EOF {
+			return fmt.Errorf("after %d answers: %v, want io.EOF", n, err)
+		}
+		return <-sent
+	})
+
 	check("cancellation: a Watch cancelled mid-stream ends CANCELED, the connection goes on", func() error {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()

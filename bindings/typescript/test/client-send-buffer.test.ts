@@ -4,7 +4,7 @@
 // buffer / WebSocket bufferedAmount, looked at inside the channel) stay within the bound plus one
 // message, a client-streaming request iterable is not pulled further, a unary call with a
 // deadline fails with DEADLINE_EXCEEDED while it waits for room, and once the proxy reads again
-// every call completes.
+// every call completes. The last test does the same against the Rust server, stopped with SIGSTOP.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as net from "node:net";
@@ -13,6 +13,10 @@ import { Server, connect } from "../src/node/index.js";
 import type { Driver } from "../src/driver.js";
 import { Store } from "../gen/kv/v1/kv_pb.js";
 import { kvStore } from "../examples/kvstore.js";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { binary, startServer, stop } from "./procs.js";
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const BOUND = 1 << 20;
@@ -74,7 +78,7 @@ async function run(transport: "tcp" | "ws"): Promise<void> {
     px.stop();
     let pulled = 0;
     const value = "v".repeat(VALUE);
-    async function* mutations(): AsyncGenerator<{ op: { case: "put"; value: { key: string; value: string } } }> {
+    function* mutations(): Generator<{ op: { case: "put"; value: { key: string; value: string } } }> {
       for (let i = 0; i < MUTATIONS; i++) {
         pulled++;
         yield { op: { case: "put", value: { key: `k${i}`, value } } };
@@ -123,3 +127,39 @@ async function run(transport: "tcp" | "ws"): Promise<void> {
 
 test("client over TCP: what it queues for a server that does not read stays within maxSendBuffer (§7)", () => run("tcp"));
 test("client over ws://: what it queues for a server that does not read stays within maxSendBuffer (§7)", () => run("ws"));
+
+// The same against the Rust kvstore-server over a Unix socket, the server stopped (SIGSTOP):
+// many unary calls at once, each with its own call window, would queue everything without the
+// bound; with it they wait for room, and complete once the server runs again (SIGCONT).
+test("client over a Unix socket to a stopped Rust kvstore-server: queued bytes stay within maxSendBuffer (§7)", async () => {
+  const path = join(mkdtempSync(join(tmpdir(), "topspin-ts-")), "kv.sock");
+  const { proc } = await startServer(binary("KVSTORE_SERVER"), [`unix://${path}`]);
+  const ch = connect(`unix://${path}`, { maxSendBuffer: BOUND });
+  const kv = createClient(Store, ch);
+  let stopped = false;
+  try {
+    await kv.put({ key: "warm", value: "up" });
+    stopped = proc.kill("SIGSTOP");
+    assert.ok(stopped, "SIGSTOP");
+    const value = "w".repeat(VALUE);
+    const calls = 120; // 30 MiB
+    let done = 0;
+    const puts = Array.from({ length: calls }, (_, i) => kv.put({ key: `u${i}`, value }).then(() => done++));
+    let most = 0;
+    for (let i = 0; i < 100; i++) {
+      await sleep(10);
+      most = Math.max(most, queued(ch));
+    }
+    assert.ok(most <= BOUND + VALUE + 4096, `the client queued ${most} bytes for a stopped server (bound ${BOUND} + one message)`);
+    assert.equal(done, 0, "nothing completes while the server is stopped");
+    proc.kill("SIGCONT");
+    stopped = false;
+    await Promise.all(puts);
+    assert.equal(done, calls);
+    assert.equal((await kv.get({ key: `u${calls - 1}` })).value.length, VALUE);
+  } finally {
+    if (stopped) proc.kill("SIGCONT");
+    ch.close();
+    await stop(proc);
+  }
+});

@@ -138,6 +138,38 @@ async function main(): Promise<void> {
     expect(e.value === big, "the 1 MiB value back");
     return `${e.value.length} bytes`;
   });
+  await check("maxSendBuffer: queued output stays within the bound (bufferedAmount polled)", async () => {
+    const bound = 256 * 1024;
+    const ch = new Channel({ dial: webSocketDialer(url), maxSendBuffer: bound });
+    const bk = createClient(Store, ch);
+    await bk.put({ key: "web/warm", value: "up" });
+    const value = "b".repeat(256 * 1024);
+    const queued = (): { bytes: number; socket: number } => {
+      const live = (ch as unknown as { live: { driver: { io: { pending?: () => number }; engine: { outputBytes: number } } } | null }).live;
+      const socket = live?.driver.io.pending?.() ?? 0;
+      return { bytes: socket + (live?.driver.engine.outputBytes ?? 0), socket };
+    };
+    let most = 0;
+    let mostSocket = 0;
+    let running = true;
+    const sampler = (async () => {
+      while (running) {
+        const q = queued();
+        most = Math.max(most, q.bytes);
+        mostSocket = Math.max(mostSocket, q.socket);
+        await new Promise((r) => setTimeout(r, 0));
+      }
+    })();
+    const n = 40; // 10 MiB at once
+    await Promise.all(Array.from({ length: n }, (_, i) => bk.put({ key: `web/bp${i}`, value })));
+    running = false;
+    await sampler;
+    const e = await bk.get({ key: `web/bp${n - 1}` });
+    ch.close();
+    expect(e.value.length === value.length, "the last value back");
+    expect(most <= bound + value.length + 4096, `at most ${bound} + one message queued, saw ${most}`);
+    return `${n} puts of 256 KiB; most queued ${most} bytes (bufferedAmount up to ${mostSocket}), bound ${bound}`;
+  });
   await check("the connection is still healthy", async () => {
     const e = await kv.get({ key: "web/b" });
     expect(e.value === "2", "web/b = 2");

@@ -53,7 +53,7 @@ try {
     const results = await page.evaluate(() => window.__results);
     mkdirSync(join(pkg, "test-results"), { recursive: true });
     await page.screenshot({ path: join(pkg, "test-results", "browser.png"), fullPage: true });
-    const expected = 9;
+    const expected = 10;
     for (const c of results?.checks ?? []) console.log(`${c.ok ? "ok    " : "FAILED"} ${c.name}: ${c.detail}`);
     const passed = (results?.checks ?? []).filter((c) => c.ok).length;
     const count = results?.checks.length ?? 0;

@@ -81,7 +81,22 @@ export interface ChannelOptions {
   codecs?: Codecs;
   /** PINGs on a silent connection, closing it when they go unanswered (off by default). */
   keepalive?: KeepaliveOptions;
+  /**
+   * The bound on bytes queued for sending and not yet taken by the network (protocol.md §7:
+   * output the peer does not read), in bytes; default 4 MiB (as the Node server), 0: none. It
+   * counts the engine's queued frames and the transport's buffer (`socket.writableLength`, a
+   * WebSocket's `bufferedAmount`). Past it, nothing new is queued until the output drained below
+   * half the bound: a request stream's `send` (and so the pulling of a client-streaming or bidi
+   * request iterable) waits, and a call start waits too — for room, its `timeoutMs`
+   * (`DEADLINE_EXCEEDED`) or its `signal` (`CANCELLED`), like a start waiting for a
+   * MAX_CONCURRENT_CALLS slot. One message may go past the bound (it is queued whole), so the
+   * queued bytes stay at most the bound plus one message and its frame headers.
+   */
+  maxSendBuffer?: number;
 }
+
+/** The default {@link ChannelOptions.maxSendBuffer}: 4 MiB. */
+export const DEFAULT_MAX_SEND_BUFFER = 4 << 20;
 
 const NO_CODECS: Codecs = { encoders: {}, decoders: {} };
 
@@ -277,6 +292,12 @@ export class ClientCall {
     for (;;) {
       if (this.done) throw this.error ?? new TopspinError(Code.INTERNAL, "send on a finished call");
       const live = this.live as Live;
+      if (live.driver.full) {
+        // The transport is not taking our bytes (§7): queue nothing more until it drained.
+        // The call's end (cancel, deadline, the server) stops the wait too.
+        await Promise.race([live.driver.room(), new Promise<void>((r) => (this.writeWaiter = r))]);
+        continue;
+      }
       let ok: boolean;
       try {
         ok = live.engine.sendMessage(this.id, message, endStream);
@@ -375,6 +396,11 @@ export class Channel {
     try {
       for (;;) {
         const live = await Promise.race([this.getLive(), gated]);
+        if (live.driver.full && !live.engine.closed) {
+          // The output is full (§7): wait for room, the deadline or the signal.
+          await Promise.race([live.driver.room(), gated]);
+          continue;
+        }
         if (live.engine.canStartCall()) {
           let timeoutUs = 0n;
           if (deadline !== undefined) {
@@ -445,7 +471,10 @@ export class Channel {
     });
     ready.catch(() => undefined);
     const live: Live = { engine, driver: null as unknown as Driver, calls: new Map(), ready, slotWaiters: [], stopKeepalive: () => undefined };
-    live.driver = new Driver(engine, io, (e) => {
+    live.driver = new Driver(
+      engine,
+      io,
+      (e) => {
       switch (e.type) {
         case "Established":
           this.failures = 0;
@@ -467,7 +496,10 @@ export class Channel {
           if ("callId" in e) live.calls.get(e.callId)?.onEvent(e);
           if (live.engine.goingAway && live.calls.size === 0 && this.live !== live) live.driver.io.close();
       }
-    });
+    },
+      this.options.maxSendBuffer ?? DEFAULT_MAX_SEND_BUFFER,
+      false, // a client never stops reading (see Driver)
+    );
     if (this.options.keepalive !== undefined) live.stopKeepalive = startKeepalive(live.driver, this.options.keepalive);
     this.live = live;
     await ready;

@@ -25,12 +25,16 @@ export class Driver {
    *   "output a peer does not read"); 0: none. Past it the driver stops reading from the stream
    *   (the peer sees backpressure) and {@link Driver.full} tells producers to wait
    *   ({@link Driver.room}) until the output drained below half of it.
+   * @param pauseReads Whether reading stops too while the output is full (a server: the peer
+   *   feels backpressure). A client keeps reading: a server that stops reading because its own
+   *   output to us is full would otherwise wait for us forever.
    */
   constructor(
     readonly engine: Connection,
     readonly io: Duplex,
     private readonly onEvent: (e: Event) => void,
     private readonly maxPending = 0,
+    private readonly pauseReads = true,
   ) {
     io.onData = (b) => {
       this.reads++;
@@ -106,20 +110,30 @@ export class Driver {
     return new Promise((r) => this.roomWaiters.push(r));
   }
 
-  /** Stops reading until the output drained below half the bound (checked every 5 ms meanwhile). */
+  /**
+   * Stops reading (when `pauseReads`) until the output drained below half the bound: checked
+   * when the transport says it drained (`onDrain`: a socket's 'drain') and every 5 ms meanwhile
+   * (transports without a drain event: a WebSocket's `bufferedAmount`).
+   */
   private block(): void {
     this.paused = true;
-    this.io.pause?.();
+    if (this.pauseReads) this.io.pause?.();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let done = false;
     const check = (): void => {
+      if (done) return;
+      clearTimeout(timer);
       if (!this.ioClosed && (this.io.pending?.() ?? 0) + this.engine.outputBytes > this.maxPending / 2) {
-        setTimeout(check, 5);
+        timer = setTimeout(check, 5);
         return;
       }
+      done = true;
       this.paused = false;
-      if (!this.ioClosed) this.io.resume?.();
+      if (!this.ioClosed && this.pauseReads) this.io.resume?.();
       this.wakeRoom();
     };
-    setTimeout(check, 5);
+    this.io.onDrain?.(check);
+    timer = setTimeout(check, 5);
   }
 
   private wakeRoom(): void {

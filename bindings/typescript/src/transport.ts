@@ -22,6 +22,8 @@ export interface Duplex {
   pause?(): void;
   /** Delivers received bytes again. */
   resume?(): void;
+  /** Calls `f` once, the next time the transport's output buffer drained (transports without such an event leave it out). */
+  onDrain?(f: () => void): void;
 }
 
 /** What a transport can say about its output and do about its input (optional parts of a {@link Duplex}). */
@@ -32,6 +34,8 @@ export interface FlowControl {
   pause: () => void;
   /** Delivers received bytes again. */
   resume: () => void;
+  /** Calls `f` once, the next time the output buffer drained (absent: the user polls `pending`). */
+  onDrain?: (f: () => void) => void;
 }
 
 /**
@@ -59,6 +63,9 @@ export class HeldDuplex implements Duplex {
   }
   resume(): void {
     this.flow?.resume();
+  }
+  onDrain(f: () => void): void {
+    this.flow?.onDrain?.(f);
   }
 
   write(chunks: Uint8Array[]): void {
@@ -145,6 +152,8 @@ export interface WebSocketLike {
   binaryType: string;
   readonly protocol: string;
   readonly readyState: number;
+  /** Bytes passed to `send` and not yet handed to the network (browsers, `ws`; absent: unknown). */
+  readonly bufferedAmount?: number;
   send(data: Uint8Array): void;
   close(code?: number, reason?: string): void;
   onopen: ((ev: unknown) => void) | null;
@@ -187,6 +196,9 @@ export function webSocketDialer(url: string, ctor?: WebSocketCtor): Dialer {
             /* already closed */
           }
         },
+        // A WebSocket has no drain event: the driver polls bufferedAmount. Reading is never
+        // paused by a client (see Driver), so pause/resume do nothing here.
+        { pending: () => ws.bufferedAmount ?? 0, pause: () => undefined, resume: () => undefined },
       );
       const onAbort = (): void => {
         ws.close();

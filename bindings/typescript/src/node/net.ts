@@ -13,6 +13,13 @@ import { HeldDuplex, webSocketDialer, type Dialer, type Duplex, type WebSocketCt
 /** Wraps a connected socket as a {@link Duplex}. */
 export function socketDuplex(socket: net.Socket): Duplex {
   socket.setNoDelay(true);
+  // One waiter at a time (the driver's), so 'drain' never collects listeners.
+  let drained: (() => void) | null = null;
+  socket.on("drain", () => {
+    const f = drained;
+    drained = null;
+    f?.();
+  });
   const d = new HeldDuplex(
     (chunks) => {
       if (socket.destroyed) return;
@@ -41,7 +48,12 @@ export function socketDuplex(socket: net.Socket): Duplex {
       socket.end();
       socket.destroySoon();
     },
-    { pending: () => socket.writableLength, pause: () => socket.pause(), resume: () => socket.resume() },
+    {
+      pending: () => socket.writableLength,
+      pause: () => socket.pause(),
+      resume: () => socket.resume(),
+      onDrain: (f) => (drained = f),
+    },
   );
   let why = "the peer closed the connection";
   socket.on("data", (b: Buffer) => d.deliver(b));

@@ -28,7 +28,13 @@
 //! | streams reset by the client and not yet accepted / reset locally | h2's defaults (20 / 50, "Rapid Reset"), then GOAWAY |
 //! | the HTTP/2 handshake | `Config::handshake_timeout` (10 s) |
 
+//!
+//! `wire.rs`, gRPC's wire details free of I/O, is built always: the client's gRPC mode
+//! (`client/grpc.rs`) uses it too. Only `server.rs` is behind the feature `grpc`.
+
+#[cfg(feature = "grpc")]
 pub(crate) mod server;
 pub(crate) mod wire;
 
+#[cfg(feature = "grpc")]
 pub(crate) use server::serve;

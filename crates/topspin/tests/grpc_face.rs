@@ -4,6 +4,9 @@
 //! metadata and `-bin` values both ways, trailers, compression and size limits; and one port
 //! serves a native topspin client and a gRPC client at once.
 
+// The face is the `grpc` feature's; the TLS cases need `tls`.
+#![cfg(all(feature = "grpc", feature = "tls"))]
+
 mod common;
 mod layered;
 

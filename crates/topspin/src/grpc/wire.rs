@@ -37,6 +37,7 @@ const B64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
 );
 
 /// Bytes of `grpc-message` written as they are: printable ASCII but `%` (gRPC's rule).
+#[cfg(feature = "grpc")]
 const MESSAGE_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
 
 /// `grpc-timeout`: up to 8 digits and a unit (`H M S m u n`). `Err` (INTERNAL) if malformed.
@@ -954,5 +955,256 @@ mod tests {
             .push(Bytes::from_static(&[7, 0, 0, 0, 0]), 64, |_| Ok(()))
             .unwrap_err();
         assert_eq!(e.code(), Code::Internal);
+    }
+
+    /// What `timeout_header` writes, `parse_timeout` reads back: never shorter, and longer by
+    /// less than one unit of the encoding.
+    #[test]
+    fn timeout_round_trip() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_nanos(99_999_999),
+            Duration::from_nanos(100_000_001),
+            Duration::from_millis(250),
+            Duration::from_secs(5),
+            Duration::from_secs(99_999_999),
+            Duration::from_secs(100_000_000),
+            Duration::from_secs(7 * 24 * 3600),
+        ] {
+            let v = timeout_header(d);
+            let back = parse_timeout(v.as_bytes()).unwrap();
+            assert!(back >= d, "{d:?} -> {v:?} -> {back:?}");
+            let unit = match v.as_bytes().last() {
+                Some(b'n') => Duration::from_nanos(1),
+                Some(b'u') => Duration::from_micros(1),
+                Some(b'm') => Duration::from_millis(1),
+                Some(b'S') => Duration::from_secs(1),
+                Some(b'M') => Duration::from_secs(60),
+                _ => Duration::from_secs(3600),
+            };
+            assert!(back - d < unit, "{d:?} -> {v:?} -> {back:?}");
+        }
+        // Past 99999999 hours: the largest there is.
+        let v = timeout_header(Duration::MAX);
+        assert_eq!(v, "99999999H");
+        assert_eq!(
+            parse_timeout(v.as_bytes()).unwrap(),
+            Duration::from_secs(99_999_999 * 3600)
+        );
+    }
+
+    fn sample_metadata() -> Metadata {
+        Metadata::builder()
+            .text("x-user", "ann")
+            .unwrap()
+            .binary("x-raw-bin", &[0, 0xff, 7, b','])
+            .unwrap()
+            .binary("x-empty-bin", &[])
+            .unwrap()
+            .text("x-user", "bob")
+            .unwrap()
+            // Never sent: gRPC's and topspin's own.
+            .text("grpc-timeout", "1S")
+            .unwrap()
+            .text(compression::ENCODING_KEY, "gzip")
+            .unwrap()
+            .build()
+    }
+
+    fn sent_entries(md: &Metadata) -> Vec<(String, Vec<u8>)> {
+        md.iter().map(|(k, v)| (k.to_owned(), v.to_vec())).collect()
+    }
+
+    /// The client's request metadata, read by the server: the same entries in the same order
+    /// (`-bin` values through base64), reserved ones left out.
+    #[test]
+    fn metadata_round_trip_client_to_server() {
+        let md = sample_metadata();
+        let mut h = HeaderMap::new();
+        metadata_to_headers(&md, &mut h).unwrap();
+        assert!(h.get("grpc-timeout").is_none());
+        assert!(h.get(compression::ENCODING_KEY).is_none());
+        assert_eq!(h.get("x-raw-bin").unwrap(), "AP8HLA");
+        let back = metadata_from_headers(&h);
+        assert_eq!(
+            sent_entries(&back),
+            vec![
+                ("x-user".to_owned(), b"ann".to_vec()),
+                ("x-user".to_owned(), b"bob".to_vec()),
+                ("x-raw-bin".to_owned(), vec![0, 0xff, 7, b',']),
+                ("x-empty-bin".to_owned(), vec![]),
+            ]
+        );
+    }
+
+    /// `-bin` values as other gRPC stacks send them: padded or not, several in one header
+    /// (comma-separated); invalid base64 is left out, the rest kept.
+    #[test]
+    fn bin_values_padded_joined_or_bad() {
+        let mut h = HeaderMap::new();
+        h.append("a-bin", HeaderValue::from_static("AAE="));
+        h.append("a-bin", HeaderValue::from_static("AQ, Ag=="));
+        h.append("b-bin", HeaderValue::from_static("!!!"));
+        h.append("c", HeaderValue::from_static("text"));
+        let md = metadata_from_headers(&h);
+        let a: Vec<&[u8]> = md.get_all("a-bin").collect();
+        assert_eq!(a, vec![&[0u8, 1][..], &[1][..], &[2][..]]);
+        assert!(md.get("b-bin").is_none());
+        assert_eq!(md.get_str("c"), Some("text"));
+        assert_eq!(decode_bin(b"AP8HLA"), Some(vec![0, 0xff, 7, b',']));
+        assert_eq!(decode_bin(b"AP8HLA=="), Some(vec![0, 0xff, 7, b',']));
+        assert_eq!(decode_bin(b"A"), None);
+    }
+
+    /// The server's response metadata and status trailers, read by the client: code, message
+    /// (percent-encoded on the wire, `%` and non-ASCII included), details and trailing
+    /// metadata come back as they were.
+    #[test]
+    #[cfg(feature = "grpc")]
+    fn status_round_trip_server_to_client() {
+        let md = sample_metadata();
+        let mut h = response_headers(&md, None, true);
+        assert_eq!(h.get("content-type").unwrap(), CONTENT_TYPE);
+        assert_eq!(h.get("grpc-accept-encoding").unwrap(), ACCEPT);
+        h.remove("content-type");
+        h.remove("grpc-accept-encoding");
+        let back = metadata_from_headers(&h);
+        assert_eq!(back.len(), 4);
+        assert_eq!(back.get("x-raw-bin"), Some(&[0u8, 0xff, 7, b','][..]));
+
+        for code in 0..17u16 {
+            let code = Code::from_u16(code);
+            for message in [
+                "",
+                "plain",
+                "100% sure",
+                "grüße 🍎\r\n\ttab",
+                "%41 is not A",
+            ] {
+                let st = Status::new(code, message)
+                    .with_details(vec![8, 0, 0xff])
+                    .with_metadata(
+                        Metadata::builder()
+                            .binary("why-bin", &[1, 2])
+                            .unwrap()
+                            .build(),
+                    );
+                let trailing = Metadata::builder().text("t", "v").unwrap().build();
+                let mut h = HeaderMap::new();
+                status_trailers(&mut h, &st, &trailing);
+                let m = h.get("grpc-message").map(|v| v.as_bytes().to_vec());
+                assert!(
+                    m.iter().flatten().all(|b| (0x20..0x7f).contains(b)),
+                    "{m:?}"
+                );
+                let got = status_of(&h, "/t.T/M");
+                assert_eq!(got.code(), code);
+                assert_eq!(got.message(), message);
+                assert_eq!(got.details().as_ref(), &[8, 0, 0xff]);
+                assert_eq!(got.metadata().get_str("t"), Some("v"));
+                assert_eq!(got.metadata().get("why-bin"), Some(&[1u8, 2][..]));
+                assert!(got.metadata().get("grpc-status").is_none());
+            }
+        }
+    }
+
+    fn wire_of(messages: &[&[u8]]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        for m in messages {
+            wire.extend_from_slice(&prefix(false, m.len()).unwrap());
+            wire.extend_from_slice(m);
+        }
+        wire
+    }
+
+    /// The server's deframer cut at every byte (prefix included): the same messages, each
+    /// once, and a length over the limit refused on its prefix alone.
+    #[test]
+    #[cfg(feature = "grpc")]
+    fn server_deframer_every_cut() {
+        let messages: [&[u8]; 3] = [b"hello", b"", b"0123456789"];
+        let wire = wire_of(&messages);
+        for cut in 0..=wire.len() {
+            let mut d = Deframer::new(8, None);
+            let mut got = Vec::new();
+            let mut wire_len = 0;
+            for part in [&wire[..cut], &wire[cut..]] {
+                d.push(Bytes::copy_from_slice(part));
+                while let Some(r) = d.next(64, None).unwrap() {
+                    wire_len += r.wire_len;
+                    got.push(r.message);
+                }
+            }
+            assert_eq!(got, messages, "cut {cut}");
+            assert_eq!(wire_len, wire.len(), "cut {cut}");
+            assert!(d.is_empty(), "cut {cut}");
+        }
+        // Over the limit: refused as soon as the prefix is complete, split or not.
+        let mut d = Deframer::new(8, None);
+        d.push(Bytes::from_static(&[0, 0, 0]));
+        assert!(d.next(64, None).unwrap().is_none());
+        d.push(Bytes::from_static(&[0, 65]));
+        assert_eq!(
+            d.next(64, None).unwrap_err().code(),
+            Code::ResourceExhausted
+        );
+        let mut d = Deframer::new(8, None);
+        d.push(Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]));
+        assert_eq!(
+            d.next(u32::MAX - 1, None).unwrap_err().code(),
+            Code::ResourceExhausted
+        );
+        let mut d = Deframer::new(8, None);
+        d.push(Bytes::from_static(&[2, 0, 0, 0, 0]));
+        assert_eq!(d.next(64, None).unwrap_err().code(), Code::Internal);
+    }
+
+    /// The client's deframer over input cut in three at every pair of points, and the largest
+    /// length a prefix can say refused before anything is gathered.
+    #[test]
+    fn credit_deframer_three_cuts_and_oversize() {
+        let messages: [&[u8]; 3] = [b"hello", b"", b"0123456789"];
+        let wire = wire_of(&messages);
+        for a in 0..=wire.len() {
+            for b in a..=wire.len() {
+                let mut d = CreditDeframer::default();
+                let mut got = Vec::new();
+                let mut credit = 0;
+                for part in [&wire[..a], &wire[a..b], &wire[b..]] {
+                    credit += d
+                        .push(Bytes::copy_from_slice(part), 10, |f| {
+                            credit += f.credit;
+                            got.push(f.message);
+                            Ok(())
+                        })
+                        .unwrap();
+                }
+                assert_eq!(got, messages, "cuts {a} {b}");
+                assert_eq!(credit, wire.len(), "cuts {a} {b}");
+                assert!(!d.partial());
+            }
+        }
+        let mut d = CreditDeframer::default();
+        assert_eq!(
+            d.push(Bytes::from_static(&[0, 0xff]), 10, |_| Ok(()))
+                .unwrap(),
+            2
+        );
+        assert!(d.partial());
+        let e = d
+            .push(
+                Bytes::from_static(&[0xff, 0xff, 0xff]),
+                usize::MAX >> 1,
+                |_| Ok(()),
+            )
+            .map(|_| ())
+            .err();
+        // 4 GiB - 1 is within a 64-bit limit: accepted as a length, its body not yet here.
+        assert!(e.is_none() && d.partial() && d.body.capacity() == 0);
+        let e = CreditDeframer::default()
+            .push(Bytes::from_static(&[0, 0, 0, 0, 11, 1]), 10, |_| Ok(()))
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted);
     }
 }

@@ -584,3 +584,87 @@ async fn a_sniffing_port_serves_grpc_too() {
     assert_eq!(r.metadata().get_str("protocol"), Some("topspin"));
     s.stop().await;
 }
+
+/// Polls the server's connections gauge until it reads `want` (10 s at most).
+async fn connections_become(gauges: &topspin::Gauges, want: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = gauges.snapshot().connections;
+        if now == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "connections gauge stays at {now}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A gRPC connection counts in `Server::gauges()` while it is open, and once it is
+/// `max_connection_age` old (±10%) it is sent a graceful GOAWAY: the call in flight finishes
+/// normally, then the connection closes and leaves the gauge.
+#[tokio::test]
+async fn grpc_connections_count_and_end_gracefully_at_max_connection_age() {
+    let config = Config::default()
+        .with_max_connection_age(Some(Duration::from_secs(1)))
+        .with_max_connection_age_grace(Duration::from_secs(10));
+    let server = service(Events::default())
+        .config(config)
+        .unary(
+            "/t.T/Nap",
+            Codec::default(),
+            |req: Request<String>| async move {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                Ok(Response::new(req.into_inner()))
+            },
+        )
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hp = server.local_addr().to_string()["tcp://".len()..].to_owned();
+    let gauges = server.gauges();
+    let shutdown = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    assert_eq!(gauges.snapshot().connections, 0);
+
+    let tcp = tokio::net::TcpStream::connect(&hp).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    connections_become(&gauges, 1).await;
+
+    // A call that is still running when the connection reaches its age.
+    let req = http::Request::post(format!("http://{hp}/t.T/Nap"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("response in time")
+        .expect("the call is not refused");
+    let mut body = resp.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("data");
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await.expect("trailers").expect("trailers");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0", "{trailers:?}");
+
+    // GOAWAY, and with no call left the connection ends: the client's connection future
+    // returns (within the 10 s grace: the close is the GOAWAY's, not the grace's abort).
+    let ended = tokio::time::timeout(Duration::from_secs(8), conn)
+        .await
+        .expect("the server closes the connection after max_connection_age");
+    assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
+    connections_become(&gauges, 0).await;
+    // A new stream on the old connection is not possible: the server said GOAWAY.
+    let req = http::Request::post(format!("http://{hp}/t.T/Echo"))
+        .body(())
+        .unwrap();
+    assert!(client.send_request(req, true).is_err());
+    shutdown.shutdown(Duration::from_secs(1)).await;
+}

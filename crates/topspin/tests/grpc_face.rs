@@ -668,3 +668,79 @@ async fn grpc_connections_count_and_end_gracefully_at_max_connection_age() {
     assert!(client.send_request(req, true).is_err());
     shutdown.shutdown(Duration::from_secs(1)).await;
 }
+
+/// `Config::keepalive_interval` on the gRPC face: a peer that never answers the server's PING
+/// is closed after `keepalive_timeout`, and leaves the gauge; one that answers (h2's client
+/// does) keeps its connection across many pings.
+#[tokio::test]
+async fn grpc_keep_alive_closes_a_silent_peer_and_keeps_a_live_one() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = Config::default()
+        .with_keepalive_interval(Some(Duration::from_millis(200)))
+        .with_keepalive_timeout(Duration::from_millis(500));
+    let server = service(Events::default())
+        .config(config)
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hp = server.local_addr().to_string()["tcp://".len()..].to_owned();
+    let gauges = server.gauges();
+    let shutdown = server.shutdown_handle();
+    tokio::spawn(server.serve());
+
+    // Silent: the client preface and an empty SETTINGS frame, then nothing ever again.
+    let mut silent = tokio::net::TcpStream::connect(&hp).await.unwrap();
+    silent
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    connections_become(&gauges, 1).await;
+    let mut seen = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match silent.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the server keeps a peer that answers no PING"
+    );
+    // Among what the server sent: a PING frame (type 6, not an ACK).
+    let mut at = 0;
+    let mut pinged = false;
+    while at + 9 <= seen.len() {
+        let len = usize::from(seen[at]) << 16
+            | usize::from(seen[at + 1]) << 8
+            | usize::from(seen[at + 2]);
+        pinged |= seen[at + 3] == 6 && seen[at + 4] & 1 == 0;
+        at += 9 + len;
+    }
+    assert!(pinged, "no PING in {seen:?}");
+    connections_become(&gauges, 0).await;
+
+    // Live: h2's client answers the pings; the connection outlives many intervals.
+    let tcp = tokio::net::TcpStream::connect(&hp).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!conn.is_finished(), "a live peer's connection was closed");
+    connections_become(&gauges, 1).await;
+    let req = http::Request::post(format!("http://{hp}/t.T/Echo"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    client = client.ready().await.expect("still open");
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    let resp = resp.await.expect("answered");
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    drop(client);
+    shutdown.shutdown(Duration::from_secs(1)).await;
+}

@@ -116,6 +116,13 @@ where
     tokio::pin!(grace);
     let aged = tokio::time::sleep(age.unwrap_or(Duration::ZERO));
     tokio::pin!(aged);
+    // `Config::keepalive_interval`: a PING that often; the connection closes if one is not
+    // answered within `keepalive_timeout`.
+    let pings = config
+        .keepalive_interval()
+        .and_then(|every| Some((conn.ping_pong()?, every)));
+    let keep_alive = keep_alive(pings, config.keepalive_timeout());
+    tokio::pin!(keep_alive);
     // `going_away`: GOAWAY sent (age or shutdown); `shutting`: the server's shutdown seen.
     let (mut going_away, mut shutting, mut aborted) = (false, false, false);
     loop {
@@ -158,11 +165,32 @@ where
                 aborted = true;
                 face.abort.cancel();
             }
+            why = &mut keep_alive => {
+                // Closed at once (the peer is not answering): its calls are dropped below.
+                tracing::debug!(peer = %face.peer.addr, "gRPC connection closed: {why}");
+                break;
+            }
         }
         share.report(calls.len(), 0);
     }
     // Calls still here lost their connection: dropping them cancels their handlers.
     drop(calls);
+}
+
+/// Sends a PING every `every` (when given) and returns why the connection must close once one
+/// is not answered within `timeout`; without pings, never returns.
+async fn keep_alive(pings: Option<(h2::PingPong, Duration)>, timeout: Duration) -> String {
+    let Some((mut pings, every)) = pings else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return format!("keep-alive PING failed: {e}"),
+            Err(_) => return format!("keep-alive PING not answered within {timeout:?}"),
+        }
+    }
 }
 
 /// Runs a connection's future so that the wake-ups it gives itself while it runs (h2 wakes

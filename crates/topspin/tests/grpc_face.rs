@@ -744,3 +744,24 @@ async fn grpc_keep_alive_closes_a_silent_peer_and_keeps_a_live_one() {
     drop(client);
     shutdown.shutdown(Duration::from_secs(1)).await;
 }
+
+/// A call still running when `max_connection_age_grace` after the age runs out is ended
+/// (its handler cancelled), as on a native connection.
+#[tokio::test]
+async fn max_connection_age_grace_ends_calls_that_outlast_it() {
+    let config = Config::default()
+        .with_max_connection_age(Some(Duration::from_millis(300)))
+        .with_max_connection_age_grace(Duration::from_millis(300));
+    let s = start(|b| b.config(config), "tcp://127.0.0.1:0").await;
+    let mut g = s.tonic().await;
+    let slow = tokio::spawn(async move {
+        unary(&mut g, "/t.T/Slow", tonic::Request::new(String::new())).await
+    });
+    let r = tokio::time::timeout(Duration::from_secs(10), slow)
+        .await
+        .expect("the call ends within the age and its grace (30 s handler)");
+    let err = r.unwrap().unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    s.wait_for("cancelled").await;
+    s.stop().await;
+}

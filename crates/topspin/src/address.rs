@@ -352,11 +352,7 @@ mod tests {
                 Address::Wss("[::1]:443".into(), "/rpc/x".into()),
             ),
         ] {
-            if s.starts_with("tls")
-                || s.starts_with("wss")
-                || s.starts_with("grpc://")
-                || s.starts_with("shm")
-            {
+            if s.starts_with("tls") || s.starts_with("wss") || s.starts_with("grpc://") || s.starts_with("shm") {
                 assert_eq!(want.to_string(), s, "round trip");
             }
             assert_eq!(s.parse::<Address>().unwrap(), want, "{s}");

@@ -256,9 +256,7 @@ impl ServerBuilder {
                 faces.tls = Some(tls.with_alpn(&[b"http/1.1"]));
                 faces.ws = Some((self.websocket.clone(), path.clone()));
             }
-            Address::Unix(_) | Address::UnixAbstract(_) | Address::Dns(_) | Address::Shm(_) => {
-                return Ok(None)
-            }
+            Address::Unix(_) | Address::UnixAbstract(_) | Address::Dns(_) | Address::Shm(_) => return Ok(None),
             Address::Grpc(_) | Address::Grpcs(_) => return Err(err(
                 "grpc:// and grpcs:// name a gRPC server to call: a server binds tcp:// or tls://",
             )),

@@ -53,7 +53,6 @@ pub mod codec;
 mod compression;
 mod config;
 mod connection;
-#[cfg(feature = "grpc")]
 mod grpc;
 pub mod interceptor;
 pub mod observe;

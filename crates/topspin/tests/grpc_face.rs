@@ -4,6 +4,9 @@
 //! metadata and `-bin` values both ways, trailers, compression and size limits; and one port
 //! serves a native topspin client and a gRPC client at once.
 
+// The face is the `grpc` feature's; the TLS cases need `tls`.
+#![cfg(all(feature = "grpc", feature = "tls"))]
+
 mod common;
 mod layered;
 
@@ -579,5 +582,186 @@ async fn a_sniffing_port_serves_grpc_too() {
         .await
         .unwrap();
     assert_eq!(r.metadata().get_str("protocol"), Some("topspin"));
+    s.stop().await;
+}
+
+/// Polls the server's connections gauge until it reads `want` (10 s at most).
+async fn connections_become(gauges: &topspin::Gauges, want: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = gauges.snapshot().connections;
+        if now == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "connections gauge stays at {now}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A gRPC connection counts in `Server::gauges()` while it is open, and once it is
+/// `max_connection_age` old (±10%) it is sent a graceful GOAWAY: the call in flight finishes
+/// normally, then the connection closes and leaves the gauge.
+#[tokio::test]
+async fn grpc_connections_count_and_end_gracefully_at_max_connection_age() {
+    let config = Config::default()
+        .with_max_connection_age(Some(Duration::from_secs(1)))
+        .with_max_connection_age_grace(Duration::from_secs(10));
+    let server = service(Events::default())
+        .config(config)
+        .unary(
+            "/t.T/Nap",
+            Codec::default(),
+            |req: Request<String>| async move {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                Ok(Response::new(req.into_inner()))
+            },
+        )
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hp = server.local_addr().to_string()["tcp://".len()..].to_owned();
+    let gauges = server.gauges();
+    let shutdown = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    assert_eq!(gauges.snapshot().connections, 0);
+
+    let tcp = tokio::net::TcpStream::connect(&hp).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    connections_become(&gauges, 1).await;
+
+    // A call that is still running when the connection reaches its age.
+    let req = http::Request::post(format!("http://{hp}/t.T/Nap"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("response in time")
+        .expect("the call is not refused");
+    let mut body = resp.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("data");
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await.expect("trailers").expect("trailers");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0", "{trailers:?}");
+
+    // GOAWAY, and with no call left the connection ends: the client's connection future
+    // returns (within the 10 s grace: the close is the GOAWAY's, not the grace's abort).
+    let ended = tokio::time::timeout(Duration::from_secs(8), conn)
+        .await
+        .expect("the server closes the connection after max_connection_age");
+    assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
+    connections_become(&gauges, 0).await;
+    // A new stream on the old connection is not possible: the server said GOAWAY.
+    let req = http::Request::post(format!("http://{hp}/t.T/Echo"))
+        .body(())
+        .unwrap();
+    assert!(client.send_request(req, true).is_err());
+    shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
+/// `Config::keepalive_interval` on the gRPC face: a peer that never answers the server's PING
+/// is closed after `keepalive_timeout`, and leaves the gauge; one that answers (h2's client
+/// does) keeps its connection across many pings.
+#[tokio::test]
+async fn grpc_keep_alive_closes_a_silent_peer_and_keeps_a_live_one() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = Config::default()
+        .with_keepalive_interval(Some(Duration::from_millis(200)))
+        .with_keepalive_timeout(Duration::from_millis(500));
+    let server = service(Events::default())
+        .config(config)
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hp = server.local_addr().to_string()["tcp://".len()..].to_owned();
+    let gauges = server.gauges();
+    let shutdown = server.shutdown_handle();
+    tokio::spawn(server.serve());
+
+    // Silent: the client preface and an empty SETTINGS frame, then nothing ever again.
+    let mut silent = tokio::net::TcpStream::connect(&hp).await.unwrap();
+    silent
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    connections_become(&gauges, 1).await;
+    let mut seen = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match silent.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the server keeps a peer that answers no PING"
+    );
+    // Among what the server sent: a PING frame (type 6, not an ACK).
+    let mut at = 0;
+    let mut pinged = false;
+    while at + 9 <= seen.len() {
+        let len = usize::from(seen[at]) << 16
+            | usize::from(seen[at + 1]) << 8
+            | usize::from(seen[at + 2]);
+        pinged |= seen[at + 3] == 6 && seen[at + 4] & 1 == 0;
+        at += 9 + len;
+    }
+    assert!(pinged, "no PING in {seen:?}");
+    connections_become(&gauges, 0).await;
+
+    // Live: h2's client answers the pings; the connection outlives many intervals.
+    let tcp = tokio::net::TcpStream::connect(&hp).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!conn.is_finished(), "a live peer's connection was closed");
+    connections_become(&gauges, 1).await;
+    let req = http::Request::post(format!("http://{hp}/t.T/Echo"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    client = client.ready().await.expect("still open");
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    let resp = resp.await.expect("answered");
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    drop(client);
+    shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A call still running when `max_connection_age_grace` after the age runs out is ended
+/// (its handler cancelled), as on a native connection.
+#[tokio::test]
+async fn max_connection_age_grace_ends_calls_that_outlast_it() {
+    let config = Config::default()
+        .with_max_connection_age(Some(Duration::from_millis(300)))
+        .with_max_connection_age_grace(Duration::from_millis(300));
+    let s = start(|b| b.config(config), "tcp://127.0.0.1:0").await;
+    let mut g = s.tonic().await;
+    let slow = tokio::spawn(async move {
+        unary(&mut g, "/t.T/Slow", tonic::Request::new(String::new())).await
+    });
+    let r = tokio::time::timeout(Duration::from_secs(10), slow)
+        .await
+        .expect("the call ends within the age and its grace (30 s handler)");
+    let err = r.unwrap().unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    s.wait_for("cancelled").await;
     s.stop().await;
 }

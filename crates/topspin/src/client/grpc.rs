@@ -13,9 +13,9 @@
 //! once h2 has window for what was queued before it.
 
 use super::conn::{CallStart, Cmd, ConnHandle, ConnShared, Sink, COMMAND_QUEUE};
-use super::grpc_wire::{self as wire, Deframer, Framed};
 use crate::compression::{self, Encoding};
 use crate::connection::Ack;
+use crate::grpc::wire::{self, CreditDeframer, Framed};
 use crate::streaming::Item;
 use crate::{Address, Config, Metadata, Response, Status};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 const COPY_BELOW: usize = 16 * 1024;
 
 /// The encodings this client decodes, as announced in `grpc-accept-encoding`.
-const ACCEPT_ENCODING: HeaderValue = HeaderValue::from_static("gzip,zstd");
+const ACCEPT_ENCODING: HeaderValue = HeaderValue::from_static(wire::ACCEPT);
 
 /// What a call's task is told by the router.
 #[derive(Debug)]
@@ -335,7 +335,7 @@ struct GrpcCall {
     message: Option<Bytes>,
     /// The response's message encoding (`grpc-encoding`).
     encoding: Option<Encoding>,
-    deframer: Deframer,
+    deframer: CreditDeframer,
     /// The pump's ack for the message queued last, sent once h2 has window for it.
     unacked: Option<Ack>,
     half_close_after: bool,
@@ -390,7 +390,7 @@ impl GrpcCall {
             headers: Metadata::new(),
             message: None,
             encoding: None,
-            deframer: Deframer::default(),
+            deframer: CreditDeframer::default(),
             unacked: None,
             half_close_after: false,
             half_closed: false,
@@ -803,22 +803,18 @@ impl GrpcCall {
             )));
             return Step::Done;
         }
-        if let Some(e) = head.headers.get("grpc-encoding") {
-            let name = e.to_str().unwrap_or("").trim();
-            if !name.is_empty() && name != "identity" {
-                match Encoding::from_name(name) {
-                    Some(e) => self.encoding = Some(e),
-                    None => {
-                        self.fail(Status::internal(format!(
-                            "the server compresses {} with {name:?}, which this client does not decode (it accepts gzip and zstd)",
-                            &*self.method
-                        )));
-                        return Step::Done;
-                    }
-                }
+        match wire::header_encoding(&head.headers) {
+            Ok(e) => self.encoding = e,
+            Err(name) => {
+                self.fail(Status::internal(format!(
+                    "the server compresses {} with {name:?}, which this client does not decode (it accepts {})",
+                    &*self.method,
+                    wire::ACCEPT
+                )));
+                return Step::Done;
             }
         }
-        let md = wire::headers_to_metadata(&head.headers);
+        let md = wire::metadata_from_headers(&head.headers);
         match &mut self.sink {
             Some(Sink::Stream { headers, .. }) => {
                 if let Some(h) = headers.take() {
@@ -840,16 +836,7 @@ impl GrpcCall {
         let message = &mut self.message;
         let mut held = 0usize;
         let r = self.deframer.push(chunk, limit, |f: Framed| {
-            let m = match (f.compressed, encoding) {
-                (false, _) => f.message,
-                (true, Some(e)) => compression::inflate(e, &f.message, limit)?,
-                (true, None) => {
-                    return Err(Status::internal(format!(
-                        "the server sent a compressed message on {} without a grpc-encoding",
-                        &*method
-                    )))
-                }
-            };
+            let m = wire::unframe(f.compressed, f.message, encoding, limit)?;
             match sink {
                 Some(Sink::Stream { items, .. }) => {
                     held += f.credit;
@@ -905,7 +892,9 @@ impl GrpcCall {
         if !status.is_ok() {
             return sink.fail(status);
         }
-        let md = trailers.map(wire::headers_to_metadata).unwrap_or_default();
+        let md = trailers
+            .map(wire::metadata_from_headers)
+            .unwrap_or_default();
         match sink {
             Sink::Unary(tx) => {
                 let r = match self.message.take() {

@@ -11,7 +11,8 @@
 //! - `retry.rs`: retries, hedging, transparent retry and wait-for-ready, a layer over the
 //!   call path (each attempt is one `call::begin` plus its answer).
 //! - `grpc.rs`: the gRPC client mode (`grpc://`, `grpcs://`): a connection task taking the
-//!   same commands and feeding the same sinks over HTTP/2; `grpc_wire.rs`: its wire details.
+//!   same commands and feeding the same sinks over HTTP/2; its wire details are
+//!   `crate::grpc::wire`'s, shared with the server's gRPC face.
 
 pub(crate) mod balance;
 pub(crate) mod call;
@@ -19,7 +20,6 @@ mod completion;
 pub(crate) mod conn;
 mod endpoint;
 mod grpc;
-mod grpc_wire;
 pub(crate) mod pool;
 pub mod resolve;
 pub mod retry;

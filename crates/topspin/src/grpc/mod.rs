@@ -27,8 +27,20 @@
 //! | response bytes buffered per stream | h2's send buffer (400 KiB) + one message: a handler's next message waits for the client to read |
 //! | streams reset by the client and not yet accepted / reset locally | h2's defaults (20 / 50, "Rapid Reset"), then GOAWAY |
 //! | the HTTP/2 handshake | `Config::handshake_timeout` (10 s) |
+//!
+//! A gRPC connection counts in [`Server::gauges`](crate::Server::gauges) (connections, open
+//! calls) like a native one. At `Config::max_connection_age` (±10%) it is sent a graceful
+//! GOAWAY and its calls get `max_connection_age_grace`; with `Config::keepalive_interval` the
+//! server PINGs that often (every interval, whether or not it received anything) and closes a
+//! connection whose PING is not answered within `keepalive_timeout`.
 
+//!
+//! `wire.rs`, gRPC's wire details free of I/O, is built always: the client's gRPC mode
+//! (`client/grpc.rs`) uses it too. Only `server.rs` is behind the feature `grpc`.
+
+#[cfg(feature = "grpc")]
 pub(crate) mod server;
 pub(crate) mod wire;
 
+#[cfg(feature = "grpc")]
 pub(crate) use server::serve;

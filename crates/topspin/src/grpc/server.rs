@@ -34,6 +34,8 @@ const CALL_QUEUE: usize = 64;
 /// Response bytes h2 buffers per stream beyond what the client's window lets out (h2's
 /// default); a handler's next message waits until they are written.
 const SEND_BUFFER: usize = 400 * 1024;
+/// A grace too long to add to now: as good as no end.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// Header-list room beyond `max_metadata_size`, for the HTTP/2 and gRPC headers themselves.
 const HEADER_ROOM: u32 = 4096;
 
@@ -64,6 +66,13 @@ async fn run<IO>(io: IO, peer: Peer, registry: Arc<Registry>, config: Config, sh
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // In `Server::gauges()` from the handshake until the connection is gone, as a native one.
+    let mut share = crate::stats::Share::new(config.gauges.as_ref());
+    // `Config::max_connection_age`, jittered by ±10% as for native connections (so that
+    // connections made together do not all go away together).
+    let age = config
+        .max_connection_age()
+        .map(|age| age.mul_f64(0.9 + 0.2 * fastrand::f64()));
     let window = config.initial_call_window();
     let mut builder = h2::server::Builder::new();
     builder
@@ -105,7 +114,17 @@ where
     let mut calls = FuturesUnordered::new();
     let grace = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(grace);
-    let (mut going_away, mut aborted) = (false, false);
+    let aged = tokio::time::sleep(age.unwrap_or(Duration::ZERO));
+    tokio::pin!(aged);
+    // `Config::keepalive_interval`: a PING that often; the connection closes if one is not
+    // answered within `keepalive_timeout`.
+    let pings = config
+        .keepalive_interval()
+        .and_then(|every| Some((conn.ping_pong()?, every)));
+    let keep_alive = keep_alive(pings, config.keepalive_timeout());
+    tokio::pin!(keep_alive);
+    // `going_away`: GOAWAY sent (age or shutdown); `shutting`: the server's shutdown seen.
+    let (mut going_away, mut shutting, mut aborted) = (false, false, false);
     loop {
         tokio::select! {
             accepted = conn.accept() => match accepted {
@@ -117,21 +136,61 @@ where
                 None => break,
             },
             Some(()) = calls.next(), if !calls.is_empty() => {}
-            () = shutdown.token.cancelled(), if !going_away => {
-                // GOAWAY; calls in flight get the grace period.
+            () = shutdown.token.cancelled(), if !shutting => {
+                // GOAWAY (unless the age sent it); calls in flight get the shutdown's grace,
+                // or what is left of the age's if that ends first.
+                shutting = true;
+                let until = shutdown.deadline().unwrap_or_else(Instant::now);
+                if !going_away || until < grace.deadline().into_std() {
+                    grace.as_mut().reset(until.into());
+                }
+                if !going_away {
+                    going_away = true;
+                    conn.graceful_shutdown();
+                }
+            }
+            () = &mut aged, if age.is_some() && !going_away => {
+                // As old as max_connection_age: GOAWAY; calls in flight get
+                // max_connection_age_grace, then are cancelled.
+                tracing::debug!(peer = %face.peer.addr, "gRPC connection reached its max_connection_age ({age:?}): going away");
                 going_away = true;
                 conn.graceful_shutdown();
-                let until = shutdown.deadline().unwrap_or_else(Instant::now);
+                let now = Instant::now();
+                let until = now
+                    .checked_add(config.max_connection_age_grace())
+                    .unwrap_or(now + FOREVER);
                 grace.as_mut().reset(until.into());
             }
             () = &mut grace, if going_away && !aborted => {
                 aborted = true;
                 face.abort.cancel();
             }
+            why = &mut keep_alive => {
+                // Closed at once (the peer is not answering): its calls are dropped below.
+                tracing::debug!(peer = %face.peer.addr, "gRPC connection closed: {why}");
+                break;
+            }
         }
+        share.report(calls.len(), 0);
     }
     // Calls still here lost their connection: dropping them cancels their handlers.
     drop(calls);
+}
+
+/// Sends a PING every `every` (when given) and returns why the connection must close once one
+/// is not answered within `timeout`; without pings, never returns.
+async fn keep_alive(pings: Option<(h2::PingPong, Duration)>, timeout: Duration) -> String {
+    let Some((mut pings, every)) = pings else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return format!("keep-alive PING failed: {e}"),
+            Err(_) => return format!("keep-alive PING not answered within {timeout:?}"),
+        }
+    }
 }
 
 /// Runs a connection's future so that the wake-ups it gives itself while it runs (h2 wakes

@@ -1,8 +1,14 @@
-//! gRPC over HTTP/2 on the wire (PROTOCOL-HTTP2.md of grpc/grpc): the length-prefixed message
-//! framing, `grpc-timeout`, metadata to and from HTTP/2 headers (`-bin` values in base64), the
-//! status trailers (`grpc-message` percent-encoded) and the encoding headers.
+//! gRPC over HTTP/2 on the wire (PROTOCOL-HTTP2.md and http-grpc-status-mapping.md of
+//! grpc/grpc), free of I/O and shared by both sides — the server's gRPC face (`server.rs`,
+//! feature `grpc`) and the client's gRPC mode (`client/grpc.rs`, always built): the 5-byte
+//! message prefix and the deframers, `grpc-timeout` both ways, metadata to and from HTTP/2
+//! headers (`-bin` values in base64, reserved headers left out), the status both ways
+//! (`grpc-status`, `grpc-message` percent-encoded, `grpc-status-details-bin`) and the encoding
+//! headers. Items only the server uses are compiled with its feature.
 
-use crate::compression::{self, Compression, Encoding};
+#[cfg(feature = "grpc")]
+use crate::compression::Compression;
+use crate::compression::{self, Encoding};
 use crate::{Code, Status};
 use base64::Engine as _;
 use bytes::{Buf, Bytes, BytesMut};
@@ -10,10 +16,17 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 use topspin_proto::Metadata;
 
+/// Bytes before each message: the compressed flag and the length (big-endian u32).
+pub(crate) const PREFIX: usize = 5;
+
 /// Request and response content type.
+#[cfg(feature = "grpc")]
 pub(crate) const CONTENT_TYPE: &str = "application/grpc";
 /// What this side can decode, as sent in `grpc-accept-encoding`.
 pub(crate) const ACCEPT: &str = "gzip,zstd";
+
+/// The largest number `grpc-timeout` may carry (8 digits).
+const TIMEOUT_MAX: u128 = 99_999_999;
 
 /// base64 as gRPC writes it (standard alphabet, no padding) and reads it (padded or not).
 const B64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
@@ -24,6 +37,7 @@ const B64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
 );
 
 /// Bytes of `grpc-message` written as they are: printable ASCII but `%` (gRPC's rule).
+#[cfg(feature = "grpc")]
 const MESSAGE_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
 
 /// `grpc-timeout`: up to 8 digits and a unit (`H M S m u n`). `Err` (INTERNAL) if malformed.
@@ -31,6 +45,7 @@ const MESSAGE_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
 /// ```ignore
 /// assert_eq!(parse_timeout(b"100m"), Ok(Duration::from_millis(100)));
 /// ```
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))] // the server's; tests use it too
 pub(crate) fn parse_timeout(v: &[u8]) -> Result<Duration, Status> {
     let bad = || {
         Status::internal(format!(
@@ -54,9 +69,31 @@ pub(crate) fn parse_timeout(v: &[u8]) -> Result<Duration, Status> {
     })
 }
 
-/// The message encoding of a request (`grpc-encoding`): `Ok(None)` for none or `identity`,
-/// `Err` (UNIMPLEMENTED) for one this side does not have.
-pub(crate) fn request_encoding(headers: &HeaderMap) -> Result<Option<Encoding>, Status> {
+/// `grpc-timeout` for a duration: at most 8 digits and the finest unit that holds it,
+/// rounded up so the server never gives up before the client does.
+pub(crate) fn timeout_header(d: Duration) -> HeaderValue {
+    let nanos = d.as_nanos();
+    let units: [(u128, &str); 6] = [
+        (1, "n"),
+        (1_000, "u"),
+        (1_000_000, "m"),
+        (1_000_000_000, "S"),
+        (60_000_000_000, "M"),
+        (3_600_000_000_000, "H"),
+    ];
+    for (per, unit) in units {
+        let n = nanos.div_ceil(per);
+        if n <= TIMEOUT_MAX {
+            return HeaderValue::try_from(format!("{n}{unit}"))
+                .unwrap_or(HeaderValue::from_static("99999999H"));
+        }
+    }
+    HeaderValue::from_static("99999999H")
+}
+
+/// The message encoding in `grpc-encoding`: `Ok(None)` for none or `identity`, `Err(name)`
+/// for one this side does not have.
+pub(crate) fn header_encoding(headers: &HeaderMap) -> Result<Option<Encoding>, String> {
     let Some(v) = headers.get("grpc-encoding") else {
         return Ok(None);
     };
@@ -64,7 +101,16 @@ pub(crate) fn request_encoding(headers: &HeaderMap) -> Result<Option<Encoding>, 
     if name.is_empty() || name == "identity" {
         return Ok(None);
     }
-    Encoding::from_name(name).map(Some).ok_or_else(|| {
+    Encoding::from_name(name)
+        .map(Some)
+        .ok_or_else(|| name.to_owned())
+}
+
+/// The message encoding of a request (`grpc-encoding`): `Ok(None)` for none or `identity`,
+/// `Err` (UNIMPLEMENTED) for one this side does not have.
+#[cfg(feature = "grpc")]
+pub(crate) fn request_encoding(headers: &HeaderMap) -> Result<Option<Encoding>, Status> {
+    header_encoding(headers).map_err(|name| {
         Status::unimplemented(format!(
             "message encoding {name:?} is not supported; this server accepts {ACCEPT}"
         ))
@@ -73,6 +119,7 @@ pub(crate) fn request_encoding(headers: &HeaderMap) -> Result<Option<Encoding>, 
 
 /// The server's compression for a call, if the client listed its encoding in
 /// `grpc-accept-encoding`.
+#[cfg(feature = "grpc")]
 pub(crate) fn response_compression(
     headers: &HeaderMap,
     ours: Option<Compression>,
@@ -87,7 +134,8 @@ pub(crate) fn response_compression(
     accepted.then_some(c)
 }
 
-/// Headers that are HTTP's or gRPC's, not the application's metadata.
+/// Headers that are HTTP's or gRPC's, not the application's metadata: left out of the
+/// metadata read from headers, and never written from metadata (HTTP/2 and gRPC set them).
 fn reserved(key: &str) -> bool {
     key.starts_with("grpc-")
         || key.starts_with(':')
@@ -100,7 +148,12 @@ fn reserved(key: &str) -> bool {
         )
 }
 
-/// A request's metadata: every header that is not HTTP's or gRPC's, `-bin` values decoded
+/// Decodes a `-bin` value: gRPC senders may pad the base64 or not.
+pub(crate) fn decode_bin(v: &[u8]) -> Option<Vec<u8>> {
+    B64.decode(v.trim_ascii()).ok()
+}
+
+/// The application's metadata in request or response headers or trailers: every header that is not HTTP's or gRPC's, `-bin` values decoded
 /// from base64 (each comma-separated part on its own). Entries topspin cannot hold (a key
 /// with characters outside `0-9 a-z - _ .`, a value over 64 KiB, invalid base64) are left
 /// out. The header list itself is bounded by the connection's `max_header_list_size`.
@@ -122,8 +175,8 @@ pub(crate) fn metadata_from_headers(headers: &HeaderMap) -> Metadata {
         }
         if is_binary_key(key.as_bytes()) {
             for part in value.as_bytes().split(|&c| c == b',') {
-                match B64.decode(part.trim_ascii()) {
-                    Ok(v) if fits(key, &v, n) => {
+                match decode_bin(part) {
+                    Some(v) if fits(key, &v, n) => {
                         if let Ok(next) = b.binary(key, &v) {
                             b = next;
                             n += 1;
@@ -154,28 +207,70 @@ pub(crate) fn metadata_from_headers(headers: &HeaderMap) -> Metadata {
     }
 }
 
-/// Appends topspin metadata to HTTP/2 headers: `-bin` values in base64, text as is. Keys
-/// gRPC reserves and entries HTTP cannot carry are left out.
+/// Whether a metadata entry is HTTP's, gRPC's or topspin's own, never sent as a header.
+fn not_sent(key: &str) -> bool {
+    reserved(key) || key == topspin_proto::DETAILS_KEY
+}
+
+/// A `-bin` value as a header: base64 without padding, as gRPC sends it.
+fn bin_value(value: &[u8]) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(Bytes::from(B64.encode(value))).ok()
+}
+
+/// Appends topspin metadata to HTTP/2 headers (the server's response headers and trailers):
+/// `-bin` values in base64, text as is. Keys gRPC reserves and entries HTTP cannot carry are
+/// left out.
+#[cfg(feature = "grpc")]
 pub(crate) fn append_metadata(headers: &mut HeaderMap, md: &Metadata) {
     for (key, value) in md.iter() {
-        if reserved(key) || key == topspin_proto::DETAILS_KEY {
+        if not_sent(key) {
             continue;
         }
         let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
             continue;
         };
         let value = if topspin_proto::is_binary_key(key.as_bytes()) {
-            HeaderValue::from_maybe_shared(Bytes::from(B64.encode(value)))
+            bin_value(value)
         } else {
-            HeaderValue::from_bytes(value)
+            HeaderValue::from_bytes(value).ok()
         };
-        if let Ok(v) = value {
+        if let Some(v) = value {
             headers.append(name, v);
         }
     }
 }
 
+/// Request headers from a call's metadata (the client's): text values as they are, `-bin`
+/// values in base64. Keys HTTP/2 or gRPC reserve are left out; a key that is no header name
+/// or a text value gRPC cannot carry (it allows printable ASCII only: send others under a
+/// `-bin` key) is INVALID_ARGUMENT.
+pub(crate) fn metadata_to_headers(md: &Metadata, headers: &mut HeaderMap) -> Result<(), Status> {
+    for (key, value) in md.iter() {
+        if not_sent(key) {
+            continue;
+        }
+        let name = HeaderName::from_bytes(key.as_bytes()).map_err(|_| {
+            Status::invalid_argument(format!("metadata key {key:?} is not an HTTP/2 header name"))
+        })?;
+        let value = if topspin_proto::is_binary_key(key.as_bytes()) {
+            bin_value(value).ok_or_else(|| Status::internal("base64 is a valid header value"))?
+        } else {
+            if !value.iter().all(|b| matches!(b, 0x20..=0x7e)) {
+                return Err(Status::invalid_argument(format!(
+                    "metadata {key:?}: gRPC carries printable ASCII text values only; use a key ending in -bin for other bytes"
+                )));
+            }
+            HeaderValue::from_bytes(value).map_err(|_| {
+                Status::invalid_argument(format!("metadata {key:?}: not a valid header value"))
+            })?
+        };
+        headers.append(name, value);
+    }
+    Ok(())
+}
+
 /// Response headers: content type, the response encoding if any, and the handler's metadata.
+#[cfg(feature = "grpc")]
 pub(crate) fn response_headers(
     md: &Metadata,
     send: Option<Compression>,
@@ -201,6 +296,8 @@ pub(crate) fn response_headers(
 
 /// The status trailers: `grpc-status`, `grpc-message` (percent-encoded), the details as
 /// `grpc-status-details-bin`, then the trailing metadata (`trailers`, and the status's own).
+/// [`status_of`] reads them back.
+#[cfg(feature = "grpc")]
 pub(crate) fn status_trailers(h: &mut HeaderMap, status: &Status, trailers: &Metadata) {
     h.insert("grpc-status", code_value(status.code()));
     if !status.message().is_empty() {
@@ -211,7 +308,7 @@ pub(crate) fn status_trailers(h: &mut HeaderMap, status: &Status, trailers: &Met
         }
     }
     if !status.details().is_empty() {
-        if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(B64.encode(status.details()))) {
+        if let Some(v) = bin_value(status.details()) {
             h.insert("grpc-status-details-bin", v);
         }
     }
@@ -221,6 +318,7 @@ pub(crate) fn status_trailers(h: &mut HeaderMap, status: &Status, trailers: &Met
     }
 }
 
+#[cfg(feature = "grpc")]
 fn code_value(code: Code) -> HeaderValue {
     const CODES: [&str; 17] = [
         "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
@@ -231,8 +329,128 @@ fn code_value(code: Code) -> HeaderValue {
     }
 }
 
-/// One outgoing gRPC message: the 5-byte prefix (compressed flag, big-endian length) and the
-/// message, sent from the message's own `Bytes` without a copy.
+/// The status an HTTP status stands for when a response has no `grpc-status`
+/// (`http-grpc-status-mapping.md`).
+pub(crate) fn http_status_code(status: http::StatusCode) -> Code {
+    match status.as_u16() {
+        400 => Code::Internal,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::Unimplemented,
+        429 | 502 | 503 | 504 => Code::Unavailable,
+        _ => Code::Unknown,
+    }
+}
+
+/// The status in a response's trailers (or the headers of a trailers-only response):
+/// `grpc-status` (a missing or malformed one is `INTERNAL`, an unknown number `UNKNOWN`),
+/// `grpc-message` percent-decoded, `grpc-status-details-bin` as the details, the rest as
+/// metadata.
+pub(crate) fn status_of(map: &HeaderMap, method: &str) -> Status {
+    let Some(raw) = map.get("grpc-status") else {
+        return Status::internal(format!("the server ended {method} without a grpc-status"));
+    };
+    let code = match std::str::from_utf8(raw.as_bytes())
+        .ok()
+        .filter(|s| !s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u16>().ok())
+    {
+        Some(n) => Code::from_u16(n),
+        None => {
+            return Status::internal(format!(
+                "the server ended {method} with a malformed grpc-status {:?}",
+                String::from_utf8_lossy(raw.as_bytes())
+            ))
+        }
+    };
+    let message = map
+        .get("grpc-message")
+        .map(|m| {
+            percent_encoding::percent_decode(m.as_bytes())
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .unwrap_or_default();
+    let mut status = Status::new(code, message);
+    let md = metadata_from_headers(map);
+    if !md.is_empty() {
+        status = status.with_metadata(md);
+    }
+    if let Some(d) = map
+        .get("grpc-status-details-bin")
+        .and_then(|v| decode_bin(v.as_bytes()))
+    {
+        status = status.with_details(d);
+    }
+    status
+}
+
+/// The status of a stream the server reset (gRPC's RST_STREAM mapping).
+pub(crate) fn reset_code(reason: h2::Reason) -> Code {
+    match reason {
+        h2::Reason::REFUSED_STREAM => Code::Unavailable,
+        h2::Reason::CANCEL => Code::Cancelled,
+        h2::Reason::ENHANCE_YOUR_CALM => Code::ResourceExhausted,
+        h2::Reason::INADEQUATE_SECURITY => Code::PermissionDenied,
+        _ => Code::Internal,
+    }
+}
+
+/// The 5-byte prefix of a message of `len` bytes.
+pub(crate) fn prefix(compressed: bool, len: usize) -> Result<[u8; PREFIX], Status> {
+    let len = u32::try_from(len).map_err(|_| {
+        Status::resource_exhausted(format!(
+            "a message of {len} bytes is larger than gRPC's 4 GiB message limit"
+        ))
+    })?;
+    let l = len.to_be_bytes();
+    Ok([u8::from(compressed), l[0], l[1], l[2], l[3]])
+}
+
+/// A message's prefix read (`head` holds at least its 5 bytes): whether it is compressed and
+/// its length. `Err`: a flag other than 0 or 1 (INTERNAL) or a length over `limit`
+/// (RESOURCE_EXHAUSTED), found before any of the message is buffered.
+fn parse_prefix(head: &[u8], limit: usize) -> Result<(bool, usize), Status> {
+    let (&flag, rest) = head
+        .split_first()
+        .ok_or_else(|| Status::internal("a gRPC message prefix is 5 bytes"))?;
+    let len = match rest {
+        [a, b, c, d, ..] => u32::from_be_bytes([*a, *b, *c, *d]) as usize,
+        _ => return Err(Status::internal("a gRPC message prefix is 5 bytes")),
+    };
+    if flag > 1 {
+        return Err(Status::internal(format!(
+            "invalid compressed flag {flag} (gRPC allows 0 or 1)"
+        )));
+    }
+    if len > limit {
+        return Err(Status::resource_exhausted(format!(
+            "a message of {len} bytes is over the max_message_size of {limit} bytes"
+        )));
+    }
+    Ok((flag == 1, len))
+}
+
+/// A received message's bytes: decompressed with the call's `grpc-encoding` if its flag says
+/// so (to at most `limit` bytes). `Err` (INTERNAL): a compressed message without an encoding.
+pub(crate) fn unframe(
+    compressed: bool,
+    body: Bytes,
+    encoding: Option<Encoding>,
+    limit: usize,
+) -> Result<Bytes, Status> {
+    match (compressed, encoding) {
+        (false, _) => Ok(body),
+        (true, Some(e)) => compression::inflate(e, &body, limit),
+        (true, None) => Err(Status::internal(
+            "a compressed message on a call without grpc-encoding",
+        )),
+    }
+}
+
+/// One outgoing gRPC message (the server's): the 5-byte prefix and the message, sent from the
+/// message's own `Bytes` without a copy.
+#[cfg(feature = "grpc")]
 #[derive(Debug)]
 pub(crate) struct Frame {
     head: [u8; 5],
@@ -240,6 +458,7 @@ pub(crate) struct Frame {
     body: Bytes,
 }
 
+#[cfg(feature = "grpc")]
 impl Frame {
     /// The frame of `message`, compressed with `c` when given (and worth it).
     pub(crate) fn new(message: Bytes, c: Option<Compression>) -> Result<Frame, Status> {
@@ -253,17 +472,15 @@ impl Frame {
             }
             None => (0, message),
         };
-        let len = u32::try_from(body.len())
-            .map_err(|_| Status::resource_exhausted("a message over 4 GiB cannot be framed"))?;
-        let l = len.to_be_bytes();
         Ok(Frame {
-            head: [flag, l[0], l[1], l[2], l[3]],
+            head: prefix(flag == 1, body.len())?,
             pos: 0,
             body,
         })
     }
 }
 
+#[cfg(feature = "grpc")]
 impl Buf for Frame {
     fn remaining(&self) -> usize {
         (5 - self.pos) + self.body.len()
@@ -303,19 +520,22 @@ impl Buf for Frame {
 }
 
 /// One received message: its bytes (decompressed) and the bytes it took on the wire.
+#[cfg(feature = "grpc")]
 #[derive(Debug)]
 pub(crate) struct Received {
     pub(crate) message: Bytes,
     pub(crate) wire_len: usize,
 }
 
-/// Cuts gRPC messages out of a request body's DATA chunks. A message inside one chunk is a
+/// Cuts gRPC messages out of a request body's DATA chunks (the server's; the client's is
+/// [`CreditDeframer`], which also accounts each message's flow-control credit). A message inside one chunk is a
 /// slice of it (no copy); the rest is copied into a buffer as it arrives, so that h2's receive
 /// buffer is never held and is reused in place (holding its chunks until a large message is
 /// complete made h2 allocate afresh for every 16 KiB frame). A message is at most `limit`
 /// bytes (checked on its prefix, before any of it is buffered); the buffer is reserved for it
 /// whole if the process's memory budget (`Config::memory_budget`, as for native calls) has
 /// room, else up to `reserve` bytes (the stream window), then grows as bytes come.
+#[cfg(feature = "grpc")]
 pub(crate) struct Deframer {
     buf: BytesMut,
     fresh: Option<Bytes>,
@@ -325,12 +545,14 @@ pub(crate) struct Deframer {
     held: usize,
 }
 
+#[cfg(feature = "grpc")]
 impl Drop for Deframer {
     fn drop(&mut self) {
         self.release();
     }
 }
 
+#[cfg(feature = "grpc")]
 impl Deframer {
     /// A deframer that reserves a message whole if `budget` has room for it, else at most
     /// `reserve` bytes ahead of what arrived.
@@ -425,13 +647,7 @@ impl Deframer {
     }
 
     fn length(b: &[u8], limit: u32) -> Result<usize, Status> {
-        let n = u32::from_be_bytes([b[1], b[2], b[3], b[4]]);
-        if n > limit {
-            return Err(Status::resource_exhausted(format!(
-                "a request message of {n} bytes is over this server's max_message_size of {limit} bytes"
-            )));
-        }
-        Ok(n as usize)
+        parse_prefix(b, limit as usize).map(|(_, n)| n)
     }
 
     fn finish(
@@ -441,24 +657,95 @@ impl Deframer {
         limit: u32,
         encoding: Option<Encoding>,
     ) -> Result<Received, Status> {
-        let message = match (flag, encoding) {
-            (0, _) => body,
-            (1, Some(e)) => compression::inflate(e, &body, limit as usize)?,
-            (1, None) => {
-                return Err(Status::internal(
-                    "a compressed message on a call without grpc-encoding",
-                ))
-            }
-            (f, _) => {
-                return Err(Status::internal(format!(
-                    "invalid compressed flag {f} (expected 0 or 1)"
-                )))
-            }
-        };
+        let message = unframe(flag == 1, body, encoding, limit as usize)?;
         Ok(Received {
             message,
-            wire_len: 5 + n,
+            wire_len: PREFIX + n,
         })
+    }
+}
+
+/// One message out of a response's DATA: its compressed flag and bytes, and how many of the
+/// DATA bytes of the chunk that completed it belong to it (the credit it holds).
+pub(crate) struct Framed {
+    pub(crate) compressed: bool,
+    pub(crate) message: Bytes,
+    pub(crate) credit: usize,
+}
+
+/// Cuts messages out of a response's DATA chunks (the client's). A message inside one chunk is a slice of it (no copy);
+/// one split over chunks is gathered, its buffer growing as bytes arrive (a length prefix
+/// alone never makes it allocate), and never past `limit`.
+#[derive(Default)]
+pub(crate) struct CreditDeframer {
+    head: [u8; PREFIX],
+    head_len: usize,
+    /// Body bytes still wanted by the message being read (after its prefix).
+    want: usize,
+    /// The part of a split message gathered so far.
+    body: BytesMut,
+    in_body: bool,
+    /// The compressed flag of the message being read.
+    compressed: bool,
+}
+
+impl CreditDeframer {
+    /// Feeds one DATA chunk; `out` gets every message it completes. Returns the chunk's bytes
+    /// that belong to a message not yet complete (their credit is released at once: without
+    /// that a message larger than the window could never arrive).
+    pub(crate) fn push(
+        &mut self,
+        mut chunk: Bytes,
+        limit: usize,
+        mut out: impl FnMut(Framed) -> Result<(), Status>,
+    ) -> Result<usize, Status> {
+        let total = chunk.len();
+        // Where in the chunk the last completed message ended.
+        let mut done_at = 0;
+        while !chunk.is_empty() || (self.in_body && self.want == 0) {
+            if !self.in_body {
+                let n = (PREFIX - self.head_len).min(chunk.len());
+                self.head[self.head_len..self.head_len + n].copy_from_slice(&chunk[..n]);
+                self.head_len += n;
+                chunk.advance(n);
+                if self.head_len < PREFIX {
+                    break;
+                }
+                let (compressed, len) = parse_prefix(&self.head, limit)?;
+                self.compressed = compressed;
+                self.want = len;
+                self.in_body = true;
+            }
+            let message = if self.body.is_empty() && chunk.len() >= self.want {
+                chunk.split_to(self.want)
+            } else {
+                let n = self.want.min(chunk.len());
+                self.body.extend_from_slice(&chunk[..n]);
+                chunk.advance(n);
+                self.want -= n;
+                if self.want > 0 {
+                    break;
+                }
+                self.body.split().freeze()
+            };
+            let end = total - chunk.len();
+            let compressed = self.compressed;
+            self.head_len = 0;
+            self.want = 0;
+            self.in_body = false;
+            out(Framed {
+                compressed,
+                message,
+                credit: end - done_at,
+            })?;
+            done_at = end;
+        }
+        Ok(total - done_at)
+    }
+
+    /// Whether a message was cut off by the end of the stream.
+    pub(crate) fn partial(&self) -> bool {
+        self.head_len > 0 || self.in_body
     }
 }
 
@@ -481,6 +768,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "grpc")]
     fn metadata_both_ways() {
         let md = Metadata::builder()
             .text("user", "ann")
@@ -502,6 +790,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "grpc")]
     fn status_message_is_percent_encoded() {
         let mut h = HeaderMap::new();
         let st = Status::not_found("no 100% grüße\n").with_details(vec![1, 2]);
@@ -515,6 +804,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "grpc")]
     fn frames_cut_across_chunks() {
         let mut out = Vec::new();
         for m in [&b"hello"[..], b"", b"a longer message"] {
@@ -544,6 +834,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "grpc")]
     fn compressed_frames() {
         let c = Compression::new(Encoding::Gzip).with_threshold(0);
         let msg = Bytes::from(vec![7u8; 4000]);
@@ -564,5 +855,356 @@ mod tests {
             d.next(100, Some(Encoding::Gzip)).unwrap_err().code(),
             Code::ResourceExhausted
         );
+    }
+
+    #[test]
+    fn timeout_encoding() {
+        let t = |d| timeout_header(d).to_str().unwrap().to_owned();
+        assert_eq!(t(Duration::from_nanos(5)), "5n");
+        assert_eq!(t(Duration::from_millis(250)), "250000u");
+        assert_eq!(t(Duration::from_secs(5)), "5000000u");
+        assert_eq!(t(Duration::from_secs(500)), "500000m");
+        assert_eq!(t(Duration::from_secs(200_000)), "200000S");
+        assert_eq!(t(Duration::from_secs(u64::MAX / 4)), "99999999H");
+    }
+
+    #[test]
+    fn statuses() {
+        let mut m = HeaderMap::new();
+        assert_eq!(status_of(&m, "/a").code(), Code::Internal);
+        m.insert("grpc-status", HeaderValue::from_static("x1"));
+        assert_eq!(status_of(&m, "/a").code(), Code::Internal);
+        m.insert("grpc-status", HeaderValue::from_static("99"));
+        assert_eq!(status_of(&m, "/a").code(), Code::Unknown);
+        m.insert("grpc-status", HeaderValue::from_static("5"));
+        m.insert(
+            "grpc-message",
+            HeaderValue::from_static("no%20key%20%F0%9F%8D%8E"),
+        );
+        m.insert("grpc-status-details-bin", HeaderValue::from_static("AQID"));
+        m.insert("x-retry-bin", HeaderValue::from_static("AAE="));
+        let s = status_of(&m, "/a");
+        assert_eq!(s.code(), Code::NotFound);
+        assert_eq!(s.message(), "no key 🍎");
+        assert_eq!(s.details().as_ref(), &[1, 2, 3]);
+        assert_eq!(s.metadata().get("x-retry-bin"), Some(&[0u8, 1][..]));
+        assert_eq!(s.metadata().get("grpc-message"), None);
+        assert_eq!(
+            http_status_code(http::StatusCode::NOT_FOUND),
+            Code::Unimplemented
+        );
+        assert_eq!(
+            http_status_code(http::StatusCode::IM_A_TEAPOT),
+            Code::Unknown
+        );
+    }
+
+    #[test]
+    fn metadata_to_headers_is_strict() {
+        let md = Metadata::builder()
+            .text("x-user", "ann")
+            .unwrap()
+            .binary("x-raw-bin", &[0, 255, 7])
+            .unwrap()
+            .text("topspin-encoding", "gzip")
+            .unwrap()
+            .build();
+        let mut h = HeaderMap::new();
+        metadata_to_headers(&md, &mut h).unwrap();
+        assert_eq!(h.get("x-raw-bin").unwrap(), "AP8H");
+        assert!(h.get("topspin-encoding").is_none());
+        let back = metadata_from_headers(&h);
+        assert_eq!(back.get_str("x-user"), Some("ann"));
+        assert_eq!(back.get("x-raw-bin"), Some(&[0u8, 255, 7][..]));
+        let bad = Metadata::builder().text("x", "grüße").unwrap().build();
+        let e = metadata_to_headers(&bad, &mut HeaderMap::new()).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn deframes_across_chunks_with_credit() {
+        let mut wire = Vec::new();
+        for m in [&b"hello"[..], b"", b"0123456789"] {
+            wire.extend_from_slice(&prefix(false, m.len()).unwrap());
+            wire.extend_from_slice(m);
+        }
+        for cut in 0..wire.len() {
+            let mut d = CreditDeframer::default();
+            let mut got = Vec::new();
+            let mut credit = 0;
+            for part in [&wire[..cut], &wire[cut..]] {
+                let rest = d
+                    .push(Bytes::copy_from_slice(part), 64, |f| {
+                        credit += f.credit;
+                        got.push(f.message);
+                        Ok(())
+                    })
+                    .unwrap();
+                credit += rest;
+            }
+            assert!(!d.partial());
+            assert_eq!(credit, wire.len(), "cut {cut}");
+            assert_eq!(got, [&b"hello"[..], b"", b"0123456789"], "cut {cut}");
+        }
+        let mut d = CreditDeframer::default();
+        let e = d
+            .push(Bytes::from_static(&[0, 0, 0, 1, 0]), 64, |_| Ok(()))
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted);
+        let e = CreditDeframer::default()
+            .push(Bytes::from_static(&[7, 0, 0, 0, 0]), 64, |_| Ok(()))
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Internal);
+    }
+
+    /// What `timeout_header` writes, `parse_timeout` reads back: never shorter, and longer by
+    /// less than one unit of the encoding.
+    #[test]
+    fn timeout_round_trip() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_nanos(99_999_999),
+            Duration::from_nanos(100_000_001),
+            Duration::from_millis(250),
+            Duration::from_secs(5),
+            Duration::from_secs(99_999_999),
+            Duration::from_secs(100_000_000),
+            Duration::from_secs(7 * 24 * 3600),
+        ] {
+            let v = timeout_header(d);
+            let back = parse_timeout(v.as_bytes()).unwrap();
+            assert!(back >= d, "{d:?} -> {v:?} -> {back:?}");
+            let unit = match v.as_bytes().last() {
+                Some(b'n') => Duration::from_nanos(1),
+                Some(b'u') => Duration::from_micros(1),
+                Some(b'm') => Duration::from_millis(1),
+                Some(b'S') => Duration::from_secs(1),
+                Some(b'M') => Duration::from_secs(60),
+                _ => Duration::from_secs(3600),
+            };
+            assert!(back - d < unit, "{d:?} -> {v:?} -> {back:?}");
+        }
+        // Past 99999999 hours: the largest there is.
+        let v = timeout_header(Duration::MAX);
+        assert_eq!(v, "99999999H");
+        assert_eq!(
+            parse_timeout(v.as_bytes()).unwrap(),
+            Duration::from_secs(99_999_999 * 3600)
+        );
+    }
+
+    fn sample_metadata() -> Metadata {
+        Metadata::builder()
+            .text("x-user", "ann")
+            .unwrap()
+            .binary("x-raw-bin", &[0, 0xff, 7, b','])
+            .unwrap()
+            .binary("x-empty-bin", &[])
+            .unwrap()
+            .text("x-user", "bob")
+            .unwrap()
+            // Never sent: gRPC's and topspin's own.
+            .text("grpc-timeout", "1S")
+            .unwrap()
+            .text(compression::ENCODING_KEY, "gzip")
+            .unwrap()
+            .build()
+    }
+
+    fn sent_entries(md: &Metadata) -> Vec<(String, Vec<u8>)> {
+        md.iter().map(|(k, v)| (k.to_owned(), v.to_vec())).collect()
+    }
+
+    /// The client's request metadata, read by the server: the same entries in the same order
+    /// (`-bin` values through base64), reserved ones left out.
+    #[test]
+    fn metadata_round_trip_client_to_server() {
+        let md = sample_metadata();
+        let mut h = HeaderMap::new();
+        metadata_to_headers(&md, &mut h).unwrap();
+        assert!(h.get("grpc-timeout").is_none());
+        assert!(h.get(compression::ENCODING_KEY).is_none());
+        assert_eq!(h.get("x-raw-bin").unwrap(), "AP8HLA");
+        let back = metadata_from_headers(&h);
+        assert_eq!(
+            sent_entries(&back),
+            vec![
+                ("x-user".to_owned(), b"ann".to_vec()),
+                ("x-user".to_owned(), b"bob".to_vec()),
+                ("x-raw-bin".to_owned(), vec![0, 0xff, 7, b',']),
+                ("x-empty-bin".to_owned(), vec![]),
+            ]
+        );
+    }
+
+    /// `-bin` values as other gRPC stacks send them: padded or not, several in one header
+    /// (comma-separated); invalid base64 is left out, the rest kept.
+    #[test]
+    fn bin_values_padded_joined_or_bad() {
+        let mut h = HeaderMap::new();
+        h.append("a-bin", HeaderValue::from_static("AAE="));
+        h.append("a-bin", HeaderValue::from_static("AQ, Ag=="));
+        h.append("b-bin", HeaderValue::from_static("!!!"));
+        h.append("c", HeaderValue::from_static("text"));
+        let md = metadata_from_headers(&h);
+        let a: Vec<&[u8]> = md.get_all("a-bin").collect();
+        assert_eq!(a, vec![&[0u8, 1][..], &[1][..], &[2][..]]);
+        assert!(md.get("b-bin").is_none());
+        assert_eq!(md.get_str("c"), Some("text"));
+        assert_eq!(decode_bin(b"AP8HLA"), Some(vec![0, 0xff, 7, b',']));
+        assert_eq!(decode_bin(b"AP8HLA=="), Some(vec![0, 0xff, 7, b',']));
+        assert_eq!(decode_bin(b"A"), None);
+    }
+
+    /// The server's response metadata and status trailers, read by the client: code, message
+    /// (percent-encoded on the wire, `%` and non-ASCII included), details and trailing
+    /// metadata come back as they were.
+    #[test]
+    #[cfg(feature = "grpc")]
+    fn status_round_trip_server_to_client() {
+        let md = sample_metadata();
+        let mut h = response_headers(&md, None, true);
+        assert_eq!(h.get("content-type").unwrap(), CONTENT_TYPE);
+        assert_eq!(h.get("grpc-accept-encoding").unwrap(), ACCEPT);
+        h.remove("content-type");
+        h.remove("grpc-accept-encoding");
+        let back = metadata_from_headers(&h);
+        assert_eq!(back.len(), 4);
+        assert_eq!(back.get("x-raw-bin"), Some(&[0u8, 0xff, 7, b','][..]));
+
+        for code in 0..17u16 {
+            let code = Code::from_u16(code);
+            for message in [
+                "",
+                "plain",
+                "100% sure",
+                "grüße 🍎\r\n\ttab",
+                "%41 is not A",
+            ] {
+                let st = Status::new(code, message)
+                    .with_details(vec![8, 0, 0xff])
+                    .with_metadata(
+                        Metadata::builder()
+                            .binary("why-bin", &[1, 2])
+                            .unwrap()
+                            .build(),
+                    );
+                let trailing = Metadata::builder().text("t", "v").unwrap().build();
+                let mut h = HeaderMap::new();
+                status_trailers(&mut h, &st, &trailing);
+                let m = h.get("grpc-message").map(|v| v.as_bytes().to_vec());
+                assert!(
+                    m.iter().flatten().all(|b| (0x20..0x7f).contains(b)),
+                    "{m:?}"
+                );
+                let got = status_of(&h, "/t.T/M");
+                assert_eq!(got.code(), code);
+                assert_eq!(got.message(), message);
+                assert_eq!(got.details().as_ref(), &[8, 0, 0xff]);
+                assert_eq!(got.metadata().get_str("t"), Some("v"));
+                assert_eq!(got.metadata().get("why-bin"), Some(&[1u8, 2][..]));
+                assert!(got.metadata().get("grpc-status").is_none());
+            }
+        }
+    }
+
+    fn wire_of(messages: &[&[u8]]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        for m in messages {
+            wire.extend_from_slice(&prefix(false, m.len()).unwrap());
+            wire.extend_from_slice(m);
+        }
+        wire
+    }
+
+    /// The server's deframer cut at every byte (prefix included): the same messages, each
+    /// once, and a length over the limit refused on its prefix alone.
+    #[test]
+    #[cfg(feature = "grpc")]
+    fn server_deframer_every_cut() {
+        let messages: [&[u8]; 3] = [b"hello", b"", b"0123456789"];
+        let wire = wire_of(&messages);
+        for cut in 0..=wire.len() {
+            let mut d = Deframer::new(8, None);
+            let mut got = Vec::new();
+            let mut wire_len = 0;
+            for part in [&wire[..cut], &wire[cut..]] {
+                d.push(Bytes::copy_from_slice(part));
+                while let Some(r) = d.next(64, None).unwrap() {
+                    wire_len += r.wire_len;
+                    got.push(r.message);
+                }
+            }
+            assert_eq!(got, messages, "cut {cut}");
+            assert_eq!(wire_len, wire.len(), "cut {cut}");
+            assert!(d.is_empty(), "cut {cut}");
+        }
+        // Over the limit: refused as soon as the prefix is complete, split or not.
+        let mut d = Deframer::new(8, None);
+        d.push(Bytes::from_static(&[0, 0, 0]));
+        assert!(d.next(64, None).unwrap().is_none());
+        d.push(Bytes::from_static(&[0, 65]));
+        assert_eq!(
+            d.next(64, None).unwrap_err().code(),
+            Code::ResourceExhausted
+        );
+        let mut d = Deframer::new(8, None);
+        d.push(Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]));
+        assert_eq!(
+            d.next(u32::MAX - 1, None).unwrap_err().code(),
+            Code::ResourceExhausted
+        );
+        let mut d = Deframer::new(8, None);
+        d.push(Bytes::from_static(&[2, 0, 0, 0, 0]));
+        assert_eq!(d.next(64, None).unwrap_err().code(), Code::Internal);
+    }
+
+    /// The client's deframer over input cut in three at every pair of points, and the largest
+    /// length a prefix can say refused before anything is gathered.
+    #[test]
+    fn credit_deframer_three_cuts_and_oversize() {
+        let messages: [&[u8]; 3] = [b"hello", b"", b"0123456789"];
+        let wire = wire_of(&messages);
+        for a in 0..=wire.len() {
+            for b in a..=wire.len() {
+                let mut d = CreditDeframer::default();
+                let mut got = Vec::new();
+                let mut credit = 0;
+                for part in [&wire[..a], &wire[a..b], &wire[b..]] {
+                    credit += d
+                        .push(Bytes::copy_from_slice(part), 10, |f| {
+                            credit += f.credit;
+                            got.push(f.message);
+                            Ok(())
+                        })
+                        .unwrap();
+                }
+                assert_eq!(got, messages, "cuts {a} {b}");
+                assert_eq!(credit, wire.len(), "cuts {a} {b}");
+                assert!(!d.partial());
+            }
+        }
+        let mut d = CreditDeframer::default();
+        assert_eq!(
+            d.push(Bytes::from_static(&[0, 0xff]), 10, |_| Ok(()))
+                .unwrap(),
+            2
+        );
+        assert!(d.partial());
+        let e = d
+            .push(
+                Bytes::from_static(&[0xff, 0xff, 0xff]),
+                usize::MAX >> 1,
+                |_| Ok(()),
+            )
+            .map(|_| ())
+            .err();
+        // 4 GiB - 1 is within a 64-bit limit: accepted as a length, its body not yet here.
+        assert!(e.is_none() && d.partial() && d.body.capacity() == 0);
+        let e = CreditDeframer::default()
+            .push(Bytes::from_static(&[0, 0, 0, 0, 11, 1]), 10, |_| Ok(()))
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted);
     }
 }

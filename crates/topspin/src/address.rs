@@ -60,9 +60,10 @@ pub enum Address {
     /// needs the `tls` feature). A client address only.
     Grpcs(String),
     /// Every server a DNS name resolves to (`dns:///host:port`, gRPC's target syntax): a
-    /// channel to it balances over all A and AAAA records over TCP, resolving the name again
-    /// on an interval and when a connection fails (see [`Balancing`](crate::Balancing)). Only
-    /// for connecting: a server cannot bind it.
+    /// channel to it balances over all A and AAAA records over TCP (over TLS, checking the
+    /// certificates against the name, when the endpoint has TLS settings), resolving the name
+    /// again on an interval and when a connection fails (see [`Balancing`](crate::Balancing)).
+    /// Only for connecting: a server cannot bind it.
     Dns(String),
     /// Shared memory between two processes of one host (`shm://name`, Linux): a ring per
     /// direction in a memfd both map, set up over the abstract Unix socket

@@ -386,3 +386,66 @@ async fn a_client_offering_another_alpn_protocol_is_refused() {
     expect_unavailable(r, "NoApplicationProtocol");
     s.handle.shutdown(Duration::from_secs(1)).await;
 }
+
+/// `dns:///name:port` with TLS settings dials each resolved address over TLS and checks the
+/// certificate against the DNS name (not the resolved IP); a certificate for another name is
+/// refused, and an explicit server name still wins.
+#[tokio::test]
+async fn a_dns_target_with_tls_settings_dials_tls_and_checks_the_name() {
+    let ca = Ca::new("test CA");
+    let pair = ca.issue("server", &["localhost"], false);
+    let s = start(service().tls(server_tls(&pair)), "tls://127.0.0.1:0").await;
+    let port = s
+        .addr
+        .host_port()
+        .and_then(|hp| hp.rsplit_once(':'))
+        .expect("port")
+        .1;
+    let target = format!("dns:///localhost:{port}");
+    let call = |ch: Channel| async move {
+        let req = Request::new(Bytes::from_static(b"x"))
+            .with_wait_for_ready(true)
+            .with_timeout(Duration::from_secs(10));
+        within(15, ch.unary(RawCodec, WHO, req)).await
+    };
+    let tls = ClientTls::ca_pem_file(&ca.cert).unwrap();
+    let ch = Endpoint::new(target.as_str())
+        .unwrap()
+        .tls(tls)
+        .connect_lazy();
+    let reply = call(ch).await.expect("TLS to every resolved address");
+    assert!(String::from_utf8_lossy(reply.get_ref()).contains("topspin/1"));
+
+    // The certificate is checked against the name: one for another name is refused.
+    let other = ca.issue("other", &["api.example"], false);
+    let s2 = start(service().tls(server_tls(&other)), "tls://127.0.0.1:0").await;
+    let port2 = s2
+        .addr
+        .host_port()
+        .and_then(|hp| hp.rsplit_once(':'))
+        .expect("port")
+        .1;
+    let tls = ClientTls::ca_pem_file(&ca.cert).unwrap();
+    let ch = Endpoint::new(format!("dns:///localhost:{port2}").as_str())
+        .unwrap()
+        .tls(tls)
+        .connect_lazy();
+    let req = Request::new(Bytes::from_static(b"x")).with_timeout(Duration::from_secs(3));
+    let err = within(15, ch.unary(RawCodec, WHO, req)).await.unwrap_err();
+    assert!(
+        matches!(err.code(), Code::Unavailable | Code::DeadlineExceeded),
+        "{err:?}"
+    );
+    // … unless the settings name the certificate's name.
+    let tls = ClientTls::ca_pem_file(&ca.cert)
+        .unwrap()
+        .server_name("api.example")
+        .unwrap();
+    let ch = Endpoint::new(format!("dns:///localhost:{port2}").as_str())
+        .unwrap()
+        .tls(tls)
+        .connect_lazy();
+    call(ch).await.expect("server-name override");
+    s.handle.shutdown(Duration::from_secs(1)).await;
+    s2.handle.shutdown(Duration::from_secs(1)).await;
+}

@@ -166,6 +166,30 @@ pub(crate) fn resolver_of(e: &Endpoint) -> Option<Arc<dyn Resolver>> {
     }
 }
 
+/// `dns:///name:port` with TLS settings ([`Endpoint::tls`]): each resolved address is dialled
+/// over TLS and its certificate checked against `name` (as gRPC does), unless the settings set
+/// another server name. Without TLS settings the addresses stay plain TCP.
+#[cfg(feature = "tls")]
+fn over_tls(target: &Address, endpoint: &mut Endpoint) {
+    let (Address::Dns(_), Address::Tcp(ip_port), Some(tls)) =
+        (target, &endpoint.address, &endpoint.tls)
+    else {
+        return;
+    };
+    let name = target.host().unwrap_or_default();
+    match tls.clone().or_server_name(name) {
+        Ok(tls) => {
+            endpoint.address = Address::Tls(ip_port.clone());
+            endpoint.tls = Some(tls);
+        }
+        // Not a valid TLS name: dialling fails, naming the problem, rather than going plain.
+        Err(e) => {
+            tracing::warn!(%target, error = %e, "cannot check certificates against this name");
+            endpoint.address = Address::Tls(ip_port.clone());
+        }
+    }
+}
+
 const IDLE: u8 = 0;
 const CONNECTING: u8 = 1;
 const READY: u8 = 2;
@@ -515,6 +539,8 @@ impl Balancer {
         let mut endpoint = self.template.clone();
         endpoint.address = address.clone();
         endpoint.resolver = None;
+        #[cfg(feature = "tls")]
+        over_tls(&self.template.address, &mut endpoint);
         let pool = Arc::new(Pool::single(endpoint));
         let st = Arc::new(SubState::default());
         let b = &self.template.balancing;

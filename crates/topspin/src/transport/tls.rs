@@ -315,6 +315,14 @@ impl ClientTls {
         Ok(self)
     }
 
+    /// These settings, checking certificates against `name` unless a server name was set.
+    pub(crate) fn or_server_name(self, name: &str) -> Result<ClientTls, TlsError> {
+        match self.server_name {
+            Some(_) => Ok(self),
+            None => self.server_name(name),
+        }
+    }
+
     /// A complete rustls configuration (its ALPN list, if empty, becomes `topspin/1`).
     pub fn from_config(mut config: ClientConfig) -> ClientTls {
         if config.alpn_protocols.is_empty() {

@@ -8,6 +8,7 @@
 
 mod io;
 mod liveness;
+mod spin;
 #[cfg(test)]
 mod tests;
 
@@ -72,6 +73,8 @@ pub(crate) struct Driver<R, T> {
     armed: Option<Instant>,
     /// This connection's share of its server's (or channel's) gauges.
     share: crate::stats::Share,
+    /// The short spin before the task sleeps (see `spin.rs`).
+    spin: spin::Spin,
 }
 
 fn to_tokio(t: Instant) -> tokio::time::Instant {
@@ -97,6 +100,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             sleep: ReusableBoxFuture::new(tokio::time::sleep_until(to_tokio(now))),
             armed: None,
             share,
+            spin: spin::Spin::default(),
         }
     }
 
@@ -115,7 +119,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// The loop: turns until nothing is ready (`Pending`, every source's waker registered) or
     /// the connection ends (`Ready(why)`).
     fn poll_turns(&mut self, cx: &mut Context<'_>) -> Poll<String> {
-        for _ in 0..TURN_BUDGET {
+        for turn in 0..TURN_BUDGET {
             let all_written = match self.io.poll_flush(cx, &mut self.conn) {
                 Poll::Ready(Ok(())) => true,
                 Poll::Ready(Err(e)) => return Poll::Ready(format!("write failed: {e}")),
@@ -133,6 +137,8 @@ impl<R: Role, T: Transport> Driver<R, T> {
             if !self.poll_sources(cx) && !self.arm_timer(cx) {
                 self.share
                     .report(self.conn.open_calls(), self.io.unsent(&self.conn));
+                // All written (or the write waits for room): spin briefly rather than sleep.
+                self.spin.before_wait(turn > 0, cx);
                 return Poll::Pending;
             }
             self.process_events();

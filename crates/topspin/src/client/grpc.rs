@@ -122,6 +122,8 @@ where
         tokio::spawn(keep_alive(p, every, config.keepalive_timeout(), stop));
     }
     let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+    // One message per ending call; the calls of a connection are bounded (the server's
+    // concurrent-stream limit plus `Config::max_pending_calls`), so is this queue.
     let (done_tx, done_rx) = mpsc::unbounded_channel();
     let router = Router {
         send,

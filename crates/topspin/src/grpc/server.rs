@@ -475,6 +475,8 @@ impl Call {
         };
         if kind.client_streams() {
             // Requests arrive as a stream: the handler starts now.
+            // Bounded by flow control: the stream's window is given back to the peer only as
+            // the handler consumes messages, so at most one window of requests waits here.
             let (tx, in_rx) = mpsc::unbounded_channel();
             inbound = Some(tx);
             let credit = Box::new(ServerCredit {

@@ -350,3 +350,32 @@ fn fd_child() {
     });
     println!("fd child: done");
 }
+
+/// A connection accepted just before a graceful shutdown, whose client speaks only after the
+/// shutdown began (its preface and first CALLs in one write), is told by the engine — a
+/// GOAWAY — rather than dropped while the plain port sniffs its first byte: only a GOAWAY
+/// tells the client its calls were not processed and are safe to send elsewhere (a rolling
+/// restart under load lost calls to exactly this race).
+#[tokio::test]
+async fn a_connection_still_being_sniffed_at_shutdown_is_told_by_goaway() {
+    let server = serve(builder(Probe::default()), Transport::Tcp).await;
+    let mut sock = tokio::net::TcpStream::connect(tcp_host_port(&server.addr))
+        .await
+        .unwrap();
+    // Accepted, and waiting in the sniff for the client's first byte.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let handle = server.handle.clone();
+    let stopping = tokio::spawn(async move { handle.shutdown(Duration::from_secs(5)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut hello = PREFACE.to_vec();
+    hello.extend_from_slice(&Frame::Settings(Settings::default()).to_bytes());
+    let _ = sock.write_all(&hello).await;
+    let mut buf = Vec::new();
+    let _ = within(10, sock.read_to_end(&mut buf)).await;
+    let frames = frames(&buf);
+    assert!(
+        frames.iter().any(|f| matches!(f, Frame::GoAway { .. })),
+        "{frames:?}"
+    );
+    within(10, stopping).await.unwrap();
+}

@@ -886,10 +886,17 @@ async fn serve_layered(
     signal: Shutdown,
 ) {
     use crate::transport::sniff::Upgraded;
-    // A shutdown drops connections still in their TLS or WebSocket handshake.
-    let upgraded = tokio::select! {
-        r = faces.upgrade(tcp, addr, config.handshake_timeout()) => r,
-        _ = signal.token.cancelled() => Err("the server is shutting down".into()),
+    // A shutdown drops connections still in their TLS or WebSocket handshake. A plain port's
+    // sniff (one peeked byte, bounded by the handshake timeout) is let finish instead: a
+    // native client sends its first CALLs with its preface, and only the engine can tell it,
+    // with GOAWAY, that they were not processed (so they are safe to send elsewhere).
+    let upgraded = if faces.plain {
+        faces.upgrade(tcp, addr, config.handshake_timeout()).await
+    } else {
+        tokio::select! {
+            r = faces.upgrade(tcp, addr, config.handshake_timeout()) => r,
+            _ = signal.token.cancelled() => Err("the server is shutting down".into()),
+        }
     };
     match upgraded {
         Ok(Upgraded::Native(t)) => serve_connection(t, registry, config, &signal).await,

@@ -319,6 +319,7 @@ async fn tonic_server_with(
     max_streams: Option<u32>,
 ) -> Tonic {
     let seen = Arc::new(Seen::default());
+    // Test only: one message per call the test itself makes.
     let (tx, drops) = mpsc::unbounded_channel();
     *seen.dropped.lock().unwrap() = Some(tx);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

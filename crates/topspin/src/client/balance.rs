@@ -801,6 +801,7 @@ async fn watch_health(pool: Arc<Pool>, st: Arc<SubState>, changed: Arc<Notify>, 
 
 /// A `HealthCheckRequest { string service = 1; }`.
 fn health_request(service: &str) -> Bytes {
+    // Sized by the application's own service name, not by anything a peer sends.
     let mut b = BytesMut::with_capacity(service.len() + 6);
     if !service.is_empty() {
         b.put_u8(0x0a);

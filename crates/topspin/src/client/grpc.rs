@@ -513,6 +513,7 @@ impl GrpcCall {
         };
         let prefix = wire::prefix(flag, message.len())?;
         let sent = if message.len() < COPY_BELOW {
+            // Our own request message, below COPY_BELOW: small and not peer-sized.
             let mut b = BytesMut::with_capacity(wire::PREFIX + message.len());
             b.put_slice(&prefix);
             b.put_slice(&message);

@@ -276,6 +276,7 @@ pub(crate) fn response_headers(
     send: Option<Compression>,
     negotiating: bool,
 ) -> HeaderMap {
+    // Sized by the handler's own response metadata (local, bounded by max_metadata_size).
     let mut h = HeaderMap::with_capacity(2 + md.len());
     h.insert(
         http::header::CONTENT_TYPE,

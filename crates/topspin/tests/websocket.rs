@@ -140,17 +140,30 @@ async fn the_upgrade_checks_path_subprotocol_and_origin() {
     raw(&addr, "/rpc", Some("x, topspin.v1"), None)
         .await
         .expect("no origin, offered among others");
-    // Not an upgrade at all: a plain HTTP GET, then garbage.
-    for junk in [
-        &b"GET /rpc HTTP/1.1\r\nHost: x\r\n\r\n"[..],
-        b"\x00\x01garbage\r\n\r\n",
+    // Not an upgrade at all: a plain HTTP GET (a browser opening the URL) is told 426 and
+    // what to use (protocol.md §14.2); garbage gets no answer. Either way the connection ends.
+    for (junk, answer) in [
+        (&b"GET /rpc HTTP/1.1\r\nHost: x\r\n\r\n"[..], true),
+        (b"\x00\x01garbage\r\n\r\n", false),
     ] {
         let mut tcp = tokio::net::TcpStream::connect(addr.host_port().unwrap())
             .await
             .unwrap();
         tcp.write_all(junk).await.unwrap();
         let mut buf = Vec::new();
-        let _ = within(10, tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut buf)).await;
+        within(10, tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut buf))
+            .await
+            .expect("the server closes the connection");
+        let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+        assert_eq!(
+            text.starts_with("http/1.1 426 upgrade required\r\n"),
+            answer,
+            "{text}"
+        );
+        if answer {
+            assert!(text.contains("\r\nupgrade: websocket\r\n"), "{text}");
+            assert!(text.contains("topspin.v1"), "{text}");
+        }
     }
     // The server still serves.
     let ch = within(10, Channel::connect(addr.clone()))

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 #[cfg(feature = "tls")]
 use super::tls::{ServerTls, TlsPeer};
 #[cfg(feature = "websocket")]
-use super::ws::{WebSocketSettings, WsStream};
+use super::ws::{Replay, WebSocketSettings, WsStream};
 
 /// How a server's TCP connections are served (all but plain TCP, which stays on the socket
 /// fast path without this module).
@@ -48,9 +48,9 @@ pub(crate) enum Upgraded {
     #[cfg(feature = "tls")]
     Tls(StreamTransport<tokio_rustls::server::TlsStream<TcpStream>>),
     #[cfg(feature = "websocket")]
-    Ws(StreamTransport<WsStream<TcpStream>>),
+    Ws(StreamTransport<WsStream<Replay<TcpStream>>>),
     #[cfg(all(feature = "tls", feature = "websocket"))]
-    Wss(StreamTransport<WsStream<tokio_rustls::server::TlsStream<TcpStream>>>),
+    Wss(StreamTransport<WsStream<Replay<tokio_rustls::server::TlsStream<TcpStream>>>>),
     /// A native client that sent nothing within the handshake timeout (plain ports only).
     Silent(SocketTransport),
     /// HTTP/2 with prior knowledge: the gRPC face.

@@ -149,12 +149,35 @@ impl WebSocketSettings {
         Ok(resp)
     }
 
-    /// Server side: runs the upgrade handshake on `stream` for `path`.
+    /// Server side: runs the upgrade handshake on `stream` for `path`. A request that is not
+    /// a WebSocket upgrade (a browser opening the URL, `curl`) is answered `426 Upgrade
+    /// Required` (protocol.md §14.2) and the connection closed.
     #[allow(clippy::result_large_err)] // tungstenite's callback type
-    pub(crate) async fn accept<S>(&self, stream: S, path: &str) -> Result<WsStream<S>, String>
+    pub(crate) async fn accept<S>(
+        &self,
+        mut stream: S,
+        path: &str,
+    ) -> Result<WsStream<Replay<S>>, String>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
+        // tungstenite refuses a request without the upgrade headers before any callback, and
+        // writes no answer: read the head first, answer what is not an upgrade, and replay the
+        // head to tungstenite otherwise.
+        let head = read_head(&mut stream).await?;
+        if !is_upgrade(&head) {
+            use tokio::io::AsyncWriteExt;
+            if !is_http(&head) {
+                return Err("WebSocket handshake failed: not an HTTP request".into());
+            }
+            let _ = stream.write_all(UPGRADE_REQUIRED).await;
+            let _ = stream.shutdown().await;
+            return Err("not a WebSocket upgrade request: answered 426 Upgrade Required".into());
+        }
+        let stream = Replay {
+            head,
+            inner: stream,
+        };
         let ws = tokio_tungstenite::accept_hdr_async_with_config(
             stream,
             |req: &Request, resp: Response| self.check(path, req, resp),
@@ -192,6 +215,119 @@ impl WebSocketSettings {
             );
         }
         Ok(WsStream::new(ws))
+    }
+}
+
+/// The most bytes of an HTTP request head a server reads before the upgrade (tungstenite's
+/// own bound is larger; an upgrade request is a few hundred bytes).
+const MAX_HEAD: usize = 16 * 1024;
+
+/// The answer to an HTTP request that is not a WebSocket upgrade (RFC 9110 §15.5.22).
+const UPGRADE_REQUIRED: &[u8] = b"HTTP/1.1 426 Upgrade Required\r\n\
+Upgrade: websocket\r\n\
+Connection: Upgrade, close\r\n\
+Sec-WebSocket-Version: 13\r\n\
+Sec-WebSocket-Protocol: topspin.v1\r\n\
+Content-Type: text/plain; charset=utf-8\r\n\
+Content-Length: 76\r\n\
+\r\n\
+a topspin endpoint: connect with a WebSocket client, subprotocol topspin.v1\n";
+
+/// Reads a request head (through its blank line), at most [`MAX_HEAD`] bytes; what the client
+/// sent after it stays in the returned bytes.
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Bytes, String> {
+    use bytes::BufMut;
+    use tokio::io::AsyncReadExt;
+    let mut buf = BytesMut::with_capacity(1024);
+    loop {
+        let from = buf.len().saturating_sub(3);
+        if buf.len() >= MAX_HEAD {
+            return Err(format!(
+                "WebSocket handshake failed: the request head passed {MAX_HEAD} bytes"
+            ));
+        }
+        let room = MAX_HEAD - buf.len();
+        let n = stream
+            .read_buf(&mut (&mut buf).limit(room))
+            .await
+            .map_err(|e| format!("WebSocket handshake failed: {e}"))?;
+        if n == 0 {
+            return Err("WebSocket handshake failed: the client closed during the request".into());
+        }
+        if buf[from..].windows(4).any(|w| w == b"\r\n\r\n") {
+            return Ok(buf.freeze());
+        }
+    }
+}
+
+/// Whether a request head starts with an HTTP/1 request line (`GET /path HTTP/1.1`).
+fn is_http(head: &[u8]) -> bool {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    line.first().is_some_and(u8::is_ascii_uppercase)
+        && (line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0"))
+}
+
+/// Whether a request head asks for a WebSocket (`Upgrade: websocket`); anything else, even
+/// unparsable, goes on to tungstenite only if it does.
+fn is_upgrade(head: &[u8]) -> bool {
+    head.split(|&b| b == b'\n').skip(1).any(|line| {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            return false;
+        };
+        line[..colon].trim_ascii().eq_ignore_ascii_case(b"upgrade")
+            && line[colon + 1..]
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"websocket"))
+    })
+}
+
+/// A server's stream whose request head was read ahead: reads give the head again first.
+#[derive(Debug)]
+pub(crate) struct Replay<S> {
+    head: Bytes,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.head.is_empty() {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let n = self.head.len().min(buf.remaining());
+        buf.put_slice(&self.head[..n]);
+        self.head.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -357,5 +493,53 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsStream<S> {
             Ok(()) | Err(WsError::ConnectionClosed | WsError::AlreadyClosed) => Poll::Ready(Ok(())),
             Err(e) => Poll::Ready(Err(io_error(e))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tells_an_upgrade_from_a_plain_request() {
+        let up =
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUPGRADE:  WebSocket \r\n\r\n";
+        assert!(is_http(up) && is_upgrade(up));
+        let list = b"GET / HTTP/1.1\r\nupgrade: h2c, websocket\r\n\r\n";
+        assert!(is_upgrade(list));
+        let plain = b"GET /rpc HTTP/1.1\r\nHost: x\r\nX-Upgrade: websocket\r\n\r\n";
+        assert!(is_http(plain) && !is_upgrade(plain));
+        assert!(!is_http(b"\x00\x01garbage\r\n\r\n"));
+        assert!(!is_http(b"GET / HTTP/2\r\n\r\n"));
+    }
+
+    #[tokio::test]
+    async fn the_head_is_read_to_its_blank_line_and_replayed() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        let w = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            for part in [&b"GET / HTTP/1.1\r\nA: b\r"[..], b"\n\r", b"\nrest"] {
+                a.write_all(part).await.unwrap();
+            }
+            a
+        });
+        let head = read_head(&mut b).await.unwrap();
+        assert!(head.starts_with(b"GET / HTTP/1.1\r\nA: b\r\n\r\n"));
+        let _a = w.await.unwrap();
+        let mut r = Replay { head, inner: b };
+        let mut got = vec![0u8; 20];
+        use tokio::io::AsyncReadExt;
+        r.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"GET / HTTP/1.1\r\nA: b");
+    }
+
+    #[tokio::test]
+    async fn an_endless_head_is_refused() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while a.write_all(&[b'x'; 512]).await.is_ok() {}
+        });
+        assert!(read_head(&mut b).await.unwrap_err().contains("passed"));
     }
 }

@@ -119,6 +119,10 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// The loop: turns until nothing is ready (`Pending`, every source's waker registered) or
     /// the connection ends (`Ready(why)`).
     fn poll_turns(&mut self, cx: &mut Context<'_>) -> Poll<String> {
+        // The transport said "nothing to read" in this poll (and registered `cx`'s waker):
+        // nothing this task does makes it readable, so later turns of the same poll do not
+        // ask again (a turn that only wrote would otherwise re-register the same waker).
+        let mut read_waits = false;
         for turn in 0..TURN_BUDGET {
             let all_written = match self.io.poll_flush(cx, &mut self.conn) {
                 Poll::Ready(Ok(())) => true,
@@ -134,7 +138,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             if self.conn.is_drained() && all_written {
                 return Poll::Ready("drained after go-away".into());
             }
-            if !self.poll_sources(cx) && !self.arm_timer(cx) {
+            if !self.poll_sources(cx, &mut read_waits) && !self.arm_timer(cx) {
                 self.share
                     .report(self.conn.open_calls(), self.io.unsent(&self.conn));
                 // All written (or the write waits for room): spin briefly rather than sleep.
@@ -176,16 +180,20 @@ impl<R: Role, T: Transport> Driver<R, T> {
 
     /// Polls the transport, then the role, then the timer, up to the first that makes
     /// progress (the loop comes back for the others); `false` when none is ready and every
-    /// one has registered the task's waker.
-    fn poll_sources(&mut self, cx: &mut Context<'_>) -> bool {
+    /// one has registered the task's waker. `read_waits`: the transport already returned
+    /// `Pending` in this poll (its waker is registered), so it is not polled again.
+    fn poll_sources(&mut self, cx: &mut Context<'_>, read_waits: &mut bool) -> bool {
         let room = self.room();
         let full = room == 0;
         // A server stops reading while the peer does not take what it is sent: a client that
         // never reads cannot make it queue more. A client keeps reading (its server drains it).
-        if !(full && R::SIDE == Side::Server) {
-            if let Poll::Ready(r) = self.io.poll_read(cx, &mut self.conn) {
-                self.on_read(r);
-                return true;
+        if !(full && R::SIDE == Side::Server) && !*read_waits {
+            match self.io.poll_read(cx, &mut self.conn) {
+                Poll::Ready(r) => {
+                    self.on_read(r);
+                    return true;
+                }
+                Poll::Pending => *read_waits = true,
             }
         }
         if self.role.poll_work(cx, &mut self.conn, room).is_ready() {

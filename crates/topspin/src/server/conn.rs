@@ -401,13 +401,32 @@ impl ServerRole {
             // Requests arrive as a stream: the handler starts now.
             self.spawn(id, handler, None, metadata, ctx, conn);
         } else {
+            // Fast path: a unary or server-streaming call's one request and its half-close
+            // usually come in the same read as its start, as the next two events. Taken now,
+            // the call starts without parking in `calls` (an insert, two lookups and a removal
+            // of a large entry). Anything else (a second message, the request in a later
+            // read) takes the usual path below, in the same order.
+            let is_ours = |e: &Event, want_message: bool| match e {
+                Event::Message { id: m, .. } => want_message && m.0 == id,
+                Event::HalfClosed { id: m } => !want_message && m.0 == id,
+                _ => false,
+            };
+            let message = match conn.poll_event_if(|e| is_ours(e, true)) {
+                // Its credit is never needed again (as in `on_message`).
+                Some(Event::Message { message, .. }) => Some(message),
+                _ => None,
+            };
+            if message.is_some() && conn.poll_event_if(|e| is_ours(e, false)).is_some() {
+                self.spawn(id, handler, message, metadata, ctx, conn);
+                return;
+            }
             self.calls.insert(
                 id,
                 Call::Awaiting {
                     handler,
                     metadata,
                     ctx,
-                    message: None,
+                    message,
                 },
             );
         }

@@ -75,7 +75,17 @@ pub(crate) struct Driver<R, T> {
     share: crate::stats::Share,
     /// The short spin before the task sleeps (see `spin.rs`).
     spin: spin::Spin,
+    /// The task's waker as of its last poll, for work done outside the task
+    /// ([`Driver::act_outside`]) that needs the task to look again.
+    waker: Option<std::task::Waker>,
+    /// Work done outside the task woke it to write what that work queued; cleared when the
+    /// task polls.
+    woken_to_write: bool,
 }
+
+/// A driver shared between its task and the connection's handles, which may act on it (start
+/// a call and write it) while the task sleeps; `None` once the task ended.
+pub(crate) type SharedDriver<R, T> = std::sync::Mutex<Option<Driver<R, T>>>;
 
 fn to_tokio(t: Instant) -> tokio::time::Instant {
     tokio::time::Instant::from_std(t)
@@ -101,12 +111,88 @@ impl<R: Role, T: Transport> Driver<R, T> {
             armed: None,
             share,
             spin: spin::Spin::default(),
+            waker: None,
+            woken_to_write: false,
         }
     }
 
     /// Runs the connection until it ends, then closes the transport.
     pub(crate) async fn run(mut self) {
         let why = std::future::poll_fn(|cx| self.poll_turns(cx)).await;
+        self.end(why).await;
+    }
+
+    /// [`Driver::run`] for a driver its handles may act on too: every poll takes the lock
+    /// (uncontended but for a handle's brief [`Driver::act_outside`]); once the loop ends the
+    /// driver leaves the mutex, so handles find `None` and the transport closes now, not when
+    /// the last handle goes.
+    pub(crate) async fn run_shared(shared: std::sync::Arc<SharedDriver<R, T>>) {
+        let lock = || shared.lock().unwrap_or_else(|e| e.into_inner());
+        let why = std::future::poll_fn(|cx| match lock().as_mut() {
+            Some(d) => d.poll_turns(cx),
+            None => Poll::Ready(String::from("connection gone")),
+        })
+        .await;
+        let taken = lock().take();
+        if let Some(d) = taken {
+            d.end(why).await;
+        }
+    }
+
+    /// Does `act` to the role and engine from outside the connection's task — which is not
+    /// running: the caller holds the driver's lock — instead of queueing a command and waking
+    /// the task to do it (a hop through the scheduler and the queue per call). Only while the
+    /// task has polled (its waker is known and registered with every source), the engine is
+    /// open, and nothing waits to be written but what such work queued. `act` gets the send
+    /// buffer's room and returns `None` to decline (so does this).
+    ///
+    /// On an idle connection (no call open) what `act` queued is written at once, on the
+    /// caller's thread: a lone call costs no task wake-up. Otherwise — a burst of calls, as
+    /// when responses just completed many callers — the first such act wakes the task and
+    /// every one until it runs adds to what it then writes in one go (one write per burst).
+    ///
+    /// The task is also woken when what was done needs it: a write that could not finish
+    /// (the transport holds the task's waker for room), a failed write or closed engine, or a
+    /// timer that moved (the task re-arms it).
+    pub(crate) fn act_outside<X>(
+        &mut self,
+        act: impl FnOnce(&mut R, &mut Connection, usize) -> Option<X>,
+    ) -> Option<X> {
+        let waker = self.waker.clone()?;
+        let quiet = self.io.unsent(&self.conn) == 0;
+        if (!quiet && !self.woken_to_write)
+            || !self.conn.is_established()
+            || self.conn.is_closed()
+            || self.conn.is_going_away()
+            || self.conn.has_events()
+        {
+            return None;
+        }
+        let idle = quiet && self.conn.open_calls() == 0;
+        let room = self.room();
+        let done = act(&mut self.role, &mut self.conn, room)?;
+        let wake = if !idle {
+            // The task writes it, with whatever else comes before it runs.
+            !std::mem::replace(&mut self.woken_to_write, true)
+        } else {
+            let mut cx = Context::from_waker(&waker);
+            match self.io.poll_flush(&mut cx, &mut self.conn) {
+                Poll::Ready(Ok(())) => self.conn.is_closed() || self.next_timer() != self.armed,
+                // Pending: the transport took the task's waker and wakes it once it has room.
+                Poll::Pending => false,
+                Poll::Ready(Err(_)) => true,
+            }
+        };
+        if wake {
+            waker.wake();
+        }
+        self.share
+            .report(self.conn.open_calls(), self.io.unsent(&self.conn));
+        Some(done)
+    }
+
+    /// The loop ended (`why`): fail what is left, then close the transport.
+    async fn end(mut self, why: String) {
         tracing::debug!(side = ?R::SIDE, "connection ends: {why}");
         if !self.conn.is_closed() {
             self.conn.handle_eof();
@@ -123,6 +209,10 @@ impl<R: Role, T: Transport> Driver<R, T> {
         // nothing this task does makes it readable, so later turns of the same poll do not
         // ask again (a turn that only wrote would otherwise re-register the same waker).
         let mut read_waits = false;
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.waker = Some(cx.waker().clone());
+        }
+        self.woken_to_write = false;
         for turn in 0..TURN_BUDGET {
             let all_written = match self.io.poll_flush(cx, &mut self.conn) {
                 Poll::Ready(Ok(())) => true,
@@ -187,7 +277,8 @@ impl<R: Role, T: Transport> Driver<R, T> {
         let full = room == 0;
         // A server stops reading while the peer does not take what it is sent: a client that
         // never reads cannot make it queue more. A client keeps reading (its server drains it).
-        if !(full && R::SIDE == Side::Server) && !*read_waits {
+        let server_held = full && R::SIDE == Side::Server;
+        if !server_held && !*read_waits {
             match self.io.poll_read(cx, &mut self.conn) {
                 Poll::Ready(r) => {
                     self.on_read(r);

@@ -81,6 +81,9 @@ pub(crate) struct Driver<R, T> {
     /// Work done outside the task woke it to write what that work queued; cleared when the
     /// task polls.
     woken_to_write: bool,
+    /// Calls that ended in the task's last poll: more than one, and the callers it completed
+    /// are likely to start calls together (see [`Driver::act_outside`]).
+    ended_last_poll: u32,
 }
 
 /// A driver shared between its task and the connection's handles, which may act on it (start
@@ -113,6 +116,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             spin: spin::Spin::default(),
             waker: None,
             woken_to_write: false,
+            ended_last_poll: 0,
         }
     }
 
@@ -146,10 +150,12 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// open, and nothing waits to be written but what such work queued. `act` gets the send
     /// buffer's room and returns `None` to decline (so does this).
     ///
-    /// On an idle connection (no call open) what `act` queued is written at once, on the
-    /// caller's thread: a lone call costs no task wake-up. Otherwise — a burst of calls, as
-    /// when responses just completed many callers — the first such act wakes the task and
-    /// every one until it runs adds to what it then writes in one go (one write per burst).
+    /// On an idle connection (no call open, and at most one ended in the task's last poll)
+    /// what `act` queued is written at once, on the caller's thread: a lone call costs no
+    /// task wake-up. Otherwise — calls open, or several callers just completed together and
+    /// likely to call together — the first such act wakes the task and every one until it
+    /// runs adds to what it then writes in one go (one write per burst, as through the
+    /// queue).
     ///
     /// The task is also woken when what was done needs it: a write that could not finish
     /// (the transport holds the task's waker for room), a failed write or closed engine, or a
@@ -168,7 +174,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
         {
             return None;
         }
-        let idle = quiet && self.conn.open_calls() == 0;
+        let idle = quiet && self.conn.open_calls() == 0 && self.ended_last_poll <= 1;
         let room = self.room();
         let done = act(&mut self.role, &mut self.conn, room)?;
         let wake = if !idle {
@@ -213,6 +219,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             self.waker = Some(cx.waker().clone());
         }
         self.woken_to_write = false;
+        self.ended_last_poll = 0;
         for turn in 0..TURN_BUDGET {
             let all_written = match self.io.poll_flush(cx, &mut self.conn) {
                 Poll::Ready(Ok(())) => true,
@@ -362,6 +369,9 @@ impl<R: Role, T: Transport> Driver<R, T> {
             if let Event::Pong { .. } = ev {
                 self.liveness.alive();
                 continue;
+            }
+            if let Event::Ended { .. } = ev {
+                self.ended_last_poll = self.ended_last_poll.saturating_add(1);
             }
             let room = self.room();
             self.role.on_event(ev, &mut self.conn, room);

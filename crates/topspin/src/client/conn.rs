@@ -1,6 +1,8 @@
 //! The client's side of a connection: the [`Role`] that keeps its calls' bookkeeping, and
 //! [`connect`]. The connection loop itself is `crate::connection`'s; callers talk to it through
-//! one bounded command queue (no lock shared by all calls of a connection).
+//! one bounded command queue, except that a call on a quiet connection is started by its caller
+//! under the driver's lock, taken with `try_lock` only (`ConnHandle::start_direct`): no caller
+//! ever waits on it.
 
 pub(crate) use crate::connection::send_now;
 use crate::connection::{

@@ -4,7 +4,11 @@
 //! Every turn: flush what the engine produced with one vectored write, check whether to stop,
 //! move the one timer, then poll the transport for bytes, the role for work (commands,
 //! handlers, shutdown) and the timer, and hand the engine's events to the role. Nothing else
-//! polls a transport or reads the clock for a connection.
+//! polls a transport or reads the clock for a connection — with one exception: a client's
+//! driver sits behind a mutex its handles share, and a caller that finds the connection quiet
+//! starts its call and writes it itself ([`Driver::act_outside`]), saving the hop through the
+//! command queue and the task's wake-up. The task holds that lock only while it polls; callers
+//! only `try_lock` it and queue the command when it is taken.
 
 mod io;
 mod liveness;

@@ -275,6 +275,18 @@ impl Connection {
         self.events.pop_front()
     }
 
+    /// The next event, if there is one and `accept` takes it (it stays first otherwise): lets
+    /// an owner handle events that usually come together (a call's start, its one request and
+    /// its half-close) in one step.
+    #[inline]
+    pub fn poll_event_if(&mut self, accept: impl FnOnce(&Event) -> bool) -> Option<Event> {
+        if accept(self.events.front()?) {
+            self.events.pop_front()
+        } else {
+            None
+        }
+    }
+
     /// The next chunk of bytes to write, in order; small frames come coalesced, large message
     /// bodies as their own [`Bytes`] (the caller's, never copied). Write them with one
     /// vectored write.

@@ -157,7 +157,19 @@ pub(crate) fn begin_now(
     };
     let mut guard = CallGuard::new(&h, call.token);
     let deadline = call.deadline;
-    match h.tx.try_send(Cmd::Start(call.into_start(sink))) {
+    // A quiet connection: the call is written from here, without the queue.
+    let mut start = Some(call.into_start(sink));
+    if h.start_direct(&mut start) {
+        return Ok((h, guard));
+    }
+    let Some(start) = start else {
+        // Not reached: `start_direct` takes the call only when it returns `true`.
+        guard.disarm();
+        return Err(Box::new(Slow::Failed(Status::internal(
+            "the call was lost on its way to the connection",
+        ))));
+    };
+    match h.tx.try_send(Cmd::Start(start)) {
         Ok(()) => Ok((h, guard)),
         Err(TrySendError::Full(cmd)) => Err(Box::new(Slow::Room {
             h,

@@ -1,9 +1,13 @@
 //! The client's side of a connection: the [`Role`] that keeps its calls' bookkeeping, and
 //! [`connect`]. The connection loop itself is `crate::connection`'s; callers talk to it through
-//! one bounded command queue (no lock shared by all calls of a connection).
+//! one bounded command queue, except that a call on a quiet connection is started by its caller
+//! under the driver's lock, taken with `try_lock` only (`ConnHandle::start_direct`): no caller
+//! ever waits on it.
 
 pub(crate) use crate::connection::send_now;
-use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
+use crate::connection::{
+    call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent, SharedDriver,
+};
 use crate::streaming::Item;
 use crate::transport::socket::SocketTransport;
 use crate::transport::Transport;
@@ -194,11 +198,53 @@ struct Call {
 pub(crate) struct ConnHandle {
     pub(crate) tx: mpsc::Sender<Cmd>,
     pub(crate) shared: Arc<ConnShared>,
+    /// Starts a call without the command queue while the connection is quiet (`None`: the
+    /// gRPC face, which always queues).
+    pub(crate) direct: Option<Direct>,
 }
 
 impl ConnHandle {
     pub(crate) fn usable(&self) -> bool {
         !self.tx.is_closed() && !self.shared.unusable.load(Ordering::Acquire)
+    }
+
+    /// Starts the call in `s` on the caller's thread if the connection is quiet (see
+    /// [`Driver::act_outside`]): takes it and returns `true`; leaves it to be queued
+    /// otherwise.
+    pub(crate) fn start_direct(&self, s: &mut Option<Start>) -> bool {
+        self.direct.as_ref().is_some_and(|d| d.0.try_start(s))
+    }
+}
+
+/// A connection's driver as its handles see it (any transport).
+#[derive(Clone)]
+pub(crate) struct Direct(Arc<dyn StartDirect>);
+
+impl std::fmt::Debug for Direct {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Direct")
+    }
+}
+
+trait StartDirect: Send + Sync {
+    /// See [`ConnHandle::start_direct`].
+    fn try_start(&self, s: &mut Option<Start>) -> bool;
+}
+
+impl<T: Transport> StartDirect for SharedDriver<ClientRole, T> {
+    fn try_start(&self, s: &mut Option<Start>) -> bool {
+        // Never waits: a lock held means the task is running (it takes the call from the
+        // queue just as fast) or another caller is starting one.
+        let mut guard = match self.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        guard.as_mut().is_some_and(|driver| {
+            driver
+                .act_outside(|role, conn, room| role.start_direct(s, conn, room))
+                .is_some()
+        })
     }
 }
 
@@ -238,9 +284,15 @@ pub(crate) async fn start<T: Transport>(
         ready: Some(ready_tx),
         close_error: None,
     };
-    tokio::spawn(Driver::new(transport, role, config.clone()).run());
+    let driver = Arc::new(std::sync::Mutex::new(Some(Driver::new(
+        transport,
+        role,
+        config.clone(),
+    ))));
+    tokio::spawn(Driver::run_shared(driver.clone()));
+    let direct = Some(Direct(driver));
     match ready_rx.await {
-        Ok(Ok(())) => Ok(ConnHandle { tx, shared }),
+        Ok(Ok(())) => Ok(ConnHandle { tx, shared, direct }),
         Ok(Err(status)) => Err(status),
         Err(_) => Err(Status::unavailable(format!(
             "could not connect to {address}: the connection task ended"
@@ -354,6 +406,36 @@ impl Role for ClientRole {
 }
 
 impl ClientRole {
+    /// A call started from outside the connection's task ([`Driver::act_outside`]): only
+    /// when nothing is ahead of it — no command queued, no call parked or held for room, the
+    /// send buffer not full, the handshake done — so calls still start in the order they
+    /// came. Gives the call back otherwise (it is then queued).
+    fn start_direct(
+        &mut self,
+        s: &mut Option<Start>,
+        conn: &mut Connection,
+        room: usize,
+    ) -> Option<()> {
+        if room == 0
+            || !self.handles_open
+            || self.ready.is_some()
+            || self.held_for_room
+            || !self.waiting.is_empty()
+            || !self.deferred.is_empty()
+            || !self.rx.is_empty()
+        {
+            return None;
+        }
+        self.apply(Cmd::Start(s.take()?), conn);
+        // As when the task takes its queue (which is empty): the calls a balancer counted
+        // are in `open` now.
+        if self.shared.queued.load(Ordering::Relaxed) != 0 {
+            self.shared.queued.store(0, Ordering::Relaxed);
+        }
+        self.publish();
+        Some(())
+    }
+
     /// Publishes the connection's load for balancers (a relaxed store, only on change).
     fn publish(&self) {
         let open = (self.calls.len() + self.waiting.len()) as u32;

@@ -141,7 +141,11 @@ where
         done_tx,
     };
     tokio::spawn(router.run(rx, done_rx, config.idle_timeout()));
-    Ok(ConnHandle { tx, shared })
+    Ok(ConnHandle {
+        tx,
+        shared,
+        direct: None,
+    })
 }
 
 /// Drives the HTTP/2 connection until it ends or `stop` says why it must.

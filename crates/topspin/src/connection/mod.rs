@@ -4,7 +4,11 @@
 //! Every turn: flush what the engine produced with one vectored write, check whether to stop,
 //! move the one timer, then poll the transport for bytes, the role for work (commands,
 //! handlers, shutdown) and the timer, and hand the engine's events to the role. Nothing else
-//! polls a transport or reads the clock for a connection.
+//! polls a transport or reads the clock for a connection — with one exception: a client's
+//! driver sits behind a mutex its handles share, and a caller that finds the connection quiet
+//! starts its call and writes it itself ([`Driver::act_outside`]), saving the hop through the
+//! command queue and the task's wake-up. The task holds that lock only while it polls; callers
+//! only `try_lock` it and queue the command when it is taken.
 
 mod io;
 mod liveness;
@@ -75,7 +79,20 @@ pub(crate) struct Driver<R, T> {
     share: crate::stats::Share,
     /// The short spin before the task sleeps (see `spin.rs`).
     spin: spin::Spin,
+    /// The task's waker as of its last poll, for work done outside the task
+    /// ([`Driver::act_outside`]) that needs the task to look again.
+    waker: Option<std::task::Waker>,
+    /// Work done outside the task woke it to write what that work queued; cleared when the
+    /// task polls.
+    woken_to_write: bool,
+    /// Calls that ended in the task's last poll: more than one, and the callers it completed
+    /// are likely to start calls together (see [`Driver::act_outside`]).
+    ended_last_poll: u32,
 }
+
+/// A driver shared between its task and the connection's handles, which may act on it (start
+/// a call and write it) while the task sleeps; `None` once the task ended.
+pub(crate) type SharedDriver<R, T> = std::sync::Mutex<Option<Driver<R, T>>>;
 
 fn to_tokio(t: Instant) -> tokio::time::Instant {
     tokio::time::Instant::from_std(t)
@@ -101,12 +118,91 @@ impl<R: Role, T: Transport> Driver<R, T> {
             armed: None,
             share,
             spin: spin::Spin::default(),
+            waker: None,
+            woken_to_write: false,
+            ended_last_poll: 0,
         }
     }
 
     /// Runs the connection until it ends, then closes the transport.
     pub(crate) async fn run(mut self) {
         let why = std::future::poll_fn(|cx| self.poll_turns(cx)).await;
+        self.end(why).await;
+    }
+
+    /// [`Driver::run`] for a driver its handles may act on too: every poll takes the lock
+    /// (uncontended but for a handle's brief [`Driver::act_outside`]); once the loop ends the
+    /// driver leaves the mutex, so handles find `None` and the transport closes now, not when
+    /// the last handle goes.
+    pub(crate) async fn run_shared(shared: std::sync::Arc<SharedDriver<R, T>>) {
+        let lock = || shared.lock().unwrap_or_else(|e| e.into_inner());
+        let why = std::future::poll_fn(|cx| match lock().as_mut() {
+            Some(d) => d.poll_turns(cx),
+            None => Poll::Ready(String::from("connection gone")),
+        })
+        .await;
+        let taken = lock().take();
+        if let Some(d) = taken {
+            d.end(why).await;
+        }
+    }
+
+    /// Does `act` to the role and engine from outside the connection's task — which is not
+    /// running: the caller holds the driver's lock — instead of queueing a command and waking
+    /// the task to do it (a hop through the scheduler and the queue per call). Only while the
+    /// task has polled (its waker is known and registered with every source), the engine is
+    /// open, and nothing waits to be written but what such work queued. `act` gets the send
+    /// buffer's room and returns `None` to decline (so does this).
+    ///
+    /// On an idle connection (no call open, and at most one ended in the task's last poll)
+    /// what `act` queued is written at once, on the caller's thread: a lone call costs no
+    /// task wake-up. Otherwise — calls open, or several callers just completed together and
+    /// likely to call together — the first such act wakes the task and every one until it
+    /// runs adds to what it then writes in one go (one write per burst, as through the
+    /// queue).
+    ///
+    /// The task is also woken when what was done needs it: a write that could not finish
+    /// (the transport holds the task's waker for room), a failed write or closed engine, or a
+    /// timer that moved (the task re-arms it).
+    pub(crate) fn act_outside<X>(
+        &mut self,
+        act: impl FnOnce(&mut R, &mut Connection, usize) -> Option<X>,
+    ) -> Option<X> {
+        let waker = self.waker.clone()?;
+        let quiet = self.io.unsent(&self.conn) == 0;
+        if (!quiet && !self.woken_to_write)
+            || !self.conn.is_established()
+            || self.conn.is_closed()
+            || self.conn.is_going_away()
+            || self.conn.has_events()
+        {
+            return None;
+        }
+        let idle = quiet && self.conn.open_calls() == 0 && self.ended_last_poll <= 1;
+        let room = self.room();
+        let done = act(&mut self.role, &mut self.conn, room)?;
+        let wake = if !idle {
+            // The task writes it, with whatever else comes before it runs.
+            !std::mem::replace(&mut self.woken_to_write, true)
+        } else {
+            let mut cx = Context::from_waker(&waker);
+            match self.io.poll_flush(&mut cx, &mut self.conn) {
+                Poll::Ready(Ok(())) => self.conn.is_closed() || self.next_timer() != self.armed,
+                // Pending: the transport took the task's waker and wakes it once it has room.
+                Poll::Pending => false,
+                Poll::Ready(Err(_)) => true,
+            }
+        };
+        if wake {
+            waker.wake();
+        }
+        self.share
+            .report(self.conn.open_calls(), self.io.unsent(&self.conn));
+        Some(done)
+    }
+
+    /// The loop ended (`why`): fail what is left, then close the transport.
+    async fn end(mut self, why: String) {
         tracing::debug!(side = ?R::SIDE, "connection ends: {why}");
         if !self.conn.is_closed() {
             self.conn.handle_eof();
@@ -119,6 +215,15 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// The loop: turns until nothing is ready (`Pending`, every source's waker registered) or
     /// the connection ends (`Ready(why)`).
     fn poll_turns(&mut self, cx: &mut Context<'_>) -> Poll<String> {
+        // The transport said "nothing to read" in this poll (and registered `cx`'s waker):
+        // nothing this task does makes it readable, so later turns of the same poll do not
+        // ask again (a turn that only wrote would otherwise re-register the same waker).
+        let mut read_waits = false;
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.waker = Some(cx.waker().clone());
+        }
+        self.woken_to_write = false;
+        self.ended_last_poll = 0;
         for turn in 0..TURN_BUDGET {
             let all_written = match self.io.poll_flush(cx, &mut self.conn) {
                 Poll::Ready(Ok(())) => true,
@@ -134,7 +239,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             if self.conn.is_drained() && all_written {
                 return Poll::Ready("drained after go-away".into());
             }
-            if !self.poll_sources(cx) && !self.arm_timer(cx) {
+            if !self.poll_sources(cx, &mut read_waits) && !self.arm_timer(cx) {
                 self.share
                     .report(self.conn.open_calls(), self.io.unsent(&self.conn));
                 // All written (or the write waits for room): spin briefly rather than sleep.
@@ -176,16 +281,21 @@ impl<R: Role, T: Transport> Driver<R, T> {
 
     /// Polls the transport, then the role, then the timer, up to the first that makes
     /// progress (the loop comes back for the others); `false` when none is ready and every
-    /// one has registered the task's waker.
-    fn poll_sources(&mut self, cx: &mut Context<'_>) -> bool {
+    /// one has registered the task's waker. `read_waits`: the transport already returned
+    /// `Pending` in this poll (its waker is registered), so it is not polled again.
+    fn poll_sources(&mut self, cx: &mut Context<'_>, read_waits: &mut bool) -> bool {
         let room = self.room();
         let full = room == 0;
         // A server stops reading while the peer does not take what it is sent: a client that
         // never reads cannot make it queue more. A client keeps reading (its server drains it).
-        if !(full && R::SIDE == Side::Server) {
-            if let Poll::Ready(r) = self.io.poll_read(cx, &mut self.conn) {
-                self.on_read(r);
-                return true;
+        let server_held = full && R::SIDE == Side::Server;
+        if !server_held && !*read_waits {
+            match self.io.poll_read(cx, &mut self.conn) {
+                Poll::Ready(r) => {
+                    self.on_read(r);
+                    return true;
+                }
+                Poll::Pending => *read_waits = true,
             }
         }
         if self.role.poll_work(cx, &mut self.conn, room).is_ready() {
@@ -263,6 +373,9 @@ impl<R: Role, T: Transport> Driver<R, T> {
             if let Event::Pong { .. } = ev {
                 self.liveness.alive();
                 continue;
+            }
+            if let Event::Ended { .. } = ev {
+                self.ended_last_poll = self.ended_last_poll.saturating_add(1);
             }
             let room = self.room();
             self.role.on_event(ev, &mut self.conn, room);

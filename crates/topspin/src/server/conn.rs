@@ -72,6 +72,7 @@ pub(crate) async fn serve<T: Transport>(
         tx,
         rx,
         shutdown_signal: Box::pin(shutdown.token.clone().cancelled_owned()),
+        shutdown_waker: None,
         shutdown,
         grace_deadline: None,
         cancel_pool: Vec::new(),
@@ -104,6 +105,8 @@ pub(crate) struct ServerRole {
     rx: mpsc::Receiver<SCmd>,
     shutdown: super::Shutdown,
     shutdown_signal: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// The waker `shutdown_signal` holds (from its last poll, which was `Pending`).
+    shutdown_waker: Option<std::task::Waker>,
     grace_deadline: Option<Instant>,
     /// A shutdown began before the engine could be told.
     go_away_pending: bool,
@@ -169,7 +172,7 @@ impl Role for ServerRole {
                 return Poll::Ready(());
             }
         }
-        if self.grace_deadline.is_none() && self.shutdown_signal.as_mut().poll(cx).is_ready() {
+        if self.grace_deadline.is_none() && self.shutdown_signalled(cx) {
             self.grace_deadline = Some(self.shutdown.deadline().unwrap_or_else(Instant::now));
             conn.go_away(ErrorCode::NO_ERROR, "server shutting down");
             return Poll::Ready(());
@@ -236,6 +239,27 @@ impl Role for ServerRole {
 }
 
 impl ServerRole {
+    /// Whether the server began shutting down; registers the task's waker otherwise.
+    ///
+    /// Fast path: the signal is polled (its waker put in the token's waiter list, a lock and a
+    /// list walk) only when the waker it holds would not wake this task; otherwise the waiter
+    /// stays registered, a cancellation wakes the task through it, and one atomic load
+    /// (`is_cancelled`) tells. This runs every time the connection task goes idle.
+    fn shutdown_signalled(&mut self, cx: &mut Context<'_>) -> bool {
+        if self
+            .shutdown_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            return self.shutdown.token.is_cancelled();
+        }
+        if self.shutdown_signal.as_mut().poll(cx).is_ready() {
+            return true;
+        }
+        self.shutdown_waker = Some(cx.waker().clone());
+        false
+    }
+
     fn ctx(&mut self, method: bytestring::ByteString, deadline: Option<Instant>) -> ServerContext {
         ServerContext {
             deadline,
@@ -377,13 +401,32 @@ impl ServerRole {
             // Requests arrive as a stream: the handler starts now.
             self.spawn(id, handler, None, metadata, ctx, conn);
         } else {
+            // Fast path: a unary or server-streaming call's one request and its half-close
+            // usually come in the same read as its start, as the next two events. Taken now,
+            // the call starts without parking in `calls` (an insert, two lookups and a removal
+            // of a large entry). Anything else (a second message, the request in a later
+            // read) takes the usual path below, in the same order.
+            let is_ours = |e: &Event, want_message: bool| match e {
+                Event::Message { id: m, .. } => want_message && m.0 == id,
+                Event::HalfClosed { id: m } => !want_message && m.0 == id,
+                _ => false,
+            };
+            let message = match conn.poll_event_if(|e| is_ours(e, true)) {
+                // Its credit is never needed again (as in `on_message`).
+                Some(Event::Message { message, .. }) => Some(message),
+                _ => None,
+            };
+            if message.is_some() && conn.poll_event_if(|e| is_ours(e, false)).is_some() {
+                self.spawn(id, handler, message, metadata, ctx, conn);
+                return;
+            }
             self.calls.insert(
                 id,
                 Call::Awaiting {
                     handler,
                     metadata,
                     ctx,
-                    message: None,
+                    message,
                 },
             );
         }

@@ -450,7 +450,6 @@ pub(crate) fn unframe(
 }
 
 /// The segments of `message` after its first `skip` bytes (none empty).
-#[cfg(feature = "grpc")]
 pub(crate) fn segments_after(
     message: &crate::codec::Payload,
     mut skip: usize,

@@ -77,10 +77,13 @@ async fn every_kind(ch: &Channel, what: &str) {
         .expect("unary");
     assert!(r.into_inner() == b, "{what}: unary came back different");
 
-    let mut s = within(60, ch.server_streaming(C::default(), "/t.B/Three", b.clone()))
-        .await
-        .expect("server streaming")
-        .into_inner();
+    let mut s = within(
+        60,
+        ch.server_streaming(C::default(), "/t.B/Three", b.clone()),
+    )
+    .await
+    .expect("server streaming")
+    .into_inner();
     for i in 0..3 {
         let m = within(60, s.message())
             .await
@@ -127,7 +130,11 @@ async fn large_bytes_fields_arrive_intact_compressed() {
     // Pseudo-random data does not shrink (sent as is, its segments kept); a run of one byte
     // does (compressed from the segments).
     let gz = Some(Compression::new(Encoding::Gzip));
-    let server = serve(service(Config::default().with_compression(gz)), Transport::Tcp).await;
+    let server = serve(
+        service(Config::default().with_compression(gz)),
+        Transport::Tcp,
+    )
+    .await;
     let ch = Endpoint::new(server.addr.clone())
         .unwrap()
         .config(Config::default().with_compression(gz))

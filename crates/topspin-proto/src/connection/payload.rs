@@ -161,6 +161,12 @@ impl Eq for Payload {}
 mod tests {
     use super::*;
 
+    /// A payload is no bigger than the `Bytes` it replaced in the runtime's queues.
+    #[test]
+    fn as_small_as_bytes() {
+        assert_eq!(std::mem::size_of::<Payload>(), std::mem::size_of::<Bytes>());
+    }
+
     #[test]
     fn segments_and_walk() {
         let p = Payload::from_segments(vec![

@@ -105,7 +105,8 @@ const ENCODE_POOL_CHUNK: usize = 256 * 1024;
 
 /// In a message larger than [`ENCODE_POOL_MAX`] sent with [`Codec::encode_payload`], a `bytes`
 /// field of at least this size is sent from the caller's buffer by reference (a segment of its
-/// own); smaller fields, and everything else, are copied into the segments between them.
+/// own); smaller fields, and everything else, are copied into the segments between them. (A
+/// field generated as `Vec<u8>` rather than `Bytes` is still copied, into a segment of its own.)
 #[cfg(feature = "prost")]
 pub const BY_REFERENCE_MIN: usize = 32 * 1024;
 

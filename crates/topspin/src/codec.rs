@@ -3,9 +3,10 @@
 use crate::Status;
 use bytes::Bytes;
 #[cfg(feature = "prost")]
-use bytes::BytesMut;
+use bytes::{buf::UninitSlice, Buf, BufMut, BytesMut};
 #[cfg(feature = "prost")]
 use std::marker::PhantomData;
+pub use topspin_proto::Payload;
 
 /// Codec id of protobuf (protocol.md §5.2).
 pub const CODEC_PROTOBUF: u8 = 0;
@@ -32,6 +33,15 @@ pub trait Codec: Clone + Send + Sync + 'static {
     const ID: u8;
     /// Encodes a message.
     fn encode(&self, item: Self::Encode) -> Result<Bytes, Status>;
+    /// Encodes a message for sending, possibly as several segments so that large parts of it
+    /// go out by reference instead of being copied into one buffer (see [`Payload`]). The
+    /// runtime sends with this; the default is [`Codec::encode`] as one segment.
+    /// [`ProstCodec`] overrides it: a large message's `bytes` fields (generated as
+    /// [`Bytes`]) become segments of their own.
+    #[inline]
+    fn encode_payload(&self, item: Self::Encode) -> Result<Payload, Status> {
+        self.encode(item).map(Payload::from)
+    }
     /// Decodes a message; `buf` shares the receive buffer's memory.
     fn decode(&self, buf: Bytes) -> Result<Self::Decode, Status>;
 }
@@ -85,12 +95,20 @@ impl<E, D> std::fmt::Debug for ProstCodec<E, D> {
     }
 }
 
-/// Messages up to this size are encoded into the per-thread buffer.
+/// Messages up to this size are encoded into the per-thread buffer (always one contiguous
+/// segment: copying at most this much costs less than a segment list).
 #[cfg(feature = "prost")]
 const ENCODE_POOL_MAX: usize = 64 * 1024;
 /// The per-thread buffer grows by at least this much.
 #[cfg(feature = "prost")]
 const ENCODE_POOL_CHUNK: usize = 256 * 1024;
+
+/// In a message larger than [`ENCODE_POOL_MAX`] sent with [`Codec::encode_payload`], a `bytes`
+/// field of at least this size is sent from the caller's buffer by reference (a segment of its
+/// own); smaller fields, and everything else, are copied into the segments between them. (A
+/// field generated as `Vec<u8>` rather than `Bytes` is still copied, into a segment of its own.)
+#[cfg(feature = "prost")]
+pub const BY_REFERENCE_MIN: usize = 32 * 1024;
 
 #[cfg(feature = "prost")]
 thread_local! {
@@ -134,6 +152,26 @@ where
         })
     }
 
+    fn encode_payload(&self, item: E) -> Result<Payload, Status> {
+        let len = item.encoded_len();
+        if len <= ENCODE_POOL_MAX {
+            return self.encode(item).map(Payload::from);
+        }
+        // Room for all of it: whatever goes by reference leaves its part of the allocation
+        // untouched (never written, so never paged in), and nothing is ever reallocated.
+        let mut buf = Segments {
+            done: Vec::new(),
+            cur: BytesMut::with_capacity(len),
+        };
+        item.encode_raw(&mut buf);
+        if !buf.cur.is_empty() {
+            buf.done.push(buf.cur.freeze());
+        }
+        let p = Payload::from_segments(buf.done);
+        debug_assert_eq!(p.len(), len);
+        Ok(p)
+    }
+
     fn decode(&self, buf: Bytes) -> Result<D, Status> {
         D::decode(buf).map_err(|e| {
             Status::invalid_argument(format!(
@@ -141,6 +179,64 @@ where
                 std::any::type_name::<D>()
             ))
         })
+    }
+}
+
+/// A [`BufMut`] that builds a [`Payload`]: prost writes a `Bytes` field with
+/// [`BufMut::put`], which takes a large one over as a segment (for a [`Bytes`] source,
+/// `copy_to_bytes` is a reference count, not a copy); everything else is copied into `cur`.
+#[cfg(feature = "prost")]
+struct Segments {
+    done: Vec<Bytes>,
+    cur: BytesMut,
+}
+
+// SAFETY: every method delegates to `BytesMut`'s own `BufMut` implementation, which upholds the
+// trait's contract (`chunk_mut` is writable memory past the initialised part, `advance_mut`
+// marks as initialised only what the caller wrote there); `put` and `put_slice` go through
+// its safe methods. The one `unsafe` item of this file.
+#[cfg(feature = "prost")]
+#[allow(unsafe_code)]
+unsafe impl BufMut for Segments {
+    #[inline]
+    fn remaining_mut(&self) -> usize {
+        self.cur.remaining_mut()
+    }
+
+    #[inline]
+    unsafe fn advance_mut(&mut self, cnt: usize) {
+        // SAFETY: the caller's promise (cnt bytes of `chunk_mut` initialised) is passed on.
+        unsafe { self.cur.advance_mut(cnt) }
+    }
+
+    #[inline]
+    fn chunk_mut(&mut self) -> &mut UninitSlice {
+        self.cur.chunk_mut()
+    }
+
+    #[inline]
+    fn put_slice(&mut self, src: &[u8]) {
+        self.cur.extend_from_slice(src);
+    }
+
+    fn put<T: Buf>(&mut self, mut src: T)
+    where
+        Self: Sized,
+    {
+        let n = src.remaining();
+        if n >= BY_REFERENCE_MIN {
+            if !self.cur.is_empty() {
+                self.done.push(self.cur.split().freeze());
+            }
+            self.done.push(src.copy_to_bytes(n));
+        } else {
+            while src.has_remaining() {
+                let c = src.chunk();
+                let k = c.len();
+                self.cur.extend_from_slice(c);
+                src.advance(k);
+            }
+        }
     }
 }
 
@@ -162,5 +258,71 @@ mod tests {
         let small = "abc".to_string();
         let b = c.encode(small.clone()).expect("encodes");
         assert_eq!(c.decode(b).expect("decodes"), small);
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Blob {
+        #[prost(string, tag = "1")]
+        name: String,
+        #[prost(bytes = "bytes", tag = "2")]
+        data: Bytes,
+        #[prost(bytes = "bytes", tag = "3")]
+        small: Bytes,
+        #[prost(message, optional, tag = "4")]
+        inner: Option<Box<Blob>>,
+    }
+
+    /// A large message's `bytes` fields are sent from the caller's buffers (segments pointing
+    /// at them), the rest copied around them: the bytes are prost's own encoding, and decoding
+    /// them gives `bytes` fields that are slices of the receive buffer.
+    #[test]
+    fn large_bytes_fields_are_segments_by_reference_and_decode_as_slices() {
+        let data = Bytes::from(vec![7u8; 2 << 20]);
+        let nested = Bytes::from(vec![9u8; 100 << 10]);
+        let msg = Blob {
+            name: "n".repeat(100),
+            data: data.clone(),
+            small: Bytes::from(vec![1u8; 1000]),
+            inner: Some(Box::new(Blob {
+                name: String::new(),
+                data: nested.clone(),
+                small: Bytes::new(),
+                inner: None,
+            })),
+        };
+        let c = ProstCodec::<Blob, Blob>::default();
+        let p = c.encode_payload(msg.clone()).expect("encodes");
+        let segs = p.segments();
+        assert!(segs
+            .iter()
+            .any(|s| s.as_ptr() == data.as_ptr() && s.len() == data.len()));
+        assert!(segs
+            .iter()
+            .any(|s| s.as_ptr() == nested.as_ptr() && s.len() == nested.len()));
+        // name, tags and lengths, the small field: copied, around the two by-reference ones.
+        assert_eq!(segs.len(), 4);
+        let wire = p.to_bytes();
+        assert_eq!(&wire[..], &prost::Message::encode_to_vec(&msg)[..]);
+        assert_eq!(c.encode(msg.clone()).expect("encodes"), wire);
+        let got = c.decode(wire.clone()).expect("decodes");
+        assert_eq!(got, msg);
+        let range = wire.as_ptr() as usize..wire.as_ptr() as usize + wire.len();
+        assert!(
+            range.contains(&(got.data.as_ptr() as usize)),
+            "a slice, not a copy"
+        );
+        let inner = got.inner.expect("inner");
+        assert!(range.contains(&(inner.data.as_ptr() as usize)));
+        // Small messages stay one contiguous segment.
+        let small = Blob {
+            data: Bytes::from(vec![3u8; 40 << 10]),
+            ..Blob::default()
+        };
+        let p = c.encode_payload(small.clone()).expect("encodes");
+        assert!(p.as_single().is_some());
+        assert_eq!(
+            &p.to_bytes()[..],
+            &prost::Message::encode_to_vec(&small)[..]
+        );
     }
 }

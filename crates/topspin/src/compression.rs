@@ -6,7 +6,7 @@
 //! `max_message_size`: the output is bounded while it is produced, so a zip bomb ends its call
 //! with `RESOURCE_EXHAUSTED` before anything over the limit is allocated.
 
-use crate::codec::Codec;
+use crate::codec::{Codec, Payload};
 use crate::{Metadata, Status};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::io::{Read, Write};
@@ -102,35 +102,71 @@ impl Compression {
     /// Prepares one message for a direction that uses this compression: the flag byte, then the
     /// message compressed (or as is when it is below the threshold or would not shrink).
     pub(crate) fn encode(self, message: &[u8]) -> Result<Bytes, Status> {
-        if message.len() >= self.threshold as usize {
-            let mut out = BytesMut::with_capacity(message.len() / 2 + 16).writer();
-            out.write_all(&[COMPRESSED])
-                .map_err(|e| compress_failed(self.encoding, e))?;
-            let mut out = match self.encoding {
-                Encoding::Zstd => {
-                    let mut z = zstd::stream::write::Encoder::new(out, 1)
-                        .map_err(|e| compress_failed(self.encoding, e))?;
-                    z.write_all(message)
-                        .map_err(|e| compress_failed(self.encoding, e))?;
-                    z.finish().map_err(|e| compress_failed(self.encoding, e))?
-                }
-                Encoding::Gzip => {
-                    let mut z = flate2::write::GzEncoder::new(out, flate2::Compression::default());
-                    z.write_all(message)
-                        .map_err(|e| compress_failed(self.encoding, e))?;
-                    z.finish().map_err(|e| compress_failed(self.encoding, e))?
-                }
-            };
-            if out.get_ref().len() <= message.len() {
-                return Ok(out.get_mut().split().freeze());
-            }
+        if let Some(b) = self.compress(&[message])? {
+            return Ok(b);
         }
         let mut out = BytesMut::with_capacity(message.len() + 1);
         out.put_u8(PLAIN);
         out.extend_from_slice(message);
         Ok(out.freeze())
     }
+
+    /// [`Compression::encode`] for a message of segments: compressed from the segments as they
+    /// are (the encoders stream, no contiguous copy first); sent as is, a large message keeps
+    /// its segments (the flag byte is one more in front) so nothing is copied.
+    pub(crate) fn encode_payload(self, message: Payload) -> Result<Payload, Status> {
+        if let Some(b) = self.compress(message.segments())? {
+            return Ok(Payload::from(b));
+        }
+        if message.len() < PLAIN_COPY_BELOW {
+            let mut out = BytesMut::with_capacity(message.len() + 1);
+            out.put_u8(PLAIN);
+            for s in message.segments() {
+                out.extend_from_slice(s);
+            }
+            return Ok(Payload::from(out.freeze()));
+        }
+        let mut segs = Vec::with_capacity(message.segments().len() + 1);
+        segs.push(Bytes::from_static(&[PLAIN]));
+        segs.extend(message.segments().iter().cloned());
+        Ok(Payload::from_segments(segs))
+    }
+
+    /// The message compressed, flag byte first, if it is at least the threshold and shrinks.
+    fn compress<S: AsRef<[u8]>>(self, message: &[S]) -> Result<Option<Bytes>, Status> {
+        let len: usize = message.iter().map(|s| s.as_ref().len()).sum();
+        if len < self.threshold as usize {
+            return Ok(None);
+        }
+        let failed = |e| compress_failed(self.encoding, e);
+        let mut out = BytesMut::with_capacity(len / 2 + 16).writer();
+        out.write_all(&[COMPRESSED]).map_err(failed)?;
+        let mut out = match self.encoding {
+            Encoding::Zstd => {
+                let mut z = zstd::stream::write::Encoder::new(out, 1).map_err(failed)?;
+                for s in message {
+                    z.write_all(s.as_ref()).map_err(failed)?;
+                }
+                z.finish().map_err(failed)?
+            }
+            Encoding::Gzip => {
+                let mut z = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+                for s in message {
+                    z.write_all(s.as_ref()).map_err(failed)?;
+                }
+                z.finish().map_err(failed)?
+            }
+        };
+        if out.get_ref().len() <= len {
+            return Ok(Some(out.get_mut().split().freeze()));
+        }
+        Ok(None)
+    }
 }
+
+/// A message sent as is on a compressed direction is copied behind its flag byte below this
+/// size, and sent as a flag-byte segment and its own segments (no copy) from this size on.
+const PLAIN_COPY_BELOW: usize = 4096;
 
 fn compress_failed(e: Encoding, err: std::io::Error) -> Status {
     Status::internal(format!("{} compression failed: {err}", e.name()))
@@ -215,6 +251,15 @@ impl<C: Codec> Codec for Compressed<C> {
         match self.send {
             Some(c) => c.encode(&b),
             None => Ok(b),
+        }
+    }
+
+    #[inline]
+    fn encode_payload(&self, item: C::Encode) -> Result<Payload, Status> {
+        let p = self.inner.encode_payload(item)?;
+        match self.send {
+            Some(c) => c.encode_payload(p),
+            None => Ok(p),
         }
     }
 

@@ -43,7 +43,9 @@
 //! ```
 // Three audited `unsafe` lines, all in transport/socket.rs, each with a measured reason: marking
 // bytes `recv` wrote as initialised, and registering a socket with the reactor for one
-// readiness only (tokio's descriptor-ownership contract). Everything else is safe code.
+// readiness only (tokio's descriptor-ownership contract); and codec.rs's `BufMut` for segmented
+// protobuf encoding (delegating to `BytesMut`; `bytes` fields sent by reference, not copied).
+// Everything else is safe code.
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 

@@ -13,8 +13,12 @@ use std::time::Instant;
 /// The rest of a message being sent in several frames.
 #[derive(Debug)]
 pub(crate) struct PendingSend {
-    pub(crate) message: Bytes,
+    pub(crate) message: super::Payload,
+    /// Where the rest starts: a segment and an offset in it.
+    pub(crate) seg: usize,
     pub(crate) offset: usize,
+    /// Bytes not sent yet.
+    pub(crate) left: usize,
 }
 
 /// A split message being received. Its buffer grows as chunks arrive (never past twice what

@@ -12,11 +12,13 @@ mod calls;
 mod event;
 mod flow;
 mod handshake;
+mod payload;
 mod recv;
 mod send;
 mod transmit;
 
 pub use event::{CallError, Event};
+pub use payload::Payload;
 
 use crate::budget::MemoryBudget;
 use crate::error::{ErrorCode, ProtocolError};

@@ -2,13 +2,12 @@
 //! frames, resumed as credit arrives), half-closing, cancelling, response headers and ends.
 
 use super::calls::PendingSend;
-use super::{CallError, Connection, Event, Side};
+use super::{CallError, Connection, Event, Payload, Side};
 use crate::frame::{
     self, call_len, clip, CallId, END_FIXED_LEN, HEADER_LEN, MAX_METHOD_ID, MAX_METHOD_NAME_LEN,
 };
 use crate::metadata::Metadata;
 use crate::status::{Code, Status};
-use bytes::Bytes;
 use std::time::{Duration, Instant};
 
 impl Connection {
@@ -91,12 +90,25 @@ impl Connection {
     /// engine sends frames as credit allows and keeps the rest (by reference) until credit
     /// arrives. `end_stream` (client only) half-closes after the message.
     ///
+    /// The message is a [`Bytes`](bytes::Bytes) or a [`Payload`] of several segments (sent as their
+    /// concatenation, byte for byte: the wire does not see segments). Segments and pieces of
+    /// them of at least 4 KiB go to [`Connection::poll_transmit`] by reference, never copied.
+    ///
     /// Returns [`CallError::WouldBlock`] when the call has no credit or a previous message is
     /// still being sent; [`Event::Writable`] follows when it may try again.
     pub fn send_message(
         &mut self,
         id: CallId,
-        message: Bytes,
+        message: impl Into<Payload>,
+        end_stream: bool,
+    ) -> Result<(), CallError> {
+        self.send_payload(id, message.into(), end_stream)
+    }
+
+    fn send_payload(
+        &mut self,
+        id: CallId,
+        message: Payload,
         end_stream: bool,
     ) -> Result<(), CallError> {
         self.check_open()?;
@@ -106,11 +118,9 @@ impl Connection {
             ));
         }
         let limit = self.peer.max_message_size;
-        if message.len() > limit as usize {
-            return Err(CallError::MessageTooLarge {
-                size: message.len(),
-                limit,
-            });
+        let len = message.len();
+        if len > limit as usize {
+            return Err(CallError::MessageTooLarge { size: len, limit });
         }
         let max_frame = self.peer.max_frame_size as usize;
         let call = self.calls.get_mut(id.0).ok_or(CallError::NotOpen(id))?;
@@ -128,19 +138,29 @@ impl Connection {
             call.send_closed = true;
         }
         let st = &mut self.out.staging;
-        if message.len() <= max_frame {
-            frame::encode_message_head(st, id, end_stream, None, message.len());
-            call.send_credit -= (HEADER_LEN + message.len()) as i64;
-            self.out.push_body(&message);
+        if len <= max_frame {
+            frame::encode_message_head(st, id, end_stream, None, len);
+            call.send_credit -= (HEADER_LEN + len) as i64;
+            match message.as_single() {
+                Some(b) => self.out.push_body(b),
+                None => {
+                    for s in message.segments() {
+                        self.out.push_body(s);
+                    }
+                }
+            }
             return Ok(());
         }
         let first = max_frame - 4;
-        frame::encode_message_head(st, id, end_stream, Some(message.len() as u32), first);
+        frame::encode_message_head(st, id, end_stream, Some(len as u32), first);
         call.send_credit -= (HEADER_LEN + max_frame) as i64;
-        self.out.push_body(&message.slice(..first));
+        let out = &mut self.out;
+        let (seg, offset) = message.walk(0, 0, first, |b| out.push_body(&b));
         call.pending = Some(Box::new(PendingSend {
             message,
-            offset: first,
+            seg,
+            offset,
+            left: len - first,
         }));
         self.resume_send(id.0);
         Ok(())
@@ -171,15 +191,15 @@ impl Connection {
             let Some(p) = call.pending.as_mut() else {
                 break;
             };
-            let n = (p.message.len() - p.offset).min(max_frame);
+            let n = p.left.min(max_frame);
             frame::encode_continuation_head(&mut self.out.staging, CallId(id), n);
-            let chunk = p.message.slice(p.offset..p.offset + n);
-            p.offset += n;
-            if p.offset == p.message.len() {
+            let out = &mut self.out;
+            (p.seg, p.offset) = p.message.walk(p.seg, p.offset, n, |b| out.push_body(&b));
+            p.left -= n;
+            if p.left == 0 {
                 call.pending = None;
             }
             call.send_credit -= (HEADER_LEN + n) as i64;
-            self.out.push_body(&chunk);
         }
         if call.writable_wanted
             && call.pending.is_none()

@@ -248,7 +248,7 @@ where
 {
     tokio::spawn(async move {
         while let Some(item) = requests.next().await {
-            let message = match codec.encode(item) {
+            let message = match codec.encode_payload(item) {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::warn!(

@@ -89,7 +89,7 @@ pub(crate) struct CallStart {
     pub(crate) metadata: Metadata,
     /// The one request message (unary and server streaming, sent with END_STREAM), or none
     /// (a request stream follows).
-    pub(crate) message: Option<Bytes>,
+    pub(crate) message: Option<crate::codec::Payload>,
 }
 
 impl CallStart {
@@ -125,7 +125,7 @@ pub(crate) enum Cmd {
     Batch(Vec<Start>),
     Send {
         token: u64,
-        message: Bytes,
+        message: crate::codec::Payload,
         ack: Ack,
     },
     HalfClose {
@@ -744,7 +744,7 @@ impl ClientRole {
         }
     }
 
-    fn send(&mut self, id: u32, message: Bytes, ack: Ack, conn: &mut Connection) {
+    fn send(&mut self, id: u32, message: crate::codec::Payload, ack: Ack, conn: &mut Connection) {
         match send_message(conn, CallId(id), message, ack) {
             Sent::Done => {}
             Sent::Blocked(b) => match self.calls.get_mut(&id) {

@@ -18,7 +18,7 @@ use crate::connection::Ack;
 use crate::grpc::wire::{self, CreditDeframer, Framed};
 use crate::streaming::Item;
 use crate::{Address, Config, Metadata, Response, Status};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{RecvStream, SendStream};
 use http::header::{HeaderValue, CONTENT_TYPE, TE, USER_AGENT};
@@ -40,7 +40,7 @@ const ACCEPT_ENCODING: HeaderValue = HeaderValue::from_static(wire::ACCEPT);
 /// What a call's task is told by the router.
 #[derive(Debug)]
 enum CallCmd {
-    Send(Bytes, Ack),
+    Send(crate::codec::Payload, Ack),
     HalfClose,
     Credit(u32),
     Cancel,
@@ -494,38 +494,45 @@ impl GrpcCall {
         Ok(req)
     }
 
-    /// Queues one request message (prefixed) on the stream.
+    /// Queues one request message (prefixed) on the stream: a small one copied behind its
+    /// prefix as one DATA chunk, a large one as the prefix and then each of its segments as
+    /// they are (no copy).
     fn write(
         &self,
         stream: &mut SendStream<Bytes>,
-        mut message: Bytes,
+        message: crate::codec::Payload,
         end: bool,
     ) -> Result<(), Status> {
-        let flag = if self.compressed {
+        let (flag, skip) = if self.compressed {
             // topspin's compression put its flag byte first: 0 as is, 1 compressed — gRPC's
             // compressed flag has the same meaning.
-            if message.is_empty() {
+            let Some(&f) = message.segments().iter().find_map(|s| s.first()) else {
                 return Err(Status::internal(
                     "a compressed call's message lacks its flag byte",
                 ));
-            }
-            let f = message[0] == 1;
-            message.advance(1);
-            f
+            };
+            (f == 1, 1)
         } else {
-            false
+            (false, 0)
         };
-        let prefix = wire::prefix(flag, message.len())?;
-        let sent = if message.len() < COPY_BELOW {
+        let len = message.len() - skip;
+        let prefix = wire::prefix(flag, len)?;
+        let sent = if len < COPY_BELOW {
             // Our own request message, below COPY_BELOW: small and not peer-sized.
-            let mut b = BytesMut::with_capacity(wire::PREFIX + message.len());
+            let mut b = BytesMut::with_capacity(wire::PREFIX + len);
             b.put_slice(&prefix);
-            b.put_slice(&message);
+            for s in wire::segments_after(&message, skip) {
+                b.put_slice(&s);
+            }
             stream.send_data(b.freeze(), end)
         } else {
-            stream
-                .send_data(Bytes::copy_from_slice(&prefix), false)
-                .and_then(|()| stream.send_data(message, end))
+            let mut r = stream.send_data(Bytes::copy_from_slice(&prefix), false);
+            let mut left = len;
+            for s in wire::segments_after(&message, skip) {
+                left -= s.len();
+                r = r.and_then(|()| stream.send_data(s, end && left == 0));
+            }
+            r
         };
         sent.map_err(|e| self.h2_error(&e))
     }
@@ -557,7 +564,7 @@ impl GrpcCall {
         };
         // Wait for the server's concurrent-stream limit; a stream message or half-close of
         // the call may arrive meanwhile.
-        let mut early: Option<(Bytes, Ack)> = None;
+        let mut early: Option<(crate::codec::Payload, Ack)> = None;
         let mut early_half_close = false;
         let ready = send.ready();
         tokio::pin!(ready);

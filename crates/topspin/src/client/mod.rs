@@ -223,9 +223,9 @@ impl Channel {
         request: Request<C::Encode>,
     ) -> Result<(CallStart, bool), Status> {
         let (mut start, message, compression, ready) = self.call_start(method, C::ID, request);
-        let message = codec.encode(message)?;
+        let message = codec.encode_payload(message)?;
         start.message = Some(match compression {
-            Some(c) => c.encode(&message)?,
+            Some(c) => c.encode_payload(message)?,
             None => message,
         });
         Ok((start, ready))

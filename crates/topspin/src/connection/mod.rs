@@ -386,7 +386,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
 /// Told when a stream message has been handed to the engine (or why not).
 pub(crate) type Ack = tokio::sync::oneshot::Sender<Result<(), Status>>;
 /// A stream message waiting for flow-control credit, and whom to tell when it is sent.
-pub(crate) type Blocked = (bytes::Bytes, Ack);
+pub(crate) type Blocked = (crate::codec::Payload, Ack);
 
 /// What became of a stream message given to the engine.
 pub(crate) enum Sent {
@@ -402,7 +402,7 @@ pub(crate) enum Sent {
 pub(crate) fn send_message(
     conn: &mut Connection,
     id: topspin_proto::CallId,
-    message: bytes::Bytes,
+    message: crate::codec::Payload,
     ack: Ack,
 ) -> Sent {
     match conn.send_message(id, message.clone(), false) {

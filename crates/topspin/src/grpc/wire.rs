@@ -449,49 +449,97 @@ pub(crate) fn unframe(
     }
 }
 
+/// The segments of `message` after its first `skip` bytes (none empty).
+pub(crate) fn segments_after(
+    message: &crate::codec::Payload,
+    mut skip: usize,
+) -> impl Iterator<Item = Bytes> + '_ {
+    message.segments().iter().filter_map(move |s| {
+        let k = skip.min(s.len());
+        skip -= k;
+        (k < s.len()).then(|| if k == 0 { s.clone() } else { s.slice(k..) })
+    })
+}
+
 /// One outgoing gRPC message (the server's): the 5-byte prefix and the message, sent from the
-/// message's own `Bytes` without a copy.
+/// message's own segments without a copy (h2 writes them as successive DATA).
 #[cfg(feature = "grpc")]
 #[derive(Debug)]
 pub(crate) struct Frame {
     head: [u8; 5],
     pos: usize,
-    body: Bytes,
+    body: crate::codec::Payload,
+    /// Where the rest of `body` starts: a segment and an offset in it.
+    seg: usize,
+    off: usize,
+    /// Bytes of `body` not yet taken.
+    left: usize,
 }
 
 #[cfg(feature = "grpc")]
 impl Frame {
     /// The frame of `message`, compressed with `c` when given (and worth it).
-    pub(crate) fn new(message: Bytes, c: Option<Compression>) -> Result<Frame, Status> {
+    pub(crate) fn new(
+        message: crate::codec::Payload,
+        c: Option<Compression>,
+    ) -> Result<Frame, Status> {
         let (flag, body) = match c {
-            // `encode` writes topspin's flag byte first: gRPC's flag has the same meaning.
+            // `encode_payload` writes topspin's flag byte first: gRPC's flag has the same
+            // meaning.
             Some(c) => {
-                let mut e = c.encode(&message)?;
-                let flag = e.first().copied().unwrap_or(0);
-                e.advance(1);
-                (flag, e)
+                let e = c.encode_payload(message)?;
+                let flag = e.segments().iter().find_map(|s| s.first()).copied();
+                (flag.unwrap_or(0), e)
             }
             None => (0, message),
         };
-        Ok(Frame {
-            head: prefix(flag == 1, body.len())?,
+        let skip = usize::from(c.is_some()).min(body.len());
+        let mut f = Frame {
+            head: prefix(flag == 1, body.len() - skip)?,
             pos: 0,
+            left: body.len(),
             body,
-        })
+            seg: 0,
+            off: 0,
+        };
+        f.skip_body(skip);
+        Ok(f)
+    }
+
+    /// Moves past `n` bytes of the body.
+    fn skip_body(&mut self, mut n: usize) {
+        let segs = self.body.segments();
+        self.left -= n;
+        while n > 0 {
+            let k = (segs[self.seg].len() - self.off).min(n);
+            n -= k;
+            self.off += k;
+            if self.off == segs[self.seg].len() {
+                self.seg += 1;
+                self.off = 0;
+            }
+        }
+        // Past empty segments, so `chunk` is never empty while bytes are left.
+        while self.left > 0 && self.off == segs[self.seg].len() {
+            self.seg += 1;
+            self.off = 0;
+        }
     }
 }
 
 #[cfg(feature = "grpc")]
 impl Buf for Frame {
     fn remaining(&self) -> usize {
-        (5 - self.pos) + self.body.len()
+        (5 - self.pos) + self.left
     }
 
     fn chunk(&self) -> &[u8] {
         if self.pos < 5 {
             &self.head[self.pos..]
+        } else if self.left > 0 {
+            &self.body.segments()[self.seg][self.off..]
         } else {
-            &self.body
+            &[]
         }
     }
 
@@ -499,7 +547,8 @@ impl Buf for Frame {
         let h = n.min(5 - self.pos);
         self.pos += h;
         n -= h;
-        self.body.advance(n);
+        assert!(n <= self.left, "advance past the end of a gRPC frame");
+        self.skip_body(n);
     }
 
     fn chunks_vectored<'a>(&'a self, dst: &mut [std::io::IoSlice<'a>]) -> usize {
@@ -510,9 +559,15 @@ impl Buf for Frame {
                 i += 1;
             }
         }
-        if !self.body.is_empty() {
-            if let Some(d) = dst.get_mut(i) {
-                *d = std::io::IoSlice::new(&self.body);
+        if self.left > 0 {
+            let segs = &self.body.segments()[self.seg..];
+            for (k, s) in segs.iter().enumerate() {
+                let s = if k == 0 { &s[self.off..] } else { &s[..] };
+                if s.is_empty() {
+                    continue;
+                }
+                let Some(d) = dst.get_mut(i) else { break };
+                *d = std::io::IoSlice::new(s);
                 i += 1;
             }
         }
@@ -809,7 +864,7 @@ mod tests {
     fn frames_cut_across_chunks() {
         let mut out = Vec::new();
         for m in [&b"hello"[..], b"", b"a longer message"] {
-            let mut f = Frame::new(Bytes::copy_from_slice(m), None).unwrap();
+            let mut f = Frame::new(Bytes::copy_from_slice(m).into(), None).unwrap();
             while f.has_remaining() {
                 let c = f.chunk().to_vec();
                 f.advance(c.len());
@@ -839,7 +894,7 @@ mod tests {
     fn compressed_frames() {
         let c = Compression::new(Encoding::Gzip).with_threshold(0);
         let msg = Bytes::from(vec![7u8; 4000]);
-        let mut f = Frame::new(msg.clone(), Some(c)).unwrap();
+        let mut f = Frame::new(msg.clone().into(), Some(c)).unwrap();
         assert_eq!(f.head[0], 1);
         let wire = f.copy_to_bytes(f.remaining());
         let mut d = Deframer::new(1 << 20, None);
@@ -856,6 +911,55 @@ mod tests {
             d.next(100, Some(Encoding::Gzip)).unwrap_err().code(),
             Code::ResourceExhausted
         );
+    }
+
+    /// A message of segments is framed as its concatenation (read chunk by chunk, in odd
+    /// steps, and vectored), with and without compression; its large segment is read in place.
+    #[test]
+    #[cfg(feature = "grpc")]
+    fn segmented_frames() {
+        use crate::codec::Payload;
+        let big: Bytes = (0..100_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect::<Vec<u8>>()
+            .into();
+        let whole: Bytes = [&b"head"[..], &big, b"", b"tail"].concat().into();
+        let p = || {
+            Payload::from_segments(vec![
+                Bytes::from_static(b"head"),
+                big.clone(),
+                Bytes::new(),
+                Bytes::from_static(b"tail"),
+            ])
+        };
+        let gz = Compression::new(Encoding::Gzip).with_threshold(0);
+        for c in [None, Some(gz), Some(gz.with_threshold(1 << 30))] {
+            // Chunk by chunk, advancing 7 bytes at a time.
+            let mut f = Frame::new(p(), c).unwrap();
+            let mut wire = Vec::new();
+            let mut in_place = false;
+            while f.has_remaining() {
+                let ch = f.chunk();
+                in_place |= ch.as_ptr() == big.as_ptr();
+                let n = ch.len().min(7);
+                wire.extend_from_slice(&ch[..n]);
+                f.advance(n);
+            }
+            // Vectored.
+            let f = Frame::new(p(), c).unwrap();
+            let mut io = [std::io::IoSlice::new(&[]); 8];
+            let n = f.chunks_vectored(&mut io);
+            let v: Vec<u8> = io[..n].iter().flat_map(|s| s.iter().copied()).collect();
+            assert_eq!(v, wire);
+            let enc = c.map(Compression::encoding);
+            let mut d = Deframer::new(1 << 20, None);
+            d.push(wire.into());
+            let got = d.next(1 << 20, enc).unwrap().unwrap().message;
+            assert_eq!(got, whole);
+            // Sent as is (no compression, or over the threshold), the big segment is read in
+            // place, not copied.
+            assert_eq!(in_place, c != Some(gz), "{c:?}");
+        }
     }
 
     #[test]

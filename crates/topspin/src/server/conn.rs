@@ -649,7 +649,7 @@ impl ServerRole {
         }
     }
 
-    fn send(&mut self, id: u32, message: Bytes, ack: Ack, conn: &mut Connection) {
+    fn send(&mut self, id: u32, message: crate::codec::Payload, ack: Ack, conn: &mut Connection) {
         match send_message(conn, CallId(id), message, ack) {
             Sent::Done => {}
             Sent::Blocked(b) => match self.calls.get_mut(&id) {

@@ -2,6 +2,7 @@
 //! promptly when its call is cancelled.
 
 use crate::codec::Codec;
+use crate::codec::Payload;
 use crate::compression::Compressed;
 use crate::request::{Cancellation, ServerContext};
 use crate::streaming::{CreditReturn, Item, Streaming};
@@ -51,7 +52,7 @@ pub(crate) enum SCmd {
     },
     Send {
         id: u32,
-        message: Bytes,
+        message: Payload,
         ack: oneshot::Sender<Result<(), Status>>,
     },
     Credit {
@@ -63,7 +64,7 @@ pub(crate) enum SCmd {
 /// How a handler's call is to be answered.
 pub(crate) enum Outcome {
     /// One response (unary, client streaming): message, headers, trailers.
-    Reply(Result<(Bytes, Metadata, Metadata), Status>),
+    Reply(Result<(Payload, Metadata, Metadata), Status>),
     /// A response stream finished (its messages were already sent): trailers or error.
     Finished(Result<Metadata, Status>),
 }
@@ -114,7 +115,7 @@ impl CallIo {
     }
 
     /// Sends one message, waiting for flow-control credit.
-    async fn send(&self, message: Bytes) -> Result<(), Status> {
+    async fn send(&self, message: Payload) -> Result<(), Status> {
         let (ack, done) = oneshot::channel();
         self.tx
             .send(SCmd::Send {
@@ -169,7 +170,7 @@ async fn reply<C: Codec>(
     Outcome::Reply(match fut.await {
         Ok(r) => {
             let (m, h, t) = r.into_parts();
-            codec.encode(m).map(|b| (b, codec.announce(h), t))
+            codec.encode_payload(m).map(|b| (b, codec.announce(h), t))
         }
         Err(s) => Err(s),
     })
@@ -203,7 +204,7 @@ where
     io.headers(codec.announce(headers)).await;
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
-        let msg = match item.and_then(|m| codec.encode(m)) {
+        let msg = match item.and_then(|m| codec.encode_payload(m)) {
             Ok(b) => b,
             Err(s) => return Outcome::Finished(Err(s)),
         };

@@ -41,11 +41,14 @@ async fn serve_shm(name: &str) -> TestServer {
 }
 
 /// How many topspin shared-memory mappings this process has.
-fn mappings() -> usize {
+/// This process's mappings of `name`'s shared memory (the memfd is named after the endpoint,
+/// so other tests running at the same time do not count).
+fn mappings(name: &str) -> usize {
+    let me = format!("memfd:topspin-shm:{name} ");
     std::fs::read_to_string("/proc/self/maps")
         .expect("maps")
         .lines()
-        .filter(|l| l.contains("memfd:topspin-shm"))
+        .filter(|l| l.contains(&me))
         .count()
 }
 
@@ -266,7 +269,7 @@ async fn a_killed_client_ends_its_connection_and_the_mapping_goes() {
         .expect("bind");
     let stop = server.shutdown_handle();
     tokio::spawn(server.serve());
-    let before = mappings();
+    let before = mappings(&name);
     let mut c = tokio::task::spawn_blocking({
         let name = name.clone();
         move || child("client", &name)
@@ -275,7 +278,7 @@ async fn a_killed_client_ends_its_connection_and_the_mapping_goes() {
     .unwrap();
     within(10, probe.started.notified()).await;
     assert_eq!(
-        mappings(),
+        mappings(&name),
         before + 1,
         "the client's connection maps one memfd"
     );
@@ -285,7 +288,7 @@ async fn a_killed_client_ends_its_connection_and_the_mapping_goes() {
     within(10, probe.cancelled_notify.notified()).await;
     assert_eq!(probe.cancelled.lock().unwrap().as_slice(), ["slow"]);
     eventually("the dead client's mapping is unmapped", || {
-        mappings() == before
+        mappings(&name) == before
     })
     .await;
     // The server goes on serving.
@@ -298,7 +301,7 @@ async fn a_killed_client_ends_its_connection_and_the_mapping_goes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_fails_calls_unavailable_and_the_mapping_goes() {
     let name = name("server-dies");
-    let before = mappings();
+    let before = mappings(&name);
     let mut c = tokio::task::spawn_blocking({
         let name = name.clone();
         move || child("server", &name)
@@ -309,7 +312,7 @@ async fn a_killed_server_fails_calls_unavailable_and_the_mapping_goes() {
         .await
         .unwrap();
     assert_eq!(unary(&ch, UNARY, "up").await.unwrap(), bytes("up"));
-    assert_eq!(mappings(), before + 1);
+    assert_eq!(mappings(&name), before + 1);
     let slow = tokio::spawn({
         let ch = ch.clone();
         async move { unary(&ch, SLOW, "slow").await }
@@ -322,7 +325,7 @@ async fn a_killed_server_fails_calls_unavailable_and_the_mapping_goes() {
     let e = within(10, unary(&ch, UNARY, "again")).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e}");
     eventually("the dead server's mapping is unmapped", || {
-        mappings() == before
+        mappings(&name) == before
     })
     .await;
 }

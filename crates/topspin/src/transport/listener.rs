@@ -235,10 +235,10 @@ impl Listener {
                 SocketTransport::from_unix(l.accept().await?.0).map(Accepted::Socket)
             }
             #[cfg(any(target_os = "linux", target_os = "android"))]
-            Listener::Shm(l, _) => {
+            Listener::Shm(l, name) => {
                 let s = l.accept().await?.0;
                 s.into_std()
-                    .and_then(super::shm::ShmTransport::accept)
+                    .and_then(|s| super::shm::ShmTransport::accept(s, name))
                     .map(Accepted::Shm)
             }
             #[cfg(not(any(target_os = "linux", target_os = "android")))]

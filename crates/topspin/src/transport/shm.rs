@@ -303,16 +303,26 @@ impl ShmTransport {
 
     /// The server side of the handshake on an accepted socket: create, seal and map the
     /// memfd, send the hello with it. Only non-blocking system calls.
-    pub(crate) fn accept(sock: UnixStream) -> io::Result<ShmTransport> {
-        Self::accept_with_ring(sock, RING)
+    /// The memfd is named `topspin-shm:<name>` (shown in `/proc/PID/maps` of both processes).
+    pub(crate) fn accept(sock: UnixStream, name: &str) -> io::Result<ShmTransport> {
+        Self::accept_with_ring(sock, RING, name)
     }
 
-    fn accept_with_ring(sock: UnixStream, ring: usize) -> io::Result<ShmTransport> {
+    fn accept_with_ring(sock: UnixStream, ring: usize, name: &str) -> io::Result<ShmTransport> {
         use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
         use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
         let len = HEADER + 2 * ring;
+        // memfd names are at most 249 bytes; a longer endpoint name is cut (on a char edge).
+        let mut label = format!("topspin-shm:{name}");
+        if label.len() > 249 {
+            let mut cut = 249;
+            while !label.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            label.truncate(cut);
+        }
         let fd = memfd_create(
-            "topspin-shm",
+            label.as_str(),
             MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
         )?;
         ftruncate(&fd, len as u64)?;
@@ -736,7 +746,7 @@ mod tests {
     /// A transport pair over a socketpair, with a small ring.
     fn pair(ring: usize) -> (ShmTransport, ShmTransport) {
         let (a, b) = UnixStream::pair().unwrap();
-        let server = ShmTransport::accept_with_ring(a, ring).unwrap();
+        let server = ShmTransport::accept_with_ring(a, ring, "unit").unwrap();
         let client = futures_util::FutureExt::now_or_never(async {
             // connect() dials by name; here the hello is read the same way from `b`.
             let mut hello = [0u8; HELLO_LEN];

@@ -161,11 +161,13 @@ where
         // untouched (never written, so never paged in), and nothing is ever reallocated.
         let mut buf = Segments {
             done: Vec::new(),
-            cur: BytesMut::with_capacity(len),
+            cur: Vec::with_capacity(len),
+            taken: 0,
+            len,
         };
         item.encode_raw(&mut buf);
         if !buf.cur.is_empty() {
-            buf.done.push(buf.cur.freeze());
+            buf.done.push(Bytes::from(buf.cur));
         }
         let p = Payload::from_segments(buf.done);
         debug_assert_eq!(p.len(), len);
@@ -185,16 +187,22 @@ where
 /// A [`BufMut`] that builds a [`Payload`]: prost writes a `Bytes` field with
 /// [`BufMut::put`], which takes a large one over as a segment (for a [`Bytes`] source,
 /// `copy_to_bytes` is a reference count, not a copy); everything else is copied into `cur`.
+/// `cur` is a `Vec` (whose writes are the cheapest `BufMut` there is: a message without large
+/// fields, the usual case, costs what encoding into one `Vec` costs).
 #[cfg(feature = "prost")]
 struct Segments {
     done: Vec<Bytes>,
-    cur: BytesMut,
+    cur: Vec<u8>,
+    /// Bytes in `done`.
+    taken: usize,
+    /// The message's encoded length (what `cur` is sized from).
+    len: usize,
 }
 
-// SAFETY: every method delegates to `BytesMut`'s own `BufMut` implementation, which upholds the
+// SAFETY: every method delegates to `Vec<u8>`'s own `BufMut` implementation, which upholds the
 // trait's contract (`chunk_mut` is writable memory past the initialised part, `advance_mut`
-// marks as initialised only what the caller wrote there); `put` and `put_slice` go through
-// its safe methods. The one `unsafe` item of this file.
+// marks as initialised only what the caller wrote there); `put`, `put_slice` and `put_u8` go
+// through its safe methods. The one `unsafe` item of this file.
 #[cfg(feature = "prost")]
 #[allow(unsafe_code)]
 unsafe impl BufMut for Segments {
@@ -219,15 +227,27 @@ unsafe impl BufMut for Segments {
         self.cur.extend_from_slice(src);
     }
 
+    #[inline]
+    fn put_u8(&mut self, n: u8) {
+        self.cur.push(n);
+    }
+
     fn put<T: Buf>(&mut self, mut src: T)
     where
         Self: Sized,
     {
         let n = src.remaining();
         if n >= BY_REFERENCE_MIN {
+            let written = self.taken + self.cur.len();
             if !self.cur.is_empty() {
-                self.done.push(self.cur.split().freeze());
+                // What is still to come after this field gets a buffer of its exact size.
+                let rest = self.len.saturating_sub(written + n);
+                let full = std::mem::replace(&mut self.cur, Vec::with_capacity(rest));
+                self.done.push(Bytes::from(full));
+            } else {
+                self.cur.shrink_to(self.len.saturating_sub(written + n));
             }
+            self.taken = written + n;
             self.done.push(src.copy_to_bytes(n));
         } else {
             while src.has_remaining() {

@@ -217,7 +217,9 @@ impl<R: Role, T: Transport> Driver<R, T> {
     fn poll_turns(&mut self, cx: &mut Context<'_>) -> Poll<String> {
         // The transport said "nothing to read" in this poll (and registered `cx`'s waker):
         // nothing this task does makes it readable, so later turns of the same poll do not
-        // ask again (a turn that only wrote would otherwise re-register the same waker).
+        // ask again (a turn that only wrote would otherwise re-register the same waker). This
+        // relies on a transport keeping that waker when a write changes its registration
+        // (`SocketTransport::reregister` registers it anew).
         let mut read_waits = false;
         if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             self.waker = Some(cx.waker().clone());

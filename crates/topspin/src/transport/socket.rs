@@ -118,13 +118,21 @@ impl SocketTransport {
 
     /// Re-registers the socket's one descriptor with `interest` (deregister, register: two
     /// `epoll_ctl`). Readiness that was already there is reported again by the new
-    /// registration (epoll reports a ready descriptor when it is added), so no wake-up is lost.
-    fn reregister(&mut self, interest: Interest) -> io::Result<()> {
+    /// registration (epoll reports a ready descriptor when it is added). The waker the old
+    /// registration held for read readiness goes with it, so the task's (`cx`) is registered
+    /// with the new one at once — or, if the socket is readable already, the task is woken:
+    /// the loop need not poll the read side again after a write re-registered (and a write
+    /// made outside the task, `Driver::act_outside`, cannot leave the task deaf).
+    fn reregister(&mut self, interest: Interest, cx: &mut Context<'_>) -> io::Result<()> {
         let Some(fd) = self.sock.take() else {
             return Err(gone());
         };
-        self.sock = Some(register(fd.into_inner(), interest)?);
         self.write_watched = interest.is_writable();
+        let fd = self.sock.insert(register(fd.into_inner(), interest)?);
+        if let Poll::Ready(r) = fd.poll_read_ready(cx) {
+            drop(r?); // readable now: the readiness stays set, and the task looks again
+            cx.waker().wake_by_ref();
+        }
         Ok(())
     }
 
@@ -133,7 +141,7 @@ impl SocketTransport {
     fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.idle_writes = 0;
         if !self.write_watched {
-            self.reregister(Interest::READABLE | Interest::WRITABLE)?;
+            self.reregister(Interest::READABLE | Interest::WRITABLE, cx)?;
         }
         self.fd()?.poll_write_ready(cx).map_ok(|_guard| ())
     }
@@ -208,12 +216,12 @@ impl Transport for SocketTransport {
     /// row have not needed it: a connection moving large messages keeps its registration
     /// (re-registering costs two epoll_ctl), one making small calls loses it and with it the
     /// spurious EPOLLOUT wake-ups.
-    fn poll_flush(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.write_watched {
             self.idle_writes += 1;
             if self.idle_writes >= 64 {
                 self.idle_writes = 0;
-                self.reregister(Interest::READABLE)?;
+                self.reregister(Interest::READABLE, cx)?;
             }
         }
         Poll::Ready(Ok(()))
@@ -280,4 +288,50 @@ fn recv_drained(
         return Err(io::ErrorKind::WouldBlock.into());
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+    use tokio::io::AsyncWriteExt;
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Regression: a task whose read had returned `Pending` and whose write then re-registered
+    /// the descriptor (write readiness taken, or dropped after idle writes) lost its read
+    /// waker with the old registration and slept through the reply (a pinned benchmark hung
+    /// after a 2 MB echo over a Unix socket).
+    #[tokio::test]
+    async fn a_reregistration_keeps_the_task_listening_for_reads() {
+        for interest in [Interest::READABLE | Interest::WRITABLE, Interest::READABLE] {
+            let (a, mut b) = tokio::net::UnixStream::pair().expect("pair");
+            let mut t = SocketTransport::from_unix(a).expect("transport");
+            let woken = Arc::new(Count::default());
+            let waker = Waker::from(woken.clone());
+            let mut cx = Context::from_waker(&waker);
+            let mut buf = BytesMut::with_capacity(64);
+            assert!(t.poll_read(&mut cx, &mut buf).is_pending());
+            t.reregister(interest, &mut cx).expect("reregister");
+            let before = woken.0.load(Ordering::SeqCst);
+            b.write_all(b"x").await.expect("write");
+            tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                while woken.0.load(Ordering::SeqCst) == before {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            })
+            .await
+            .expect("the task is woken for the reply after the re-registration");
+            assert!(matches!(t.poll_read(&mut cx, &mut buf), Poll::Ready(Ok(1))));
+        }
+    }
 }

@@ -97,6 +97,7 @@ impl Payload {
         match &self.repr {
             Repr::One(b) => b.clone(),
             Repr::Many(segs, len) => {
+                // Sized by this side's own outgoing message (its sender checked it), not by a peer.
                 let mut out = BytesMut::with_capacity(*len);
                 for s in segs.iter() {
                     out.extend_from_slice(s);

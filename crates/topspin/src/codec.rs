@@ -157,7 +157,8 @@ where
         if len <= ENCODE_POOL_MAX {
             return self.encode(item).map(Payload::from);
         }
-        // Room for all of it: whatever goes by reference leaves its part of the allocation
+        // Room for all of it (`len` is our own message's encoded length, not a peer's number):
+        // whatever goes by reference leaves its part of the allocation
         // untouched (never written, so never paged in), and nothing is ever reallocated.
         let mut buf = Segments {
             done: Vec::new(),

@@ -102,13 +102,10 @@ impl Compression {
     /// Prepares one message for a direction that uses this compression: the flag byte, then the
     /// message compressed (or as is when it is below the threshold or would not shrink).
     pub(crate) fn encode(self, message: &[u8]) -> Result<Bytes, Status> {
-        if let Some(b) = self.compress(&[message])? {
-            return Ok(b);
-        }
-        let mut out = BytesMut::with_capacity(message.len() + 1);
-        out.put_u8(PLAIN);
-        out.extend_from_slice(message);
-        Ok(out.freeze())
+        Ok(match self.compress(&[message])? {
+            Some(b) => b,
+            None => plain(&[message]),
+        })
     }
 
     /// [`Compression::encode`] for a message of segments: compressed from the segments as they
@@ -119,13 +116,9 @@ impl Compression {
             return Ok(Payload::from(b));
         }
         if message.len() < PLAIN_COPY_BELOW {
-            let mut out = BytesMut::with_capacity(message.len() + 1);
-            out.put_u8(PLAIN);
-            for s in message.segments() {
-                out.extend_from_slice(s);
-            }
-            return Ok(Payload::from(out.freeze()));
+            return Ok(Payload::from(plain(message.segments())));
         }
+        // One more than the segments our own message already has.
         let mut segs = Vec::with_capacity(message.segments().len() + 1);
         segs.push(Bytes::from_static(&[PLAIN]));
         segs.extend(message.segments().iter().cloned());
@@ -133,6 +126,8 @@ impl Compression {
     }
 
     /// The message compressed, flag byte first, if it is at least the threshold and shrinks.
+    /// The output buffer starts at half the input, our own outgoing message (its size checked
+    /// by the codec's sender), and grows only as the encoder writes.
     fn compress<S: AsRef<[u8]>>(self, message: &[S]) -> Result<Option<Bytes>, Status> {
         let len: usize = message.iter().map(|s| s.as_ref().len()).sum();
         if len < self.threshold as usize {
@@ -227,6 +222,18 @@ pub(crate) fn inflate(encoding: Encoding, body: &[u8], limit: usize) -> Result<B
         )));
     }
     Ok(Bytes::from(out))
+}
+
+/// A message sent uncompressed: the flag byte, then the message's bytes in one buffer. Sized by
+/// our own outgoing message, not by a peer.
+fn plain<S: AsRef<[u8]>>(segments: &[S]) -> Bytes {
+    let len: usize = segments.iter().map(|s| s.as_ref().len()).sum();
+    let mut out = BytesMut::with_capacity(len + 1);
+    out.put_u8(PLAIN);
+    for s in segments {
+        out.extend_from_slice(s.as_ref());
+    }
+    out.freeze()
 }
 
 /// A call's codec with the call's compression around it: what it encodes is compressed with

@@ -158,16 +158,9 @@ pub(crate) fn begin_now(
     let mut guard = CallGuard::new(&h, call.token);
     let deadline = call.deadline;
     // A quiet connection: the call is written from here, without the queue.
-    let mut start = Some(call.into_start(sink));
-    if h.start_direct(&mut start) {
-        return Ok((h, guard));
-    }
-    let Some(start) = start else {
-        // Not reached: `start_direct` takes the call only when it returns `true`.
-        guard.disarm();
-        return Err(Box::new(Slow::Failed(Status::internal(
-            "the call was lost on its way to the connection",
-        ))));
+    let start = match h.start_direct(call.into_start(sink)) {
+        Ok(()) => return Ok((h, guard)),
+        Err(start) => start,
     };
     match h.tx.try_send(Cmd::Start(start)) {
         Ok(()) => Ok((h, guard)),

@@ -208,11 +208,16 @@ impl ConnHandle {
         !self.tx.is_closed() && !self.shared.unusable.load(Ordering::Acquire)
     }
 
-    /// Starts the call in `s` on the caller's thread if the connection is quiet (see
-    /// [`Driver::act_outside`]): takes it and returns `true`; leaves it to be queued
-    /// otherwise.
-    pub(crate) fn start_direct(&self, s: &mut Option<Start>) -> bool {
-        self.direct.as_ref().is_some_and(|d| d.0.try_start(s))
+    /// Starts the call `s` on the caller's thread if the connection is quiet (see
+    /// [`Driver::act_outside`]); otherwise gives it back, to be queued.
+    #[allow(clippy::result_large_err)] // the call itself, moved back to its caller's stack
+    pub(crate) fn start_direct(&self, s: Start) -> Result<(), Start> {
+        let Some(d) = &self.direct else {
+            return Err(s);
+        };
+        let mut slot = Some(s);
+        d.0.try_start(&mut slot);
+        slot.map_or(Ok(()), Err)
     }
 }
 
@@ -227,24 +232,22 @@ impl std::fmt::Debug for Direct {
 }
 
 trait StartDirect: Send + Sync {
-    /// See [`ConnHandle::start_direct`].
-    fn try_start(&self, s: &mut Option<Start>) -> bool;
+    /// See [`ConnHandle::start_direct`]: takes the call out of `s` if it starts it.
+    fn try_start(&self, s: &mut Option<Start>);
 }
 
 impl<T: Transport> StartDirect for SharedDriver<ClientRole, T> {
-    fn try_start(&self, s: &mut Option<Start>) -> bool {
+    fn try_start(&self, s: &mut Option<Start>) {
         // Never waits: a lock held means the task is running (it takes the call from the
         // queue just as fast) or another caller is starting one.
         let mut guard = match self.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+            Err(std::sync::TryLockError::WouldBlock) => return,
         };
-        guard.as_mut().is_some_and(|driver| {
-            driver
-                .act_outside(|role, conn, room| role.start_direct(s, conn, room))
-                .is_some()
-        })
+        if let Some(driver) = guard.as_mut() {
+            driver.act_outside(|role, conn, room| role.start_direct(s, conn, room));
+        }
     }
 }
 

@@ -20,7 +20,8 @@ use topspin_proto::{Limits, MemoryBudget, Rate, Settings};
 pub struct Config {
     max_message_size: u32,
     max_concurrent_calls: u32,
-    max_frame_size: u32,
+    /// `None`: follows `max_message_size`.
+    max_frame_size: Option<u32>,
     max_metadata_size: u32,
     initial_call_window: u32,
     max_send_buffer: usize,
@@ -51,7 +52,7 @@ impl Default for Config {
         Config {
             max_message_size: s.max_message_size(),
             max_concurrent_calls: s.max_concurrent_calls(),
-            max_frame_size: s.max_frame_size(),
+            max_frame_size: None,
             max_metadata_size: s.max_metadata_size(),
             initial_call_window: s.initial_call_window(),
             max_send_buffer: 4 * 1024 * 1024,
@@ -102,9 +103,32 @@ impl Config {
         /// Most calls the peer may have open at once on one connection (default 1024).
         max_concurrent_calls, with_max_concurrent_calls: u32
     }
-    field! {
-        /// Largest frame this side accepts (default 16 MiB; at least 16 KiB).
-        max_frame_size, with_max_frame_size: u32
+    /// Largest frame this side accepts: by default `max_message_size` (so 64 MiB), at least
+    /// 16 KiB. A message that fits one frame is never split on its way here, so it lands in
+    /// one buffer and is handed to the handler or caller by reference, without being copied
+    /// together from chunks. The protocol's own default (what a peer that does not say
+    /// assumes) stays 16 MiB. A header claiming a large frame reserves it only within the
+    /// memory budget (see `memory_budget`); past it, the buffer grows as bytes arrive.
+    ///
+    /// ```
+    /// use topspin::Config;
+    /// assert_eq!(Config::default().max_frame_size(), 64 * 1024 * 1024);
+    /// let c = Config::default().with_max_message_size(1 << 20);
+    /// assert_eq!(c.max_frame_size(), 1 << 20);
+    /// assert_eq!(c.with_max_frame_size(1 << 16).max_frame_size(), 1 << 16);
+    /// ```
+    pub fn max_frame_size(&self) -> u32 {
+        self.max_frame_size.unwrap_or_else(|| {
+            self.max_message_size
+                .clamp(topspin_proto::MIN_MAX_FRAME_SIZE, topspin_proto::MAX_WINDOW)
+        })
+    }
+
+    /// Sets [`Config::max_frame_size`] (it then no longer follows `max_message_size`).
+    #[must_use]
+    pub fn with_max_frame_size(mut self, value: u32) -> Config {
+        self.max_frame_size = Some(value);
+        self
     }
     field! {
         /// Largest metadata block this side accepts (default 16 KiB).
@@ -244,7 +268,7 @@ impl Config {
 
     pub(crate) fn settings(&self) -> Settings {
         Settings::default()
-            .with_max_frame_size(self.max_frame_size)
+            .with_max_frame_size(self.max_frame_size())
             .with_max_concurrent_calls(self.max_concurrent_calls)
             .with_initial_call_window(self.initial_call_window)
             .with_max_message_size(self.max_message_size)

@@ -81,7 +81,10 @@ async fn messages_above_a_smaller_announced_frame_size_arrive_split_and_whole() 
             let r = within(60, ch.unary(RawCodec, UNARY, Request::new(body.clone())))
                 .await
                 .unwrap();
-            assert!(r.into_inner() == body, "{t:?}: {n} bytes came back different");
+            assert!(
+                r.into_inner() == body,
+                "{t:?}: {n} bytes came back different"
+            );
         }
         server.stop().await;
     }

@@ -29,6 +29,21 @@ use topspin_proto::{CallError, Connection, ErrorCode, Event, ProtocolError, Side
 
 /// Turns of the loop that made progress before the task yields to the scheduler.
 const TURN_BUDGET: u32 = 64;
+/// Events handled per turn when the process may run on several CPUs: what they produce
+/// (replies; a client's next calls) is written before the rest is handled, so that the peer
+/// works on it meanwhile rather than the two sides taking turns on whole batches (on this
+/// machine: 64 calls in flight on one connection, 450 k → 600 k calls/s). On one CPU there is
+/// nothing to overlap and the extra writes only cost: all of a read's events go in one turn.
+fn events_per_turn() -> usize {
+    static PER_TURN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PER_TURN.get_or_init(|| {
+        // The CPUs this process may run on (its affinity mask, as `taskset` sets it).
+        match std::thread::available_parallelism() {
+            Ok(n) if n.get() > 1 => 16,
+            _ => usize::MAX,
+        }
+    })
+}
 
 /// What one side of a connection does with it: the call bookkeeping of a client, or the
 /// dispatch of a server. The loop owns the engine and hands it to the role.
@@ -174,7 +189,6 @@ impl<R: Role, T: Transport> Driver<R, T> {
             || !self.conn.is_established()
             || self.conn.is_closed()
             || self.conn.is_going_away()
-            || self.conn.has_events()
         {
             return None;
         }
@@ -207,7 +221,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
         if !self.conn.is_closed() {
             self.conn.handle_eof();
         }
-        self.process_events();
+        self.process_events(usize::MAX);
         self.role.on_end(&mut self.conn, &why);
         self.io.close(&mut self.conn, Duration::from_secs(1)).await;
     }
@@ -241,14 +255,28 @@ impl<R: Role, T: Transport> Driver<R, T> {
             if self.conn.is_drained() && all_written {
                 return Poll::Ready("drained after go-away".into());
             }
-            if !self.poll_sources(cx, &mut read_waits) && !self.arm_timer(cx) {
+            // Events left from the last turn come first (what they led to is written by now).
+            if !self.conn.has_events()
+                && !self.poll_sources(cx, &mut read_waits)
+                && !self.arm_timer(cx)
+            {
                 self.share
                     .report(self.conn.open_calls(), self.io.unsent(&self.conn));
                 // All written (or the write waits for room): spin briefly rather than sleep.
                 self.spin.before_wait(turn > 0, cx);
                 return Poll::Pending;
             }
-            self.process_events();
+            if self.process_events(events_per_turn()) && R::SIDE == Side::Client {
+                // More replies wait. Let the callers just completed run (on this thread, with
+                // a current-thread runtime) and start their next calls, so those go out before
+                // the rest is handled: the server works on them meanwhile.
+                self.share
+                    .report(self.conn.open_calls(), self.io.unsent(&self.conn));
+                // Woken already: their calls join what the task writes when it runs.
+                self.woken_to_write = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
         }
         // Busy: let other tasks run, then go on.
         self.share
@@ -370,8 +398,11 @@ impl<R: Role, T: Transport> Driver<R, T> {
         self.role.on_timer(now, &mut self.conn, lapse);
     }
 
-    fn process_events(&mut self) {
+    /// Hands at most `max` of the engine's events to the role; whether more are left.
+    fn process_events(&mut self, max: usize) -> bool {
+        let mut n = 0;
         while let Some(ev) = self.conn.poll_event() {
+            n += 1;
             if let Event::Pong { .. } = ev {
                 self.liveness.alive();
                 continue;
@@ -381,7 +412,11 @@ impl<R: Role, T: Transport> Driver<R, T> {
             }
             let room = self.room();
             self.role.on_event(ev, &mut self.conn, room);
+            if n >= max && self.conn.has_events() {
+                return true;
+            }
         }
+        false
     }
 }
 

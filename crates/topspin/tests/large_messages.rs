@@ -89,3 +89,36 @@ async fn messages_above_a_smaller_announced_frame_size_arrive_split_and_whole() 
         server.stop().await;
     }
 }
+
+/// A large message is received into a buffer of its own, handed to the application as is; the
+/// next large message reuses that allocation once the application dropped the first (no
+/// fresh pages to fault in per message), and gets another while it is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_message_buffer_is_reused_once_the_application_dropped_it() {
+    for t in BOTH {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server.channel().await;
+        let body = pattern(2 << 20);
+        let call = || ch.unary(RawCodec, UNARY, Request::new(body.clone()));
+        let first = within(30, call()).await.unwrap().into_inner();
+        assert!(first == body, "{t:?}");
+        let at = first.as_ptr();
+        drop(first);
+        let second = within(30, call()).await.unwrap().into_inner();
+        assert!(second == body, "{t:?}");
+        assert_eq!(
+            second.as_ptr(),
+            at,
+            "{t:?}: the dropped buffer was not reused"
+        );
+        let third = within(30, call()).await.unwrap().into_inner();
+        assert!(third == body, "{t:?}");
+        assert_ne!(
+            third.as_ptr(),
+            second.as_ptr(),
+            "{t:?}: a held buffer was reused"
+        );
+        drop((second, third));
+        server.stop().await;
+    }
+}

@@ -174,7 +174,7 @@ impl<T: Transport> Io<T> {
             if room < need || room < MIN_READ_ROOM {
                 let grow = self.room_for(need);
                 if grow > READ_CHUNK && self.small.is_none() {
-                    self.to_large_buffer(grow);
+                    self.switch_to_large_buffer(grow);
                 } else {
                     self.rbuf.reserve(grow.max(READ_CHUNK));
                 }
@@ -239,7 +239,7 @@ impl<T: Transport> Io<T> {
     /// A large frame begins (`grow` more bytes wanted): it is received into a buffer of its
     /// own — the kept one when the application has let go of the frame that last came in it,
     /// else a fresh one — and the usual buffer waits for it to be taken.
-    fn to_large_buffer(&mut self, grow: usize) {
+    fn switch_to_large_buffer(&mut self, grow: usize) {
         let want = self.rbuf.len() + grow;
         let mut big = match self.spare.take() {
             Some(mut spare) => {

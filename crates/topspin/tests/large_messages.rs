@@ -11,29 +11,27 @@ fn pattern(n: usize) -> Bytes {
     (0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into()
 }
 
+/// Echoes a message of each size and checks it came back intact.
+async fn echo_each(ch: &topspin::Channel, t: Transport, sizes: &[usize]) {
+    for &n in sizes {
+        let body = pattern(n);
+        let r = within(60, ch.unary(RawCodec, UNARY, Request::new(body.clone())))
+            .await
+            .unwrap();
+        assert!(
+            r.into_inner() == body,
+            "{t:?}: {n} bytes came back different"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sizes_from_one_byte_to_the_limit() {
     for t in BOTH {
         let server = serve(builder(Probe::default()), t).await;
         let ch = server.channel().await;
-        for n in [
-            1usize,
-            1000,
-            65_536,
-            1 << 20,
-            16 << 20,
-            (16 << 20) + 1,
-            64 << 20,
-        ] {
-            let body = pattern(n);
-            let r = within(60, ch.unary(RawCodec, UNARY, Request::new(body.clone())))
-                .await
-                .unwrap();
-            assert!(
-                r.into_inner() == body,
-                "{t:?}: {n} bytes came back different"
-            );
-        }
+        let sizes = [1, 1000, 65_536, 1 << 20, 16 << 20, (16 << 20) + 1, 64 << 20];
+        echo_each(&ch, t, &sizes).await;
         server.stop().await;
     }
 }
@@ -76,16 +74,7 @@ async fn messages_above_a_smaller_announced_frame_size_arrive_split_and_whole() 
             .connect()
             .await
             .unwrap();
-        for n in [(16 << 20) + 5, 40 << 20] {
-            let body = pattern(n);
-            let r = within(60, ch.unary(RawCodec, UNARY, Request::new(body.clone())))
-                .await
-                .unwrap();
-            assert!(
-                r.into_inner() == body,
-                "{t:?}: {n} bytes came back different"
-            );
-        }
+        echo_each(&ch, t, &[(16 << 20) + 5, 40 << 20]).await;
         server.stop().await;
     }
 }

@@ -98,3 +98,78 @@ async fn serve_with_shutdown_stops_on_a_signal() {
     tx.send(()).unwrap();
     within(5, task).await.unwrap();
 }
+
+/// Reads from `tcp` into the client engine until `until` holds; the bytes the engine queues
+/// are not written.
+async fn read_until(
+    tcp: &mut tokio::net::TcpStream,
+    engine: &mut topspin_proto::Connection,
+    mut until: impl FnMut(&mut topspin_proto::Connection) -> bool,
+) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = bytes::BytesMut::with_capacity(64 * 1024);
+    while !until(engine) {
+        let n = tokio::time::timeout(Duration::from_secs(10), tcp.read_buf(&mut buf))
+            .await
+            .expect("the server answers")
+            .expect("read");
+        assert!(n > 0, "the server closed early");
+        engine
+            .handle_input(&mut buf, std::time::Instant::now())
+            .expect("the server speaks the protocol");
+    }
+}
+
+#[tokio::test]
+async fn a_server_going_away_reads_what_the_client_still_sends_before_it_closes() {
+    // A client that has not heard the GOAWAY yet keeps sending. Were the server to close its
+    // socket with those bytes unread, the kernel would reset the connection — and a reset
+    // throws away what the server sent and the client has not read yet (its GOAWAY, its last
+    // ENDs). The server reads until the client closes its side, then closes: no reset.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use topspin_proto::{Connection, Event, Settings, Side};
+    let (b, _started, _release) = gated();
+    let server = b.bind("tcp://127.0.0.1:0").await.expect("bind");
+    let addr = server.local_addr().to_string();
+    let handle = server.shutdown_handle();
+    let serving = tokio::spawn(server.serve());
+    let mut tcp = tokio::net::TcpStream::connect(addr.trim_start_matches("tcp://"))
+        .await
+        .expect("connect");
+    let mut engine = Connection::new(Side::Client, Settings::default());
+    while let Some(out) = engine.poll_transmit() {
+        tcp.write_all(&out).await.expect("handshake");
+    }
+    read_until(&mut tcp, &mut engine, |e| e.is_established()).await;
+    let stopping = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.shutdown(Duration::from_secs(5)).await }
+    });
+    let mut heard = false;
+    read_until(&mut tcp, &mut engine, |e| {
+        while let Some(ev) = e.poll_event() {
+            heard |= matches!(ev, Event::GoAway { .. });
+        }
+        heard
+    })
+    .await;
+    // Sent after the server's last frame: it reaches a server that is closing.
+    engine.ping(*b"late one");
+    while let Some(out) = engine.poll_transmit() {
+        tcp.write_all(&out).await.expect("the late bytes");
+    }
+    tcp.shutdown().await.expect("close our side");
+    tokio::time::timeout(Duration::from_secs(10), stopping)
+        .await
+        .expect("the server stops once the client closed")
+        .expect("shutdown task");
+    let mut rest = Vec::new();
+    let end = tcp.read_to_end(&mut rest).await;
+    assert!(end.is_ok(), "the server reset the connection: {end:?}");
+    let reset = tcp.take_error().expect("SO_ERROR");
+    assert!(
+        reset.is_none(),
+        "the server reset the connection: {reset:?}"
+    );
+    serving.await.expect("serve task");
+}

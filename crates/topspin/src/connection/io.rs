@@ -21,6 +21,9 @@ const MIN_READ_ROOM: usize = 4 * 1024;
 const MAX_READS: usize = 16;
 /// Reads in a row without a large frame after which the kept large buffer is let go.
 const SPARE_READS: u32 = 256;
+/// Input a closing connection reads and drops at most while it waits for the peer to close
+/// its side ([`Io::close`]); a peer that sends more gets the reset.
+const LINGER_BYTES: usize = 4 * 1024 * 1024;
 
 #[derive(Debug)]
 pub(crate) enum ReadError {
@@ -309,7 +312,12 @@ impl<T: Transport> Io<T> {
         }
     }
 
-    /// Best-effort final flush (e.g. of an ERROR or the last END), then close our write side.
+    /// Best-effort final flush (e.g. of an ERROR or the last END), then close our write side,
+    /// then a lingering close: what the peer still sends is read and dropped until it closes
+    /// its side too (or `grace` passes, or [`LINGER_BYTES`] were dropped). A socket closed with
+    /// unread input makes the kernel reset the connection (RFC 2525 §2.17), and a reset
+    /// throws away what we sent and the peer has not read yet — a server's GOAWAY and last
+    /// ENDs, while its client, not yet aware of the GOAWAY, keeps sending calls.
     pub(crate) async fn close(&mut self, conn: &mut Connection, grace: std::time::Duration) {
         let _ = tokio::time::timeout(grace, async {
             let _ = std::future::poll_fn(|cx| self.poll_flush(cx, conn)).await;
@@ -320,6 +328,31 @@ impl<T: Transport> Io<T> {
             std::future::poll_fn(|cx| self.transport.poll_shutdown(cx)),
         )
         .await;
+        let mut dropped = 0;
+        let _ = tokio::time::timeout(
+            grace,
+            std::future::poll_fn(|cx| self.poll_discard(cx, &mut dropped)),
+        )
+        .await;
+    }
+
+    /// Reads and drops input until the end of the stream, an error, or [`LINGER_BYTES`] in all
+    /// (`dropped` counts them); `Pending` while the peer is quiet.
+    fn poll_discard(&mut self, cx: &mut Context<'_>, dropped: &mut usize) -> Poll<()> {
+        while *dropped < LINGER_BYTES {
+            self.rbuf.clear();
+            if self.rbuf.capacity() < MIN_READ_ROOM {
+                self.rbuf.reserve(READ_CHUNK);
+            }
+            match self.transport.poll_read(cx, &mut self.rbuf) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(()),
+                Poll::Ready(Ok(n)) => *dropped += n,
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(())
     }
 }
 

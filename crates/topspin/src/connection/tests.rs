@@ -155,3 +155,186 @@ async fn an_expired_deadline_is_not_sent() {
         .expect_err("expired before it was sent");
     assert_eq!(err.code(), Code::DeadlineExceeded);
 }
+
+/// A server that answers call 1, says GOAWAY (last call id 1), and closes with the client's
+/// later bytes unread: the kernel then resets the connection, and the client's next write
+/// fails while the server's last frames still wait, unread, in its receive buffer. This pipe
+/// plays that server with a real engine and delivers those frames at the moment the write
+/// fails, then the reset (Linux: a read returns the data that arrived, then the error).
+#[derive(Clone)]
+struct ResettingServer(std::sync::Arc<std::sync::Mutex<Resetting>>);
+
+struct Resetting {
+    server: topspin_proto::Connection,
+    inbox: bytes::BytesMut,
+    /// What the client may read now.
+    readable: bytes::BytesMut,
+    /// The server's last frames, sent but not yet arrived.
+    held: bytes::BytesMut,
+    /// Call 1 was answered and GOAWAY sent: the next client write meets the reset.
+    closing: bool,
+    reset: bool,
+    reader: Option<std::task::Waker>,
+}
+
+impl ResettingServer {
+    fn new() -> ResettingServer {
+        let server = topspin_proto::Connection::new(
+            topspin_proto::Side::Server,
+            topspin_proto::Settings::default(),
+        );
+        ResettingServer(std::sync::Arc::new(std::sync::Mutex::new(Resetting {
+            server,
+            inbox: bytes::BytesMut::new(),
+            readable: bytes::BytesMut::new(),
+            held: bytes::BytesMut::new(),
+            closing: false,
+            reset: false,
+            reader: None,
+        })))
+    }
+
+    fn closing(&self) -> bool {
+        self.0.lock().unwrap().closing
+    }
+}
+
+impl Resetting {
+    fn take_input(&mut self, bytes: &[u8]) {
+        use topspin_proto::{CallId, ErrorCode, Event, Metadata};
+        self.inbox.extend_from_slice(bytes);
+        let now = std::time::Instant::now();
+        self.server
+            .handle_input(&mut self.inbox, now)
+            .expect("the client speaks the protocol");
+        while let Some(ev) = self.server.poll_event() {
+            if let Event::HalfClosed { id: CallId(1) } = ev {
+                let one = topspin_proto::Payload::from(Bytes::from_static(b"one"));
+                self.server.send_message(CallId(1), one, false).unwrap();
+                let ok = topspin_proto::Status::new(Code::Ok, "");
+                self.server
+                    .end_call(CallId(1), &ok, &Metadata::new())
+                    .unwrap();
+                self.server.go_away(ErrorCode::NO_ERROR, "restarting");
+                self.closing = true;
+            }
+        }
+        let out = if self.closing {
+            &mut self.held
+        } else {
+            &mut self.readable
+        };
+        while let Some(b) = self.server.poll_transmit() {
+            out.extend_from_slice(&b);
+        }
+        if !self.readable.is_empty() {
+            if let Some(w) = self.reader.take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for ResettingServer {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let mut s = self.0.lock().unwrap();
+        if !s.readable.is_empty() {
+            let n = s.readable.len().min(buf.remaining());
+            buf.put_slice(&s.readable.split_to(n));
+            return std::task::Poll::Ready(Ok(()));
+        }
+        if s.reset {
+            return std::task::Poll::Ready(Err(std::io::ErrorKind::ConnectionReset.into()));
+        }
+        s.reader = Some(cx.waker().clone());
+        std::task::Poll::Pending
+    }
+}
+
+impl tokio::io::AsyncWrite for ResettingServer {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let mut s = self.0.lock().unwrap();
+        if s.closing {
+            // The reset arrived, right behind the server's last frames.
+            if !s.reset {
+                s.reset = true;
+                let held = s.held.split();
+                s.readable.unsplit(held);
+                if let Some(w) = s.reader.take() {
+                    w.wake();
+                }
+            }
+            return std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
+        s.take_input(buf);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_write_failing_on_a_reset_still_hears_the_goaway_and_answers_before_it() {
+    // protocol.md §8.3: call 1 (at the GOAWAY's last call id) was answered, call 2 (above it)
+    // was not processed. The write of call 2 fails (the server reset the connection); what
+    // the server sent before the reset must still count.
+    let peer = ResettingServer::new();
+    let endpoint = Endpoint::new("tcp://in-memory:1").expect("endpoint");
+    let transport = StreamTransport::new(peer.clone(), PeerAddr::Stream);
+    let ch = Channel::over_transport(transport, endpoint)
+        .await
+        .expect("handshake");
+    let first = {
+        let ch = ch.clone();
+        tokio::spawn(async move {
+            ch.unary(RawCodec, "/t.S/Echo", Bytes::from_static(b"1"))
+                .await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !peer.closing() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("call 1 reached the server");
+    let second = ch
+        .unary(RawCodec, "/t.S/Echo", Bytes::from_static(b"2"))
+        .await
+        .expect_err("the connection was reset");
+    assert_eq!(second.code(), Code::Unavailable, "{second:?}");
+    assert!(
+        second.is_unprocessed(),
+        "call 2 is above the GOAWAY's last call id: {second:?}"
+    );
+    let first = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("call 1 ends")
+        .expect("task");
+    assert_eq!(
+        first
+            .expect("call 1 was answered before the reset")
+            .into_inner(),
+        Bytes::from_static(b"one")
+    );
+}

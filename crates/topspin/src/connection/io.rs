@@ -243,6 +243,9 @@ impl<T: Transport> Io<T> {
     /// own — the kept one when the application has let go of the frame that last came in it,
     /// else a fresh one — and the usual buffer waits for it to be taken.
     fn switch_to_large_buffer(&mut self, grow: usize) {
+        // Bounded by `room_for`: a frame's whole size (≤ MAX_FRAME_SIZE) only once it is
+        // reserved in the memory budget, otherwise at most what already arrived (so about
+        // twice what the peer sent).
         let want = self.rbuf.len() + grow;
         let mut big = match self.spare.take() {
             Some(mut spare) => {

@@ -241,7 +241,8 @@ unsafe impl BufMut for Segments {
         if n >= BY_REFERENCE_MIN {
             let written = self.taken + self.cur.len();
             if !self.cur.is_empty() {
-                // What is still to come after this field gets a buffer of its exact size.
+                // What is still to come after this field gets a buffer of its exact size (our
+                // own message's encoded length, not a peer's number).
                 let rest = self.len.saturating_sub(written + n);
                 let full = std::mem::replace(&mut self.cur, Vec::with_capacity(rest));
                 self.done.push(Bytes::from(full));

@@ -247,18 +247,12 @@ impl<T: Transport> Io<T> {
         // reserved in the memory budget, otherwise at most what already arrived (so about
         // twice what the peer sent).
         let want = self.rbuf.len() + grow;
-        let mut big = match self.spare.take() {
-            Some(mut spare) => {
-                self.budget.release(std::mem::take(&mut self.spare_charged));
-                // Succeeds, without allocating, when the frame handed out from it is gone.
-                if spare.try_reclaim(want) {
-                    spare
-                } else {
-                    BytesMut::with_capacity(want)
-                }
-            }
-            None => BytesMut::with_capacity(want),
-        };
+        let kept = self.spare.take().and_then(|mut spare| {
+            self.budget.release(std::mem::take(&mut self.spare_charged));
+            // Succeeds, without allocating, when the frame handed out from it is gone.
+            spare.try_reclaim(want).then_some(spare)
+        });
+        let mut big = kept.unwrap_or_else(|| BytesMut::with_capacity(want));
         self.large_cap = big.capacity();
         big.extend_from_slice(&self.rbuf);
         self.rbuf.clear();

@@ -13,6 +13,7 @@
 mod io;
 mod liveness;
 mod spin;
+pub(crate) use spin::several_cpus;
 #[cfg(test)]
 mod tests;
 
@@ -35,14 +36,11 @@ const TURN_BUDGET: u32 = 64;
 /// machine: 64 calls in flight on one connection, 450 k → 700–800 k calls/s). On one CPU there is
 /// nothing to overlap and the extra writes only cost: all of a read's events go in one turn.
 fn events_per_turn() -> usize {
-    static PER_TURN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PER_TURN.get_or_init(|| {
-        // The CPUs this process may run on (its affinity mask, as `taskset` sets it).
-        match std::thread::available_parallelism() {
-            Ok(n) if n.get() > 1 => 16,
-            _ => usize::MAX,
-        }
-    })
+    if spin::several_cpus() {
+        16
+    } else {
+        usize::MAX
+    }
 }
 
 /// Reads of what already arrived after a write failed ([`Driver::read_remains`]); each takes
@@ -214,9 +212,14 @@ impl<R: Role, T: Transport> Driver<R, T> {
         if wake {
             waker.wake();
         }
+        self.report();
+        Some(done)
+    }
+
+    /// Tells the connection's gauges its open calls and unsent bytes.
+    fn report(&mut self) {
         self.share
             .report(self.conn.open_calls(), self.io.unsent(&self.conn));
-        Some(done)
     }
 
     /// The loop ended (`why`): fail what is left, then close the transport.
@@ -267,8 +270,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
                 && !self.poll_sources(cx, &mut read_waits)
                 && !self.arm_timer(cx)
             {
-                self.share
-                    .report(self.conn.open_calls(), self.io.unsent(&self.conn));
+                self.report();
                 // All written (or the write waits for room): spin briefly rather than sleep.
                 self.spin.before_wait(turn > 0, cx);
                 return Poll::Pending;
@@ -277,8 +279,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
                 // More replies wait. Let the callers just completed run (on this thread, with
                 // a current-thread runtime) and start their next calls, so those go out before
                 // the rest is handled: the server works on them meanwhile.
-                self.share
-                    .report(self.conn.open_calls(), self.io.unsent(&self.conn));
+                self.report();
                 // Woken already: their calls join what the task writes when it runs.
                 self.woken_to_write = true;
                 cx.waker().wake_by_ref();
@@ -286,8 +287,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             }
         }
         // Busy: let other tasks run, then go on.
-        self.share
-            .report(self.conn.open_calls(), self.io.unsent(&self.conn));
+        self.report();
         cx.waker().wake_by_ref();
         Poll::Pending
     }

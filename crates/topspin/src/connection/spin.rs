@@ -27,13 +27,17 @@ pub(crate) const WINDOW: Duration = Duration::from_micros(50);
 /// Most windows skipped after misses.
 const MAX_SKIP: u32 = 256;
 
+/// Whether this process may run on more than one CPU (its affinity mask, as `taskset` sets
+/// it): only then can a peer on the same host run while this thread spins or writes early.
+pub(crate) fn several_cpus() -> bool {
+    static SEVERAL: OnceLock<bool> = OnceLock::new();
+    *SEVERAL.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+}
+
 /// Whether spinning can help at all in this process (more than one CPU to run on).
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var("TOPSPIN_SPIN").map_or(true, |v| v != "0")
-            && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1)
-    })
+    *ON.get_or_init(|| std::env::var("TOPSPIN_SPIN").map_or(true, |v| v != "0") && several_cpus())
 }
 
 /// One connection's spin state.

@@ -104,13 +104,16 @@ fn spin_time() -> Duration {
 const SPIN_GAP: Duration = Duration::from_micros(25);
 /// Longest a reader watches the ring on its thread per spin check (see `rx_busy_wait`).
 const INLINE_SPIN: Duration = Duration::from_micros(3);
-
-/// Whether this process may run on more than one CPU (its affinity mask).
-fn several_cpus() -> bool {
-    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *S.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
-}
 const SPIN_BACKOFF: Duration = Duration::from_millis(2);
+
+/// Asks to be polled again soon. Polled once, `yield_now` hands the waker to the scheduler,
+/// which wakes the task only after it ran every other ready task and polled the I/O driver:
+/// a spin takes no turn from other tasks of the thread (nor from a current-thread runtime's
+/// `block_on` future), and costs nothing when the thread has other work.
+fn yield_once(cx: &mut Context<'_>) {
+    let yielded = std::pin::pin!(tokio::task::yield_now());
+    let _ = yielded.poll(cx);
+}
 /// Wake bytes drained per readiness check (a peer that floods them only costs us reads).
 const DRAIN: usize = 256;
 
@@ -500,12 +503,7 @@ impl ShmTransport {
         if !self.may_spin() {
             return false;
         }
-        // Polled once, `yield_now` hands the waker to the scheduler, which wakes the task only
-        // after it ran every other ready task and polled the I/O driver: the spin takes no turn
-        // from other tasks of the thread (nor from a current-thread runtime's `block_on`
-        // future), and costs nothing when the thread has other work.
-        let yielded = std::pin::pin!(tokio::task::yield_now());
-        let _ = yielded.poll(cx);
+        yield_once(cx);
         true
     }
 
@@ -548,7 +546,7 @@ impl ShmTransport {
     /// here. `true` when bytes or the close arrived. Only when the process may use several
     /// CPUs (on one, the peer cannot run meanwhile).
     fn rx_busy_wait(&self) -> io::Result<bool> {
-        if !several_cpus() {
+        if !crate::connection::several_cpus() {
             return Ok(false);
         }
         let start = Instant::now();
@@ -608,8 +606,7 @@ impl ShmTransport {
                 if again && self.rx_busy_wait()? {
                     continue;
                 }
-                let yielded = std::pin::pin!(tokio::task::yield_now());
-                let _ = yielded.poll(cx);
+                yield_once(cx);
                 return Poll::Pending;
             }
             let flag = self.map.u32_at(self.rx + READER_WAITING);

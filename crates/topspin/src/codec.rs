@@ -110,6 +110,14 @@ const ENCODE_POOL_CHUNK: usize = 256 * 1024;
 #[cfg(feature = "prost")]
 pub const BY_REFERENCE_MIN: usize = 32 * 1024;
 
+/// A message that wrote less than its `encoded_len` (prost guarantees it never does).
+#[cfg(feature = "prost")]
+fn short(missing: usize, len: usize) -> Status {
+    Status::internal(format!(
+        "protobuf encoding wrote {missing} bytes less than its encoded length {len}"
+    ))
+}
+
 #[cfg(feature = "prost")]
 thread_local! {
     static ENCODE_BUF: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
@@ -127,16 +135,17 @@ where
 
     fn encode(&self, item: E) -> Result<Bytes, Status> {
         let len = item.encoded_len();
-        let failed =
-            |e: prost::EncodeError| Status::internal(format!("protobuf encoding failed: {e}"));
         if len > ENCODE_POOL_MAX {
             // Sized once: `encode` would walk the whole tree again for its `encoded_len` check
             // (nested messages are walked once more per level anyway, for their length
-            // prefixes). A `Vec` of exactly `len` bytes: its `put_slice` is a plain copy, and
-            // `Bytes::from` takes it over without copying.
-            let mut buf = Vec::with_capacity(len);
-            item.encode_raw(&mut buf);
-            debug_assert_eq!(buf.len(), len);
+            // prefixes). A zeroed `Vec` of exactly `len` bytes, written through a slice (plain
+            // stores), that `Bytes::from` takes over without copying.
+            let mut buf = vec![0u8; len];
+            let mut out: &mut [u8] = &mut buf[..];
+            item.encode_raw(&mut out);
+            if !out.is_empty() {
+                return Err(short(out.len(), len));
+            }
             return Ok(Bytes::from(buf));
         }
         // Small messages are encoded into a per-thread buffer and split off it: once the
@@ -147,7 +156,19 @@ where
             if buf.capacity() < len {
                 buf.reserve(len.max(ENCODE_POOL_CHUNK));
             }
-            item.encode(&mut *buf).map_err(failed)?;
+            // Zeroed first, then written through a plain slice: prost writes varints a byte
+            // at a time, and a slice's `put_u8` is a store where `BytesMut`'s checks its
+            // capacity and length every time (~40 instructions per field on a small message).
+            // (`len` is prost's own `encoded_len`, which its `encode_raw` writes exactly.)
+            let start = buf.len();
+            buf.resize(start + len, 0);
+            let mut out: &mut [u8] = &mut buf[start..];
+            item.encode_raw(&mut out);
+            if !out.is_empty() {
+                let missing = out.len();
+                buf.clear();
+                return Err(short(missing, len));
+            }
             Ok(buf.split().freeze())
         })
     }

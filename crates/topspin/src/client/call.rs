@@ -18,7 +18,7 @@ use topspin_proto::Metadata;
 
 /// Cancels a call when its future or stream is dropped before the end.
 pub(crate) struct CallGuard {
-    tx: Option<mpsc::Sender<Cmd>>,
+    conn: Option<ConnHandle>,
     token: u64,
     /// Interceptors and span of an observed unary-response call (`crate::interceptor`).
     pub(crate) obs: Option<Box<crate::interceptor::Record>>,
@@ -27,21 +27,21 @@ pub(crate) struct CallGuard {
 impl CallGuard {
     pub(crate) fn new(h: &ConnHandle, token: u64) -> CallGuard {
         CallGuard {
-            tx: Some(h.tx.clone()),
+            conn: Some(h.clone()),
             token,
             obs: None,
         }
     }
 
     pub(crate) fn disarm(&mut self) {
-        self.tx = None;
+        self.conn = None;
     }
 }
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        if let Some(tx) = self.tx.take() {
-            send_now(&tx, Cmd::Cancel { token: self.token });
+        if let Some(conn) = self.conn.take() {
+            send_now(&conn.tx, Cmd::Cancel { token: self.token });
         }
     }
 }

@@ -59,17 +59,11 @@ impl<T> Pool<T> {
         )
     }
 
+    /// Takes back a slot its waiter has just resolved (and reset to its initial state).
     fn recycle(&self, slot: Slot<T>) {
-        // Reuse only a slot nobody else holds, reset to its initial state.
+        // Reuse only a slot nobody else holds.
         if Arc::strong_count(&slot) != 1 {
             return;
-        }
-        {
-            let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
-            st.value = None;
-            st.waker = None;
-            st.abandoned = false;
-            st.closed = false;
         }
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if free.len() < MAX_POOLED {
@@ -142,8 +136,12 @@ impl<T> Future for Waiter<T> {
         let out = {
             let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(v) = st.value.take() {
+                // Reset for reuse here, under this lock (the completer is done with it).
+                st.waker = None;
                 Some(Some(v))
             } else if st.abandoned {
+                st.waker = None;
+                st.abandoned = false;
                 Some(None)
             } else {
                 match &st.waker {
@@ -199,6 +197,27 @@ mod tests {
             None,
             "a dropped completer resolves the waiter with None"
         );
+    }
+
+    /// A slot resolved by an abandoned completer is reset before reuse: the next call on it
+    /// waits for its own value.
+    #[tokio::test]
+    async fn a_slot_reused_after_abandonment_starts_afresh() {
+        let pool = Arc::new(Pool::<u32>::default());
+        let (c, w) = pool.pair();
+        drop(c);
+        assert_eq!(w.await, None);
+        assert_eq!(pool.free.lock().unwrap().len(), 1);
+        let (c, mut w) = pool.pair();
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(
+            Pin::new(&mut w).poll(&mut cx).is_pending(),
+            "not resolved yet"
+        );
+        assert!(!c.is_closed());
+        c.send(3).unwrap();
+        assert_eq!(w.await, Some(3));
     }
 
     #[tokio::test]

@@ -193,9 +193,31 @@ struct Call {
     half_close_after_blocked: bool,
 }
 
-/// A live connection as the channel sees it.
+/// A live connection as the channel sees it: one reference count to clone and drop per call
+/// (its parts are reached through `Deref`).
 #[derive(Clone, Debug)]
-pub(crate) struct ConnHandle {
+pub(crate) struct ConnHandle(Arc<ConnParts>);
+
+impl ConnHandle {
+    pub(crate) fn new(
+        tx: mpsc::Sender<Cmd>,
+        shared: Arc<ConnShared>,
+        direct: Option<Direct>,
+    ) -> ConnHandle {
+        ConnHandle(Arc::new(ConnParts { tx, shared, direct }))
+    }
+}
+
+impl std::ops::Deref for ConnHandle {
+    type Target = ConnParts;
+    fn deref(&self) -> &ConnParts {
+        &self.0
+    }
+}
+
+/// What a [`ConnHandle`] reaches.
+#[derive(Debug)]
+pub(crate) struct ConnParts {
     pub(crate) tx: mpsc::Sender<Cmd>,
     pub(crate) shared: Arc<ConnShared>,
     /// Starts a call without the command queue while the connection is quiet (`None`: the
@@ -203,7 +225,7 @@ pub(crate) struct ConnHandle {
     pub(crate) direct: Option<Direct>,
 }
 
-impl ConnHandle {
+impl ConnParts {
     pub(crate) fn usable(&self) -> bool {
         !self.tx.is_closed() && !self.shared.unusable.load(Ordering::Acquire)
     }
@@ -283,6 +305,7 @@ pub(crate) async fn start<T: Transport>(
         waiting: VecDeque::new(),
         deferred: Vec::new(),
         held_for_room: false,
+        created: Instant::now(),
         shared: shared.clone(),
         ready: Some(ready_tx),
         close_error: None,
@@ -295,7 +318,7 @@ pub(crate) async fn start<T: Transport>(
     tokio::spawn(Driver::run_shared(driver.clone()));
     let direct = Some(Direct(driver));
     match ready_rx.await {
-        Ok(Ok(())) => Ok(ConnHandle { tx, shared, direct }),
+        Ok(Ok(())) => Ok(ConnHandle::new(tx, shared, direct)),
         Ok(Err(status)) => Err(status),
         Err(_) => Err(Status::unavailable(format!(
             "could not connect to {address}: the connection task ended"
@@ -324,6 +347,9 @@ pub(crate) struct ClientRole {
     deferred: Vec<Cmd>,
     /// Something waits for the send buffer to have room.
     held_for_room: bool,
+    /// When the connection was set up: the `now` given to the engine for a call without a
+    /// deadline (it reads it only to compute one).
+    created: Instant,
 }
 
 impl Role for ClientRole {
@@ -429,7 +455,13 @@ impl ClientRole {
         {
             return None;
         }
-        self.apply(Cmd::Start(s.take()?), conn);
+        // Not `apply`: its caller is here, so the call was not abandoned.
+        let s = s.take()?;
+        if self.waiting.is_empty() {
+            self.try_start(s, conn);
+        } else {
+            self.park(s);
+        }
         // As when the task takes its queue (which is empty): the calls a balancer counted
         // are in `open` now.
         if self.shared.queued.load(Ordering::Relaxed) != 0 {
@@ -649,7 +681,11 @@ impl ClientRole {
     /// Starts a call, or parks it if the server's concurrency limit is reached; `false` if
     /// parked.
     fn try_start(&mut self, s: Start, conn: &mut Connection) -> bool {
-        let now = Instant::now();
+        // The engine reads `now` only for a call with a timeout: the clock is read for those.
+        let now = match s.call.deadline {
+            Some(_) => Instant::now(),
+            None => self.created,
+        };
         let timeout = match s.call.deadline {
             Some(d) if d <= now => {
                 s.sink.fail(Status::deadline_exceeded(format!(

@@ -141,11 +141,7 @@ where
         done_tx,
     };
     tokio::spawn(router.run(rx, done_rx, config.idle_timeout()));
-    Ok(ConnHandle {
-        tx,
-        shared,
-        direct: None,
-    })
+    Ok(ConnHandle::new(tx, shared, None))
 }
 
 /// Drives the HTTP/2 connection until it ends or `stop` says why it must.

@@ -366,7 +366,10 @@ impl Channel {
             retry::start_call(&self.inner, start, wait_for_ready, sink).await?;
         after_start(&h.tx, token);
         let headers = call::headers(hrx, guard).await?;
-        let credit = Box::new(ClientCredit { tx: h.tx, token });
+        let credit = Box::new(ClientCredit {
+            tx: h.tx.clone(),
+            token,
+        });
         let decode = match compression::encoding_of(&headers)? {
             None => decoder(codec),
             Some(e) => decoder(compression::Compressed {
@@ -414,7 +417,13 @@ impl Channel {
         // Only a start that never left the client is sent again: the request stream is
         // consumed as it goes out and cannot be replayed.
         let (h, guard, rx, token) = retry::start_call(&self.inner, start, ready, sink).await?;
-        pump(codec.clone(), compression, h.tx, token, Box::pin(requests));
+        pump(
+            codec.clone(),
+            compression,
+            h.tx.clone(),
+            token,
+            Box::pin(requests),
+        );
         call::reply(&codec, rx, guard, self.limit()).await
     }
 

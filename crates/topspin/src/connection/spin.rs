@@ -59,7 +59,7 @@ impl Spin {
         if !enabled() {
             return false;
         }
-        let now = Instant::now();
+        // The clock is read only when a window opens or is checked.
         if progressed {
             if self.until.is_some() {
                 self.misses = 0; // something arrived while spinning
@@ -69,10 +69,10 @@ impl Spin {
                 self.until = None;
                 return false;
             }
-            self.until = Some(now + WINDOW);
+            self.until = Some(Instant::now() + WINDOW);
         } else {
             match self.until {
-                Some(u) if now < u => {}
+                Some(u) if Instant::now() < u => {}
                 Some(_) => {
                     self.until = None;
                     self.misses = (self.misses + 1).min(8);

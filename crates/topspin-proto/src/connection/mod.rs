@@ -301,6 +301,32 @@ impl Connection {
         b
     }
 
+    /// Everything waiting to be written, when it is all small frames coalesced in one buffer
+    /// (nothing queued by reference): write it from here and say how much went with
+    /// [`Connection::transmit_consumed`], instead of taking it with
+    /// [`Connection::poll_transmit`]. `None` when nothing waits or a chunk is queued.
+    ///
+    /// ```
+    /// use topspin_proto::{Connection, Side};
+    /// let mut c = Connection::new(Side::Client, Default::default());
+    /// let hello = c.transmit_contiguous().expect("the handshake's frames").len();
+    /// c.transmit_consumed(hello);
+    /// assert!(c.transmit_contiguous().is_none() && c.transmit_len() == 0);
+    /// ```
+    #[inline]
+    pub fn transmit_contiguous(&self) -> Option<&[u8]> {
+        self.out.contiguous()
+    }
+
+    /// `n` bytes of [`Connection::transmit_contiguous`] were written.
+    #[inline]
+    pub fn transmit_consumed(&mut self, n: usize) {
+        self.out.consumed(n);
+        if self.out.len() == 0 {
+            self.pong_queued = false;
+        }
+    }
+
     /// When [`Connection::handle_timeout`] should next be called (a deadline), if ever.
     #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {

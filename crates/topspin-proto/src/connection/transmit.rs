@@ -48,6 +48,23 @@ impl Transmit {
         }
     }
 
+    /// All that waits, when it is only the staging buffer.
+    pub(crate) fn contiguous(&self) -> Option<&[u8]> {
+        (self.queue.is_empty() && !self.staging.is_empty()).then_some(&self.staging[..])
+    }
+
+    /// `n` bytes of [`Transmit::contiguous`] went out.
+    pub(crate) fn consumed(&mut self, n: usize) {
+        debug_assert!(self.queue.is_empty() && n <= self.staging.len());
+        let n = n.min(self.staging.len());
+        if n == self.staging.len() {
+            // Back to the buffer's start: the next frames are staged in the same memory.
+            self.staging.clear();
+        } else {
+            bytes::Buf::advance(&mut self.staging, n);
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.queued_bytes + self.staging.len()
     }

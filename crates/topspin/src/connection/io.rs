@@ -103,13 +103,31 @@ impl<T: Transport> Io<T> {
         if conn.transmit_len() == 0 && self.wq.is_empty() && !self.flushing {
             return Poll::Ready(Ok(())); // the common idle turn: nothing to write
         }
+        let mut wrote = false;
+        if self.wq.is_empty() {
+            // The common busy turn: small frames only, written straight from the engine's
+            // buffer (no chunk split off, queued and dropped).
+            while let Some(staged) = conn.transmit_contiguous() {
+                wrote = true;
+                match self
+                    .transport
+                    .poll_write_vectored(cx, &[IoSlice::new(staged)])
+                {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                    Poll::Ready(Ok(written)) => conn.transmit_consumed(written),
+                    Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        }
         while let Some(b) = conn.poll_transmit() {
             if !b.is_empty() {
                 self.queued += b.len();
                 self.wq.push_back(b);
             }
         }
-        if self.wq.is_empty() && !self.flushing {
+        if self.wq.is_empty() && !self.flushing && !wrote {
             return Poll::Ready(Ok(()));
         }
         while !self.wq.is_empty() {

@@ -185,7 +185,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
         &mut self,
         act: impl FnOnce(&mut R, &mut Connection, usize) -> Option<X>,
     ) -> Option<X> {
-        let waker = self.waker.clone()?;
+        let waker = self.waker.as_ref()?;
         let quiet = self.io.unsent(&self.conn) == 0;
         if (!quiet && !self.woken_to_write)
             || !self.conn.is_established()
@@ -201,7 +201,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             // The task writes it, with whatever else comes before it runs.
             !std::mem::replace(&mut self.woken_to_write, true)
         } else {
-            let mut cx = Context::from_waker(&waker);
+            let mut cx = Context::from_waker(waker);
             match self.io.poll_flush(&mut cx, &mut self.conn) {
                 Poll::Ready(Ok(())) => self.conn.is_closed() || self.next_timer() != self.armed,
                 // Pending: the transport took the task's waker and wakes it once it has room.
@@ -210,7 +210,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             }
         };
         if wake {
-            waker.wake();
+            waker.wake_by_ref();
         }
         self.report();
         Some(done)

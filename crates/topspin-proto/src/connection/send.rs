@@ -71,7 +71,7 @@ impl Connection {
                 .unwrap_or(u64::MAX)
                 .max(1)
         });
-        frame::encode_call(
+        frame::write_call(
             &mut self.out.staging,
             CallId(id),
             method_id,
@@ -139,7 +139,7 @@ impl Connection {
         }
         let st = &mut self.out.staging;
         if len <= max_frame {
-            frame::encode_message_head(st, id, end_stream, None, len);
+            frame::write_message_head(st, id, end_stream, None, len);
             call.send_credit -= (HEADER_LEN + len) as i64;
             match message.as_single() {
                 Some(b) => self.out.push_body(b),
@@ -152,7 +152,7 @@ impl Connection {
             return Ok(());
         }
         let first = max_frame - 4;
-        frame::encode_message_head(st, id, end_stream, Some(len as u32), first);
+        frame::write_message_head(st, id, end_stream, Some(len as u32), first);
         call.send_credit -= (HEADER_LEN + max_frame) as i64;
         let out = &mut self.out;
         let (seg, offset) = message.walk(0, 0, first, |b| out.push_body(&b));
@@ -192,7 +192,7 @@ impl Connection {
                 break;
             };
             let n = p.left.min(max_frame);
-            frame::encode_continuation_head(&mut self.out.staging, CallId(id), n);
+            frame::write_continuation_head(&mut self.out.staging, CallId(id), n);
             let out = &mut self.out;
             (p.seg, p.offset) = p.message.walk(p.seg, p.offset, n, |b| out.push_body(&b));
             p.left -= n;
@@ -231,7 +231,7 @@ impl Connection {
             return Err(CallError::WouldBlock);
         }
         call.send_closed = true;
-        frame::encode_half_close(&mut self.out.staging, id);
+        frame::write_half_close(&mut self.out.staging, id);
         Ok(())
     }
 
@@ -266,7 +266,7 @@ impl Connection {
             return Err(CallError::MetadataTooLarge { size, limit });
         }
         call.headers_done = true;
-        frame::encode_headers(&mut self.out.staging, id, metadata);
+        frame::write_headers(&mut self.out.staging, id, metadata);
         Ok(())
     }
 
@@ -333,14 +333,14 @@ impl Connection {
     }
 
     pub(super) fn put_end(&mut self, id: u32, code: Code, message: &str, trailers: &Metadata) {
-        frame::encode_end(&mut self.out.staging, CallId(id), code, message, trailers);
+        frame::write_end(&mut self.out.staging, CallId(id), code, message, trailers);
     }
 
     pub(super) fn put_cancel(&mut self, id: u32, code: Code) {
-        frame::encode_cancel(&mut self.out.staging, CallId(id), code);
+        frame::write_cancel(&mut self.out.staging, CallId(id), code);
     }
 
     pub(super) fn put_credit(&mut self, id: u32, increment: u32) {
-        frame::encode_credit(&mut self.out.staging, CallId(id), increment);
+        frame::write_credit(&mut self.out.staging, CallId(id), increment);
     }
 }

@@ -27,6 +27,11 @@ pub use message::{encode_continuation_head, encode_message_head, MessageFrame};
 pub use response::{encode_end, encode_headers, end_len, EndFrame, END_FIXED_LEN};
 pub use text::{clip, MAX_TEXT_LEN};
 
+pub(crate) use call::write_call;
+pub(crate) use control::{write_cancel, write_credit, write_half_close};
+pub(crate) use message::{write_continuation_head, write_message_head};
+pub(crate) use response::{write_end, write_headers};
+
 use crate::error::{ErrorCode, ProtocolError};
 use crate::metadata::Metadata;
 use crate::settings::Settings;
@@ -178,6 +183,43 @@ pub enum Frame {
         /// Its payload.
         payload: Bytes,
     },
+}
+
+/// Where the hot frame writers append: the engine's staging buffer (appends inlined, so a
+/// frame's fixed bytes cost a few stores) or any [`BufMut`] (through [`AnyBuf`], for the
+/// public `encode_*` functions). Each writer puts a frame's header and fixed fields as one
+/// stack array, so both sinks see the same bytes.
+pub(crate) trait Sink {
+    /// Appends `b`.
+    fn put(&mut self, b: &[u8]);
+}
+
+impl Sink for BytesMut {
+    #[inline(always)]
+    fn put(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
+    }
+}
+
+/// Any [`BufMut`] as a [`Sink`].
+pub(crate) struct AnyBuf<'a, B>(pub(crate) &'a mut B);
+
+impl<B: BufMut> Sink for AnyBuf<'_, B> {
+    #[inline(always)]
+    fn put(&mut self, b: &[u8]) {
+        self.0.put_slice(b);
+    }
+}
+
+/// A frame header's 12 bytes, written at the front of a frame's first stack array.
+#[inline(always)]
+pub(crate) fn head_into(b: &mut [u8], length: usize, ty: FrameType, flags: u8, call_id: CallId) {
+    b[0..4].copy_from_slice(&(length as u32).to_le_bytes());
+    b[4] = ty.0;
+    b[5] = flags;
+    b[6] = 0;
+    b[7] = 0;
+    b[8..12].copy_from_slice(&call_id.0.to_le_bytes());
 }
 
 /// Writes a frame header.

@@ -102,6 +102,29 @@ pub(crate) fn write_call(
     }
 }
 
+/// A CALL whose payload is its fixed fields and an empty metadata block (no name: the method
+/// is interned), decoded from the receive buffer in place; `None` for any other shape, which
+/// [`decode`] handles. Same checks, same frame.
+#[inline]
+pub(super) fn decode_bare(header: &Header, payload: &[u8]) -> Option<Frame> {
+    if header.flags & FLAG_NAMED != 0 {
+        return None;
+    }
+    let b: &[u8; CALL_FIXED_LEN + 2] = payload.try_into().ok()?;
+    if b[CALL_FIXED_LEN..] != [0, 0] {
+        return None;
+    }
+    let [f0, f1, codec, _, t @ ..] = *b.first_chunk::<CALL_FIXED_LEN>()?;
+    Some(Frame::Call(CallFrame {
+        call_id: header.call_id,
+        method_id: u16::from_le_bytes([f0, f1]),
+        method_name: None,
+        codec,
+        timeout_us: u64::from_le_bytes(t),
+        metadata: Metadata::new(),
+    }))
+}
+
 #[inline]
 pub(super) fn decode(header: &Header, payload: Bytes) -> Result<Frame, ProtocolError> {
     at_least(&payload, CALL_FIXED_LEN, FrameType::CALL)?;

@@ -6,7 +6,7 @@ use super::{head_into, AnyBuf, CallId, Frame, FrameType, Header, Sink, HEADER_LE
 use crate::error::ProtocolError;
 use crate::settings::MAX_WINDOW;
 use crate::status::Code;
-use bytes::{BufMut, Bytes};
+use bytes::BufMut;
 
 /// Writes a HALF_CLOSE frame.
 #[inline]
@@ -53,7 +53,7 @@ pub(crate) fn write_credit(dst: &mut impl Sink, call_id: CallId, increment: u32)
 }
 
 #[inline]
-pub(super) fn decode_half_close(header: &Header, payload: &Bytes) -> Result<Frame, ProtocolError> {
+pub(super) fn decode_half_close(header: &Header, payload: &[u8]) -> Result<Frame, ProtocolError> {
     exact_len(payload, 0, FrameType::HALF_CLOSE)?;
     Ok(Frame::HalfClose {
         call_id: header.call_id,
@@ -61,7 +61,7 @@ pub(super) fn decode_half_close(header: &Header, payload: &Bytes) -> Result<Fram
 }
 
 #[inline]
-pub(super) fn decode_cancel(header: &Header, payload: &Bytes) -> Result<Frame, ProtocolError> {
+pub(super) fn decode_cancel(header: &Header, payload: &[u8]) -> Result<Frame, ProtocolError> {
     exact_len(payload, 2, FrameType::CANCEL)?;
     Ok(Frame::Cancel {
         call_id: header.call_id,
@@ -70,7 +70,7 @@ pub(super) fn decode_cancel(header: &Header, payload: &Bytes) -> Result<Frame, P
 }
 
 #[inline]
-pub(super) fn decode_credit(header: &Header, payload: &Bytes) -> Result<Frame, ProtocolError> {
+pub(super) fn decode_credit(header: &Header, payload: &[u8]) -> Result<Frame, ProtocolError> {
     exact_len(payload, 4, FrameType::CREDIT)?;
     let increment = u32_at(payload, 0);
     if increment == 0 || increment > MAX_WINDOW {

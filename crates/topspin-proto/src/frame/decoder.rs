@@ -77,8 +77,15 @@ impl FrameDecoder {
         if src.len() < total {
             return Ok(None);
         }
-        src.advance(HEADER_LEN);
-        let payload = src.split_to(header.length as usize).freeze();
+        // Frames without a body are parsed where they lie and skipped; only a frame with a
+        // body (a message, a text, metadata) is split off, its header then dropped from the
+        // shared slice.
+        if let Some(frame) = Frame::decode_in_place(&header, &src[HEADER_LEN..total]) {
+            src.advance(total);
+            return frame.map(Some);
+        }
+        let mut payload = src.split_to(total).freeze();
+        payload.advance(HEADER_LEN);
         Frame::decode(&header, payload).map(Some)
     }
 }

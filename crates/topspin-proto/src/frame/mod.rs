@@ -330,6 +330,51 @@ impl Frame {
         }
     }
 
+    /// Decodes a frame that needs no slice of the receive buffer — the small control frames,
+    /// and a CALL, END or HEADERS whose texts and metadata are empty — from its payload in
+    /// place, so the decoder can skip it without splitting it off; `None` for every other
+    /// frame (which [`Frame::decode`] takes as a shared slice). Same checks, same frame as
+    /// [`Frame::decode`].
+    #[inline]
+    pub(crate) fn decode_in_place(
+        header: &Header,
+        payload: &[u8],
+    ) -> Option<Result<Frame, ProtocolError>> {
+        let ty = FrameType(header.ty);
+        let frame = match ty {
+            FrameType::CALL => call::decode_bare(header, payload),
+            FrameType::END => response::decode_bare_end(header, payload),
+            FrameType::HEADERS if payload == [0, 0] => Some(Frame::Headers {
+                call_id: header.call_id,
+                metadata: Metadata::new(),
+            }),
+            FrameType::HALF_CLOSE
+            | FrameType::CANCEL
+            | FrameType::CREDIT
+            | FrameType::PING
+            | FrameType::SETTINGS => {
+                return Some(
+                    Frame::check_call_id(ty, header.call_id)
+                        .and_then(|()| Frame::decode_control(header, payload)),
+                );
+            }
+            _ => None,
+        }?;
+        Some(Frame::check_call_id(ty, header.call_id).map(|()| frame))
+    }
+
+    /// The frames parsed into fixed fields only (their call id already checked).
+    #[inline]
+    fn decode_control(header: &Header, payload: &[u8]) -> Result<Frame, ProtocolError> {
+        match FrameType(header.ty) {
+            FrameType::HALF_CLOSE => control::decode_half_close(header, payload),
+            FrameType::CANCEL => control::decode_cancel(header, payload),
+            FrameType::CREDIT => control::decode_credit(header, payload),
+            FrameType::PING => connection::decode_ping(header, payload),
+            _ => Ok(Frame::Settings(Settings::decode_payload(payload)?)),
+        }
+    }
+
     /// Payload length of the encoded frame (texts as [`clip`] cuts them).
     pub fn payload_len(&self) -> usize {
         match self {

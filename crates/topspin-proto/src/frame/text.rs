@@ -96,7 +96,7 @@ pub(crate) fn at_least(payload: &Bytes, n: usize, ty: FrameType) -> Result<(), P
 }
 
 #[inline]
-pub(crate) fn exact_len(payload: &Bytes, n: usize, ty: FrameType) -> Result<(), ProtocolError> {
+pub(crate) fn exact_len(payload: &[u8], n: usize, ty: FrameType) -> Result<(), ProtocolError> {
     if payload.len() != n {
         return Err(ProtocolError::malformed(format!(
             "{} payload must be {n} bytes, got {}",

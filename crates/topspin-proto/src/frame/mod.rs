@@ -280,22 +280,28 @@ impl Frame {
     }
 
     /// Checks that the frame type may use the header's call id.
+    #[inline]
     fn check_call_id(ty: FrameType, call_id: CallId) -> Result<(), ProtocolError> {
-        let connection_frame = matches!(
-            ty,
-            FrameType::SETTINGS | FrameType::PING | FrameType::GOAWAY | FrameType::ERROR
-        );
-        if (0x01..=0x0C).contains(&ty.0) && connection_frame != (call_id == CallId::CONNECTION) {
-            return Err(ProtocolError::new(
-                ErrorCode::ILLEGAL_FRAME,
-                if connection_frame {
-                    format!("{} frame must use call id 0, got {}", ty.name(), call_id.0)
-                } else {
-                    format!("{} frame must not use call id 0", ty.name())
-                },
-            ));
+        // Bit t set: frame type t is a connection frame (SETTINGS, PING, GOAWAY, ERROR).
+        const CONNECTION_FRAMES: u16 = 1 << 0x01 | 1 << 0x0A | 1 << 0x0B | 1 << 0x0C;
+        if (0x01..=0x0C).contains(&ty.0)
+            && (CONNECTION_FRAMES >> ty.0 & 1 != 0) != (call_id == CallId::CONNECTION)
+        {
+            return Err(Frame::wrong_call_id(ty, call_id));
         }
         Ok(())
+    }
+
+    #[cold]
+    fn wrong_call_id(ty: FrameType, call_id: CallId) -> ProtocolError {
+        ProtocolError::new(
+            ErrorCode::ILLEGAL_FRAME,
+            if call_id != CallId::CONNECTION {
+                format!("{} frame must use call id 0, got {}", ty.name(), call_id.0)
+            } else {
+                format!("{} frame must not use call id 0", ty.name())
+            },
+        )
     }
 
     /// Decodes a frame from its header and payload. Checks the payload layout and whether the

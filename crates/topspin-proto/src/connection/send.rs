@@ -43,7 +43,8 @@ impl Connection {
         }
         let md_len = metadata.encoded_len();
         // The name goes along until the method is interned (or if it cannot be).
-        let name = (!self.methods_out.contains_key(method)).then_some(method);
+        let interned = self.methods_out.get(method).copied();
+        let name = interned.is_none().then_some(method);
         let limit = self.peer_metadata_limit(call_len(name, metadata) - md_len);
         if md_len > limit {
             return Err(CallError::MetadataTooLarge {
@@ -53,8 +54,8 @@ impl Connection {
         }
         let id = self.highest.checked_add(1).ok_or(CallError::IdsExhausted)?;
         self.highest = id;
-        let (method_id, named) = match self.methods_out.get(method) {
-            Some(&mid) => (mid, false),
+        let (method_id, named) = match interned {
+            Some(mid) => (mid, false),
             None => {
                 let next = self.methods_out.len() + 1;
                 if next <= usize::from(MAX_METHOD_ID) {

@@ -439,11 +439,10 @@ impl Connection {
     }
 
     /// A new call's state: the peer's window to send into, ours to receive with.
-    fn new_call(&self, deadline: Option<Instant>) -> calls::CallState {
+    fn new_call(&self) -> calls::CallState {
         calls::CallState::new(
             self.peer.initial_call_window,
             self.local.initial_call_window,
-            deadline,
         )
     }
 

@@ -194,7 +194,7 @@ impl Connection {
         let deadline = (c.timeout_us > 0)
             .then(|| now.checked_add(Duration::from_micros(c.timeout_us)))
             .flatten();
-        self.calls.insert(id, self.new_call(deadline));
+        self.calls.insert(id, self.new_call(), deadline);
         self.grant_first_credit(id);
         self.events.push_back(Event::CallStarted {
             id: c.call_id,

@@ -82,7 +82,7 @@ impl Connection {
             metadata,
         );
         let deadline = timeout.and_then(|t| now.checked_add(t));
-        self.calls.insert(id, self.new_call(deadline));
+        self.calls.insert(id, self.new_call(), deadline);
         self.grant_first_credit(id);
         Ok(CallId(id))
     }
@@ -246,7 +246,9 @@ impl Connection {
         if self.closed.is_some() {
             return Err(CallError::Closed);
         }
-        self.calls.remove(id.0).ok_or(CallError::NotOpen(id))?;
+        if !self.calls.remove(id.0) {
+            return Err(CallError::NotOpen(id));
+        }
         self.put_cancel(id.0, code);
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! Splits frames off a receive buffer, by reference.
 
-use super::{Frame, Header, HEADER_LEN};
+use super::{
+    CallId, Frame, FrameType, Header, MessageFrame, FLAG_END_STREAM, FLAG_SPLIT, HEADER_LEN,
+};
 use crate::error::{ErrorCode, ProtocolError};
 use bytes::{Buf, BytesMut};
 
@@ -76,6 +78,20 @@ impl FrameDecoder {
         let total = HEADER_LEN + header.length as usize;
         if src.len() < total {
             return Ok(None);
+        }
+        // A whole message on a call, the commonest frame: its body is the payload.
+        if header.ty == FrameType::MESSAGE.0
+            && header.flags & FLAG_SPLIT == 0
+            && header.call_id != CallId::CONNECTION
+        {
+            let mut chunk = src.split_to(total).freeze();
+            chunk.advance(HEADER_LEN);
+            return Ok(Some(Frame::Message(MessageFrame {
+                call_id: header.call_id,
+                end_stream: header.flags & FLAG_END_STREAM != 0,
+                total_len: None,
+                chunk,
+            })));
         }
         // Frames without a body are parsed where they lie and skipped; only a frame with a
         // body (a message, a text, metadata) is split off, its header then dropped from the

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 impl Connection {
     /// Dispatches a decoded frame (after the handshake) to its handler.
+    #[inline(always)]
     pub(super) fn on_frame(&mut self, frame: Frame, now: Instant) -> Result<(), ProtocolError> {
         if self.handshake == Handshake::AwaitSettings {
             return self.on_first_frame(frame);

@@ -43,7 +43,7 @@ impl Connection {
         }
         let md_len = metadata.encoded_len();
         // The name goes along until the method is interned (or if it cannot be).
-        let interned = self.methods_out.get(method).copied();
+        let interned = self.interned(method);
         let name = interned.is_none().then_some(method);
         let limit = self.peer_metadata_limit(call_len(name, metadata) - md_len);
         if md_len > limit {
@@ -60,6 +60,8 @@ impl Connection {
                 let next = self.methods_out.len() + 1;
                 if next <= usize::from(MAX_METHOD_ID) {
                     self.methods_out.insert(method.into(), next as u16);
+                    self.method_names.push(method.into());
+                    self.last_method = next as u16;
                     (next as u16, true)
                 } else {
                     (0, true)
@@ -85,6 +87,19 @@ impl Connection {
         self.calls.insert(id, self.new_call(), deadline);
         self.grant_first_credit(id);
         Ok(CallId(id))
+    }
+
+    /// The id `method` is interned under, if it is: the method of the previous call is
+    /// checked first, by comparing names.
+    #[inline]
+    fn interned(&mut self, method: &str) -> Option<u16> {
+        let last = usize::from(self.last_method);
+        if (self.method_names.get(last.wrapping_sub(1))).is_some_and(|n| **n == *method) {
+            return Some(self.last_method);
+        }
+        let id = self.methods_out.get(method).copied()?;
+        self.last_method = id;
+        Some(id)
     }
 
     /// Sends one message on a call. Messages larger than the peer's frame size are split; the

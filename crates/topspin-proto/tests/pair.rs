@@ -98,6 +98,34 @@ fn unary_call_with_headers_trailers_and_interning() {
     );
 }
 
+/// Calls to several methods in turn, repeating and alternating: each CALL names its own method
+/// (the client checks the previous call's method first, then its table), and each is sent
+/// by name only the first time.
+#[test]
+fn interning_alternating_methods_names_each_call_right() {
+    let mut p = Pair::default_pair();
+    let order = [
+        "/a.S/X", "/a.S/X", "/a.S/Y", "/a.S/X", "/a.S/Z", "/a.S/Y", "/a.S/Y", "/a.S/Z",
+    ];
+    let mut seen = std::collections::HashSet::new();
+    for method in order {
+        let before = p.bytes_to_server;
+        let id = start(&mut p, method);
+        p.drive();
+        let named = seen.insert(method);
+        let name_len = if named { 2 + method.len() } else { 0 };
+        assert_eq!(
+            p.bytes_to_server - before,
+            12 + 12 + name_len + 2,
+            "{method}"
+        );
+        assert!(
+            matches!(&p.take_server()[0], Event::CallStarted { method: m, id: i, .. } if &**m == method && *i == id),
+            "{method}"
+        );
+    }
+}
+
 #[test]
 fn server_streaming() {
     let mut p = Pair::default_pair();

@@ -6,7 +6,7 @@ use crate::error::{ErrorCode, ProtocolError};
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -110,11 +110,13 @@ pub(crate) struct CallState {
     /// A half-close or END waits for a split message to finish going out (it needs no credit,
     /// so Writable follows as soon as the message is out, whatever the credit).
     pub(crate) close_wanted: bool,
-    pub(crate) deadline: Option<Instant>,
+    /// The call has an entry in the deadline heap (ids are never reused, so the entry under
+    /// its id is its own).
+    pub(crate) has_deadline: bool,
 }
 
 impl CallState {
-    pub(crate) fn new(send_credit: u32, recv_window: u32, deadline: Option<Instant>) -> CallState {
+    pub(crate) fn new(send_credit: u32, recv_window: u32) -> CallState {
         CallState {
             send_credit: i64::from(send_credit),
             recv_window: i64::from(recv_window),
@@ -126,7 +128,7 @@ impl CallState {
             headers_done: false,
             writable_wanted: false,
             close_wanted: false,
-            deadline,
+            has_deadline: false,
         }
     }
 }
@@ -138,14 +140,35 @@ pub(crate) fn state_lost(id: u32) -> ProtocolError {
     ProtocolError::new(ErrorCode::INTERNAL_ERROR, format!("call {id} state lost"))
 }
 
+/// How many consecutive ids the store's ring spans (its slots are at most this many: a bound
+/// no peer can raise; a call the window moves past goes to the map).
+const WINDOW: u32 = 1024;
+
+/// The most empty slots one call may add to the ring (ids a peer skipped); a call further
+/// ahead goes to the map.
+const MAX_GAP: usize = 16;
+
 /// The open calls by id, and their deadlines.
+///
+/// Ids only grow and a client numbers its calls one by one, so the calls open at once are
+/// nearly always a short run of recent ids: those within [`WINDOW`] ids of the oldest one the
+/// ring holds live in a ring indexed by `id - base` (a look-up is an index, no hash); a call
+/// the window moves past (it outlives `WINDOW` newer ids: a long stream, or a peer that skips
+/// ids) moves to a hash map, and so does an id below the window.
 ///
 /// Ended calls leave stale entries in the deadline heap (removing from the middle of a heap is
 /// costly); the store compacts the heap before the stale entries outnumber the live ones, so a
 /// peer that opens and cancels calls forever cannot grow it.
 #[derive(Debug, Default)]
 pub(crate) struct Calls {
-    map: FxHashMap<u32, CallState>,
+    /// Slot `i` is call `base + i` (`None`: ended, or never opened); the first slot is always
+    /// an open call, and there are at most [`WINDOW`] slots.
+    ring: VecDeque<Option<CallState>>,
+    base: u32,
+    /// Open calls outside the ring.
+    far: FxHashMap<u32, CallState>,
+    /// Open calls (ring and map).
+    len: usize,
     deadlines: BinaryHeap<Reverse<(Instant, u32)>>,
     /// Open calls that have a deadline.
     with_deadline: usize,
@@ -154,66 +177,166 @@ pub(crate) struct Calls {
 impl Calls {
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len == 0
     }
 
     #[inline]
     pub(crate) fn contains(&self, id: u32) -> bool {
-        self.map.contains_key(&id)
+        self.get(id).is_some()
     }
 
     #[inline]
     pub(crate) fn get(&self, id: u32) -> Option<&CallState> {
-        self.map.get(&id)
+        let at = id.wrapping_sub(self.base) as usize;
+        if let Some(Some(state)) = self.ring.get(at) {
+            return Some(state);
+        }
+        if self.far.is_empty() {
+            return None;
+        }
+        self.far.get(&id)
     }
 
     #[inline]
     pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut CallState> {
-        self.map.get_mut(&id)
+        let at = id.wrapping_sub(self.base) as usize;
+        if let Some(Some(state)) = self.ring.get_mut(at) {
+            return Some(state);
+        }
+        if self.far.is_empty() {
+            return None;
+        }
+        self.far.get_mut(&id)
     }
 
     /// A call the caller knows is open (it checked): its state, or an internal error should
     /// the store disagree.
     #[inline]
     pub(crate) fn open(&mut self, id: u32) -> Result<&mut CallState, ProtocolError> {
-        self.map.get_mut(&id).ok_or_else(|| state_lost(id))
+        self.get_mut(id).ok_or_else(|| state_lost(id))
     }
 
-    /// Opens a call's state, remembering its deadline.
-    pub(crate) fn insert(&mut self, id: u32, state: CallState) {
-        if let Some(t) = state.deadline {
-            if self.deadlines.len() >= 2 * self.with_deadline + 64 {
-                let map = &self.map;
-                self.deadlines
-                    .retain(|Reverse((t, id))| map.get(id).is_some_and(|c| c.deadline == Some(*t)));
-            }
-            self.deadlines.push(Reverse((t, id)));
-            self.with_deadline += 1;
+    /// Opens a call's state, remembering its deadline. Ids are never reused: a connection's
+    /// ids only grow.
+    pub(crate) fn insert(&mut self, id: u32, mut state: CallState, deadline: Option<Instant>) {
+        if let Some(t) = deadline {
+            state.has_deadline = true;
+            self.push_deadline(id, t);
         }
-        self.map.insert(id, state);
+        let replaced = self.put(id, state);
+        if !replaced {
+            self.len += 1;
+        }
     }
 
-    /// Forgets a call's state.
-    pub(crate) fn remove(&mut self, id: u32) -> Option<CallState> {
-        let state = self.map.remove(&id)?;
-        if state.deadline.is_some() {
+    fn push_deadline(&mut self, id: u32, t: Instant) {
+        if self.deadlines.len() >= 2 * self.with_deadline + 64 {
+            let mut heap = std::mem::take(&mut self.deadlines);
+            heap.retain(|Reverse((_, id))| self.get(*id).is_some_and(|c| c.has_deadline));
+            self.deadlines = heap;
+        }
+        self.deadlines.push(Reverse((t, id)));
+        self.with_deadline += 1;
+    }
+
+    /// Stores a call's state in the ring or the map; whether it replaced one.
+    #[inline]
+    fn put(&mut self, id: u32, state: CallState) -> bool {
+        if self.ring.is_empty() {
+            self.base = id;
+        }
+        // (Ids only grow, so neither happens in a connection; the store is right regardless.)
+        if id < self.base || (!self.far.is_empty() && self.far.contains_key(&id)) {
+            return self.far.insert(id, state).is_some();
+        }
+        while id - self.base >= WINDOW {
+            self.evict_first();
+            if self.ring.is_empty() {
+                self.base = id;
+            }
+        }
+        let at = (id - self.base) as usize;
+        if at < self.ring.len() {
+            return self.ring[at].replace(state).is_some();
+        }
+        if at - self.ring.len() > MAX_GAP {
+            // A peer that skips ids does not make each CALL fill many empty slots.
+            return self.far.insert(id, state).is_some();
+        }
+        while self.ring.len() < at {
+            self.ring.push_back(None);
+        }
+        self.ring.push_back(Some(state));
+        false
+    }
+
+    /// Moves the ring's first call to the map: the window moves past it.
+    #[cold]
+    fn evict_first(&mut self) {
+        if let Some(Some(state)) = self.ring.pop_front() {
+            self.far.insert(self.base, state);
+        }
+        self.base = self.base.wrapping_add(1);
+        self.trim();
+    }
+
+    /// Drops the ring's leading empty slots, so its first slot is an open call.
+    #[inline]
+    fn trim(&mut self) {
+        while let Some(None) = self.ring.front() {
+            self.ring.pop_front();
+            self.base = self.base.wrapping_add(1);
+        }
+    }
+
+    /// Forgets a call's state; whether it was open.
+    pub(crate) fn remove(&mut self, id: u32) -> bool {
+        let at = id.wrapping_sub(self.base) as usize;
+        let had_deadline = match self.ring.get_mut(at) {
+            Some(slot @ Some(_)) => {
+                let had = slot.as_ref().is_some_and(|c| c.has_deadline);
+                *slot = None;
+                if at == 0 {
+                    self.trim();
+                }
+                had
+            }
+            _ if self.far.is_empty() => return false,
+            _ => match self.far.remove(&id) {
+                Some(state) => state.has_deadline,
+                None => return false,
+            },
+        };
+        self.len -= 1;
+        if had_deadline {
             self.with_deadline -= 1;
             if self.with_deadline == 0 {
                 self.deadlines.clear();
             }
         }
-        Some(state)
+        true
+    }
+
+    /// The ids of the open calls, in no order.
+    fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        let ring = (self.ring.iter().enumerate())
+            .filter(|(_, s)| s.is_some())
+            .map(|(i, _)| self.base.wrapping_add(i as u32));
+        ring.chain(self.far.keys().copied())
     }
 
     /// Forgets every call; returns their ids in order.
     pub(crate) fn take_all(&mut self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.map.drain().map(|(id, _)| id).collect();
+        let mut ids: Vec<u32> = self.ids().collect();
         ids.sort_unstable();
+        self.ring.clear();
+        self.far.clear();
+        self.len = 0;
         self.deadlines.clear();
         self.with_deadline = 0;
         ids
@@ -221,7 +344,7 @@ impl Calls {
 
     /// The ids of the open calls above `last`, in order.
     pub(crate) fn ids_above(&self, last: u32) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.map.keys().copied().filter(|&id| id > last).collect();
+        let mut ids: Vec<u32> = self.ids().filter(|&id| id > last).collect();
         ids.sort_unstable();
         ids
     }
@@ -238,7 +361,7 @@ impl Calls {
                 return None;
             }
             self.deadlines.pop();
-            if self.map.get(&id).is_some_and(|c| c.deadline == Some(t)) {
+            if self.get(id).is_some_and(|c| c.has_deadline) {
                 self.remove(id);
                 return Some(id);
             }
@@ -258,7 +381,7 @@ mod tests {
         let mut calls = Calls::default();
         for (id, ms) in [(1, 30), (2, 10), (3, 20)] {
             let t = now + Duration::from_millis(ms);
-            calls.insert(id, CallState::new(100, 100, Some(t)));
+            calls.insert(id, CallState::new(100, 100), Some(t));
         }
         calls.remove(2);
         assert_eq!(calls.next_deadline(), Some(now + Duration::from_millis(10)));
@@ -273,13 +396,84 @@ mod tests {
     fn the_heap_stays_bounded_when_calls_come_and_go() {
         let t = Instant::now() + Duration::from_secs(60);
         let mut calls = Calls::default();
-        calls.insert(0, CallState::new(1, 1, Some(t))); // one long-lived call
+        calls.insert(0, CallState::new(1, 1), Some(t)); // one long-lived call
         for id in 1..100_000 {
-            calls.insert(id, CallState::new(1, 1, Some(t)));
+            calls.insert(id, CallState::new(1, 1), Some(t));
             calls.remove(id);
         }
         assert!(calls.deadlines.len() <= 2 * calls.with_deadline + 65);
         assert_eq!(calls.take_all(), vec![0]);
         assert!(calls.is_empty() && calls.next_deadline().is_none());
+    }
+
+    /// The store against a map, over calls that come and go in any order with ids that grow by
+    /// gaps small and large (beyond the window too), some long-lived (moved to the map).
+    #[derive(Clone, Debug)]
+    enum Op {
+        Open { gap: u32, deadline: bool },
+        End { pick: usize },
+        Look { pick: usize },
+        Expire,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (prop_oneof![8 => 1u32..3, 1 => 3u32..20, 1 => 20u32..2 * WINDOW, 1 => Just(5 * WINDOW)], any::<bool>())
+                .prop_map(|(gap, deadline)| Op::Open { gap, deadline }),
+            3 => any::<usize>().prop_map(|pick| Op::End { pick }),
+            2 => any::<usize>().prop_map(|pick| Op::Look { pick }),
+            1 => Just(Op::Expire),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_store_agrees_with_a_map(ops in proptest::collection::vec(op(), 1..400)) {
+            use std::collections::BTreeMap;
+            let now = Instant::now();
+            let mut calls = Calls::default();
+            let mut model: BTreeMap<u32, Option<Instant>> = BTreeMap::new();
+            let mut next = 0u32;
+            for (n, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Open { gap, deadline } => {
+                        next += gap;
+                        let t = deadline.then(|| now + Duration::from_millis(n as u64));
+                        calls.insert(next, CallState::new(n as u32, 0), t);
+                        model.insert(next, t);
+                    }
+                    Op::End { pick } | Op::Look { pick } => {
+                        // An open call, or an id that is not (ended, skipped or never used).
+                        let id = match model.keys().nth(pick % (model.len() + 1)) {
+                            Some(&id) => id,
+                            None => (pick as u32) % (next + 2),
+                        };
+                        if matches!(op, Op::End { .. }) {
+                            assert_eq!(calls.remove(id), model.remove(&id).is_some());
+                        } else {
+                            assert_eq!(calls.get(id).map(|c| c.has_deadline), model.get(&id).map(Option::is_some));
+                            assert_eq!(calls.get_mut(id).is_some(), model.contains_key(&id));
+                        }
+                    }
+                    Op::Expire => {
+                        let at = now + Duration::from_millis(n as u64 / 2);
+                        while let Some(id) = calls.pop_expired(at) {
+                            let t = model.remove(&id).flatten();
+                            assert!(t.is_some_and(|t| t <= at), "{id} expired early");
+                        }
+                        assert!(!model.values().any(|t| t.is_some_and(|t| t <= at)));
+                    }
+                }
+                assert_eq!(calls.len(), model.len());
+                assert!(calls.ring.len() <= WINDOW as usize);
+                assert!(matches!(calls.ring.front(), None | Some(Some(_))));
+            }
+            let above = next / 2;
+            let want: Vec<u32> = model.keys().copied().filter(|&id| id > above).collect();
+            assert_eq!(calls.ids_above(above), want);
+            assert_eq!(calls.take_all(), model.keys().copied().collect::<Vec<_>>());
+            assert!(calls.is_empty() && calls.get(next).is_none());
+        }
     }
 }

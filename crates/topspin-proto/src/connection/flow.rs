@@ -1,6 +1,7 @@
 //! Per-call flow control (protocol.md §7): charging what the peer sends against its credit,
 //! and giving credit back as the application consumes messages.
 
+use super::calls::CallState;
 use super::{CallError, Connection};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::frame::CallId;
@@ -38,14 +39,7 @@ impl Connection {
     /// Charges a received message frame against the peer's credit.
     pub(super) fn debit(&mut self, id: u32, cost: i64) -> Result<(), ProtocolError> {
         let call = self.calls.open(id)?;
-        if call.recv_window <= 0 {
-            let e = ProtocolError::new(
-                ErrorCode::FLOW_CONTROL,
-                format!(
-                    "message frame on call {id} sent without credit (the sender's credit is {})",
-                    call.recv_window
-                ),
-            );
+        if let Err(e) = no_credit(call, id) {
             return Err(self.fail(e, true));
         }
         call.recv_window -= cost;
@@ -126,4 +120,19 @@ impl Connection {
             }
         }
     }
+}
+
+/// A message frame the peer sent on a call where its credit was used up (protocol.md §7).
+#[inline]
+pub(super) fn no_credit(call: &CallState, id: u32) -> Result<(), ProtocolError> {
+    if call.recv_window <= 0 {
+        return Err(ProtocolError::new(
+            ErrorCode::FLOW_CONTROL,
+            format!(
+                "message frame on call {id} sent without credit (the sender's credit is {})",
+                call.recv_window
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -102,6 +102,10 @@ pub struct Connection {
     highest: u32,
     /// Client: method name → interned id.
     methods_out: FxHashMap<Box<str>, u16>,
+    /// Client: the interned names by id − 1 (at most `MAX_METHOD_ID`), and the id last used:
+    /// a run of calls to one method compares the name instead of hashing it.
+    method_names: Vec<Box<str>>,
+    last_method: u16,
     /// Server: interned id → method name (index = id).
     methods_in: Vec<Option<ByteString>>,
     events: VecDeque<Event>,
@@ -147,6 +151,8 @@ impl Connection {
             calls: Calls::default(),
             highest: 0,
             methods_out: FxHashMap::default(),
+            method_names: Vec::new(),
+            last_method: 0,
             methods_in: Vec::new(),
             events: VecDeque::new(),
             out: Transmit::default(),
@@ -465,11 +471,10 @@ impl Connection {
     }
 
     /// A new call's state: the peer's window to send into, ours to receive with.
-    fn new_call(&self, deadline: Option<Instant>) -> calls::CallState {
+    fn new_call(&self) -> calls::CallState {
         calls::CallState::new(
             self.peer.initial_call_window,
             self.local.initial_call_window,
-            deadline,
         )
     }
 

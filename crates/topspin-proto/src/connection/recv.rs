@@ -1,7 +1,8 @@
 //! What a connection does with each received frame (protocol.md §5, §6, §8): one function per
 //! frame type, after the dispatch.
 
-use super::calls::{state_lost, Assembly};
+use super::calls::{state_lost, Assembly, CallState};
+use super::flow::no_credit;
 use super::{Connection, Event, Handshake, Side};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::frame::{
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 
 impl Connection {
     /// Dispatches a decoded frame (after the handshake) to its handler.
+    #[inline(always)]
     pub(super) fn on_frame(&mut self, frame: Frame, now: Instant) -> Result<(), ProtocolError> {
         if self.handshake == Handshake::AwaitSettings {
             return self.on_first_frame(frame);
@@ -193,7 +195,7 @@ impl Connection {
         let deadline = (c.timeout_us > 0)
             .then(|| now.checked_add(Duration::from_micros(c.timeout_us)))
             .flatten();
-        self.calls.insert(id, self.new_call(deadline));
+        self.calls.insert(id, self.new_call(), deadline);
         self.grant_first_credit(id);
         self.events.push_back(Event::CallStarted {
             id: c.call_id,
@@ -308,32 +310,15 @@ impl Connection {
             return self.illegal("MESSAGE with END_STREAM sent by the server".into());
         }
         let cost = (HEADER_LEN + m.chunk.len() + m.total_len.map_or(0, |_| 4)) as i64;
+        let total = m.total_len.map_or(m.chunk.len(), |t| t as usize);
+        // One look-up: the checks only read the call, and any failure closes the connection.
         let call = self.calls.open(id)?;
-        if call.recv_closed {
-            return self.illegal(format!("MESSAGE on call {id} after the client half-closed"));
-        }
-        if call.assembling.is_some() {
-            let e = ProtocolError::new(
-                ErrorCode::MESSAGE_LENGTH_MISMATCH,
-                format!("MESSAGE on call {id} while a split message is incomplete"),
-            );
+        if let Err(e) = check_message(call, id, &m, total) {
             return Err(self.fail(e, true));
         }
-        self.debit(id, cost)?;
-        let call = self.calls.open(id)?;
+        call.recv_window -= cost;
         if self.side == Side::Client {
             call.headers_done = true; // HEADERS may no longer follow
-        }
-        let total = m.total_len.map_or(m.chunk.len(), |t| t as usize);
-        if m.total_len.is_some() && m.chunk.len() >= total {
-            let e = ProtocolError::new(
-                ErrorCode::MESSAGE_LENGTH_MISMATCH,
-                format!(
-                    "split MESSAGE on call {id} already holds {} of its {total} bytes; it should not be split",
-                    m.chunk.len()
-                ),
-            );
-            return Err(self.fail(e, true));
         }
         if total > self.local.max_message_size as usize {
             let msg = format!(
@@ -531,4 +516,39 @@ impl Connection {
         self.resume_send(id);
         Ok(())
     }
+}
+
+/// What makes a MESSAGE on an open call a connection error (protocol.md §5.4, §7), in the order
+/// they are checked: the client half-closed, a split message is incomplete, the sender had no
+/// credit, or a split message that should not be split.
+#[inline]
+fn check_message(
+    call: &CallState,
+    id: u32,
+    m: &MessageFrame,
+    total: usize,
+) -> Result<(), ProtocolError> {
+    if call.recv_closed {
+        return Err(ProtocolError::new(
+            ErrorCode::ILLEGAL_FRAME,
+            format!("MESSAGE on call {id} after the client half-closed"),
+        ));
+    }
+    if call.assembling.is_some() {
+        return Err(ProtocolError::new(
+            ErrorCode::MESSAGE_LENGTH_MISMATCH,
+            format!("MESSAGE on call {id} while a split message is incomplete"),
+        ));
+    }
+    no_credit(call, id)?;
+    if m.total_len.is_some() && m.chunk.len() >= total {
+        return Err(ProtocolError::new(
+            ErrorCode::MESSAGE_LENGTH_MISMATCH,
+            format!(
+                "split MESSAGE on call {id} already holds {} of its {total} bytes; it should not be split",
+                m.chunk.len()
+            ),
+        ));
+    }
+    Ok(())
 }

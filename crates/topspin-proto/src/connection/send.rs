@@ -43,7 +43,8 @@ impl Connection {
         }
         let md_len = metadata.encoded_len();
         // The name goes along until the method is interned (or if it cannot be).
-        let name = (!self.methods_out.contains_key(method)).then_some(method);
+        let interned = self.interned(method);
+        let name = interned.is_none().then_some(method);
         let limit = self.peer_metadata_limit(call_len(name, metadata) - md_len);
         if md_len > limit {
             return Err(CallError::MetadataTooLarge {
@@ -53,12 +54,14 @@ impl Connection {
         }
         let id = self.highest.checked_add(1).ok_or(CallError::IdsExhausted)?;
         self.highest = id;
-        let (method_id, named) = match self.methods_out.get(method) {
-            Some(&mid) => (mid, false),
+        let (method_id, named) = match interned {
+            Some(mid) => (mid, false),
             None => {
                 let next = self.methods_out.len() + 1;
                 if next <= usize::from(MAX_METHOD_ID) {
                     self.methods_out.insert(method.into(), next as u16);
+                    self.method_names.push(method.into());
+                    self.last_method = next as u16;
                     (next as u16, true)
                 } else {
                     (0, true)
@@ -71,7 +74,7 @@ impl Connection {
                 .unwrap_or(u64::MAX)
                 .max(1)
         });
-        frame::encode_call(
+        frame::write_call(
             &mut self.out.staging,
             CallId(id),
             method_id,
@@ -81,9 +84,22 @@ impl Connection {
             metadata,
         );
         let deadline = timeout.and_then(|t| now.checked_add(t));
-        self.calls.insert(id, self.new_call(deadline));
+        self.calls.insert(id, self.new_call(), deadline);
         self.grant_first_credit(id);
         Ok(CallId(id))
+    }
+
+    /// The id `method` is interned under, if it is: the method of the previous call is
+    /// checked first, by comparing names.
+    #[inline]
+    fn interned(&mut self, method: &str) -> Option<u16> {
+        let last = usize::from(self.last_method);
+        if (self.method_names.get(last.wrapping_sub(1))).is_some_and(|n| **n == *method) {
+            return Some(self.last_method);
+        }
+        let id = self.methods_out.get(method).copied()?;
+        self.last_method = id;
+        Some(id)
     }
 
     /// Sends one message on a call. Messages larger than the peer's frame size are split; the
@@ -139,7 +155,7 @@ impl Connection {
         }
         let st = &mut self.out.staging;
         if len <= max_frame {
-            frame::encode_message_head(st, id, end_stream, None, len);
+            frame::write_message_head(st, id, end_stream, None, len);
             call.send_credit -= (HEADER_LEN + len) as i64;
             match message.as_single() {
                 Some(b) => self.out.push_body(b),
@@ -152,7 +168,7 @@ impl Connection {
             return Ok(());
         }
         let first = max_frame - 4;
-        frame::encode_message_head(st, id, end_stream, Some(len as u32), first);
+        frame::write_message_head(st, id, end_stream, Some(len as u32), first);
         call.send_credit -= (HEADER_LEN + max_frame) as i64;
         let out = &mut self.out;
         let (seg, offset) = message.walk(0, 0, first, |b| out.push_body(&b));
@@ -192,7 +208,7 @@ impl Connection {
                 break;
             };
             let n = p.left.min(max_frame);
-            frame::encode_continuation_head(&mut self.out.staging, CallId(id), n);
+            frame::write_continuation_head(&mut self.out.staging, CallId(id), n);
             let out = &mut self.out;
             (p.seg, p.offset) = p.message.walk(p.seg, p.offset, n, |b| out.push_body(&b));
             p.left -= n;
@@ -231,7 +247,7 @@ impl Connection {
             return Err(CallError::WouldBlock);
         }
         call.send_closed = true;
-        frame::encode_half_close(&mut self.out.staging, id);
+        frame::write_half_close(&mut self.out.staging, id);
         Ok(())
     }
 
@@ -245,7 +261,9 @@ impl Connection {
         if self.closed.is_some() {
             return Err(CallError::Closed);
         }
-        self.calls.remove(id.0).ok_or(CallError::NotOpen(id))?;
+        if !self.calls.remove(id.0) {
+            return Err(CallError::NotOpen(id));
+        }
         self.put_cancel(id.0, code);
         Ok(())
     }
@@ -266,7 +284,7 @@ impl Connection {
             return Err(CallError::MetadataTooLarge { size, limit });
         }
         call.headers_done = true;
-        frame::encode_headers(&mut self.out.staging, id, metadata);
+        frame::write_headers(&mut self.out.staging, id, metadata);
         Ok(())
     }
 
@@ -333,14 +351,14 @@ impl Connection {
     }
 
     pub(super) fn put_end(&mut self, id: u32, code: Code, message: &str, trailers: &Metadata) {
-        frame::encode_end(&mut self.out.staging, CallId(id), code, message, trailers);
+        frame::write_end(&mut self.out.staging, CallId(id), code, message, trailers);
     }
 
     pub(super) fn put_cancel(&mut self, id: u32, code: Code) {
-        frame::encode_cancel(&mut self.out.staging, CallId(id), code);
+        frame::write_cancel(&mut self.out.staging, CallId(id), code);
     }
 
     pub(super) fn put_credit(&mut self, id: u32, increment: u32) {
-        frame::encode_credit(&mut self.out.staging, CallId(id), increment);
+        frame::write_credit(&mut self.out.staging, CallId(id), increment);
     }
 }

@@ -18,6 +18,7 @@ pub(crate) struct Transmit {
 
 impl Transmit {
     /// Appends a body after whatever is staged, copying it if it is small.
+    #[inline]
     pub(crate) fn push_body(&mut self, body: &Bytes) {
         if body.len() < BY_REFERENCE_MIN {
             self.staging.extend_from_slice(body);

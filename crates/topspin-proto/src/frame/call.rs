@@ -1,7 +1,10 @@
 //! CALL (protocol.md §5.3): starts a call.
 
-use super::text::{at_least, clip, no_trailing, put_clipped, text_u16, u16_at};
-use super::{head, CallId, Frame, FrameType, Header, FLAG_NAMED, MAX_METHOD_NAME_LEN};
+use super::text::{at_least, clip, no_trailing, put_text, text_u16, u16_at};
+use super::{
+    head_into, AnyBuf, CallId, Frame, FrameType, Header, Sink, FLAG_NAMED, HEADER_LEN,
+    MAX_METHOD_NAME_LEN,
+};
 use crate::error::ProtocolError;
 use crate::metadata::Metadata;
 use bytes::{BufMut, Bytes};
@@ -47,22 +50,79 @@ pub fn encode_call(
     timeout_us: u64,
     metadata: &Metadata,
 ) {
+    write_call(
+        &mut AnyBuf(dst),
+        call_id,
+        method_id,
+        method_name,
+        codec,
+        timeout_us,
+        metadata,
+    );
+}
+
+/// [`encode_call`] into a [`Sink`]: header and fixed fields in one write (and an empty
+/// metadata block with them when no name follows).
+#[inline]
+pub(crate) fn write_call(
+    dst: &mut impl Sink,
+    call_id: CallId,
+    method_id: u16,
+    method_name: Option<&str>,
+    codec: u8,
+    timeout_us: u64,
+    metadata: &Metadata,
+) {
+    const FIXED: usize = HEADER_LEN + CALL_FIXED_LEN;
     let flags = if method_name.is_some() { FLAG_NAMED } else { 0 };
-    head(
-        dst,
+    let md = metadata.as_bytes();
+    let mut b = [0u8; FIXED + 2];
+    head_into(
+        &mut b,
         call_len(method_name, metadata),
         FrameType::CALL,
         flags,
         call_id,
     );
-    dst.put_u16_le(method_id);
-    dst.put_u8(codec);
-    dst.put_u8(0);
-    dst.put_u64_le(timeout_us);
-    if let Some(name) = method_name {
-        put_clipped(dst, clip(name, MAX_METHOD_NAME_LEN));
+    b[12..14].copy_from_slice(&method_id.to_le_bytes());
+    b[14] = codec;
+    b[16..24].copy_from_slice(&timeout_us.to_le_bytes());
+    match method_name {
+        None if md.len() == 2 => {
+            b[FIXED..].copy_from_slice(&md[..2]);
+            dst.put(&b);
+        }
+        _ => {
+            dst.put(&b[..FIXED]);
+            if let Some(name) = method_name {
+                put_text(dst, clip(name, MAX_METHOD_NAME_LEN));
+            }
+            dst.put(md);
+        }
     }
-    metadata.encode(dst);
+}
+
+/// A CALL whose payload is its fixed fields and an empty metadata block (no name: the method
+/// is interned), decoded from the receive buffer in place; `None` for any other shape, which
+/// [`decode`] handles. Same checks, same frame.
+#[inline]
+pub(super) fn decode_bare(header: &Header, payload: &[u8]) -> Option<Frame> {
+    if header.flags & FLAG_NAMED != 0 {
+        return None;
+    }
+    let b: &[u8; CALL_FIXED_LEN + 2] = payload.try_into().ok()?;
+    if b[CALL_FIXED_LEN..] != [0, 0] {
+        return None;
+    }
+    let [f0, f1, codec, _, t @ ..] = *b.first_chunk::<CALL_FIXED_LEN>()?;
+    Some(Frame::Call(CallFrame {
+        call_id: header.call_id,
+        method_id: u16::from_le_bytes([f0, f1]),
+        method_name: None,
+        codec,
+        timeout_us: u64::from_le_bytes(t),
+        metadata: Metadata::new(),
+    }))
 }
 
 #[inline]

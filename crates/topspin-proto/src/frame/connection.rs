@@ -67,7 +67,7 @@ pub fn encode_error(dst: &mut impl BufMut, code: ErrorCode, reason: &str, max_pa
 }
 
 #[inline]
-pub(super) fn decode_ping(header: &Header, payload: &Bytes) -> Result<Frame, ProtocolError> {
+pub(super) fn decode_ping(header: &Header, payload: &[u8]) -> Result<Frame, ProtocolError> {
     exact_len(payload, 8, FrameType::PING)?;
     let mut data = [0u8; 8];
     data.copy_from_slice(payload);

@@ -1,6 +1,8 @@
 //! Splits frames off a receive buffer, by reference.
 
-use super::{Frame, Header, HEADER_LEN};
+use super::{
+    CallId, Frame, FrameType, Header, MessageFrame, FLAG_END_STREAM, FLAG_SPLIT, HEADER_LEN,
+};
 use crate::error::{ErrorCode, ProtocolError};
 use bytes::{Buf, BytesMut};
 
@@ -77,8 +79,29 @@ impl FrameDecoder {
         if src.len() < total {
             return Ok(None);
         }
-        src.advance(HEADER_LEN);
-        let payload = src.split_to(header.length as usize).freeze();
+        // A whole message on a call, the commonest frame: its body is the payload.
+        if header.ty == FrameType::MESSAGE.0
+            && header.flags & FLAG_SPLIT == 0
+            && header.call_id != CallId::CONNECTION
+        {
+            let mut chunk = src.split_to(total).freeze();
+            chunk.advance(HEADER_LEN);
+            return Ok(Some(Frame::Message(MessageFrame {
+                call_id: header.call_id,
+                end_stream: header.flags & FLAG_END_STREAM != 0,
+                total_len: None,
+                chunk,
+            })));
+        }
+        // Frames without a body are parsed where they lie and skipped; only a frame with a
+        // body (a message, a text, metadata) is split off, its header then dropped from the
+        // shared slice.
+        if let Some(frame) = Frame::decode_in_place(&header, &src[HEADER_LEN..total]) {
+            src.advance(total);
+            return frame.map(Some);
+        }
+        let mut payload = src.split_to(total).freeze();
+        payload.advance(HEADER_LEN);
         Frame::decode(&header, payload).map(Some)
     }
 }

@@ -1,7 +1,10 @@
 //! MESSAGE and CONTINUATION (protocol.md §5.4, §5.5): a message, whole or split.
 
 use super::text::u32_at;
-use super::{head, CallId, Frame, FrameType, Header, FLAG_END_STREAM, FLAG_SPLIT};
+use super::{
+    head_into, AnyBuf, CallId, Frame, FrameType, Header, Sink, FLAG_END_STREAM, FLAG_SPLIT,
+    HEADER_LEN,
+};
 use crate::error::ProtocolError;
 use bytes::{BufMut, Bytes};
 
@@ -29,19 +32,51 @@ pub fn encode_message_head(
     total_len: Option<u32>,
     chunk_len: usize,
 ) {
-    let flags = (if end_stream { FLAG_END_STREAM } else { 0 })
-        | (if total_len.is_some() { FLAG_SPLIT } else { 0 });
-    let len = total_len.map_or(0, |_| 4) + chunk_len;
-    head(dst, len, FrameType::MESSAGE, flags, call_id);
-    if let Some(t) = total_len {
-        dst.put_u32_le(t);
+    write_message_head(&mut AnyBuf(dst), call_id, end_stream, total_len, chunk_len);
+}
+
+/// [`encode_message_head`] into a [`Sink`], in one write.
+#[inline]
+pub(crate) fn write_message_head(
+    dst: &mut impl Sink,
+    call_id: CallId,
+    end_stream: bool,
+    total_len: Option<u32>,
+    chunk_len: usize,
+) {
+    let end = if end_stream { FLAG_END_STREAM } else { 0 };
+    let mut b = [0u8; HEADER_LEN + 4];
+    match total_len {
+        None => {
+            head_into(&mut b, chunk_len, FrameType::MESSAGE, end, call_id);
+            dst.put(&b[..HEADER_LEN]);
+        }
+        Some(t) => {
+            head_into(
+                &mut b,
+                4 + chunk_len,
+                FrameType::MESSAGE,
+                end | FLAG_SPLIT,
+                call_id,
+            );
+            b[HEADER_LEN..].copy_from_slice(&t.to_le_bytes());
+            dst.put(&b);
+        }
     }
 }
 
 /// Writes a CONTINUATION frame's header; the `chunk_len` bytes follow, written by the caller.
 #[inline]
 pub fn encode_continuation_head(dst: &mut impl BufMut, call_id: CallId, chunk_len: usize) {
-    head(dst, chunk_len, FrameType::CONTINUATION, 0, call_id);
+    write_continuation_head(&mut AnyBuf(dst), call_id, chunk_len);
+}
+
+/// [`encode_continuation_head`] into a [`Sink`].
+#[inline]
+pub(crate) fn write_continuation_head(dst: &mut impl Sink, call_id: CallId, chunk_len: usize) {
+    let mut b = [0u8; HEADER_LEN];
+    head_into(&mut b, chunk_len, FrameType::CONTINUATION, 0, call_id);
+    dst.put(&b);
 }
 
 #[inline]

@@ -27,6 +27,11 @@ pub use message::{encode_continuation_head, encode_message_head, MessageFrame};
 pub use response::{encode_end, encode_headers, end_len, EndFrame, END_FIXED_LEN};
 pub use text::{clip, MAX_TEXT_LEN};
 
+pub(crate) use call::write_call;
+pub(crate) use control::{write_cancel, write_credit, write_half_close};
+pub(crate) use message::{write_continuation_head, write_message_head};
+pub(crate) use response::{write_end, write_headers};
+
 use crate::error::{ErrorCode, ProtocolError};
 use crate::metadata::Metadata;
 use crate::settings::Settings;
@@ -180,6 +185,43 @@ pub enum Frame {
     },
 }
 
+/// Where the hot frame writers append: the engine's staging buffer (appends inlined, so a
+/// frame's fixed bytes cost a few stores) or any [`BufMut`] (through [`AnyBuf`], for the
+/// public `encode_*` functions). Each writer puts a frame's header and fixed fields as one
+/// stack array, so both sinks see the same bytes.
+pub(crate) trait Sink {
+    /// Appends `b`.
+    fn put(&mut self, b: &[u8]);
+}
+
+impl Sink for BytesMut {
+    #[inline(always)]
+    fn put(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
+    }
+}
+
+/// Any [`BufMut`] as a [`Sink`].
+pub(crate) struct AnyBuf<'a, B>(pub(crate) &'a mut B);
+
+impl<B: BufMut> Sink for AnyBuf<'_, B> {
+    #[inline(always)]
+    fn put(&mut self, b: &[u8]) {
+        self.0.put_slice(b);
+    }
+}
+
+/// A frame header's 12 bytes, written at the front of a frame's first stack array.
+#[inline(always)]
+pub(crate) fn head_into(b: &mut [u8], length: usize, ty: FrameType, flags: u8, call_id: CallId) {
+    b[0..4].copy_from_slice(&(length as u32).to_le_bytes());
+    b[4] = ty.0;
+    b[5] = flags;
+    b[6] = 0;
+    b[7] = 0;
+    b[8..12].copy_from_slice(&call_id.0.to_le_bytes());
+}
+
 /// Writes a frame header.
 #[inline]
 pub(crate) fn head(
@@ -238,22 +280,28 @@ impl Frame {
     }
 
     /// Checks that the frame type may use the header's call id.
+    #[inline]
     fn check_call_id(ty: FrameType, call_id: CallId) -> Result<(), ProtocolError> {
-        let connection_frame = matches!(
-            ty,
-            FrameType::SETTINGS | FrameType::PING | FrameType::GOAWAY | FrameType::ERROR
-        );
-        if (0x01..=0x0C).contains(&ty.0) && connection_frame != (call_id == CallId::CONNECTION) {
-            return Err(ProtocolError::new(
-                ErrorCode::ILLEGAL_FRAME,
-                if connection_frame {
-                    format!("{} frame must use call id 0, got {}", ty.name(), call_id.0)
-                } else {
-                    format!("{} frame must not use call id 0", ty.name())
-                },
-            ));
+        // Bit t set: frame type t is a connection frame (SETTINGS, PING, GOAWAY, ERROR).
+        const CONNECTION_FRAMES: u16 = 1 << 0x01 | 1 << 0x0A | 1 << 0x0B | 1 << 0x0C;
+        if (0x01..=0x0C).contains(&ty.0)
+            && (CONNECTION_FRAMES >> ty.0 & 1 != 0) != (call_id == CallId::CONNECTION)
+        {
+            return Err(Frame::wrong_call_id(ty, call_id));
         }
         Ok(())
+    }
+
+    #[cold]
+    fn wrong_call_id(ty: FrameType, call_id: CallId) -> ProtocolError {
+        ProtocolError::new(
+            ErrorCode::ILLEGAL_FRAME,
+            if call_id != CallId::CONNECTION {
+                format!("{} frame must use call id 0, got {}", ty.name(), call_id.0)
+            } else {
+                format!("{} frame must not use call id 0", ty.name())
+            },
+        )
     }
 
     /// Decodes a frame from its header and payload. Checks the payload layout and whether the
@@ -285,6 +333,51 @@ impl Frame {
                 ErrorCode::UNKNOWN_FRAME_TYPE,
                 format!("unknown frame type 0x{t:02x} (types 0x0d..=0x7f must be understood; 0x80..=0xff may be skipped)"),
             )),
+        }
+    }
+
+    /// Decodes a frame that needs no slice of the receive buffer — the small control frames,
+    /// and a CALL, END or HEADERS whose texts and metadata are empty — from its payload in
+    /// place, so the decoder can skip it without splitting it off; `None` for every other
+    /// frame (which [`Frame::decode`] takes as a shared slice). Same checks, same frame as
+    /// [`Frame::decode`].
+    #[inline]
+    pub(crate) fn decode_in_place(
+        header: &Header,
+        payload: &[u8],
+    ) -> Option<Result<Frame, ProtocolError>> {
+        let ty = FrameType(header.ty);
+        let frame = match ty {
+            FrameType::CALL => call::decode_bare(header, payload),
+            FrameType::END => response::decode_bare_end(header, payload),
+            FrameType::HEADERS if payload == [0, 0] => Some(Frame::Headers {
+                call_id: header.call_id,
+                metadata: Metadata::new(),
+            }),
+            FrameType::HALF_CLOSE
+            | FrameType::CANCEL
+            | FrameType::CREDIT
+            | FrameType::PING
+            | FrameType::SETTINGS => {
+                return Some(
+                    Frame::check_call_id(ty, header.call_id)
+                        .and_then(|()| Frame::decode_control(header, payload)),
+                );
+            }
+            _ => None,
+        }?;
+        Some(Frame::check_call_id(ty, header.call_id).map(|()| frame))
+    }
+
+    /// The frames parsed into fixed fields only (their call id already checked).
+    #[inline]
+    fn decode_control(header: &Header, payload: &[u8]) -> Result<Frame, ProtocolError> {
+        match FrameType(header.ty) {
+            FrameType::HALF_CLOSE => control::decode_half_close(header, payload),
+            FrameType::CANCEL => control::decode_cancel(header, payload),
+            FrameType::CREDIT => control::decode_credit(header, payload),
+            FrameType::PING => connection::decode_ping(header, payload),
+            _ => Ok(Frame::Settings(Settings::decode_payload(payload)?)),
         }
     }
 

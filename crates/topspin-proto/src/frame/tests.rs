@@ -252,3 +252,129 @@ fn short_payload_messages_match_their_checks() {
     let e = decode_err(&b);
     assert!(e.reason.contains("4 fixed bytes"), "{e}");
 }
+
+/// The engine writes into its staging `BytesMut` through the inlined sink; every branch of the
+/// hot writers (fields and empty blocks folded into one write, or not) puts the same bytes as
+/// the public `encode_*` functions into any `BufMut`, and those bytes decode back.
+#[test]
+fn engine_sink_writes_what_the_public_encoders_write() {
+    let md = Metadata::builder().text("k", "v").unwrap().build();
+    let empty = Metadata::new();
+    for (name, meta) in [
+        (None, &empty),
+        (None, &md),
+        (Some("/a.B/C"), &empty),
+        (Some("/a.B/C"), &md),
+    ] {
+        let mut fast = BytesMut::new();
+        write_call(&mut fast, CallId(9), 2, name, 1, 77, meta);
+        let mut slow = Vec::new();
+        encode_call(&mut slow, CallId(9), 2, name, 1, 77, meta);
+        assert_eq!(&fast[..], &slow[..]);
+        let f = FrameDecoder::new(1 << 20)
+            .decode(&mut fast)
+            .unwrap()
+            .unwrap();
+        let Frame::Call(c) = f else { panic!("{f:?}") };
+        assert_eq!(
+            (c.method_name.as_deref(), &c.metadata, c.timeout_us),
+            (name, meta, 77)
+        );
+    }
+    for (msg, trailers) in [("", &empty), ("", &md), ("oops", &empty), ("oops", &md)] {
+        let mut fast = BytesMut::new();
+        write_end(&mut fast, CallId(9), Code::Internal, msg, trailers);
+        let mut slow = Vec::new();
+        encode_end(&mut slow, CallId(9), Code::Internal, msg, trailers);
+        assert_eq!(&fast[..], &slow[..]);
+        let f = FrameDecoder::new(1 << 20)
+            .decode(&mut fast)
+            .unwrap()
+            .unwrap();
+        let Frame::End(e) = f else { panic!("{f:?}") };
+        assert_eq!(
+            (&*e.message, &e.trailers, e.code),
+            (msg, trailers, Code::Internal)
+        );
+    }
+    for total in [None, Some(100)] {
+        let mut fast = BytesMut::new();
+        write_message_head(&mut fast, CallId(5), true, total, 3);
+        let mut slow = Vec::new();
+        encode_message_head(&mut slow, CallId(5), true, total, 3);
+        assert_eq!(&fast[..], &slow[..]);
+    }
+    let mut fast = BytesMut::new();
+    write_continuation_head(&mut fast, CallId(5), 3);
+    write_headers(&mut fast, CallId(5), &md);
+    write_half_close(&mut fast, CallId(5));
+    write_cancel(&mut fast, CallId(5), Code::Cancelled);
+    write_credit(&mut fast, CallId(5), 4096);
+    let mut slow = Vec::new();
+    encode_continuation_head(&mut slow, CallId(5), 3);
+    encode_headers(&mut slow, CallId(5), &md);
+    encode_half_close(&mut slow, CallId(5));
+    encode_cancel(&mut slow, CallId(5), Code::Cancelled);
+    encode_credit(&mut slow, CallId(5), 4096);
+    assert_eq!(&fast[..], &slow[..]);
+}
+
+/// What [`FrameDecoder::decode`] makes of one whole frame, and what [`Frame::decode`] makes of
+/// the same header and payload as a slice: the decoder parses bodiless frames in place and
+/// must agree with the slicing path on every frame and every error.
+fn both_paths(ty: u8, flags: u8, call_id: u32, payload: &[u8]) {
+    let header = Header {
+        length: payload.len() as u32,
+        ty,
+        flags,
+        call_id: CallId(call_id),
+    };
+    let mut wire = BytesMut::new();
+    header.encode(&mut wire);
+    wire.extend_from_slice(payload);
+    let in_place = FrameDecoder::new(1 << 20)
+        .decode(&mut wire)
+        .map(Option::unwrap);
+    assert!(wire.is_empty());
+    let sliced = Frame::decode(&header, Bytes::copy_from_slice(payload));
+    assert_eq!(
+        in_place, sliced,
+        "type {ty:#x} flags {flags} call {call_id} {payload:?}"
+    );
+}
+
+#[test]
+fn in_place_decoding_agrees_with_slices() {
+    let bare_call = [7, 0, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0];
+    for id in [0, 1] {
+        both_paths(0x02, 0, id, &bare_call);
+        both_paths(0x02, FLAG_NAMED, id, &bare_call);
+        both_paths(0x02, 0, id, &bare_call[..13]);
+        both_paths(0x02, 0, id, &[7, 0, 1, 9, 1, 2, 3, 4, 5, 6, 7, 8, 1, 0]);
+        both_paths(0x07, 0, id, &[0, 0, 0, 0, 0, 0]);
+        both_paths(0x07, 0, id, &[13, 0, 0, 0, 0, 0]);
+        both_paths(0x07, 0, id, &[13, 0, 0, 0, 0, 0, 0]);
+        both_paths(0x07, 0, id, &[13, 0, 1, 0, b'x', 0, 0]);
+        both_paths(0x05, 0, id, &[0, 0]);
+        both_paths(0x05, 0, id, &[0, 0, 0]);
+        both_paths(0x06, 0, id, &[]);
+        both_paths(0x08, 0, id, &[1, 0]);
+        both_paths(0x09, 0, id, &[0, 16, 0, 0]);
+        both_paths(0x09, 0, id, &[0, 0, 0, 0]);
+        both_paths(0x0A, 1, id, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        both_paths(0x01, 0, id, &[]);
+        both_paths(0x01, 0, id, &[1, 0, 0, 0, 0, 1]);
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn in_place_decoding_agrees_with_slices_on_any_frame(
+        ty in 0u8..16,
+        flags in 0u8..4,
+        call_id in 0u32..3,
+        payload in proptest::collection::vec(proptest::prop_oneof![3 => proptest::strategy::Just(0u8), 1 => 0u8..=255], 0..24),
+    ) {
+        both_paths(ty, flags, call_id, &payload);
+    }
+}

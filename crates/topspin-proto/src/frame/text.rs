@@ -1,7 +1,7 @@
 //! Field helpers shared by the frame types: length-prefixed text (clipped at a character
 //! boundary in exactly one place), little-endian reads, and layout checks.
 
-use super::FrameType;
+use super::{FrameType, Sink};
 use crate::error::ProtocolError;
 use bytes::{BufMut, Bytes};
 use bytestring::ByteString;
@@ -33,6 +33,14 @@ pub(crate) fn put_clipped(dst: &mut impl BufMut, s: &str) {
     debug_assert!(s.len() <= MAX_TEXT_LEN);
     dst.put_u16_le(s.len() as u16);
     dst.put_slice(s.as_bytes());
+}
+
+/// [`put_clipped`] into a [`Sink`].
+#[inline]
+pub(crate) fn put_text(dst: &mut impl Sink, s: &str) {
+    debug_assert!(s.len() <= MAX_TEXT_LEN);
+    dst.put(&(s.len() as u16).to_le_bytes());
+    dst.put(s.as_bytes());
 }
 
 #[inline]
@@ -88,7 +96,7 @@ pub(crate) fn at_least(payload: &Bytes, n: usize, ty: FrameType) -> Result<(), P
 }
 
 #[inline]
-pub(crate) fn exact_len(payload: &Bytes, n: usize, ty: FrameType) -> Result<(), ProtocolError> {
+pub(crate) fn exact_len(payload: &[u8], n: usize, ty: FrameType) -> Result<(), ProtocolError> {
     if payload.len() != n {
         return Err(ProtocolError::malformed(format!(
             "{} payload must be {n} bytes, got {}",

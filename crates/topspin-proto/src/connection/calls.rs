@@ -283,6 +283,12 @@ impl Calls {
         }
         self.base = self.base.wrapping_add(1);
         self.trim();
+        // A long-lived call held the ring open across the whole window; what is left is
+        // usually a few recent calls. Give the rest back (a connection keeping a stream open
+        // for ever would otherwise hold WINDOW slots, ~48 KiB, for ever).
+        if self.ring.capacity() >= 256 && self.ring.len() * 4 < self.ring.capacity() {
+            self.ring.shrink_to(self.ring.len() * 2);
+        }
     }
 
     /// Drops the ring's leading empty slots, so its first slot is an open call.
@@ -402,6 +408,8 @@ mod tests {
             calls.remove(id);
         }
         assert!(calls.deadlines.len() <= 2 * calls.with_deadline + 65);
+        // The long-lived call moved out of the window; the ring gave its slots back.
+        assert!(calls.ring.capacity() < 256, "{}", calls.ring.capacity());
         assert_eq!(calls.take_all(), vec![0]);
         assert!(calls.is_empty() && calls.next_deadline().is_none());
     }

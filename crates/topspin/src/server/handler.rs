@@ -8,7 +8,7 @@ use crate::request::{Cancellation, ServerContext};
 use crate::streaming::{CreditReturn, Item, Streaming};
 use crate::{Request, Response, Status};
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::{FutureExt, Stream, StreamExt};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -163,16 +163,23 @@ fn typed_stream<C: Codec>(codec: C, input: Input) -> Option<Streaming<C::Decode>
     }
 }
 
-async fn reply<C: Codec>(
+/// The outcome of a one-response call: `fut`'s response encoded with `codec`. A combinator,
+/// not an `async fn`: an `async fn` keeps its argument and the future it awaits in separate
+/// slots, which doubles the size of the state (the handler's future, moved into the call's
+/// box for every call) and moves the handler's future once more at the first poll. `Map`
+/// holds the future in place and drops it as soon as it completes.
+fn reply<C: Codec>(
     codec: Compressed<C>,
     fut: impl Future<Output = Result<Response<C::Encode>, Status>>,
-) -> Outcome {
-    Outcome::Reply(match fut.await {
-        Ok(r) => {
-            let (m, h, t) = r.into_parts();
-            codec.encode_payload(m).map(|b| (b, codec.announce(h), t))
-        }
-        Err(s) => Err(s),
+) -> impl Future<Output = Outcome> {
+    fut.map(move |r| {
+        Outcome::Reply(match r {
+            Ok(r) => {
+                let (m, h, t) = r.into_parts();
+                codec.encode_payload(m).map(|b| (b, codec.announce(h), t))
+            }
+            Err(s) => Err(s),
+        })
     })
 }
 

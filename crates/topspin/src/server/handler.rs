@@ -382,14 +382,16 @@ pub(crate) struct Running {
 /// (only after completion: a finished future holds nothing any more).
 pub(crate) type Done = (u32, Option<Outcome>, Option<BoxFut>);
 
-impl Future for Running {
-    type Output = Done;
+impl Running {
+    /// The first poll, on the connection task (with a waker that does nothing), right after
+    /// the caller saw that the call is not cancelled: nothing can cancel it in between (only
+    /// the connection task does), and a handler that goes on is polled again on a task of its
+    /// own, which registers for the cancellation then.
+    pub(crate) fn poll_first(&mut self, cx: &mut Context<'_>) -> Poll<Done> {
+        self.poll_handler(cx)
+    }
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
-        if self.cancel.poll_cancelled(cx) {
-            self.fut = None; // drop the handler now
-            return Poll::Ready((self.id, None, None));
-        }
+    fn poll_handler(&mut self, cx: &mut Context<'_>) -> Poll<Done> {
         let Some(fut) = self.fut.as_mut() else {
             return Poll::Ready((self.id, None, None));
         };
@@ -408,6 +410,18 @@ impl Future for Running {
                 Poll::Ready((self.id, Some(Outcome::Finished(Err(panicked()))), None))
             }
         }
+    }
+}
+
+impl Future for Running {
+    type Output = Done;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
+        if self.cancel.poll_cancelled(cx) {
+            self.fut = None; // drop the handler now
+            return Poll::Ready((self.id, None, None));
+        }
+        self.poll_handler(cx)
     }
 }
 

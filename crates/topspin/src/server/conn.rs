@@ -596,14 +596,14 @@ impl ServerRole {
                     cancel,
                     inbound: None,
                     blocked: Some(Box::new((message, ack))),
-                    end: Some(Box::new((Status::new(Code::Ok, ""), trailers))),
+                    end: Some(Box::new((Status::ok(), trailers))),
                     returned: true,
                 },
             );
             return;
         }
         match conn.send_message(CallId(id), message, false) {
-            Ok(()) => self.end_fresh(id, Status::new(Code::Ok, ""), trailers, cancel, conn),
+            Ok(()) => self.end_fresh(id, Status::ok(), trailers, cancel, conn),
             Err(e) => {
                 let st = self.local_error(e, "response message");
                 self.end_fresh(id, st, Metadata::new(), cancel, conn);
@@ -682,12 +682,12 @@ impl ServerRole {
                     if let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) {
                         let (ack, _) = tokio::sync::oneshot::channel();
                         *blocked = Some(Box::new((message, ack)));
-                        *end = Some(Box::new((Status::new(Code::Ok, ""), trailers)));
+                        *end = Some(Box::new((Status::ok(), trailers)));
                         return;
                     }
                 }
                 match conn.send_message(CallId(id), message, false) {
-                    Ok(()) => self.end(id, Status::new(Code::Ok, ""), trailers, conn),
+                    Ok(()) => self.end(id, Status::ok(), trailers, conn),
                     Err(e) => self.end(
                         id,
                         self.local_error(e, "response message"),
@@ -701,7 +701,7 @@ impl ServerRole {
                 self.end(id, status, trailers, conn);
             }
             Outcome::Finished(Ok(trailers)) => {
-                self.end(id, Status::new(Code::Ok, ""), trailers, conn)
+                self.end(id, Status::ok(), trailers, conn)
             }
         }
     }

@@ -700,9 +700,7 @@ impl ServerRole {
                 let trailers = status.wire_trailers();
                 self.end(id, status, trailers, conn);
             }
-            Outcome::Finished(Ok(trailers)) => {
-                self.end(id, Status::ok(), trailers, conn)
-            }
+            Outcome::Finished(Ok(trailers)) => self.end(id, Status::ok(), trailers, conn),
         }
     }
 

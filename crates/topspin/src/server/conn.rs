@@ -4,7 +4,7 @@
 //! `crate::connection`'s.
 
 use super::handler::{
-    BoxFut, CallIo, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit, Spawned,
+    BoxFut, HandlerRef, Input, IoRef, Outcome, Running, SCmd, ServerCredit, Spawned,
 };
 use super::Registry;
 use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
@@ -465,10 +465,7 @@ impl ServerRole {
                 (Input::Stream { rx, credit }, Some(tx))
             }
         };
-        let io = CallIo {
-            tx: self.tx.clone(),
-            id,
-        };
+        let io = IoRef { tx: &self.tx, id };
         let recycled = self.fut_pool.pop();
         let cancel = ctx.cancel.clone();
         let running = Running {

@@ -103,7 +103,33 @@ pub(crate) struct CallIo {
     pub(crate) id: u32,
 }
 
+/// A call's [`CallIo`] not yet cloned: only handlers that send through it (response
+/// streams) take an owned one, so that a unary call clones and drops no channel sender.
+#[derive(Clone, Copy)]
+pub(crate) struct IoRef<'a> {
+    pub(crate) tx: &'a mpsc::Sender<SCmd>,
+    pub(crate) id: u32,
+}
+
+impl IoRef<'_> {
+    /// An owned handle, for a handler that sends through it.
+    pub(crate) fn to_owned(self) -> CallIo {
+        CallIo {
+            tx: self.tx.clone(),
+            id: self.id,
+        }
+    }
+}
+
 impl CallIo {
+    /// A borrowed handle, for [`Handler::call`].
+    pub(crate) fn as_ref(&self) -> IoRef<'_> {
+        IoRef {
+            tx: &self.tx,
+            id: self.id,
+        }
+    }
+
     async fn headers(&self, metadata: Metadata) {
         let _ = self
             .tx
@@ -138,7 +164,7 @@ pub(crate) trait Handler: Send + Sync + 'static {
         input: Input,
         metadata: Metadata,
         ctx: ServerContext,
-        io: CallIo,
+        io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut;
 }
@@ -244,7 +270,7 @@ where
         input: Input,
         md: Metadata,
         ctx: ServerContext,
-        _io: CallIo,
+        _io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let Input::One(b) = input else {
@@ -282,7 +308,7 @@ where
         input: Input,
         md: Metadata,
         ctx: ServerContext,
-        io: CallIo,
+        io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let Input::One(b) = input else {
@@ -295,7 +321,11 @@ where
         match codec.decode(b) {
             Ok(m) => place(
                 recycled,
-                stream_out(codec, io, (self.1)(Request::from_server(m, md, ctx))),
+                stream_out(
+                    codec,
+                    io.to_owned(),
+                    (self.1)(Request::from_server(m, md, ctx)),
+                ),
             ),
             Err(s) => place(recycled, std::future::ready(Outcome::Finished(Err(s)))),
         }
@@ -319,7 +349,7 @@ where
         input: Input,
         md: Metadata,
         ctx: ServerContext,
-        _io: CallIo,
+        _io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let codec = match call_codec(&self.0, &md, &ctx) {
@@ -354,7 +384,7 @@ where
         input: Input,
         md: Metadata,
         ctx: ServerContext,
-        io: CallIo,
+        io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let codec = match call_codec(&self.0, &md, &ctx) {
@@ -366,7 +396,11 @@ where
         };
         place(
             recycled,
-            stream_out(codec, io, (self.1)(Request::from_server(stream, md, ctx))),
+            stream_out(
+                codec,
+                io.to_owned(),
+                (self.1)(Request::from_server(stream, md, ctx)),
+            ),
         )
     }
 }

@@ -632,7 +632,7 @@ impl Call {
         let mut running = Running {
             id: self.id,
             cancel: self.guard.cancel.clone(),
-            fut: Some(handler.call(input, md, ctx, io, None)),
+            fut: Some(handler.call(input, md, ctx, io.as_ref(), None)),
         };
         let waker = futures_util::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);

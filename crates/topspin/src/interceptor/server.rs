@@ -5,9 +5,7 @@
 
 use super::{CallInfo, Chain, Record, Side};
 use crate::request::ServerContext;
-use crate::server::handler::{
-    place, BoxFut, CallIo, CallKind, Handler, HandlerRef, Input, Outcome,
-};
+use crate::server::handler::{place, BoxFut, CallKind, Handler, HandlerRef, Input, IoRef, Outcome};
 use crate::streaming::CreditReturn;
 use crate::Status;
 use std::panic::AssertUnwindSafe;
@@ -70,7 +68,7 @@ impl Handler for Observed {
         input: Input,
         metadata: Metadata,
         ctx: ServerContext,
-        io: CallIo,
+        io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         if self.chain.is_empty() && !crate::observe::spans_wanted() {
@@ -90,7 +88,7 @@ impl Observed {
         input: Input,
         metadata: Metadata,
         ctx: ServerContext,
-        io: CallIo,
+        io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let id = u64::from(io.id);
@@ -139,11 +137,13 @@ impl Observed {
             Ok(Some(i)) => {
                 let inner = self.inner.clone();
                 let pool = self.pool.clone();
+                let io = io.to_owned();
                 place(recycled, async move {
                     if let Err(status) = rec.start_from(i, None).await {
                         return Outcome::Reply(Err(status));
                     }
-                    let fut = inner.call(input, rec.info.metadata().clone(), ctx, io, None);
+                    let fut =
+                        inner.call(input, rec.info.metadata().clone(), ctx, io.as_ref(), None);
                     run(rec, fut, pool).await
                 })
             }

@@ -4,7 +4,7 @@
 //! `crate::connection`'s.
 
 use super::handler::{
-    BoxFut, CallIo, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit, Spawned,
+    BoxFut, HandlerRef, Input, IoRef, Outcome, Running, SCmd, ServerCredit, Spawned,
 };
 use super::Registry;
 use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
@@ -144,7 +144,7 @@ impl Role for ServerRole {
             if let Some(running) = self.deferred.pop_front() {
                 // A call that arrived while the client was not reading starts now.
                 self.room = room;
-                self.run_inline(running, conn);
+                self.run_inline(running, None, conn);
                 return Poll::Ready(());
             }
             if !self.handlers.is_empty() {
@@ -465,22 +465,9 @@ impl ServerRole {
                 (Input::Stream { rx, credit }, Some(tx))
             }
         };
-        let cancel = ctx.cancel.clone();
-        self.calls.insert(
-            id,
-            Call::Running {
-                cancel: cancel.clone(),
-                inbound,
-                blocked: None,
-                end: None,
-                returned: false,
-            },
-        );
-        let io = CallIo {
-            tx: self.tx.clone(),
-            id,
-        };
+        let io = IoRef { tx: &self.tx, id };
         let recycled = self.fut_pool.pop();
+        let cancel = ctx.cancel.clone();
         let running = Running {
             id,
             cancel,
@@ -488,17 +475,49 @@ impl ServerRole {
         };
         if self.room == 0 {
             // The client is not reading what it is sent: answer nothing more for now.
+            self.register(id, running.cancel.clone(), inbound);
             self.deferred.push_back(running);
             return;
         }
-        self.run_inline(running, conn);
+        self.run_inline(running, Some(inbound), conn);
+    }
+
+    /// Puts a call that has a running handler in `calls`.
+    fn register(
+        &mut self,
+        id: u32,
+        cancel: Cancellation,
+        inbound: Option<mpsc::UnboundedSender<Item>>,
+    ) {
+        self.calls.insert(
+            id,
+            Call::Running {
+                cancel,
+                inbound,
+                blocked: None,
+                end: None,
+                returned: false,
+            },
+        );
     }
 
     /// Polls a new handler once on the connection task, then leaves it to a task of its own
     /// if it did not answer.
-    fn run_inline(&mut self, mut running: Running, conn: &mut Connection) {
-        if running.cancel.is_cancelled() {
-            // Cancelled (or past its deadline) while it waited to start.
+    ///
+    /// `fresh` (with the call's request stream, if any) for a call not yet in `calls`: a
+    /// handler that answers in this first poll usually ends its call at once, and the call
+    /// then never goes there (an insert and a removal saved); it goes there when its handler
+    /// goes on, or when its answer has to wait. `None`: a deferred call, in `calls` already.
+    fn run_inline(
+        &mut self,
+        mut running: Running,
+        fresh: Option<Option<mpsc::UnboundedSender<Item>>>,
+        conn: &mut Connection,
+    ) {
+        if fresh.is_none() && running.cancel.is_cancelled() {
+            // A deferred call cancelled (or past its deadline) while it waited to start: its
+            // call was ended by whoever cancelled it. (A fresh call's cancellation was not
+            // handed to anything that could fire it yet.)
             drop(running);
             return;
         }
@@ -507,18 +526,113 @@ impl ServerRole {
         // runs on the connection task: a handler that blocks in it holds up the connection.)
         let waker = futures_util::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
-        match std::pin::Pin::new(&mut running).poll(&mut cx) {
+        match running.poll_first(&mut cx) {
             std::task::Poll::Ready((id, outcome, fut)) => {
-                drop(running); // release its handle on the call's cancellation first
                 self.recycle(fut);
-                if let Some(o) = outcome {
-                    self.finish(id, o, conn);
+                let Some(o) = outcome else {
+                    return;
+                };
+                match (fresh, o) {
+                    // One answer, of a call with no request stream: the fast path.
+                    (Some(None), Outcome::Reply(reply)) => {
+                        self.reply_fresh(id, reply, running.cancel, conn)
+                    }
+                    (Some(inbound), o) => {
+                        self.register(id, running.cancel, inbound);
+                        self.finish(id, o, conn);
+                    }
+                    (None, o) => {
+                        drop(running); // release its handle on the call's cancellation first
+                        self.finish(id, o, conn);
+                    }
                 }
             }
             // The rest runs on a task of its own, so a handler that waits, blocks its thread
             // or burns CPU holds up no other call; the connection task collects its outcome.
-            std::task::Poll::Pending => self.handlers.push(Spawned::spawn(running)),
+            std::task::Poll::Pending => {
+                if let Some(inbound) = fresh {
+                    self.register(running.id, running.cancel.clone(), inbound);
+                }
+                self.handlers.push(Spawned::spawn(running));
+            }
         }
+    }
+
+    /// The answer of a handler that returned in its first poll, its call not in `calls` (see
+    /// `run_inline`): the same steps as `finish` and `end`, the call put in `calls` only if
+    /// its reply or its END has to wait for the client.
+    fn reply_fresh(
+        &mut self,
+        id: u32,
+        reply: Result<(crate::codec::Payload, Metadata, Metadata), Status>,
+        cancel: Cancellation,
+        conn: &mut Connection,
+    ) {
+        let (message, headers, trailers) = match reply {
+            Ok(r) => r,
+            Err(status) => {
+                let trailers = status.wire_trailers();
+                self.end_fresh(id, status, trailers, cancel, conn);
+                return;
+            }
+        };
+        if !headers.is_empty() {
+            if let Err(e) = conn.send_headers(CallId(id), &headers) {
+                let st = self.local_error(e, "response headers");
+                self.end_fresh(id, st, Metadata::new(), cancel, conn);
+                return;
+            }
+        }
+        if !conn.is_writable(CallId(id)) {
+            // No credit yet (a client whose window is 0 grants it with its CALL): the reply
+            // and the END wait for Event::Writable (protocol.md §7).
+            let (ack, _) = tokio::sync::oneshot::channel();
+            self.calls.insert(
+                id,
+                Call::Running {
+                    cancel,
+                    inbound: None,
+                    blocked: Some(Box::new((message, ack))),
+                    end: Some(Box::new((Status::ok(), trailers))),
+                    returned: true,
+                },
+            );
+            return;
+        }
+        match conn.send_message(CallId(id), message, false) {
+            Ok(()) => self.end_fresh(id, Status::ok(), trailers, cancel, conn),
+            Err(e) => {
+                let st = self.local_error(e, "response message");
+                self.end_fresh(id, st, Metadata::new(), cancel, conn);
+            }
+        }
+    }
+
+    /// `end` for a call whose handler returned and which is not in `calls`: it goes there only
+    /// if its END has to wait for a message still being sent.
+    fn end_fresh(
+        &mut self,
+        id: u32,
+        status: Status,
+        trailers: Metadata,
+        cancel: Cancellation,
+        conn: &mut Connection,
+    ) {
+        if let Err(CallError::WouldBlock) = conn.end_call(CallId(id), &status, &trailers) {
+            self.calls.insert(
+                id,
+                Call::Running {
+                    cancel,
+                    inbound: None,
+                    blocked: None,
+                    end: Some(Box::new((status, trailers))),
+                    returned: true,
+                },
+            );
+            return;
+        }
+        // The handler returned: the call was not cancelled, and its handle is reused.
+        cancel.recycle(&mut self.cancel_pool);
     }
 
     fn recycle(&mut self, fut: Option<BoxFut>) {
@@ -565,12 +679,12 @@ impl ServerRole {
                     if let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) {
                         let (ack, _) = tokio::sync::oneshot::channel();
                         *blocked = Some(Box::new((message, ack)));
-                        *end = Some(Box::new((Status::new(Code::Ok, ""), trailers)));
+                        *end = Some(Box::new((Status::ok(), trailers)));
                         return;
                     }
                 }
                 match conn.send_message(CallId(id), message, false) {
-                    Ok(()) => self.end(id, Status::new(Code::Ok, ""), trailers, conn),
+                    Ok(()) => self.end(id, Status::ok(), trailers, conn),
                     Err(e) => self.end(
                         id,
                         self.local_error(e, "response message"),
@@ -583,9 +697,7 @@ impl ServerRole {
                 let trailers = status.wire_trailers();
                 self.end(id, status, trailers, conn);
             }
-            Outcome::Finished(Ok(trailers)) => {
-                self.end(id, Status::new(Code::Ok, ""), trailers, conn)
-            }
+            Outcome::Finished(Ok(trailers)) => self.end(id, Status::ok(), trailers, conn),
         }
     }
 

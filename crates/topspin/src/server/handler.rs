@@ -8,7 +8,7 @@ use crate::request::{Cancellation, ServerContext};
 use crate::streaming::{CreditReturn, Item, Streaming};
 use crate::{Request, Response, Status};
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::{FutureExt, Stream, StreamExt};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -103,7 +103,33 @@ pub(crate) struct CallIo {
     pub(crate) id: u32,
 }
 
+/// A call's [`CallIo`] not yet cloned: only handlers that send through it (response
+/// streams) take an owned one, so that a unary call clones and drops no channel sender.
+#[derive(Clone, Copy)]
+pub(crate) struct IoRef<'a> {
+    pub(crate) tx: &'a mpsc::Sender<SCmd>,
+    pub(crate) id: u32,
+}
+
+impl IoRef<'_> {
+    /// An owned handle, for a handler that sends through it.
+    pub(crate) fn to_owned(self) -> CallIo {
+        CallIo {
+            tx: self.tx.clone(),
+            id: self.id,
+        }
+    }
+}
+
 impl CallIo {
+    /// A borrowed handle, for [`Handler::call`].
+    pub(crate) fn as_ref(&self) -> IoRef<'_> {
+        IoRef {
+            tx: &self.tx,
+            id: self.id,
+        }
+    }
+
     async fn headers(&self, metadata: Metadata) {
         let _ = self
             .tx
@@ -138,7 +164,7 @@ pub(crate) trait Handler: Send + Sync + 'static {
         input: Input,
         metadata: Metadata,
         ctx: ServerContext,
-        io: CallIo,
+        io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut;
 }
@@ -163,16 +189,23 @@ fn typed_stream<C: Codec>(codec: C, input: Input) -> Option<Streaming<C::Decode>
     }
 }
 
-async fn reply<C: Codec>(
+/// The outcome of a one-response call: `fut`'s response encoded with `codec`. A combinator,
+/// not an `async fn`: an `async fn` keeps its argument and the future it awaits in separate
+/// slots, which doubles the size of the state (the handler's future, moved into the call's
+/// box for every call) and moves the handler's future once more at the first poll. `Map`
+/// holds the future in place and drops it as soon as it completes.
+fn reply<C: Codec>(
     codec: Compressed<C>,
     fut: impl Future<Output = Result<Response<C::Encode>, Status>>,
-) -> Outcome {
-    Outcome::Reply(match fut.await {
-        Ok(r) => {
-            let (m, h, t) = r.into_parts();
-            codec.encode_payload(m).map(|b| (b, codec.announce(h), t))
-        }
-        Err(s) => Err(s),
+) -> impl Future<Output = Outcome> {
+    fut.map(move |r| {
+        Outcome::Reply(match r {
+            Ok(r) => {
+                let (m, h, t) = r.into_parts();
+                codec.encode_payload(m).map(|b| (b, codec.announce(h), t))
+            }
+            Err(s) => Err(s),
+        })
     })
 }
 
@@ -237,7 +270,7 @@ where
         input: Input,
         md: Metadata,
         ctx: ServerContext,
-        _io: CallIo,
+        _io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let Input::One(b) = input else {
@@ -275,7 +308,7 @@ where
         input: Input,
         md: Metadata,
         ctx: ServerContext,
-        io: CallIo,
+        io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let Input::One(b) = input else {
@@ -288,7 +321,11 @@ where
         match codec.decode(b) {
             Ok(m) => place(
                 recycled,
-                stream_out(codec, io, (self.1)(Request::from_server(m, md, ctx))),
+                stream_out(
+                    codec,
+                    io.to_owned(),
+                    (self.1)(Request::from_server(m, md, ctx)),
+                ),
             ),
             Err(s) => place(recycled, std::future::ready(Outcome::Finished(Err(s)))),
         }
@@ -312,7 +349,7 @@ where
         input: Input,
         md: Metadata,
         ctx: ServerContext,
-        _io: CallIo,
+        _io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let codec = match call_codec(&self.0, &md, &ctx) {
@@ -347,7 +384,7 @@ where
         input: Input,
         md: Metadata,
         ctx: ServerContext,
-        io: CallIo,
+        io: IoRef<'_>,
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let codec = match call_codec(&self.0, &md, &ctx) {
@@ -359,7 +396,11 @@ where
         };
         place(
             recycled,
-            stream_out(codec, io, (self.1)(Request::from_server(stream, md, ctx))),
+            stream_out(
+                codec,
+                io.to_owned(),
+                (self.1)(Request::from_server(stream, md, ctx)),
+            ),
         )
     }
 }
@@ -375,14 +416,16 @@ pub(crate) struct Running {
 /// (only after completion: a finished future holds nothing any more).
 pub(crate) type Done = (u32, Option<Outcome>, Option<BoxFut>);
 
-impl Future for Running {
-    type Output = Done;
+impl Running {
+    /// The first poll, on the connection task (with a waker that does nothing), right after
+    /// the caller saw that the call is not cancelled: nothing can cancel it in between (only
+    /// the connection task does), and a handler that goes on is polled again on a task of its
+    /// own, which registers for the cancellation then.
+    pub(crate) fn poll_first(&mut self, cx: &mut Context<'_>) -> Poll<Done> {
+        self.poll_handler(cx)
+    }
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
-        if self.cancel.poll_cancelled(cx) {
-            self.fut = None; // drop the handler now
-            return Poll::Ready((self.id, None, None));
-        }
+    fn poll_handler(&mut self, cx: &mut Context<'_>) -> Poll<Done> {
         let Some(fut) = self.fut.as_mut() else {
             return Poll::Ready((self.id, None, None));
         };
@@ -401,6 +444,18 @@ impl Future for Running {
                 Poll::Ready((self.id, Some(Outcome::Finished(Err(panicked()))), None))
             }
         }
+    }
+}
+
+impl Future for Running {
+    type Output = Done;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
+        if self.cancel.poll_cancelled(cx) {
+            self.fut = None; // drop the handler now
+            return Poll::Ready((self.id, None, None));
+        }
+        self.poll_handler(cx)
     }
 }
 

@@ -133,7 +133,7 @@ impl<T> Request<T> {
 
     /// Server: the address of the client.
     pub fn peer_addr(&self) -> Option<&PeerAddr> {
-        self.ctx.as_ref().map(|c| &c.peer)
+        self.ctx.as_ref().map(|c| &c.conn.peer)
     }
 
     /// Server, over TLS: what the handshake established about the client — its verified
@@ -141,7 +141,7 @@ impl<T> Request<T> {
     /// `dns_names`), the ALPN protocol, the server name it asked for.
     #[cfg(feature = "tls")]
     pub fn tls_peer(&self) -> Option<&crate::tls::TlsPeer> {
-        self.ctx.as_ref()?.tls.as_deref()
+        self.ctx.as_ref()?.conn.tls.as_deref()
     }
 
     /// Server, over mutual TLS: the client's certificate chain (DER, leaf first).
@@ -164,7 +164,7 @@ impl<T> Request<T> {
     /// assert_ne!(Protocol::Topspin, Protocol::Grpc);
     /// ```
     pub fn protocol(&self) -> Option<Protocol> {
-        self.ctx.as_ref().map(|c| c.protocol)
+        self.ctx.as_ref().map(|c| c.conn.protocol)
     }
 
     /// Server: the full method name, e.g. `/kv.Store/Get`.
@@ -288,15 +288,23 @@ where
 #[derive(Clone, Debug)]
 pub(crate) struct ServerContext {
     pub(crate) deadline: Option<Instant>,
+    pub(crate) method: bytestring::ByteString,
+    pub(crate) cancel: Cancellation,
+    /// What every call of its connection shares (one reference count per call, and a small
+    /// context: it is moved with the request into the handler's future).
+    pub(crate) conn: Arc<ConnContext>,
+}
+
+/// What the calls of one server connection share.
+#[derive(Debug)]
+pub(crate) struct ConnContext {
     pub(crate) peer: PeerAddr,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<std::sync::Arc<crate::tls::TlsPeer>>,
-    pub(crate) method: bytestring::ByteString,
-    pub(crate) cancel: Cancellation,
-    /// The server's `Config::compression` and `max_message_size`, for this call's messages.
+    /// The server's `Config::compression` and `max_message_size`, for the calls' messages.
     pub(crate) compression: Option<Compression>,
     pub(crate) max_message_size: u32,
-    /// The face the call came in on.
+    /// The face the calls came in on.
     pub(crate) protocol: Protocol,
 }
 

@@ -100,9 +100,20 @@ where
         () = shutdown.token.cancelled() => return,
     };
     let (unary_tx, unary_rx) = mpsc::channel(1);
+    // gRPC's compression is in its own frames, handled here: the handlers' codecs see plain
+    // messages.
+    let context = Arc::new(crate::request::ConnContext {
+        peer: peer.addr.clone(),
+        #[cfg(feature = "tls")]
+        tls: peer.tls.clone(),
+        compression: None,
+        max_message_size: config.max_message_size(),
+        protocol: Protocol::Grpc,
+    });
     let face = Face {
         registry,
         peer,
+        context,
         max_message_size: config.max_message_size(),
         window: window as usize,
         compression: config.compression(),
@@ -281,6 +292,8 @@ impl<F: Future<Output = ()>> Future for Coalesced<F> {
 struct Face {
     registry: Arc<Registry>,
     peer: Peer,
+    /// Every call's share of the connection's context.
+    context: Arc<crate::request::ConnContext>,
     max_message_size: u32,
     window: usize,
     compression: Option<Compression>,
@@ -344,16 +357,9 @@ impl Face {
         let cancel = Cancellation::default();
         let ctx = ServerContext {
             deadline,
-            peer: self.peer.addr.clone(),
-            #[cfg(feature = "tls")]
-            tls: self.peer.tls.clone(),
             method: bytestring::ByteString::from(method),
             cancel: cancel.clone(),
-            // gRPC's compression is in its own frames, handled here: the handler's codec
-            // sees plain messages.
-            compression: None,
-            max_message_size: self.max_message_size,
-            protocol: Protocol::Grpc,
+            conn: self.context.clone(),
         };
         let mut call = Call {
             id: respond.stream_id().as_u32(),

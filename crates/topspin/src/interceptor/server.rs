@@ -92,7 +92,7 @@ impl Observed {
         recycled: Option<BoxFut>,
     ) -> BoxFut {
         let id = u64::from(io.id);
-        let span = crate::observe::call_span(Side::Server, &ctx.method, &ctx.peer, id);
+        let span = crate::observe::call_span(Side::Server, &ctx.method, &ctx.conn.peer, id);
         if self.chain.is_empty() && span.is_none() {
             return self.inner.call(input, metadata, ctx, io, recycled);
         }
@@ -104,7 +104,7 @@ impl Observed {
             Side::Server,
             ctx.method.clone(),
             metadata,
-            Some(ctx.peer.clone()),
+            Some(ctx.conn.peer.clone()),
             ctx.deadline,
             id,
         );

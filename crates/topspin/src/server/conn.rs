@@ -10,7 +10,7 @@ use super::Registry;
 use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
 use crate::request::{Cancellation, ServerContext};
 use crate::streaming::Item;
-use crate::transport::{PeerAddr, Transport};
+use crate::transport::Transport;
 use crate::{Config, Status};
 use bytes::Bytes;
 use futures_util::stream::FuturesUnordered;
@@ -62,11 +62,17 @@ pub(crate) async fn serve<T: Transport>(
     #[cfg(feature = "tls")]
     let tls = transport.tls_peer();
     let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-    let mut role = ServerRole {
-        registry,
+    let context = Arc::new(crate::request::ConnContext {
         peer,
         #[cfg(feature = "tls")]
         tls,
+        compression: config.compression(),
+        max_message_size: config.max_message_size(),
+        protocol: crate::request::Protocol::Topspin,
+    });
+    let mut role = ServerRole {
+        registry,
+        context,
         calls: FxHashMap::default(),
         handlers: FuturesUnordered::new(),
         tx,
@@ -81,8 +87,6 @@ pub(crate) async fn serve<T: Transport>(
         go_away_pending: false,
         deferred: VecDeque::new(),
         room: usize::MAX,
-        compression: config.compression(),
-        max_message_size: config.max_message_size(),
     };
     // A shutdown that began before this connection was accepted applies at once.
     if let Some(d) = role.shutdown.deadline() {
@@ -95,9 +99,8 @@ pub(crate) async fn serve<T: Transport>(
 /// The server's dispatch on one connection.
 pub(crate) struct ServerRole {
     registry: Arc<Registry>,
-    peer: PeerAddr,
-    #[cfg(feature = "tls")]
-    tls: Option<Arc<crate::tls::TlsPeer>>,
+    /// The peer, its certificate, compression and limits: every call's context shares it.
+    context: Arc<crate::request::ConnContext>,
     calls: FxHashMap<u32, Call>,
     /// Handlers that did not answer in their first poll, each on a task of its own.
     handlers: FuturesUnordered<Spawned>,
@@ -123,9 +126,6 @@ pub(crate) struct ServerRole {
     deferred: VecDeque<Running>,
     /// The send buffer's room when the current event or command batch began.
     room: usize,
-    /// `Config::compression` and `max_message_size`, for every call's context.
-    compression: Option<crate::Compression>,
-    max_message_size: u32,
 }
 
 impl Role for ServerRole {
@@ -227,7 +227,7 @@ impl Role for ServerRole {
     }
 
     fn on_end(&mut self, _conn: &mut Connection, why: &str) {
-        tracing::debug!(peer = %self.peer, "server connection ends: {why}");
+        tracing::debug!(peer = %self.context.peer, "server connection ends: {why}");
         // Running handlers stop with their calls.
         self.deferred.clear();
         for (_, call) in self.calls.drain() {
@@ -263,14 +263,9 @@ impl ServerRole {
     fn ctx(&mut self, method: bytestring::ByteString, deadline: Option<Instant>) -> ServerContext {
         ServerContext {
             deadline,
-            peer: self.peer.clone(),
-            #[cfg(feature = "tls")]
-            tls: self.tls.clone(),
             method,
             cancel: self.cancel_pool.pop().unwrap_or_default(),
-            compression: self.compression,
-            max_message_size: self.max_message_size,
-            protocol: crate::request::Protocol::Topspin,
+            conn: self.context.clone(),
         }
     }
 

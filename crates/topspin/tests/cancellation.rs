@@ -36,6 +36,35 @@ async fn dropping_a_unary_call_cancels_the_handler() {
     }
 }
 
+/// On a connection already up and quiet, a unary call is written by its caller and its guard
+/// cancels it by the call's id (no token look-up): dropping it still reaches the handler.
+#[tokio::test]
+async fn dropping_a_unary_call_started_directly_cancels_the_handler() {
+    for t in BOTH {
+        let probe = Probe::default();
+        let server = serve(builder(probe.clone()), t).await;
+        let ch = server.channel().await;
+        assert_eq!(unary(&ch, UNARY, "warm").await.unwrap(), bytes("warm"));
+        for round in 0..3 {
+            let name = format!("direct-{round}");
+            let call = tokio::spawn({
+                let (ch, name) = (ch.clone(), name.clone());
+                async move { unary(&ch, SLOW, &name).await }
+            });
+            within(5, probe.started.notified()).await;
+            call.abort();
+            within(5, async {
+                while !probe.cancelled.lock().unwrap().contains(&name) {
+                    probe.cancelled_notify.notified().await;
+                }
+            })
+            .await;
+            assert_eq!(unary(&ch, UNARY, "after").await.unwrap(), bytes("after"));
+        }
+        server.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn dropping_a_response_stream_cancels_the_call() {
     let server = serve(builder(Probe::default()), Transport::Tcp).await;

@@ -20,6 +20,8 @@ use topspin_proto::Metadata;
 pub(crate) struct CallGuard {
     conn: Option<ConnHandle>,
     token: u64,
+    /// The call's id on its connection, when known (a unary call started directly).
+    id: Option<u32>,
     /// Interceptors and span of an observed unary-response call (`crate::interceptor`).
     pub(crate) obs: Option<Box<crate::interceptor::Record>>,
 }
@@ -29,6 +31,7 @@ impl CallGuard {
         CallGuard {
             conn: Some(h.clone()),
             token,
+            id: None,
             obs: None,
         }
     }
@@ -41,7 +44,13 @@ impl CallGuard {
 impl Drop for CallGuard {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            send_now(&conn.tx, Cmd::Cancel { token: self.token });
+            send_now(
+                &conn.tx,
+                Cmd::Cancel {
+                    token: self.token,
+                    id: self.id,
+                },
+            );
         }
     }
 }
@@ -63,7 +72,13 @@ impl CreditReturn for ClientCredit {
         );
     }
     fn abandon(&self) {
-        send_now(&self.tx, Cmd::Cancel { token: self.token });
+        send_now(
+            &self.tx,
+            Cmd::Cancel {
+                token: self.token,
+                id: None,
+            },
+        );
     }
 }
 
@@ -159,7 +174,10 @@ pub(crate) fn begin_now(
     let deadline = call.deadline;
     // A quiet connection: the call is written from here, without the queue.
     let start = match h.start_direct(call.into_start(sink)) {
-        Ok(()) => return Ok((h, guard)),
+        Ok(id) => {
+            guard.id = id;
+            return Ok((h, guard));
+        }
         Err(start) => start,
     };
     match h.tx.try_send(Cmd::Start(start)) {
@@ -247,7 +265,7 @@ where
                     tracing::warn!(
                         "request stream item failed to encode: {e}; cancelling the call"
                     );
-                    let _ = tx.send(Cmd::Cancel { token }).await;
+                    let _ = tx.send(Cmd::Cancel { token, id: None }).await;
                     return;
                 }
             };

@@ -69,6 +69,16 @@ impl Sink {
     }
 }
 
+/// How [`ClientRole::try_start`] went.
+enum Started {
+    /// Over the server's concurrency limit: the call waits among the parked ones.
+    Parked,
+    /// It failed (its caller was told).
+    Ended,
+    /// Open under this id.
+    Open(u32),
+}
+
 /// Requests of a streaming call that arrived while the call waited for the server's
 /// concurrency limit.
 #[derive(Debug, Default)]
@@ -133,6 +143,9 @@ pub(crate) enum Cmd {
     },
     Cancel {
         token: u64,
+        /// The call's id, when its caller knows it (a unary call started directly): no
+        /// token look-up then.
+        id: Option<u32>,
     },
     Credit {
         token: u64,
@@ -191,6 +204,9 @@ struct Call {
     /// A message waiting for credit (boxed: rare, and keeps the call's state small).
     blocked: Option<Box<Blocked>>,
     half_close_after_blocked: bool,
+    /// In `tokens`: its caller reaches it by token (a stream, or a call started from the
+    /// queue, whose caller does not know its id).
+    keyed: bool,
 }
 
 /// A live connection as the channel sees it: one reference count to clone and drop per call
@@ -231,15 +247,16 @@ impl ConnParts {
     }
 
     /// Starts the call `s` on the caller's thread if the connection is quiet (see
-    /// [`Driver::act_outside`]); otherwise gives it back, to be queued.
+    /// [`Driver::act_outside`]); otherwise gives it back, to be queued. `Ok(Some(id))`: a
+    /// unary call now open under `id` (its guard cancels it by id).
     #[allow(clippy::result_large_err)] // the call itself, moved back to its caller's stack
-    pub(crate) fn start_direct(&self, s: Start) -> Result<(), Start> {
+    pub(crate) fn start_direct(&self, s: Start) -> Result<Option<u32>, Start> {
         let Some(d) = &self.direct else {
             return Err(s);
         };
         let mut slot = Some(s);
-        d.0.try_start(&mut slot);
-        slot.map_or(Ok(()), Err)
+        let id = d.0.try_start(&mut slot);
+        slot.map_or(Ok(id), Err)
     }
 }
 
@@ -255,21 +272,22 @@ impl std::fmt::Debug for Direct {
 
 trait StartDirect: Send + Sync {
     /// See [`ConnHandle::start_direct`]: takes the call out of `s` if it starts it.
-    fn try_start(&self, s: &mut Option<Start>);
+    fn try_start(&self, s: &mut Option<Start>) -> Option<u32>;
 }
 
 impl<T: Transport> StartDirect for SharedDriver<ClientRole, T> {
-    fn try_start(&self, s: &mut Option<Start>) {
+    fn try_start(&self, s: &mut Option<Start>) -> Option<u32> {
         // Never waits: a lock held means the task is running (it takes the call from the
         // queue just as fast) or another caller is starting one.
         let mut guard = match self.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
+            Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        if let Some(driver) = guard.as_mut() {
-            driver.act_outside(|role, conn, room| role.start_direct(s, conn, room));
-        }
+        guard
+            .as_mut()?
+            .act_outside(|role, conn, room| role.start_direct(s, conn, room))
+            .flatten()
     }
 }
 
@@ -444,7 +462,7 @@ impl ClientRole {
         s: &mut Option<Start>,
         conn: &mut Connection,
         room: usize,
-    ) -> Option<()> {
+    ) -> Option<Option<u32>> {
         if room == 0
             || !self.handles_open
             || self.ready.is_some()
@@ -457,8 +475,13 @@ impl ClientRole {
         }
         // Not `apply`: its caller is here, so the call was not abandoned.
         let s = s.take()?;
+        let mut id = None;
         if self.waiting.is_empty() {
-            self.try_start(s, conn);
+            // A unary call's caller learns its id: it is not put in `tokens`.
+            let unary = s.call.message.is_some() && matches!(s.sink, Sink::Unary(_));
+            if let Started::Open(i) = self.try_start(s, conn, !unary) {
+                id = Some(i).filter(|_| unary);
+            }
         } else {
             self.park(s);
         }
@@ -468,7 +491,7 @@ impl ClientRole {
             self.shared.queued.store(0, Ordering::Relaxed);
         }
         self.publish();
-        Some(())
+        Some(id)
     }
 
     /// Publishes the connection's load for balancers (a relaxed store, only on change).
@@ -633,9 +656,17 @@ impl ClientRole {
                     }
                 }
             },
-            Cmd::Cancel { token } => {
-                if let Some(id) = self.tokens.remove(&token) {
-                    self.calls.remove(&id);
+            Cmd::Cancel { token, id } => {
+                let open = match id {
+                    Some(id) if self.calls.get(&id).is_some_and(|c| c.token == token) => Some(id),
+                    _ => self.tokens.get(&token).copied(),
+                };
+                if let Some(id) = open {
+                    if let Some(call) = self.calls.remove(&id) {
+                        if call.keyed {
+                            self.tokens.remove(&token);
+                        }
+                    }
                     let _ = conn.cancel(CallId(id), Code::Cancelled);
                     self.start_waiting(conn);
                 } else {
@@ -660,7 +691,7 @@ impl ClientRole {
             return;
         }
         if self.waiting.is_empty() {
-            self.try_start(s, conn);
+            self.try_start(s, conn, true);
         } else {
             self.park(s);
         }
@@ -678,9 +709,9 @@ impl ClientRole {
         self.waiting.push_back(s);
     }
 
-    /// Starts a call, or parks it if the server's concurrency limit is reached; `false` if
-    /// parked.
-    fn try_start(&mut self, s: Start, conn: &mut Connection) -> bool {
+    /// Starts a call, or parks it if the server's concurrency limit is reached. `keyed`: its
+    /// caller reaches it by token (see [`Call::keyed`]).
+    fn try_start(&mut self, s: Start, conn: &mut Connection, keyed: bool) -> Started {
         // The engine reads `now` only for a call with a timeout: the clock is read for those.
         let now = match s.call.deadline {
             Some(_) => Instant::now(),
@@ -692,7 +723,7 @@ impl ClientRole {
                     "the deadline of {} passed before it was sent",
                     &*s.call.method
                 )));
-                return true;
+                return Started::Ended;
             }
             Some(d) => Some(d - now),
             None => None,
@@ -707,11 +738,11 @@ impl ClientRole {
                     "{} on {}: the server accepts no calls on this connection (its max_concurrent_calls is 0); the call was not sent and is safe to retry",
                     &*s.call.method, self.address
                 )).with_unprocessed());
-                return true;
+                return Started::Ended;
             }
             Err(CallError::TooManyCalls { .. }) => {
                 self.park(s);
-                return false;
+                return Started::Parked;
             }
             Err(e) => {
                 // start_call wrote nothing: a call refused as unavailable (closed, going
@@ -723,7 +754,7 @@ impl ClientRole {
                     status
                 };
                 s.sink.fail(status);
-                return true;
+                return Started::Ended;
             }
         };
         let mut call = Call {
@@ -734,6 +765,7 @@ impl ClientRole {
             message: None,
             blocked: None,
             half_close_after_blocked: false,
+            keyed,
         };
         if let Some(message) = s.call.message {
             if !conn.is_writable(id) {
@@ -748,10 +780,12 @@ impl ClientRole {
                 if let Some(sink) = call.sink.take() {
                     sink.fail(self.refused(e, &call.method));
                 }
-                return true;
+                return Started::Ended;
             }
         }
-        self.tokens.insert(call.token, id.0);
+        if keyed {
+            self.tokens.insert(call.token, id.0);
+        }
         self.calls.insert(id.0, call);
         if let Some(early) = s.early {
             if let Some((message, ack)) = early.send {
@@ -761,7 +795,7 @@ impl ClientRole {
                 self.half_close(id.0, conn);
             }
         }
-        true
+        Started::Open(id.0)
     }
 
     fn refused(&self, e: CallError, method: &str) -> Status {
@@ -773,7 +807,7 @@ impl ClientRole {
             if s.sink.abandoned() {
                 continue;
             }
-            if !self.try_start(s, conn) {
+            if let Started::Parked = self.try_start(s, conn, true) {
                 // Parked again at the back: put it back in front, in order.
                 if let Some(s) = self.waiting.pop_back() {
                     self.waiting.push_front(s);
@@ -823,7 +857,9 @@ impl ClientRole {
 
     fn finish(&mut self, id: u32, conn: &mut Connection) -> Option<Call> {
         let call = self.calls.remove(&id)?;
-        self.tokens.remove(&call.token);
+        if call.keyed {
+            self.tokens.remove(&call.token);
+        }
         self.start_waiting(conn);
         Some(call)
     }

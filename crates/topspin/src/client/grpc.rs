@@ -276,7 +276,7 @@ impl Router {
             } => self.forward(token, CallCmd::Send(message, ack)),
             Cmd::HalfClose { token } => self.forward(token, CallCmd::HalfClose),
             Cmd::Credit { token, bytes } => self.forward(token, CallCmd::Credit(bytes)),
-            Cmd::Cancel { token } => {
+            Cmd::Cancel { token, .. } => {
                 self.forward(token, CallCmd::Cancel);
                 self.calls.remove(&token);
             }

@@ -473,18 +473,11 @@ impl ClientRole {
         {
             return None;
         }
-        // Not `apply`: its caller is here, so the call was not abandoned.
+        // Not `apply`: its caller is here, so the call was not abandoned. A unary call's
+        // caller learns its id: it is not put in `tokens`.
         let s = s.take()?;
-        let mut id = None;
-        if self.waiting.is_empty() {
-            // A unary call's caller learns its id: it is not put in `tokens`.
-            let unary = s.call.message.is_some() && matches!(s.sink, Sink::Unary(_));
-            if let Started::Open(i) = self.try_start(s, conn, !unary) {
-                id = Some(i).filter(|_| unary);
-            }
-        } else {
-            self.park(s);
-        }
+        let unary = s.call.message.is_some() && matches!(s.sink, Sink::Unary(_));
+        let id = self.start_now(s, conn, !unary).filter(|_| unary);
         // As when the task takes its queue (which is empty): the calls a balancer counted
         // are in `open` now.
         if self.shared.queued.load(Ordering::Relaxed) != 0 {
@@ -690,10 +683,19 @@ impl ClientRole {
         if s.sink.abandoned() {
             return;
         }
-        if self.waiting.is_empty() {
-            self.try_start(s, conn, true);
-        } else {
+        self.start_now(s, conn, true);
+    }
+
+    /// Starts a call unless calls wait ahead of it (it parks behind them then); its id if it
+    /// is open. `keyed`: see [`Call::keyed`].
+    fn start_now(&mut self, s: Start, conn: &mut Connection, keyed: bool) -> Option<u32> {
+        if !self.waiting.is_empty() {
             self.park(s);
+            return None;
+        }
+        match self.try_start(s, conn, keyed) {
+            Started::Open(id) => Some(id),
+            Started::Parked | Started::Ended => None,
         }
     }
 

@@ -6,7 +6,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 use topspin_proto::{Connection, MemoryBudget, ProtocolError};
 
@@ -109,16 +109,10 @@ impl<T: Transport> Io<T> {
             // buffer (no chunk split off, queued and dropped).
             while let Some(staged) = conn.transmit_contiguous() {
                 wrote = true;
-                match self
+                let r = self
                     .transport
-                    .poll_write_vectored(cx, &[IoSlice::new(staged)])
-                {
-                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                    Poll::Ready(Ok(written)) => conn.transmit_consumed(written),
-                    Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => return Poll::Pending,
-                }
+                    .poll_write_vectored(cx, &[IoSlice::new(staged)]);
+                conn.transmit_consumed(ready!(taken(r))?);
             }
         }
         while let Some(b) = conn.poll_transmit() {
@@ -136,13 +130,8 @@ impl<T: Transport> Io<T> {
             for (slot, b) in iov.iter_mut().zip(self.wq.iter()) {
                 *slot = IoSlice::new(b);
             }
-            match self.transport.poll_write_vectored(cx, &iov[..n]) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(written)) => self.consume(written),
-                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
+            let r = self.transport.poll_write_vectored(cx, &iov[..n]);
+            self.consume(ready!(taken(r))?);
         }
         let r = self.transport.poll_flush(cx);
         self.flushing = r.is_pending();
@@ -374,5 +363,15 @@ impl<T: Transport> Io<T> {
 impl<T> Drop for Io<T> {
     fn drop(&mut self) {
         self.budget.release(self.charged + self.spare_charged);
+    }
+}
+
+/// What a write took: its byte count (0 after an interrupted write, which is simply tried
+/// again), or what stops the flush (a write that took nothing is `WriteZero`).
+fn taken(r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+    match r {
+        Poll::Ready(Ok(0)) => Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+        Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::Interrupted => Poll::Ready(Ok(0)),
+        r => r,
     }
 }

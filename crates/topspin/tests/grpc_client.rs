@@ -1050,6 +1050,25 @@ async fn misbehaving_server() -> u16 {
                             // Kept open: the client must act on the prefix alone.
                             held.push(s);
                         }
+                        // As grpc-go does when its copy of the deadline runs out: a CANCEL.
+                        "/x.X/CancelAtDeadline" => {
+                            let t = req.headers()["grpc-timeout"].to_str().unwrap().to_owned();
+                            let (n, unit) = t.split_at(t.len() - 1);
+                            let n: u64 = n.parse().unwrap();
+                            let after = match unit {
+                                "m" => Duration::from_millis(n),
+                                "u" => Duration::from_micros(n),
+                                "n" => Duration::from_nanos(n),
+                                _ => Duration::from_secs(n),
+                            };
+                            // A thread's sleep, as precise as Go's timer (tokio's timers
+                            // round up to the next millisecond, as the client's does).
+                            std::thread::spawn(move || {
+                                std::thread::sleep(after);
+                                respond.send_reset(h2::Reason::CANCEL);
+                            });
+                        }
+                        "/x.X/Cancel" => respond.send_reset(h2::Reason::CANCEL),
                         "/x.X/Refused" => respond.send_reset(h2::Reason::REFUSED_STREAM),
                         "/x.X/Calm" => respond.send_reset(h2::Reason::ENHANCE_YOUR_CALM),
                         _ => respond.send_reset(h2::Reason::INTERNAL_ERROR),
@@ -1086,6 +1105,7 @@ async fn what_a_broken_grpc_response_ends_with() {
         ("CompressedUnannounced", Code::Internal),
         ("Huge", Code::ResourceExhausted),
         // RST_STREAM mapping
+        ("Cancel", Code::Cancelled),
         ("Refused", Code::Unavailable),
         ("Calm", Code::ResourceExhausted),
         ("Other", Code::Internal),
@@ -1107,6 +1127,21 @@ async fn what_a_broken_grpc_response_ends_with() {
     })
     .await;
     assert_eq!(r.unwrap_err().code(), Code::Internal);
+    // A server cancels a call when its copy of the deadline runs out (grpc-go does); that
+    // reset may come before the client's own timer fires, and is the deadline's all the same.
+    for _ in 0..5 {
+        let e = common::within(
+            15,
+            ch.unary(
+                RawCodec,
+                "/x.X/CancelAtDeadline",
+                Request::new(b("x")).with_timeout(Duration::from_millis(20)),
+            ),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+    }
 }
 
 #[tokio::test]

@@ -342,6 +342,8 @@ struct GrpcCall {
     unacked: Option<Ack>,
     half_close_after: bool,
     half_closed: bool,
+    /// The call's deadline, if it has one.
+    deadline: Option<Instant>,
 }
 
 /// Whether a topspin handshake failure's reason shows the peer's first bytes to be an HTTP/2
@@ -396,6 +398,7 @@ impl GrpcCall {
             unacked: None,
             half_close_after: false,
             half_closed: false,
+            deadline: None,
         }
     }
 
@@ -419,6 +422,15 @@ impl GrpcCall {
             (true, true, _, _) => Status::unavailable(format!(
                 "{address} is going away ({e}); {method} was not processed and is safe to retry"
             )),
+            // A server whose copy of the deadline (`grpc-timeout`) ran out first cancels the
+            // stream; past the deadline that cancellation is the deadline's (as grpc-go reads it).
+            (true, _, true, Some(h2::Reason::CANCEL))
+                if self.deadline.is_some_and(|d| d <= Instant::now()) =>
+            {
+                Status::deadline_exceeded(format!(
+                    "deadline exceeded: the server cancelled {method} when its deadline passed"
+                ))
+            }
             (true, _, true, Some(reason)) => Status::new(
                 wire::reset_code(reason),
                 format!("the server reset {method} ({reason})"),
@@ -540,6 +552,7 @@ impl GrpcCall {
         mut rx: mpsc::UnboundedReceiver<CallCmd>,
     ) {
         let deadline = call.deadline;
+        self.deadline = deadline;
         let sleep = tokio::time::sleep_until(
             deadline
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365))

@@ -386,7 +386,8 @@ pub(crate) fn status_of(map: &HeaderMap, method: &str) -> Status {
     status
 }
 
-/// The status of a stream the server reset (gRPC's RST_STREAM mapping).
+/// The status of a stream the server reset (gRPC's RST_STREAM mapping). The client reads a
+/// CANCEL that comes once the call's deadline has passed as DEADLINE_EXCEEDED, as grpc-go does.
 pub(crate) fn reset_code(reason: h2::Reason) -> Code {
     match reason {
         h2::Reason::REFUSED_STREAM => Code::Unavailable,

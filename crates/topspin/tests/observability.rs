@@ -36,6 +36,13 @@ async fn start(b: ServerBuilder) -> (Address, topspin::ShutdownHandle) {
 }
 
 /// One captured span: its name and fields, and the events recorded inside it.
+
+/// The tests of this file run one at a time: each sets its own (thread-local) subscriber, and
+/// tracing caches per call site whether any subscriber is interested — a cache that tests
+/// registering call sites on other threads at the same moment can leave wrong (a span then
+/// goes unrecorded: 2 runs in 60 failed so).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[derive(Clone, Debug, Default)]
 struct Captured {
     name: String,
@@ -118,7 +125,9 @@ impl Capture {
 async fn every_call_has_a_span_on_both_sides_with_its_fields() {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
+    let _serial = SERIAL.lock().await;
     let _guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
 
     let (address, shutdown) = start(Server::builder()).await;
     let ch = Channel::connect(address.clone()).await.unwrap();
@@ -170,7 +179,9 @@ async fn client_and_server_spans_share_one_trace() {
         .build();
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let _serial = SERIAL.lock().await;
     let _guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
 
     let (address, shutdown) = start(Server::builder()).await;
     let ch = Channel::connect(address).await.unwrap();
@@ -216,6 +227,7 @@ async fn client_and_server_spans_share_one_trace() {
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn call_metrics_are_scraped_from_a_prometheus_endpoint() {
+    let _serial = SERIAL.lock().await;
     use metrics_exporter_prometheus::PrometheusBuilder;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use topspin::observe::Metrics;

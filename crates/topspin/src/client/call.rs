@@ -22,6 +22,9 @@ pub(crate) struct CallGuard {
     token: u64,
     /// The call's id on its connection, when known (a unary call started directly).
     id: Option<u32>,
+    /// The call was written by its caller on an idle connection: the caller may read the
+    /// reply as well ([`crate::connection::Driver::read_inline`]).
+    wrote_idle: bool,
     /// Interceptors and span of an observed unary-response call (`crate::interceptor`).
     pub(crate) obs: Option<Box<crate::interceptor::Record>>,
 }
@@ -32,12 +35,18 @@ impl CallGuard {
             conn: Some(h.clone()),
             token,
             id: None,
+            wrote_idle: false,
             obs: None,
         }
     }
 
     pub(crate) fn disarm(&mut self) {
         self.conn = None;
+    }
+
+    /// Whether its caller wrote the call on an idle connection (and may read the reply).
+    pub(crate) fn wrote_idle(&self) -> bool {
+        self.wrote_idle
     }
 }
 
@@ -175,7 +184,10 @@ pub(crate) fn begin_now(
     // A quiet connection: the call is written from here, without the queue.
     let start = match h.start_direct(call.into_start(sink)) {
         Ok(id) => {
-            guard.id = id;
+            if let Some((id, wrote_idle)) = id {
+                guard.id = Some(id);
+                guard.wrote_idle = wrote_idle;
+            }
             return Ok((h, guard));
         }
         Err(start) => start,

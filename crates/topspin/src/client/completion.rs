@@ -126,41 +126,68 @@ pub(crate) struct Waiter<T> {
     pool: Arc<Pool<T>>,
 }
 
-impl<T> Future for Waiter<T> {
-    type Output = Option<T>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+impl<T> Waiter<T> {
+    /// Takes the outcome if there is one (and resets the slot for reuse, under the lock the
+    /// completer is done with); otherwise registers `waker`, or (`None`) takes the one
+    /// registered back out, so that a completion this task makes itself wakes nobody.
+    fn check(&mut self, waker: Option<&Waker>) -> Poll<Option<T>> {
         let Some(slot) = self.slot.as_ref() else {
             return Poll::Ready(None);
         };
         let out = {
             let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(v) = st.value.take() {
-                // Reset for reuse here, under this lock (the completer is done with it).
                 st.waker = None;
-                Some(Some(v))
+                Some(v)
             } else if st.abandoned {
                 st.waker = None;
                 st.abandoned = false;
-                Some(None)
-            } else {
-                match &st.waker {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    _ => st.waker = Some(cx.waker().clone()),
-                }
                 None
+            } else {
+                match waker {
+                    Some(w) if st.waker.as_ref().is_some_and(|r| r.will_wake(w)) => {}
+                    Some(w) => st.waker = Some(w.clone()),
+                    None => st.waker = None,
+                }
+                return Poll::Pending;
             }
         };
-        match out {
-            Some(v) => {
-                if let Some(slot) = self.slot.take() {
-                    let pool = self.pool.clone();
-                    pool.recycle(slot);
-                }
-                Poll::Ready(v)
-            }
-            None => Poll::Pending,
+        if let Some(slot) = self.slot.take() {
+            let pool = self.pool.clone();
+            pool.recycle(slot);
         }
+        Poll::Ready(out)
+    }
+
+    /// Whether the outcome is in (or the completer is gone).
+    fn resolved(slot: &Slot<T>) -> bool {
+        let st = slot.lock().unwrap_or_else(|e| e.into_inner());
+        st.value.is_some() || st.abandoned
+    }
+
+    /// Polls, first letting `drive` try to bring the outcome in on this task (the caller
+    /// reading its own reply): while it runs no waker is registered, so the completion it
+    /// makes does not wake this task again. `drive` gets whether the outcome is still awaited.
+    pub(crate) fn poll_driving(
+        &mut self,
+        cx: &mut Context<'_>,
+        drive: impl FnOnce(&mut Context<'_>, &dyn Fn() -> bool),
+    ) -> Poll<Option<T>> {
+        if let Poll::Ready(v) = self.check(None) {
+            return Poll::Ready(v);
+        }
+        if let Some(slot) = self.slot.as_ref() {
+            drive(cx, &|| !Self::resolved(slot));
+        }
+        self.check(Some(cx.waker()))
+    }
+}
+
+impl<T> Future for Waiter<T> {
+    type Output = Option<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.check(Some(cx.waker()))
     }
 }
 

@@ -6,7 +6,8 @@
 
 pub(crate) use crate::connection::send_now;
 use crate::connection::{
-    call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent, SharedDriver,
+    call_error_status, send_message, Ack, Blocked, Driver, Lapse, ReadRoute, Role, Sent,
+    SharedDriver,
 };
 use crate::streaming::Item;
 use crate::transport::socket::SocketTransport;
@@ -247,10 +248,11 @@ impl ConnParts {
     }
 
     /// Starts the call `s` on the caller's thread if the connection is quiet (see
-    /// [`Driver::act_outside`]); otherwise gives it back, to be queued. `Ok(Some(id))`: a
-    /// unary call now open under `id` (its guard cancels it by id).
+    /// [`Driver::act_outside`]); otherwise gives it back, to be queued. `Ok(Some((id,
+    /// written)))`: a unary call now open under `id` (its guard cancels it by id), `written`
+    /// at once on this thread (the connection was idle: its caller may read the reply too).
     #[allow(clippy::result_large_err)] // the call itself, moved back to its caller's stack
-    pub(crate) fn start_direct(&self, s: Start) -> Result<Option<u32>, Start> {
+    pub(crate) fn start_direct(&self, s: Start) -> Result<Option<(u32, bool)>, Start> {
         let Some(d) = &self.direct else {
             return Err(s);
         };
@@ -258,11 +260,38 @@ impl ConnParts {
         let id = d.0.try_start(&mut slot);
         slot.map_or(Ok(id), Err)
     }
+
+    /// The caller of the connection's only call reads its reply itself, if the connection is
+    /// quiet and its task not running (see [`Driver::read_inline`]); `false` if it may not
+    /// (it then waits to be woken with the reply). `first`: the first try for this call.
+    pub(crate) fn read_inline(
+        &self,
+        cx: &mut Context<'_>,
+        first: bool,
+        waiting: &dyn Fn() -> bool,
+    ) -> bool {
+        let Some(d) = &self.direct else {
+            return false;
+        };
+        if d.0.read_inline(cx, first, waiting) {
+            return true;
+        }
+        d.1.clear();
+        false
+    }
+
+    /// The caller no longer reads for itself (its call is over, or gone): what it was woken
+    /// for and did not read goes to the task.
+    pub(crate) fn read_done(&self) {
+        if let Some(d) = &self.direct {
+            d.1.clear();
+        }
+    }
 }
 
 /// A connection's driver as its handles see it (any transport).
 #[derive(Clone)]
-pub(crate) struct Direct(Arc<dyn StartDirect>);
+pub(crate) struct Direct(Arc<dyn StartDirect>, Arc<ReadRoute>);
 
 impl std::fmt::Debug for Direct {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -272,11 +301,13 @@ impl std::fmt::Debug for Direct {
 
 trait StartDirect: Send + Sync {
     /// See [`ConnHandle::start_direct`]: takes the call out of `s` if it starts it.
-    fn try_start(&self, s: &mut Option<Start>) -> Option<u32>;
+    fn try_start(&self, s: &mut Option<Start>) -> Option<(u32, bool)>;
+    /// See [`ConnParts::read_inline`].
+    fn read_inline(&self, cx: &mut Context<'_>, first: bool, waiting: &dyn Fn() -> bool) -> bool;
 }
 
 impl<T: Transport> StartDirect for SharedDriver<ClientRole, T> {
-    fn try_start(&self, s: &mut Option<Start>) -> Option<u32> {
+    fn try_start(&self, s: &mut Option<Start>) -> Option<(u32, bool)> {
         // Never waits: a lock held means the task is running (it takes the call from the
         // queue just as fast) or another caller is starting one.
         let mut guard = match self.try_lock() {
@@ -284,10 +315,22 @@ impl<T: Transport> StartDirect for SharedDriver<ClientRole, T> {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        guard
-            .as_mut()?
+        let d = guard.as_mut()?;
+        let id = d
             .act_outside(|role, conn, room| role.start_direct(s, conn, room))
-            .flatten()
+            .flatten()?;
+        Some((id, d.wrote_last_act()))
+    }
+
+    fn read_inline(&self, cx: &mut Context<'_>, first: bool, waiting: &dyn Fn() -> bool) -> bool {
+        let mut guard = match self.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        guard
+            .as_mut()
+            .is_some_and(|d| d.read_inline(cx, first, waiting))
     }
 }
 
@@ -328,13 +371,11 @@ pub(crate) async fn start<T: Transport>(
         ready: Some(ready_tx),
         close_error: None,
     };
-    let driver = Arc::new(std::sync::Mutex::new(Some(Driver::new(
-        transport,
-        role,
-        config.clone(),
-    ))));
+    let route = Arc::new(ReadRoute::default());
+    let driver = Driver::new(transport, role, config.clone()).with_route(route.clone());
+    let driver = Arc::new(std::sync::Mutex::new(Some(driver)));
     tokio::spawn(Driver::run_shared(driver.clone()));
-    let direct = Some(Direct(driver));
+    let direct = Some(Direct(driver, route));
     match ready_rx.await {
         Ok(Ok(())) => Ok(ConnHandle::new(tx, shared, direct)),
         Ok(Err(status)) => Err(status),

@@ -506,14 +506,38 @@ pub(crate) async fn unary_attempt(
     pool: &Pool,
     start: CallStart,
 ) -> Result<Response<Bytes>, Status> {
-    let (tx, rx) = pool.replies.pair();
-    let (_, mut guard) = begin(pool, start, Sink::Unary(tx)).await.map_err(began)?;
-    let r = rx.await;
+    let (tx, mut rx) = pool.replies.pair();
+    let (h, mut guard) = begin(pool, start, Sink::Unary(tx)).await.map_err(began)?;
+    let r = if guard.wrote_idle() {
+        // Written on an idle connection: read the reply here too, while it stays quiet.
+        let reading = ReadsOwnReply(&h);
+        let mut first = true;
+        std::future::poll_fn(|cx| {
+            rx.poll_driving(cx, |cx, waiting| {
+                reading
+                    .0
+                    .read_inline(cx, std::mem::take(&mut first), waiting);
+            })
+        })
+        .await
+    } else {
+        rx.await
+    };
     guard.disarm();
     if let Some(obs) = guard.obs.take() {
         crate::interceptor::client::reply(obs, &r);
     }
     r.ok_or_else(|| Status::unavailable("the connection task ended"))?
+}
+
+/// A caller that may read its own reply; once it stops (its call is over, or its future is
+/// dropped), what it was woken for and did not read goes to the connection's task.
+struct ReadsOwnReply<'a>(&'a ConnHandle);
+
+impl Drop for ReadsOwnReply<'_> {
+    fn drop(&mut self) {
+        self.0.read_done();
+    }
 }
 
 /// Starts a call whose requests cannot be replayed once the call is under way (a request

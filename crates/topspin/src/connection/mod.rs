@@ -12,7 +12,9 @@
 
 mod io;
 mod liveness;
+mod route;
 mod spin;
+pub(crate) use route::ReadRoute;
 pub(crate) use spin::several_cpus;
 #[cfg(test)]
 mod tests;
@@ -42,6 +44,10 @@ fn events_per_turn() -> usize {
         usize::MAX
     }
 }
+
+/// Reads a caller does for its own reply ([`Driver::read_inline`]) before it leaves the rest
+/// to the task.
+const INLINE_READS: u32 = 8;
 
 /// Reads of what already arrived after a write failed ([`Driver::read_remains`]); each takes
 /// at most a read buffer's worth, so this bounds the work whatever the peer sent.
@@ -105,6 +111,11 @@ pub(crate) struct Driver<R, T> {
     /// Calls that ended in the task's last poll: more than one, and the callers it completed
     /// are likely to start calls together (see [`Driver::act_outside`]).
     ended_last_poll: u32,
+    /// A client's route for callers that read their own reply ([`Driver::read_inline`]), and
+    /// its waker.
+    route: Option<(std::sync::Arc<ReadRoute>, std::task::Waker)>,
+    /// The last [`Driver::act_outside`] found the connection idle and wrote at once.
+    wrote_idle: bool,
 }
 
 /// A driver shared between its task and the connection's handles, which may act on it (start
@@ -138,7 +149,16 @@ impl<R: Role, T: Transport> Driver<R, T> {
             waker: None,
             woken_to_write: false,
             ended_last_poll: 0,
+            route: None,
+            wrote_idle: false,
         }
+    }
+
+    /// Lets callers read their own replies through `route` ([`Driver::read_inline`]).
+    pub(crate) fn with_route(mut self, route: std::sync::Arc<ReadRoute>) -> Self {
+        let waker = std::task::Waker::from(route.clone());
+        self.route = Some((route, waker));
+        self
     }
 
     /// Runs the connection until it ends, then closes the transport.
@@ -197,6 +217,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
         let idle = quiet && self.conn.open_calls() == 0 && self.ended_last_poll <= 1;
         let room = self.room();
         let done = act(&mut self.role, &mut self.conn, room)?;
+        self.wrote_idle = idle;
         let wake = if !idle {
             // The task writes it, with whatever else comes before it runs.
             !std::mem::replace(&mut self.woken_to_write, true)
@@ -214,6 +235,105 @@ impl<R: Role, T: Transport> Driver<R, T> {
         }
         self.report();
         Some(done)
+    }
+
+    /// A caller whose call is the connection's only one reads the reply itself, from outside
+    /// the task (which is not running: the caller holds the driver's lock), instead of the
+    /// task reading it and waking the caller: no task wake-up, no scheduler turn. The
+    /// transport is polled with the [`ReadRoute`]'s waker, so that what arrives next wakes
+    /// this caller (and the task once the caller stops reading for itself).
+    ///
+    /// Only while the connection is quiet otherwise: the task has polled, the engine is open,
+    /// no event waits, nothing waits to be written and the task was not woken to write.
+    /// Anything the reading leaves for the loop (something to write, an event, a closed or
+    /// draining engine, a timer that moved, more to read than a bounded number of reads) wakes
+    /// the task. `waiting` says whether the caller's call is still unanswered (the spin before
+    /// it sleeps is for a call that waits). `false` (nothing done) when it may not.
+    pub(crate) fn read_inline(
+        &mut self,
+        cx: &mut Context<'_>,
+        first: bool,
+        waiting: &dyn Fn() -> bool,
+    ) -> bool {
+        let Some((route, route_waker)) = self.route.take() else {
+            return false;
+        };
+        let done = self.read_inline_with(&route, &route_waker, cx, first, waiting);
+        self.route = Some((route, route_waker));
+        done
+    }
+
+    fn read_inline_with(
+        &mut self,
+        route: &ReadRoute,
+        route_waker: &std::task::Waker,
+        cx: &mut Context<'_>,
+        first: bool,
+        waiting: &dyn Fn() -> bool,
+    ) -> bool {
+        let Some(task) = self.waker.as_ref() else {
+            route.clear();
+            return false;
+        };
+        if self.woken_to_write
+            || !self.io.transport.reads_alone()
+            || self.conn.open_calls() != 1
+            || self.conn.has_events()
+            || !self.conn.is_established()
+            || self.conn.is_closed()
+            || self.conn.is_going_away()
+            || self.io.unsent(&self.conn) != 0
+        {
+            route.clear();
+            return false;
+        }
+        route.set(cx.waker(), task);
+        // A poll of its own: the calls it ends are counted afresh (see act_outside).
+        self.ended_last_poll = 0;
+        let mut rcx = Context::from_waker(route_waker);
+        let mut progressed = false;
+        let mut more = true;
+        for _ in 0..INLINE_READS {
+            match self.io.poll_read(&mut rcx, &mut self.conn) {
+                Poll::Ready(r) => {
+                    let open = matches!(r, Ok(true));
+                    self.on_read(r);
+                    self.process_events(usize::MAX);
+                    progressed = true;
+                    if !open || self.conn.is_closed() {
+                        break;
+                    }
+                }
+                Poll::Pending => {
+                    more = false;
+                    break;
+                }
+            }
+        }
+        let task_needed = more
+            || self.io.unsent(&self.conn) != 0
+            || self.conn.has_events()
+            || self.conn.is_closed()
+            || self.conn.is_going_away()
+            || self.role.stop().is_some()
+            || self.next_timer() != self.armed;
+        if task_needed {
+            if let Some(t) = self.waker.as_ref() {
+                t.wake_by_ref();
+            }
+        }
+        self.report();
+        if !task_needed && waiting() {
+            // As the task would: stay on the CPU a moment rather than sleep.
+            self.spin.before_wait(progressed || first, cx);
+        }
+        true
+    }
+
+    /// Whether the last [`Driver::act_outside`] found the connection idle (and wrote what it
+    /// did at once, on the caller's thread).
+    pub(crate) fn wrote_last_act(&self) -> bool {
+        self.wrote_idle
     }
 
     /// Tells the connection's gauges its open calls and unsent bytes.

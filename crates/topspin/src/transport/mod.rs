@@ -142,6 +142,13 @@ pub(crate) trait Transport: Send + 'static {
         Poll::Ready(Ok(()))
     }
 
+    /// Whether reading never leaves something for the writing side to send or flush (a TLS
+    /// record to answer, a WebSocket pong): only then may a caller read its own reply from
+    /// outside the connection's task (`Driver::read_inline`), which does not flush.
+    fn reads_alone(&self) -> bool {
+        false
+    }
+
     /// Reads into `buf`'s spare capacity (the caller reserves room first). `Ok(0)` is the end
     /// of the stream.
     fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>>;

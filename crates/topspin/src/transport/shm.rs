@@ -696,6 +696,10 @@ fn recv_hello(s: &UnixStream, buf: &mut [u8], memfd: &mut Option<OwnedFd>) -> io
 }
 
 impl Transport for ShmTransport {
+    fn reads_alone(&self) -> bool {
+        true
+    }
+
     fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.poll_rx(cx).map_ok(|_| ())
     }

@@ -7,8 +7,10 @@
 //! polls a transport or reads the clock for a connection — with one exception: a client's
 //! driver sits behind a mutex its handles share, and a caller that finds the connection quiet
 //! starts its call and writes it itself ([`Driver::act_outside`]), saving the hop through the
-//! command queue and the task's wake-up. The task holds that lock only while it polls; callers
-//! only `try_lock` it and queue the command when it is taken.
+//! command queue and the task's wake-up; if its call is the connection's only one it reads the
+//! reply itself too ([`Driver::read_inline`], see `route.rs`). The task holds that lock only
+//! while it polls; callers only `try_lock` it and queue the command (or wait to be woken) when
+//! it is taken.
 
 mod io;
 mod liveness;

@@ -35,14 +35,13 @@ async fn start(b: ServerBuilder) -> (Address, topspin::ShutdownHandle) {
     (address, handle)
 }
 
-/// One captured span: its name and fields, and the events recorded inside it.
-
 /// The tests of this file run one at a time: each sets its own (thread-local) subscriber, and
 /// tracing caches per call site whether any subscriber is interested — a cache that tests
 /// registering call sites on other threads at the same moment can leave wrong (a span then
 /// goes unrecorded: 2 runs in 60 failed so).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// One captured span: its name and fields, and the events recorded inside it.
 #[derive(Clone, Debug, Default)]
 struct Captured {
     name: String,

@@ -25,6 +25,12 @@ const SPARE_READS: u32 = 256;
 /// its side ([`Io::close`]); a peer that sends more gets the reset.
 const LINGER_BYTES: usize = 4 * 1024 * 1024;
 
+#[cfg(test)]
+thread_local! {
+    /// Times a large frame's buffer was reallocated while the frame came in (on this thread).
+    pub(crate) static LARGE_BUFFER_MOVED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 #[derive(Debug)]
 pub(crate) enum ReadError {
     Io(io::Error),
@@ -181,12 +187,22 @@ impl<T: Transport> Io<T> {
             // when little room is left: `reserve` then reclaims the buffer in place once the
             // frames handed out earlier are dropped, so steady state allocates nothing.
             let room = self.rbuf.capacity() - self.rbuf.len();
-            if room < need || room < MIN_READ_ROOM {
+            // A large frame's own buffer is sized to it: the rest of the frame is read into
+            // what is left, however little (a usual read's room would reallocate it, copying
+            // the frame, and lose the allocation the next large frame reuses).
+            let rest_fits = self.small.is_some() && need > 0 && room >= need;
+            if (room < need || room < MIN_READ_ROOM) && !rest_fits {
                 let grow = self.room_for(need);
                 if grow > READ_CHUNK && self.small.is_none() {
                     self.switch_to_large_buffer(grow);
                 } else {
+                    #[cfg(test)]
+                    let before = self.rbuf.as_ptr();
                     self.rbuf.reserve(grow.max(READ_CHUNK));
+                    #[cfg(test)]
+                    if self.small.is_some() && self.rbuf.as_ptr() != before {
+                        LARGE_BUFFER_MOVED.with(|n| n.set(n.get() + 1));
+                    }
                 }
             }
             let spare = self.rbuf.capacity() - self.rbuf.len();

@@ -338,3 +338,33 @@ async fn a_write_failing_on_a_reset_still_hears_the_goaway_and_answers_before_it
         Bytes::from_static(b"one")
     );
 }
+
+/// A large message lands in a buffer of its own, handed out by reference, and the next one
+/// reuses that allocation once the first is dropped — however the reads split it. Regression:
+/// when a read left less than `MIN_READ_ROOM` of the message to come, the read loop reserved a
+/// usual read's room in the exact-size buffer, which reallocated it (copying the whole
+/// message) and lost the allocation to reuse (3 runs in 100 of
+/// `a_large_message_buffer_is_reused_once_the_application_dropped_it` failed so over TCP).
+#[tokio::test]
+async fn a_large_message_is_received_in_place_however_its_reads_split() {
+    let (ch, _shutdown) = pair(64 * 1024).await;
+    // Sizes whose tails after 64 KiB reads fall everywhere, below 4 KiB among them.
+    for k in 0..40usize {
+        let body = Bytes::from(vec![k as u8; (1 << 20) + 1637 * k]);
+        let call = || ch.unary(RawCodec, "/t.S/Echo", Request::new(body.clone()));
+        let first = call().await.unwrap().into_inner();
+        assert!(first == body);
+        let at = first.as_ptr();
+        drop(first);
+        let second = call().await.unwrap().into_inner();
+        assert!(second == body);
+        assert_eq!(
+            second.as_ptr(),
+            at,
+            "size {}: not received in place",
+            body.len()
+        );
+    }
+    // Both ends run on this thread (a current-thread runtime).
+    assert_eq!(super::io::LARGE_BUFFER_MOVED.with(|n| n.get()), 0);
+}

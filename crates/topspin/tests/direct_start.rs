@@ -18,8 +18,9 @@ use topspin_proto::frame::Frame;
 use topspin_proto::preface::PREFACE;
 use topspin_proto::Settings;
 
-/// A server that completes the handshake, then reads and ignores everything.
-async fn black_hole() -> String {
+/// A server that completes the handshake, then reads and ignores everything — or, with
+/// `hang_up`, reads a little and closes the connection.
+async fn fake_server(hang_up: bool) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -31,28 +32,12 @@ async fn black_hole() -> String {
                     return;
                 }
                 let mut buf = vec![0u8; 64 * 1024];
+                if hang_up {
+                    let _ = sock.read(&mut buf).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    return;
+                }
                 while matches!(sock.read(&mut buf).await, Ok(n) if n > 0) {}
-            });
-        }
-    });
-    format!("tcp://{addr}")
-}
-
-/// A server that completes the handshake, reads a little, then closes the connection.
-async fn hangs_up() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut hello = PREFACE.to_vec();
-                hello.extend_from_slice(&Frame::Settings(Settings::default()).to_bytes());
-                if sock.write_all(&hello).await.is_err() {
-                    return;
-                }
-                let mut buf = vec![0u8; 64 * 1024];
-                let _ = sock.read(&mut buf).await;
-                tokio::time::sleep(Duration::from_millis(50)).await;
             });
         }
     });
@@ -61,7 +46,7 @@ async fn hangs_up() -> String {
 
 #[tokio::test]
 async fn a_caller_reading_its_own_reply_sees_the_connection_close() {
-    let ch = Channel::connect(hangs_up().await).await.unwrap();
+    let ch = Channel::connect(fake_server(true).await).await.unwrap();
     let err = within(10, unary(&ch, UNARY, "x")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
 }
@@ -164,7 +149,7 @@ fn lone_calls_read_by_their_callers_mix_with_everything_else() {
 
 #[tokio::test]
 async fn a_directly_started_call_still_times_out_when_the_server_never_answers() {
-    let ch = Channel::connect(black_hole().await).await.unwrap();
+    let ch = Channel::connect(fake_server(false).await).await.unwrap();
     // The first call finds the connection quiet: its caller writes it.
     for i in 0..3 {
         let err = within(

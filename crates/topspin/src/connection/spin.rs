@@ -35,7 +35,7 @@ pub(crate) fn several_cpus() -> bool {
 }
 
 /// Whether spinning can help at all in this process (more than one CPU to run on).
-fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("TOPSPIN_SPIN").map_or(true, |v| v != "0") && several_cpus())
 }

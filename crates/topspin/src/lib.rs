@@ -63,6 +63,8 @@ mod server;
 mod stats;
 mod status;
 mod streaming;
+#[cfg(test)]
+mod test_util;
 mod transport;
 
 pub use address::{Address, AddressError, IntoAddress};

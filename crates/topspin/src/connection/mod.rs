@@ -255,7 +255,8 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// Anything the reading leaves for the loop (something to write, an event, a closed or
     /// draining engine, a timer that moved, more to read than a bounded number of reads) wakes
     /// the task. `waiting` says whether the caller's call is still unanswered (the spin before
-    /// it sleeps is for a call that waits). `false` (nothing done) when it may not.
+    /// it sleeps is for a call that waits). `false` (nothing done) when it may not: the caller
+    /// then stops reading for itself ([`ReadRoute::clear`], `ConnParts::read_inline`).
     pub(crate) fn read_inline(
         &mut self,
         cx: &mut Context<'_>,
@@ -279,7 +280,6 @@ impl<R: Role, T: Transport> Driver<R, T> {
         waiting: &dyn Fn() -> bool,
     ) -> bool {
         let Some(task) = self.waker.as_ref() else {
-            route.clear();
             return false;
         };
         if self.woken_to_write
@@ -291,7 +291,6 @@ impl<R: Role, T: Transport> Driver<R, T> {
             || self.conn.is_going_away()
             || self.io.unsent(&self.conn) != 0
         {
-            route.clear();
             return false;
         }
         route.set(cx.waker(), task);

@@ -92,27 +92,15 @@ impl Wake for ReadRoute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    fn counter() -> (Arc<Count>, Waker) {
-        let c = Arc::new(Count::default());
-        (c.clone(), Waker::from(c))
-    }
+    use crate::test_util::CountingWaker;
 
     #[test]
     fn wakes_the_reader_while_there_is_one_and_hands_an_unread_wake_to_the_task() {
         let route = Arc::new(ReadRoute::default());
         let w = Waker::from(route.clone());
-        let (reader, rw) = counter();
-        let (task, tw) = counter();
-        let n = |c: &Arc<Count>| c.0.load(Ordering::SeqCst);
+        let (reader, rw) = CountingWaker::new();
+        let (task, tw) = CountingWaker::new();
+        let n = |c: &Arc<CountingWaker>| c.count();
         route.set(&rw, &tw);
         w.wake_by_ref();
         assert_eq!((n(&reader), n(&task)), (1, 0));

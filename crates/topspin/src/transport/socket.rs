@@ -297,19 +297,8 @@ fn recv_drained(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Wake, Waker};
+    use crate::test_util::CountingWaker;
     use tokio::io::AsyncWriteExt;
-
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
 
     /// Regression: a task whose read had returned `Pending` and whose write then re-registered
     /// the descriptor (write readiness taken, or dropped after idle writes) lost its read
@@ -320,16 +309,15 @@ mod tests {
         for interest in [Interest::READABLE | Interest::WRITABLE, Interest::READABLE] {
             let (a, mut b) = tokio::net::UnixStream::pair().expect("pair");
             let mut t = SocketTransport::from_unix(a).expect("transport");
-            let woken = Arc::new(Count::default());
-            let waker = Waker::from(woken.clone());
+            let (woken, waker) = CountingWaker::new();
             let mut cx = Context::from_waker(&waker);
             let mut buf = BytesMut::with_capacity(64);
             assert!(t.poll_read(&mut cx, &mut buf).is_pending());
             t.reregister(interest, &mut cx).expect("reregister");
-            let before = woken.0.load(Ordering::SeqCst);
+            let before = woken.count();
             b.write_all(b"x").await.expect("write");
             tokio::time::timeout(std::time::Duration::from_secs(10), async {
-                while woken.0.load(Ordering::SeqCst) == before {
+                while woken.count() == before {
                     tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                 }
             })

@@ -306,15 +306,21 @@ trait StartDirect: Send + Sync {
     fn read_inline(&self, cx: &mut Context<'_>, first: bool, waiting: &dyn Fn() -> bool) -> bool;
 }
 
+/// The driver, if its lock is free. Never waits: a lock held means the task is running (it
+/// takes a queued call just as fast, and reads what arrives) or another caller is acting.
+fn try_driver<T: Transport>(
+    shared: &SharedDriver<ClientRole, T>,
+) -> Option<std::sync::MutexGuard<'_, Option<Driver<ClientRole, T>>>> {
+    match shared.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 impl<T: Transport> StartDirect for SharedDriver<ClientRole, T> {
     fn try_start(&self, s: &mut Option<Start>) -> Option<(u32, bool)> {
-        // Never waits: a lock held means the task is running (it takes the call from the
-        // queue just as fast) or another caller is starting one.
-        let mut guard = match self.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
+        let mut guard = try_driver(self)?;
         let d = guard.as_mut()?;
         let id = d
             .act_outside(|role, conn, room| role.start_direct(s, conn, room))
@@ -323,14 +329,11 @@ impl<T: Transport> StartDirect for SharedDriver<ClientRole, T> {
     }
 
     fn read_inline(&self, cx: &mut Context<'_>, first: bool, waiting: &dyn Fn() -> bool) -> bool {
-        let mut guard = match self.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
-        };
-        guard
-            .as_mut()
-            .is_some_and(|d| d.read_inline(cx, first, waiting))
+        try_driver(self).is_some_and(|mut guard| {
+            guard
+                .as_mut()
+                .is_some_and(|d| d.read_inline(cx, first, waiting))
+        })
     }
 }
 

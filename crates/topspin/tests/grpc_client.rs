@@ -660,11 +660,7 @@ async fn grpcs_with_rustls() {
         .await
         .unwrap()
         .into_inner();
-    let mut n = 0;
-    while s.message().await.unwrap().is_some() {
-        n += 1;
-    }
-    assert_eq!(n, 5);
+    assert_eq!(common::count_messages(&mut s).await, 5);
     // A plaintext gRPC client against the TLS port fails promptly and says so.
     let plain = Endpoint::new(format!("grpc://127.0.0.1:{}", t.port))
         .unwrap()
@@ -1298,11 +1294,7 @@ async fn grpc_go_every_call_kind_deadline_details_metadata_cancel() {
         .await
         .unwrap()
         .into_inner();
-    let mut n = 0;
-    while s.message().await.unwrap().is_some() {
-        n += 1;
-    }
-    assert_eq!(n, 4);
+    assert_eq!(common::count_messages(&mut s).await, 4);
     let parts = (0..50).map(|i| Bytes::from(format!("{i};")));
     let all = ch
         .client_streaming(RawCodec, "/test.T/Sum", stream::iter(parts))

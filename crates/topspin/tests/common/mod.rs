@@ -13,6 +13,15 @@ use topspin::{
     Status, Streaming,
 };
 
+/// Reads a response stream to its end (panicking on an error status); how many messages came.
+pub async fn count_messages<T>(s: &mut Streaming<T>) -> usize {
+    let mut n = 0;
+    while s.message().await.unwrap().is_some() {
+        n += 1;
+    }
+    n
+}
+
 pub const UNARY: &str = "/test.Echo/Unary";
 pub const SERVER_STREAM: &str = "/test.Echo/ServerStream";
 pub const CLIENT_STREAM: &str = "/test.Echo/ClientStream";
@@ -291,11 +300,7 @@ pub fn lone_calls_mixed() {
                                     .await
                                     .unwrap()
                                     .into_inner();
-                                let mut n = 0;
-                                while s.message().await.unwrap().is_some() {
-                                    n += 1;
-                                }
-                                assert_eq!(n, 3);
+                                assert_eq!(count_messages(&mut s).await, 3);
                             }
                             _ => {
                                 let e = unary(&ch, FAIL, "NOT_FOUND:gone").await.unwrap_err();

@@ -4,6 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use topspin_proto::{Limits, MemoryBudget, Rate, Settings};
 
+/// The default [`Config::idle_timeout`]: one hour.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// Limits and timeouts of one side of a connection, with documented defaults. Every bound on
 /// what a peer can make this side hold is here.
 ///
@@ -59,7 +62,7 @@ impl Default for Config {
             max_pending_calls: 4096,
             handshake_timeout: Duration::from_secs(10),
             frame_timeout: Duration::from_secs(30),
-            idle_timeout: None,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             keepalive_interval: None,
             keepalive_timeout: Duration::from_secs(20),
             memory_budget: None,
@@ -163,7 +166,11 @@ impl Config {
         frame_timeout, with_frame_timeout: Duration
     }
     field! {
-        /// Close a connection that has had no open call for this long (default: never).
+        /// Close a connection that has had no open call for this long (default 1 hour;
+        /// `None`: never). The default is Envoy's idle timeout for downstream connections: long
+        /// enough that a connection is kept between a service's calls (a client reconnects on
+        /// the next call anyway), short enough that sockets left idle cannot hold a server's
+        /// `max_connections` for ever. Applies to every face (native, gRPC, WebSocket, shm).
         idle_timeout, with_idle_timeout: Option<Duration>
     }
     field! {

@@ -28,7 +28,9 @@ const http = createServer((req, res) => {
 await new Promise<void>((r) => http.listen(0, "127.0.0.1", r));
 const pagePort = (http.address() as { port: number }).port;
 
-const { proc, address } = await startServer(binary("KVSTORE_SERVER"), ["ws://127.0.0.1:0/topspin"]);
+// The pages come from other ports of 127.0.0.1: origins the server must be told to accept
+// (by default it refuses pages of other origins).
+const { proc, address } = await startServer(binary("KVSTORE_SERVER"), ["ws://127.0.0.1:0/topspin", "--allow-origin", "http://127.0.0.1:*"]);
 const profile = mkdtempSync(join(tmpdir(), "topspin-chromium-"));
 let failed = false;
 try {

@@ -173,6 +173,38 @@ async fn the_upgrade_checks_path_subprotocol_and_origin() {
     h.shutdown(Duration::from_secs(1)).await;
 }
 
+/// Cross-site WebSocket hijacking: by default a page of another origin cannot call the server
+/// (any page a browser shows could otherwise reach a server on localhost or an intranet).
+#[tokio::test]
+async fn a_default_server_refuses_pages_of_other_origins() {
+    let sp = Some("topspin.v1");
+    let (addr, h) = start(builder(Probe::default()), "ws://127.0.0.1:0/rpc").await;
+    assert_eq!(
+        status_of(raw(&addr, "/rpc", sp, Some("https://evil.example")).await),
+        StatusCode::FORBIDDEN
+    );
+    let own = format!("http://{}", addr.host_port().unwrap());
+    raw(&addr, "/rpc", sp, Some(&own))
+        .await
+        .expect("a page of the server's own origin");
+    raw(&addr, "/rpc", sp, None)
+        .await
+        .expect("no Origin: not a browser");
+    h.shutdown(Duration::from_secs(1)).await;
+
+    // Opted out: any origin.
+    let ws = WebSocketSettings::default().allow_any_origin();
+    let (addr, h) = start(
+        builder(Probe::default()).websocket(ws),
+        "ws://127.0.0.1:0/rpc",
+    )
+    .await;
+    raw(&addr, "/rpc", sp, Some("https://evil.example"))
+        .await
+        .expect("allow_any_origin");
+    h.shutdown(Duration::from_secs(1)).await;
+}
+
 #[tokio::test]
 async fn bad_frames_close_one_connection_with_the_rfc_code() {
     let ws = WebSocketSettings::default().max_message_size(256 * 1024);

@@ -4,8 +4,11 @@
 //! ([`SUBPROTOCOL`]). Framing and the handshake are tokio-tungstenite's.
 //!
 //! A server bound to a `ws://` address accepts upgrades on that path only, requires the
-//! `topspin.v1` subprotocol and, when [`WebSocketSettings::allow_origins`] is set, an allowed
-//! `Origin` (browsers send one; other clients may leave it out). Bad input ends that one
+//! `topspin.v1` subprotocol and refuses (403) an upgrade whose `Origin` is neither the server's
+//! own (same scheme-less host and port as `Host`) nor listed with
+//! [`WebSocketSettings::allow_origins`]: a web page from another site cannot call a server on
+//! localhost or an intranet (cross-site WebSocket hijacking). Requests without `Origin` (not
+//! from a browser) are accepted; [`WebSocketSettings::allow_any_origin`] opts out. Bad input ends that one
 //! connection, with the close code RFC 6455 names: a text message 1003, a protocol violation
 //! (an unmasked client frame, a bad opcode) 1002, a message over the size bound 1009, invalid
 //! UTF-8 in a close reason 1007.
@@ -42,7 +45,9 @@ const MAX_OUT_MESSAGE: usize = 256 * 1024;
 /// ```
 #[derive(Clone, Debug)]
 pub struct WebSocketSettings {
-    origins: Option<Arc<[String]>>,
+    /// Origins accepted besides the server's own.
+    origins: Arc<[String]>,
+    any_origin: bool,
     max_message_size: usize,
     path: String,
 }
@@ -50,7 +55,8 @@ pub struct WebSocketSettings {
 impl Default for WebSocketSettings {
     fn default() -> WebSocketSettings {
         WebSocketSettings {
-            origins: None,
+            origins: Arc::from([]),
+            any_origin: false,
             max_message_size: 16 * 1024 * 1024,
             path: "/".to_owned(),
         }
@@ -58,16 +64,40 @@ impl Default for WebSocketSettings {
 }
 
 impl WebSocketSettings {
-    /// Servers: accept an upgrade only if its `Origin` header is one of these (exactly, e.g.
-    /// `https://app.example.com`); a request without `Origin` (not from a browser) is accepted.
-    /// Default: any origin.
+    /// Servers: accept upgrades from pages of these origins too (exactly as browsers send
+    /// them, e.g. `https://app.example.com`; `http://localhost:*` for any port of one scheme and
+    /// host), besides the server's own origin (whose host and port are the `Host` header's).
+    /// Requests without `Origin` (not from a browser) are always accepted. Default: only the
+    /// server's own origin.
     pub fn allow_origins<I, S>(mut self, origins: I) -> WebSocketSettings
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.origins = Some(origins.into_iter().map(Into::into).collect());
+        self.origins = origins.into_iter().map(Into::into).collect();
         self
+    }
+
+    /// Servers: accept upgrades whatever their `Origin` — any web page a browser shows may then
+    /// call this server with the browser's network position and cookies. Only for servers whose
+    /// calls carry their own credentials (tokens in metadata) and that no intranet trust covers.
+    pub fn allow_any_origin(mut self) -> WebSocketSettings {
+        self.any_origin = true;
+        self
+    }
+
+    /// Whether an upgrade with this `Origin` (and `Host`) may go on.
+    fn origin_allowed(&self, origin: &str, host: Option<&str>) -> bool {
+        if self.any_origin {
+            return true;
+        }
+        let listed = self.origins.iter().any(|a| match a.strip_suffix('*') {
+            Some(prefix) if prefix.ends_with(':') => origin
+                .strip_prefix(prefix)
+                .is_some_and(|port| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())),
+            _ => a == origin,
+        });
+        listed || host.is_some_and(|h| same_origin(origin, h))
     }
 
     /// The largest WebSocket message (and frame) accepted; a larger one closes the connection
@@ -134,12 +164,14 @@ impl WebSocketSettings {
                 "Sec-WebSocket-Protocol must offer topspin.v1",
             ));
         }
-        if let (Some(allowed), Some(origin)) = (&self.origins, req.headers().get("origin")) {
-            let ok = origin
-                .to_str()
-                .is_ok_and(|o| allowed.iter().any(|a| a == o));
+        if let Some(origin) = req.headers().get("origin") {
+            let host = req.headers().get("host").and_then(|h| h.to_str().ok());
+            let ok = origin.to_str().is_ok_and(|o| self.origin_allowed(o, host));
             if !ok {
-                return Err(refuse(StatusCode::FORBIDDEN, "origin not allowed"));
+                return Err(refuse(
+                    StatusCode::FORBIDDEN,
+                    "origin not allowed (WebSocketSettings::allow_origins)",
+                ));
             }
         }
         resp.headers_mut().insert(
@@ -216,6 +248,30 @@ impl WebSocketSettings {
         }
         Ok(WsStream::new(ws))
     }
+}
+
+/// Whether `origin` (`scheme://host[:port]`, as browsers send it) names the host and port of
+/// `host` (the request's `Host` header): the page comes from the server itself. Ports left out
+/// are the scheme's default; hosts compare without case.
+fn same_origin(origin: &str, host: &str) -> bool {
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return false; // "null" and the like
+    };
+    let default = match scheme.to_ascii_lowercase().as_str() {
+        "http" | "ws" => "80",
+        "https" | "wss" => "443",
+        _ => return false,
+    };
+    let with_port = |a: &str| -> String {
+        let a = a.to_ascii_lowercase();
+        // A port follows the last ':' unless it is inside an IPv6 literal.
+        if a.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']')) {
+            a
+        } else {
+            format!("{a}:{default}")
+        }
+    };
+    !authority.is_empty() && with_port(authority) == with_port(host)
 }
 
 /// The most bytes of an HTTP request head a server reads before the upgrade (tungstenite's
@@ -493,6 +549,34 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsStream<S> {
             Ok(()) | Err(WsError::ConnectionClosed | WsError::AlreadyClosed) => Poll::Ready(Ok(())),
             Err(e) => Poll::Ready(Err(io_error(e))),
         }
+    }
+}
+
+#[cfg(test)]
+mod origin_tests {
+    use super::*;
+
+    #[test]
+    fn origins_are_the_servers_own_or_listed() {
+        let s = WebSocketSettings::default();
+        assert!(s.origin_allowed("http://127.0.0.1:8080", Some("127.0.0.1:8080")));
+        assert!(s.origin_allowed("https://Example.com", Some("example.com:443")));
+        assert!(s.origin_allowed("http://example.com:80", Some("example.com")));
+        assert!(s.origin_allowed("http://[::1]:9000", Some("[::1]:9000")));
+        assert!(!s.origin_allowed("http://[::1]", Some("[::1]:9000")));
+        assert!(!s.origin_allowed("https://evil.example", Some("127.0.0.1:8080")));
+        assert!(!s.origin_allowed("http://example.com", Some("example.com:443")));
+        assert!(!s.origin_allowed("http://127.0.0.1:8081", Some("127.0.0.1:8080")));
+        assert!(!s.origin_allowed("null", Some("127.0.0.1:8080")));
+        assert!(!s.origin_allowed("http://127.0.0.1:8080", None));
+        let s = s.allow_origins(["https://app.example", "http://localhost:*"]);
+        assert!(s.origin_allowed("https://app.example", Some("10.0.0.1:1")));
+        assert!(s.origin_allowed("http://localhost:3000", Some("10.0.0.1:1")));
+        assert!(!s.origin_allowed("http://localhost:", Some("10.0.0.1:1")));
+        assert!(!s.origin_allowed("http://localhost:3000.evil", Some("10.0.0.1:1")));
+        assert!(!s.origin_allowed("https://app.example.evil", Some("10.0.0.1:1")));
+        let s = WebSocketSettings::default().allow_any_origin();
+        assert!(s.origin_allowed("https://evil.example", Some("127.0.0.1:8080")));
     }
 }
 

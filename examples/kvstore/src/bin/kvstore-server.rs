@@ -1,18 +1,38 @@
 //! Serves the key-value store (with server reflection) until Ctrl-C or SIGTERM, then drains:
 //! calls in flight get 5 s.
 //!
-//! Usage: `kvstore-server [ADDRESS]` (default `tcp://127.0.0.1:50051`; port 0 picks one). Prints
-//! `listening on ADDRESS` once it accepts connections.
+//! Usage: `kvstore-server [ADDRESS] [--allow-origin ORIGIN]...` (default
+//! `tcp://127.0.0.1:50051`; port 0 picks one). Prints `listening on ADDRESS` once it accepts
+//! connections. `--allow-origin` lets web pages of that origin (`http://localhost:*` for any
+//! port) call it over `ws://`, besides pages the server itself serves.
 
 use std::io::Write;
 use std::time::Duration;
 
 #[tokio::main]
 async fn main() {
-    let address = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "tcp://127.0.0.1:50051".to_owned());
+    let mut args = std::env::args().skip(1);
+    let (mut address, mut origins) = (None, Vec::new());
+    while let Some(a) = args.next() {
+        match (a.as_str(), args.next()) {
+            ("--allow-origin", Some(o)) => origins.push(o),
+            ("--allow-origin", None) => {
+                eprintln!("kvstore-server: --allow-origin needs an origin");
+                std::process::exit(2);
+            }
+            (_, next) => {
+                address = Some(a.clone());
+                if let Some(n) = next {
+                    eprintln!("kvstore-server: unexpected argument {n}");
+                    std::process::exit(2);
+                }
+            }
+        }
+    }
+    let address = address.unwrap_or_else(|| "tcp://127.0.0.1:50051".to_owned());
+    let ws = topspin::ws::WebSocketSettings::default().allow_origins(origins);
     let server = match kvstore::server_builder(kvstore::KvStore::default())
+        .websocket(ws)
         .bind(address.as_str())
         .await
     {

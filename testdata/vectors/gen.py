@@ -3049,7 +3049,25 @@ def compression_vectors() -> list:
             "Flag values other than 0 and 1 are call errors"),
         bad("compression_corrupt_body", "zstd", b"\x01\xde\xad\xbe\xef", 1024, "INTERNAL",
             "A compressed body that does not decode is a call error"),
+        ok("compression_zstd_window_8_mib", "zstd", b"\x01" + zstd_raw_frame(b"\x00\x68", b"hi"),
+           1 << 26, b"hi", "A zstd frame declaring an 8 MiB window (the most a receiver allows)"),
+        bad("compression_zstd_window_over_8_mib", "zstd",
+            b"\x01" + zstd_raw_frame(b"\x00\x88", b"hi"), 1 << 26, "RESOURCE_EXHAUSTED",
+            "A zstd frame declaring a 128 MiB window: refused before anything is allocated, "
+            "whatever its content"),
+        bad("compression_zstd_content_size_over_the_limit", "zstd",
+            b"\x01" + zstd_raw_frame(b"\xa0\x00\x00\x00\x01", b"hi"), 1024,
+            "RESOURCE_EXHAUSTED",
+            "A one-segment zstd frame declaring 16 MiB of content against a 1 KiB limit: "
+            "refused from its header"),
     ]
+
+
+def zstd_raw_frame(header: bytes, content: bytes) -> bytes:
+    """A zstd frame (RFC 8878): magic, `header` (descriptor and window or content size), then
+    `content` in one raw last block."""
+    block = 1 | len(content) << 3
+    return b"\x28\xb5\x2f\xfd" + header + block.to_bytes(3, "little") + content
 
 
 

@@ -169,11 +169,7 @@ fn compress_failed(e: Encoding, err: std::io::Error) -> Status {
 
 /// Reads one message of a direction that uses `encoding`: checks the flag byte and
 /// decompresses, never producing more than `limit` bytes (the receiver's max_message_size).
-pub(crate) fn decode(
-    encoding: Encoding,
-    mut message: Bytes,
-    limit: usize,
-) -> Result<Bytes, Status> {
+pub(crate) fn decode(encoding: Encoding, mut message: Bytes, room: &Room) -> Result<Bytes, Status> {
     let Some(&flag) = message.first() else {
         return Err(Status::internal(format!(
             "empty message on a call whose messages are {}-encoded: the flag byte is missing",
@@ -183,7 +179,7 @@ pub(crate) fn decode(
     let body = message.split_off(1);
     match flag {
         PLAIN => Ok(body),
-        COMPRESSED => inflate(encoding, &body, limit),
+        COMPRESSED => inflate(encoding, &body, room),
         other => Err(Status::internal(format!(
             "invalid compression flag {other} (expected 0 or 1) on a {}-encoded call",
             encoding.name()
@@ -191,8 +187,15 @@ pub(crate) fn decode(
     }
 }
 
-pub(crate) fn inflate(encoding: Encoding, body: &[u8], limit: usize) -> Result<Bytes, Status> {
+pub(crate) fn inflate(encoding: Encoding, body: &[u8], room: &Room) -> Result<Bytes, Status> {
+    let limit = room.max;
     let failed = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::OutOfMemory {
+            return Status::resource_exhausted(format!(
+                "no room in the memory budget to decompress a {} message: {e}",
+                encoding.name()
+            ));
+        }
         Status::internal(format!(
             "could not decompress a {} message: {e}",
             encoding.name()
@@ -201,27 +204,211 @@ pub(crate) fn inflate(encoding: Encoding, body: &[u8], limit: usize) -> Result<B
     // Read at most limit + 1 bytes: one more than allowed tells "too large" from "exactly at
     // the limit" without ever holding more.
     let cap = (limit as u64).saturating_add(1);
-    let mut out = Vec::with_capacity((body.len() * 4).min(limit.saturating_add(1)));
+    let first = (body.len() * 4).min(limit.saturating_add(1));
+    let mut out = Charging::new(first, room.budget.as_deref()).map_err(failed)?;
     match encoding {
         Encoding::Zstd => {
-            let d = zstd::stream::read::Decoder::new(body).map_err(failed)?;
-            d.take(cap).read_to_end(&mut out).map_err(failed)?;
+            let window_log = zstd_window_log(body, limit)?;
+            let mut d = zstd::stream::read::Decoder::new(body).map_err(failed)?;
+            d.window_log_max(window_log).map_err(failed)?;
+            std::io::copy(&mut d.take(cap), &mut out).map_err(failed)?;
         }
         Encoding::Gzip => {
-            flate2::read::GzDecoder::new(body)
-                .take(cap)
-                .read_to_end(&mut out)
-                .map_err(failed)?;
+            let d = flate2::read::GzDecoder::new(body);
+            std::io::copy(&mut d.take(cap), &mut out).map_err(failed)?;
         }
     }
-    if out.len() > limit {
+    if out.buf.len() > limit {
         return Err(Status::resource_exhausted(format!(
             "a {}-compressed message of {} bytes decompresses to more than this side's max_message_size of {limit} bytes",
             encoding.name(),
             body.len()
         )));
     }
-    Ok(Bytes::from(out))
+    Ok(out.into_bytes(room.budget.clone()))
+}
+
+/// What one decompressed message may take: at most `max` bytes, every byte of its buffer
+/// charged to `budget` (the receiver's `Config::memory_budget`, shared with the messages being
+/// received on every face) from the moment it is allocated until the application drops the
+/// last reference to the message. Decompressed size counts, not the size on the wire.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Room {
+    pub(crate) max: usize,
+    pub(crate) budget: Option<std::sync::Arc<topspin_proto::MemoryBudget>>,
+}
+
+impl Room {
+    /// A room of `max` bytes, charged to `budget`.
+    pub(crate) fn new(
+        max: usize,
+        budget: Option<std::sync::Arc<topspin_proto::MemoryBudget>>,
+    ) -> Room {
+        Room { max, budget }
+    }
+}
+
+/// A decompression buffer that grows only by what the memory budget grants, in steps of at
+/// least [`CHARGE_STEP`]; a refusal is an `OutOfMemory` write error.
+struct Charging<'a> {
+    buf: Vec<u8>,
+    budget: Option<&'a topspin_proto::MemoryBudget>,
+    charged: usize,
+}
+
+/// The least a decompression buffer grows by at once.
+const CHARGE_STEP: usize = 64 * 1024;
+
+impl<'a> Charging<'a> {
+    fn new(
+        first: usize,
+        budget: Option<&'a topspin_proto::MemoryBudget>,
+    ) -> std::io::Result<Charging<'a>> {
+        let mut c = Charging {
+            buf: Vec::new(),
+            budget,
+            charged: 0,
+        };
+        c.grow(first)?;
+        Ok(c)
+    }
+
+    /// Makes room for `more` bytes beyond those held.
+    fn grow(&mut self, more: usize) -> std::io::Result<()> {
+        let want = self.buf.len().saturating_add(more);
+        if want <= self.buf.capacity() {
+            return Ok(());
+        }
+        let step = (want - self.buf.len())
+            .max(CHARGE_STEP)
+            .max(self.buf.len() / 2);
+        if let Some(b) = self.budget {
+            if !b.try_reserve(step) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!("{} of {} bytes in use", b.used(), b.limit()),
+                ));
+            }
+            self.charged += step;
+        }
+        self.buf.reserve_exact(step);
+        Ok(())
+    }
+
+    /// The message, still charged to `budget` until its last reference is dropped.
+    fn into_bytes(mut self, budget: Option<std::sync::Arc<topspin_proto::MemoryBudget>>) -> Bytes {
+        let charged = std::mem::take(&mut self.charged);
+        let buf = std::mem::take(&mut self.buf);
+        match budget {
+            Some(budget) if charged > 0 => charged_bytes(buf, budget, charged),
+            _ => Bytes::from(buf),
+        }
+    }
+}
+
+impl Drop for Charging<'_> {
+    fn drop(&mut self) {
+        if let (Some(b), true) = (self.budget, self.charged > 0) {
+            b.release(self.charged);
+        }
+    }
+}
+
+impl Write for Charging<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.grow(data.len())?;
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `buf` as `Bytes` that keep `charged` bytes of `budget` until the last reference (slices
+/// included) is dropped: a received message the application holds stays in the memory account.
+pub(crate) fn charged_bytes<T: AsRef<[u8]> + Send + 'static>(
+    buf: T,
+    budget: std::sync::Arc<topspin_proto::MemoryBudget>,
+    charged: usize,
+) -> Bytes {
+    Bytes::from_owner(ChargedBytes {
+        buf,
+        budget,
+        charged,
+    })
+}
+
+/// A received message's buffer and its charge to the memory budget, given back on drop.
+struct ChargedBytes<T> {
+    buf: T,
+    budget: std::sync::Arc<topspin_proto::MemoryBudget>,
+    charged: usize,
+}
+
+impl<T: AsRef<[u8]>> AsRef<[u8]> for ChargedBytes<T> {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+}
+
+impl<T> Drop for ChargedBytes<T> {
+    fn drop(&mut self) {
+        self.budget.release(self.charged);
+    }
+}
+
+/// The largest zstd window a receiver allocates (protocol.md §15): 8 MiB, as Go's decoder.
+pub(crate) const MAX_ZSTD_WINDOW: u64 = 8 << 20;
+
+/// The window log the zstd decoder may use for `body`, read from its (first) frame header
+/// (RFC 8878 §3.1.1.1) before anything is allocated: at most [`MAX_ZSTD_WINDOW`], or the
+/// frame's content size when the frame is one segment (its window is the output itself, which
+/// `limit` already bounds). A larger window, or a one-segment frame larger than `limit`, ends
+/// the call `RESOURCE_EXHAUSTED`; a header too short to read is left to the decoder.
+fn zstd_window_log(body: &[u8], limit: usize) -> Result<u32, Status> {
+    const MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+    let max_log = MAX_ZSTD_WINDOW.trailing_zeros();
+    let (Some(magic), Some(&fhd)) = (body.get(..4), body.get(4)) else {
+        return Ok(max_log);
+    };
+    if magic != MAGIC {
+        return Ok(max_log);
+    }
+    let too_large = |what: &str, n: u64| {
+        Status::resource_exhausted(format!(
+            "a zstd-compressed message declares {what} of {n} bytes; this side decodes windows of at most {MAX_ZSTD_WINDOW} bytes and messages of at most max_message_size {limit} bytes"
+        ))
+    };
+    if fhd & 0x20 == 0 {
+        // Window_Descriptor: exponent (5 bits) and mantissa (3 bits).
+        let Some(&wd) = body.get(5) else {
+            return Ok(max_log);
+        };
+        let base = 1u64 << (10 + u32::from(wd >> 3));
+        let window = base + base / 8 * u64::from(wd & 7);
+        if window > MAX_ZSTD_WINDOW {
+            return Err(too_large("a window", window));
+        }
+        return Ok(max_log);
+    }
+    // One segment: Frame_Content_Size follows the header descriptor and the dictionary id.
+    let dict_len = [0usize, 1, 2, 4][usize::from(fhd & 3)];
+    let fcs_len = [1usize, 2, 4, 8][usize::from(fhd >> 6)];
+    let at = 5 + dict_len;
+    let Some(field) = body.get(at..at + fcs_len) else {
+        return Ok(max_log);
+    };
+    let mut le = [0u8; 8];
+    le[..fcs_len].copy_from_slice(field);
+    let size = u64::from_le_bytes(le) + if fcs_len == 2 { 256 } else { 0 };
+    if size > limit as u64 {
+        return Err(too_large("a content size", size));
+    }
+    // The decoder needs a window log covering the content (at least its own minimum, 10).
+    let need = 64 - size.saturating_sub(1).leading_zeros();
+    Ok(need.clamp(10, 31).max(max_log))
 }
 
 /// A message sent uncompressed: the flag byte, then the message's bytes in one buffer. Sized by
@@ -244,7 +431,7 @@ pub(crate) struct Compressed<C> {
     pub(crate) inner: C,
     pub(crate) send: Option<Compression>,
     pub(crate) recv: Option<Encoding>,
-    pub(crate) limit: usize,
+    pub(crate) room: Room,
 }
 
 impl<C: Codec> Codec for Compressed<C> {
@@ -273,7 +460,7 @@ impl<C: Codec> Codec for Compressed<C> {
     #[inline]
     fn decode(&self, buf: Bytes) -> Result<C::Decode, Status> {
         match self.recv {
-            Some(e) => self.inner.decode(decode(e, buf, self.limit)?),
+            Some(e) => self.inner.decode(decode(e, buf, &self.room)?),
             None => self.inner.decode(buf),
         }
     }
@@ -289,7 +476,7 @@ impl<C: Codec> Compressed<C> {
         inner: C,
         md: &Metadata,
         ours: Option<Compression>,
-        limit: u32,
+        room: impl FnOnce() -> Room,
     ) -> Result<Compressed<C>, Status> {
         if md.is_empty() && ours.is_none() {
             // The common case: no compression either way, nothing to look up.
@@ -297,10 +484,10 @@ impl<C: Codec> Compressed<C> {
                 inner,
                 send: None,
                 recv: None,
-                limit: 0,
+                room: Room::default(),
             });
         }
-        Compressed::negotiate(inner, md, ours, limit)
+        Compressed::negotiate(inner, md, ours, room())
     }
 
     #[cold]
@@ -308,7 +495,7 @@ impl<C: Codec> Compressed<C> {
         inner: C,
         md: &Metadata,
         ours: Option<Compression>,
-        limit: u32,
+        room: Room,
     ) -> Result<Compressed<C>, Status> {
         let recv = encoding_of(md).map_err(|s| {
             let trailers = Metadata::builder()
@@ -322,7 +509,7 @@ impl<C: Codec> Compressed<C> {
             inner,
             send,
             recv,
-            limit: limit as usize,
+            room,
         })
     }
 
@@ -359,16 +546,12 @@ pub(crate) fn client_metadata(md: Metadata, c: Compression) -> Metadata {
 
 /// Client: a response message as its call's response headers say it is encoded.
 #[inline]
-pub(crate) fn response_message(
-    headers: &Metadata,
-    m: Bytes,
-    limit: usize,
-) -> Result<Bytes, Status> {
+pub(crate) fn response_message(headers: &Metadata, m: Bytes, room: &Room) -> Result<Bytes, Status> {
     if headers.is_empty() {
         return Ok(m);
     }
     match encoding_of(headers)? {
-        Some(e) => decode(e, m, limit),
+        Some(e) => decode(e, m, room),
         None => Ok(m),
     }
 }
@@ -403,6 +586,39 @@ pub(crate) fn accepts(metadata: &Metadata, encoding: Encoding) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `decode` with a room of `limit` bytes and no budget.
+    fn decode(e: Encoding, m: Bytes, limit: usize) -> Result<Bytes, Status> {
+        super::decode(e, m, &Room::new(limit, None))
+    }
+
+    #[test]
+    fn a_decompressed_message_is_charged_to_the_budget_while_it_lives() {
+        let budget = topspin_proto::MemoryBudget::new(8 << 20);
+        let wire = Compression::new(Encoding::Zstd)
+            .encode(&vec![1u8; 3 << 20])
+            .unwrap();
+        let room = Room::new(16 << 20, Some(budget.clone()));
+        let m = super::decode(Encoding::Zstd, wire.clone(), &room).unwrap();
+        assert_eq!(m.len(), 3 << 20);
+        assert!(budget.used() >= 3 << 20, "{} charged", budget.used());
+        let copy = m.slice(10..20);
+        drop(m);
+        assert!(budget.used() >= 3 << 20, "a slice keeps the charge");
+        drop(copy);
+        assert_eq!(budget.used(), 0);
+        // Two at once pass an 8 MiB budget less 3 MiB held: the third is refused, and what it
+        // took is given back.
+        let a = super::decode(Encoding::Zstd, wire.clone(), &room).unwrap();
+        let b = super::decode(Encoding::Zstd, wire.clone(), &room).unwrap();
+        let used = budget.used();
+        let e = super::decode(Encoding::Zstd, wire, &room).unwrap_err();
+        assert_eq!(e.code(), crate::Code::ResourceExhausted, "{e}");
+        assert!(e.message().contains("memory budget"), "{e}");
+        assert_eq!(budget.used(), used);
+        drop((a, b));
+        assert_eq!(budget.used(), 0);
+    }
 
     fn roundtrip(e: Encoding, msg: &[u8]) {
         let c = Compression::new(e).with_threshold(16);
@@ -443,6 +659,51 @@ mod tests {
             // Exactly at the limit is fine.
             assert_eq!(decode(e, bomb, 64 << 20).unwrap().len(), 64 << 20);
         }
+    }
+
+    /// A zstd frame whose header declares `window_descriptor`, holding `content` in one raw
+    /// block.
+    fn zstd_frame(header: &[u8], content: &[u8]) -> Bytes {
+        let mut f = vec![0x01, 0x28, 0xb5, 0x2f, 0xfd];
+        f.extend_from_slice(header);
+        let block = 1 | (content.len() as u32) << 3; // last block, raw
+        f.extend_from_slice(&block.to_le_bytes()[..3]);
+        f.extend_from_slice(content);
+        Bytes::from(f)
+    }
+
+    #[test]
+    fn a_zstd_window_over_8_mib_is_refused_before_allocating() {
+        // Window_Descriptor 0x88: 2^27 = 128 MiB (libzstd's own default limit); 0x68: 8 MiB.
+        let e = decode(Encoding::Zstd, zstd_frame(&[0x00, 0x88], b"hi"), 64 << 20).unwrap_err();
+        assert_eq!(e.code(), crate::Code::ResourceExhausted, "{e}");
+        assert!(e.message().contains("window"), "{e}");
+        let ok = decode(Encoding::Zstd, zstd_frame(&[0x00, 0x68], b"hi"), 64 << 20).unwrap();
+        assert_eq!(&ok[..], b"hi");
+        // 8 MiB + 1/8: just over.
+        let e = decode(Encoding::Zstd, zstd_frame(&[0x00, 0x69], b"hi"), 64 << 20).unwrap_err();
+        assert_eq!(e.code(), crate::Code::ResourceExhausted, "{e}");
+    }
+
+    #[test]
+    fn a_one_segment_zstd_frame_is_bounded_by_the_message_limit() {
+        // Single segment, 4-byte content size of 16 MiB: over a 1 KiB limit, refused at once.
+        let e = decode(Encoding::Zstd, zstd_frame(&[0xa0, 0, 0, 0, 1], b"hi"), 1024).unwrap_err();
+        assert_eq!(e.code(), crate::Code::ResourceExhausted, "{e}");
+        // A real one-segment frame of 12 MiB (its window is its content, past 8 MiB) within a
+        // 16 MiB limit decodes.
+        let msg = vec![7u8; 12 << 20];
+        let mut wire = vec![0x01, 0x28, 0xb5, 0x2f, 0xfd, 0xa0];
+        wire.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        let blocks = msg.chunks(128 << 10);
+        let last = blocks.len() - 1;
+        for (i, b) in blocks.enumerate() {
+            let header = u32::from(i == last) | (b.len() as u32) << 3; // raw
+            wire.extend_from_slice(&header.to_le_bytes()[..3]);
+            wire.extend_from_slice(b);
+        }
+        let back = decode(Encoding::Zstd, Bytes::from(wire), 16 << 20).unwrap();
+        assert_eq!(back.len(), msg.len());
     }
 
     #[test]

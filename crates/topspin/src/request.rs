@@ -304,8 +304,17 @@ pub(crate) struct ConnContext {
     /// The server's `Config::compression` and `max_message_size`, for the calls' messages.
     pub(crate) compression: Option<Compression>,
     pub(crate) max_message_size: u32,
+    /// What decompressed requests are charged to (`Config::memory_budget`).
+    pub(crate) budget: std::sync::Arc<topspin_proto::MemoryBudget>,
     /// The face the calls came in on.
     pub(crate) protocol: Protocol,
+}
+
+impl ConnContext {
+    /// What one decompressed request message may take.
+    pub(crate) fn room(&self) -> crate::compression::Room {
+        crate::compression::Room::new(self.max_message_size as usize, Some(self.budget.clone()))
+    }
 }
 
 /// The protocol a server-side call came in on ([`Request::protocol`]).

@@ -54,6 +54,8 @@ struct Base {
     authority: Authority,
     /// Largest response message accepted (also after decompression).
     limit: usize,
+    /// What decompressed responses are charged to (`Config::memory_budget`).
+    budget: Arc<topspin_proto::MemoryBudget>,
     shared: Arc<ConnShared>,
     /// Largest response header (and trailer) list accepted.
     max_metadata: u32,
@@ -132,6 +134,7 @@ where
             scheme,
             authority,
             limit: config.max_message_size() as usize,
+            budget: config.memory_budget(),
             shared: shared.clone(),
             max_metadata,
             closed,
@@ -853,13 +856,13 @@ impl GrpcCall {
     /// One DATA chunk: the messages it completes go to the sink.
     fn on_data(&mut self, chunk: Bytes, body: &mut RecvStream) -> Step {
         let n = chunk.len();
-        let limit = self.base.limit;
+        let (limit, budget) = (self.base.limit, &self.base.budget);
         let (encoding, method) = (self.encoding, self.method.clone());
         let sink = &mut self.sink;
         let message = &mut self.message;
         let mut held = 0usize;
         let r = self.deframer.push(chunk, limit, |f: Framed| {
-            let m = wire::unframe(f.compressed, f.message, encoding, limit)?;
+            let m = wire::unframe(f.compressed, f.message, encoding, limit, Some(budget))?;
             match sink {
                 Some(Sink::Stream { items, .. }) => {
                     held += f.credit;

@@ -104,7 +104,7 @@ fn pump<C: Codec, S>(
                 inner: codec,
                 send: Some(c),
                 recv: None,
-                limit: 0,
+                room: compression::Room::default(),
             },
             tx,
             token,
@@ -215,6 +215,13 @@ impl Channel {
         self.inner.endpoint.config.max_message_size() as usize
     }
 
+    /// What a decompressed response may take: `max_message_size`, charged to the channel's
+    /// memory budget.
+    fn room(&self) -> compression::Room {
+        let config = &self.inner.endpoint.config;
+        compression::Room::new(self.limit(), Some(config.memory_budget()))
+    }
+
     /// A call with one request message, encoded.
     fn encoded<C: Codec>(
         &self,
@@ -263,7 +270,7 @@ impl Channel {
             },
         };
         let (m, md, tr) = r?.into_parts();
-        let m = compression::response_message(&md, m, self.limit())?;
+        let m = compression::response_message(&md, m, &self.room())?;
         Ok(Response::from_parts(codec.decode(m)?, md, tr))
     }
 
@@ -317,7 +324,7 @@ impl Channel {
         for w in waits {
             out.push(match w {
                 Err(e) => Err(e),
-                Ok((rx, guard)) => call::reply(&codec, rx, guard, self.limit()).await,
+                Ok((rx, guard)) => call::reply(&codec, rx, guard, self.room()).await,
             });
         }
         out
@@ -376,7 +383,7 @@ impl Channel {
                 inner: codec,
                 send: None,
                 recv: Some(e),
-                limit: self.limit(),
+                room: self.room(),
             }),
         };
         let stream = Streaming::new(irx, decode, credit);
@@ -424,7 +431,7 @@ impl Channel {
             token,
             Box::pin(requests),
         );
-        call::reply(&codec, rx, guard, self.limit()).await
+        call::reply(&codec, rx, guard, self.room()).await
     }
 
     /// A bidirectional streaming call. Returns once the response headers (or the first

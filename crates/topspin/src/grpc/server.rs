@@ -108,6 +108,7 @@ where
         tls: peer.tls.clone(),
         compression: None,
         max_message_size: config.max_message_size(),
+        budget: config.memory_budget(),
         protocol: Protocol::Grpc,
     });
     let face = Face {
@@ -340,6 +341,13 @@ impl Face {
             trailers_only(&mut respond, &st, false);
             return;
         };
+        if self.budget.is_spent() {
+            let st = Status::resource_exhausted(format!(
+                "the server's memory budget ({} bytes) is spent: try again later",
+                self.budget.limit()
+            ));
+            return trailers_only(&mut respond, &st, false);
+        }
         let deadline = match headers.get("grpc-timeout") {
             None => None,
             Some(v) => match wire::parse_timeout(v.as_bytes()) {
@@ -421,7 +429,12 @@ enum Ev {
     Capacity(Option<Result<usize, h2::Error>>),
     Cmd(Option<SCmd>),
     Data(Option<Result<Bytes, h2::Error>>),
+    /// Time to look again whether withheld window can be given back.
+    Retry,
 }
+
+/// How often a call whose window is withheld (memory budget spent) looks for room again.
+const RETRY_WINDOW: Duration = Duration::from_millis(20);
 
 type Ack = tokio::sync::oneshot::Sender<Result<(), Status>>;
 
@@ -467,6 +480,11 @@ impl Call {
         // they are under the stream window, so a handler that does not read bounds the client.
         let mut outstanding = 0usize;
         let mut pending: Option<(Frame, Ack)> = None;
+        // Window taken off h2 while an unfinished message is held and the memory budget is
+        // spent: given back once there is room (as native chunk credit is withheld).
+        let mut withheld = 0usize;
+        let retry = tokio::time::sleep(RETRY_WINDOW);
+        tokio::pin!(retry);
         let (mut rx, io) = if kind == crate::CallKind::Unary {
             (
                 None,
@@ -525,6 +543,9 @@ impl Call {
                         return Poll::Ready(Ev::Cmd(c));
                     }
                 }
+                if withheld > 0 && retry.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ev::Retry);
+                }
                 if body_open && outstanding < face.window {
                     if let Poll::Ready(d) = body.poll_data(cx) {
                         return Poll::Ready(Ev::Data(d));
@@ -559,9 +580,16 @@ impl Call {
                         return self.end(&st, &Metadata::new());
                     }
                 }
+                Ev::Retry => {
+                    if deframer.must_wait() {
+                        retry.as_mut().reset((Instant::now() + RETRY_WINDOW).into());
+                    } else {
+                        let _ = body.flow_control().release_capacity(withheld);
+                        withheld = 0;
+                    }
+                }
                 Ev::Data(Some(Ok(chunk))) => {
-                    // Taken off h2's buffer: the window reopens (bounded by `outstanding`).
-                    let _ = body.flow_control().release_capacity(chunk.len());
+                    let n = chunk.len();
                     deframer.push(chunk);
                     loop {
                         match deframer.next(limit, self.recv) {
@@ -583,6 +611,17 @@ impl Call {
                             Ok(None) => break,
                             Err(st) => return self.end(&st, &Metadata::new()),
                         }
+                    }
+                    // Taken off h2's buffer: the window reopens (bounded by `outstanding`),
+                    // unless an unfinished message is held with the memory budget spent.
+                    if deframer.must_wait() {
+                        if withheld == 0 {
+                            retry.as_mut().reset((Instant::now() + RETRY_WINDOW).into());
+                        }
+                        withheld += n;
+                    } else {
+                        let _ = body.flow_control().release_capacity(n + withheld);
+                        withheld = 0;
                     }
                 }
                 Ev::Data(Some(Err(_))) => return, // reset or connection error

@@ -434,16 +434,20 @@ fn parse_prefix(head: &[u8], limit: usize) -> Result<(bool, usize), Status> {
 }
 
 /// A received message's bytes: decompressed with the call's `grpc-encoding` if its flag says
-/// so (to at most `limit` bytes). `Err` (INTERNAL): a compressed message without an encoding.
+/// so (to at most `limit` bytes, charged to `budget` while the message lives). `Err` (INTERNAL): a compressed message without an encoding.
 pub(crate) fn unframe(
     compressed: bool,
     body: Bytes,
     encoding: Option<Encoding>,
     limit: usize,
+    budget: Option<&std::sync::Arc<topspin_proto::MemoryBudget>>,
 ) -> Result<Bytes, Status> {
     match (compressed, encoding) {
         (false, _) => Ok(body),
-        (true, Some(e)) => compression::inflate(e, &body, limit),
+        (true, Some(e)) => {
+            let room = compression::Room::new(limit, budget.cloned());
+            compression::inflate(e, &body, &room)
+        }
         (true, None) => Err(Status::internal(
             "a compressed message on a call without grpc-encoding",
         )),
@@ -671,7 +675,7 @@ impl Deframer {
                         if f.is_empty() {
                             self.fresh = None;
                         }
-                        return Self::finish(flag, body, n, limit, encoding).map(Some);
+                        return self.finish(flag, body, n, limit, encoding).map(Some);
                     }
                     let whole = 5 + n;
                     let want = if whole > self.reserve
@@ -688,6 +692,7 @@ impl Deframer {
         }
         if let Some(f) = self.fresh.take() {
             self.buf.extend_from_slice(&f);
+            self.charge_growth();
         }
         if self.buf.len() < 5 {
             return Ok(None);
@@ -699,8 +704,28 @@ impl Deframer {
         let flag = self.buf[0];
         self.buf.advance(5);
         let body = self.buf.split_to(n).freeze();
-        self.release(); // the message is the handler's now
-        Self::finish(flag, body, n, limit, encoding).map(Some)
+        // The message is the handler's now, still charged until the handler drops it.
+        let body = match (&self.budget, std::mem::take(&mut self.held)) {
+            (Some(b), held) if held > 0 => crate::compression::charged_bytes(body, b.clone(), held),
+            _ => body,
+        };
+        self.finish(flag, body, n, limit, encoding).map(Some)
+    }
+
+    /// Charges the buffer's growth past what is held to the budget (bytes that arrived within
+    /// the stream's window must be kept: the budget then stays spent until they go).
+    fn charge_growth(&mut self) {
+        let cap = self.buf.capacity();
+        if let (Some(b), true) = (&self.budget, cap > self.held) {
+            b.charge(cap - self.held);
+            self.held = cap;
+        }
+    }
+
+    /// Whether an unfinished message is held while the memory budget is spent: the stream's
+    /// window is then not given back until there is room (as native chunk credit is withheld).
+    pub(crate) fn must_wait(&self) -> bool {
+        !self.buf.is_empty() && self.budget.as_ref().is_some_and(|b| b.is_spent())
     }
 
     fn length(b: &[u8], limit: u32) -> Result<usize, Status> {
@@ -708,13 +733,15 @@ impl Deframer {
     }
 
     fn finish(
+        &self,
         flag: u8,
         body: Bytes,
         n: usize,
         limit: u32,
         encoding: Option<Encoding>,
     ) -> Result<Received, Status> {
-        let message = unframe(flag == 1, body, encoding, limit as usize)?;
+        let budget = self.budget.as_ref();
+        let message = unframe(flag == 1, body, encoding, limit as usize, budget)?;
         Ok(Received {
             message,
             wire_len: PREFIX + n,

@@ -68,6 +68,7 @@ pub(crate) async fn serve<T: Transport>(
         tls,
         compression: config.compression(),
         max_message_size: config.max_message_size(),
+        budget: config.memory_budget(),
         protocol: crate::request::Protocol::Topspin,
     });
     let mut role = ServerRole {

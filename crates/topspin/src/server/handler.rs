@@ -215,12 +215,7 @@ fn call_codec<C: Codec>(
     md: &Metadata,
     ctx: &ServerContext,
 ) -> Result<Compressed<C>, Status> {
-    Compressed::for_server_call(
-        codec.clone(),
-        md,
-        ctx.conn.compression,
-        ctx.conn.max_message_size,
-    )
+    Compressed::for_server_call(codec.clone(), md, ctx.conn.compression, || ctx.conn.room())
 }
 
 async fn stream_out<C, S>(

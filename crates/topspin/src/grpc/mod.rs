@@ -40,6 +40,8 @@
 
 #[cfg(feature = "grpc")]
 pub(crate) mod server;
+#[cfg(feature = "grpc")]
+mod watch;
 pub(crate) mod wire;
 
 #[cfg(feature = "grpc")]

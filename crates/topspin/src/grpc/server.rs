@@ -81,9 +81,11 @@ where
         .initial_connection_window_size(window.saturating_mul(2).min(i32::MAX as u32))
         .max_header_list_size(config.max_metadata_size().saturating_add(HEADER_ROOM))
         .max_send_buffer_size(SEND_BUFFER);
+    let started = Instant::now();
+    let (io, tracker) = super::watch::Watched::new(io);
     let handshake = tokio::time::timeout(
         config.handshake_timeout(),
-        builder.handshake::<IO, Frame>(io),
+        builder.handshake::<_, Frame>(io),
     );
     let mut conn = tokio::select! {
         r = handshake => match r {
@@ -112,6 +114,11 @@ where
         protocol: Protocol::Grpc,
     });
     let face = Face {
+        unsent: Unsent {
+            bytes: std::sync::atomic::AtomicUsize::new(0),
+            max: config.max_send_buffer(),
+            room: tokio::sync::Notify::new(),
+        },
         registry,
         peer,
         context,
@@ -137,8 +144,32 @@ where
     tokio::pin!(keep_alive);
     // `going_away`: GOAWAY sent (age or shutdown); `shutting`: the server's shutdown seen.
     let (mut going_away, mut shutting, mut aborted) = (false, false, false);
+    // The handshake (the client's SETTINGS), frame and idle timers, as on a native connection.
+    let timers = Timers {
+        tracker,
+        started,
+        config: &config,
+    };
+    let lapse = tokio::time::sleep_until(started.into());
+    tokio::pin!(lapse);
     loop {
+        let next = timers.next(calls.is_empty() && !going_away);
+        if next.is_some_and(|t| lapse.deadline() != t.into()) {
+            lapse.as_mut().reset(next.unwrap_or(started).into());
+        }
         tokio::select! {
+            () = &mut lapse, if next.is_some() => match timers.lapsed(calls.is_empty() && !going_away) {
+                Some(Lapse::Close(why)) => {
+                    tracing::debug!(peer = %face.peer.addr, "gRPC connection closed: {why}");
+                    break;
+                }
+                Some(Lapse::Idle) => {
+                    tracing::debug!(peer = %face.peer.addr, "gRPC connection idle for {:?}: going away", config.idle_timeout());
+                    going_away = true;
+                    conn.graceful_shutdown();
+                }
+                None => {}
+            },
             accepted = conn.accept() => match accepted {
                 Some(Ok((req, respond))) => calls.push(face.call(req, respond)),
                 Some(Err(e)) => {
@@ -183,10 +214,65 @@ where
                 break;
             }
         }
-        share.report(calls.len(), 0);
+        share.report(calls.len(), face.unsent.get());
     }
     // Calls still here lost their connection: dropping them cancels their handlers.
     drop(calls);
+}
+
+/// The connection timers of the gRPC face, read from what the client sent (`watch.rs`).
+struct Timers<'a> {
+    tracker: Arc<std::sync::Mutex<super::watch::Tracker>>,
+    started: Instant,
+    config: &'a Config,
+}
+
+/// What a lapsed timer asks for.
+enum Lapse {
+    /// Close at once, for this reason.
+    Close(String),
+    /// Idle too long: a graceful GOAWAY.
+    Idle,
+}
+
+impl Timers<'_> {
+    /// The earliest timer, with `idle` telling whether no call is open.
+    fn next(&self, idle: bool) -> Option<Instant> {
+        let t = super::watch::read(&self.tracker);
+        let c = self.config;
+        let handshake = (!t.settings_received()).then(|| self.started + c.handshake_timeout());
+        let frame = t.partial_since.map(|since| since + c.frame_timeout());
+        let idle = c
+            .idle_timeout()
+            .filter(|_| idle)
+            .and_then(|limit| t.last_read.checked_add(limit));
+        [handshake, frame, idle].into_iter().flatten().min()
+    }
+
+    /// What to do now that the earliest timer passed (`None`: it moved on meanwhile).
+    fn lapsed(&self, idle: bool) -> Option<Lapse> {
+        let now = Instant::now();
+        let t = super::watch::read(&self.tracker);
+        let c = self.config;
+        if !t.settings_received() && now >= self.started + c.handshake_timeout() {
+            return Some(Lapse::Close(format!(
+                "no HTTP/2 SETTINGS within the handshake_timeout ({:?})",
+                c.handshake_timeout()
+            )));
+        }
+        if t.partial_since
+            .is_some_and(|s| now >= s + c.frame_timeout())
+        {
+            return Some(Lapse::Close(format!(
+                "an HTTP/2 frame stayed incomplete for the frame_timeout ({:?})",
+                c.frame_timeout()
+            )));
+        }
+        let idle_for = c.idle_timeout().filter(|_| idle);
+        idle_for
+            .is_some_and(|limit| now >= t.last_read + limit)
+            .then_some(Lapse::Idle)
+    }
 }
 
 /// Sends a PING every `every` (when given) and returns why the connection must close once one
@@ -289,8 +375,77 @@ impl<F: Future<Output = ()>> Future for Coalesced<F> {
     }
 }
 
+/// Response bytes of one connection's calls that h2 has not been given yet (it is given them
+/// only within each stream's send capacity): past `max` (`Config::max_send_buffer`) new calls
+/// wait to start, as on a native connection, so a client that never reads cannot make the
+/// server produce more.
+struct Unsent {
+    bytes: std::sync::atomic::AtomicUsize,
+    max: usize,
+    room: tokio::sync::Notify,
+}
+
+impl Unsent {
+    fn get(&self) -> usize {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self, n: usize) {
+        self.bytes
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn sub(&self, n: usize) {
+        let before = self
+            .bytes
+            .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+        if before > self.max && before - n <= self.max {
+            self.room.notify_waiters();
+        }
+    }
+
+    /// Waits until the connection's unsent bytes are within the bound.
+    async fn room(&self) {
+        loop {
+            let notified = self.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.get() <= self.max {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A response message waiting for send capacity: counted in its connection's [`Unsent`]
+/// until h2 has taken all of it or the call ends.
+struct Queued<'a> {
+    frame: Frame,
+    /// A streaming handler waiting for its message to be taken.
+    ack: Option<Ack>,
+    unsent: &'a Unsent,
+}
+
+impl<'a> Queued<'a> {
+    fn new(frame: Frame, ack: Option<Ack>, unsent: &'a Unsent) -> Queued<'a> {
+        unsent.add(bytes::Buf::remaining(&frame));
+        Queued { frame, ack, unsent }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.unsent.sub(bytes::Buf::remaining(&self.frame));
+        if let Some(ack) = self.ack.take() {
+            let _ = ack.send(Err(Status::cancelled("the call is over")));
+        }
+    }
+}
+
 /// What every call of one connection shares.
 struct Face {
+    unsent: Unsent,
     registry: Arc<Registry>,
     peer: Peer,
     /// Every call's share of the connection's context.
@@ -380,6 +535,8 @@ impl Face {
                 armed: true,
             },
         };
+        // A connection whose client does not read what it was sent starts no more handlers.
+        self.unsent.room().await;
         call.run(self, handler, metadata, ctx, body).await;
     }
 }
@@ -479,7 +636,9 @@ impl Call {
         // Request bytes handed to the handler and not consumed yet; the body is read only while
         // they are under the stream window, so a handler that does not read bounds the client.
         let mut outstanding = 0usize;
-        let mut pending: Option<(Frame, Ack)> = None;
+        let mut pending: Option<Queued<'_>> = None;
+        // A unary reply's trailers, sent once its message has gone to h2.
+        let mut finish: Option<Metadata> = None;
         // Window taken off h2 while an unfinished message is held and the memory budget is
         // spent: given back once there is room (as native chunk credit is withheld).
         let mut withheld = 0usize;
@@ -510,12 +669,22 @@ impl Call {
             let (handler, md, ctx) = waiting.take().expect("not started");
             let input = Input::Stream { rx: in_rx, credit };
             match self.start(&handler, input, md, ctx, io.clone()) {
-                Started::Done(d) => return self.done(d, rx.as_mut()),
+                Started::Done(d) => match self.done(d, rx.as_mut(), &face.unsent) {
+                    Some((q, t)) => (pending, finish) = (Some(q), Some(t)),
+                    None => return,
+                },
                 Started::Running(s) => exec = Some(s),
                 Started::Ended => return,
             }
         }
         loop {
+            if finish.is_some() {
+                self.push(&mut pending);
+                if pending.is_none() {
+                    let trailers = finish.take().unwrap_or_default();
+                    return self.end(&Status::ok(), &trailers);
+                }
+            }
             let ev = poll_fn(|cx| {
                 if self.out.poll_reset(cx).is_ready() {
                     return Poll::Ready(Ev::Reset);
@@ -565,18 +734,19 @@ impl Call {
                     let st = Status::unavailable("the server shut down before the call finished");
                     return self.end(&st, &Metadata::new());
                 }
-                Ev::Done(d) => return self.done(d, rx.as_mut()),
-                Ev::Capacity(Some(Ok(n))) if n > 0 => {
-                    if let (Some((f, ack)), Out::Body(s)) = (pending.take(), &mut self.out) {
-                        let r = s.send_data(f, false);
-                        let _ = ack.send(r.map_err(|_| Status::cancelled("the stream is gone")));
+                Ev::Done(d) => {
+                    exec = None;
+                    match self.done(d, rx.as_mut(), &face.unsent) {
+                        Some((q, t)) => (pending, finish) = (Some(q), Some(t)),
+                        None => return,
                     }
                 }
+                Ev::Capacity(Some(Ok(n))) if n > 0 => self.push(&mut pending),
                 Ev::Capacity(Some(Ok(_))) => {}
                 Ev::Capacity(_) => return, // the stream is gone
                 Ev::Cmd(None) => rx = None,
                 Ev::Cmd(Some(cmd)) => {
-                    if let Err(st) = self.apply(cmd, &mut pending, &mut outstanding) {
+                    if let Err(st) = self.apply(cmd, &mut pending, &mut outstanding, &face.unsent) {
                         return self.end(&st, &Metadata::new());
                     }
                 }
@@ -646,7 +816,10 @@ impl Call {
                         return self.end(&st, &Metadata::new());
                     };
                     match self.start(&handler, Input::One(m), md, ctx, io.clone()) {
-                        Started::Done(d) => return self.done(d, rx.as_mut()),
+                        Started::Done(d) => match self.done(d, rx.as_mut(), &face.unsent) {
+                            Some((q, t)) => (pending, finish) = (Some(q), Some(t)),
+                            None => return,
+                        },
                         Started::Running(s) => exec = Some(s),
                         Started::Ended => return,
                     }
@@ -688,11 +861,12 @@ impl Call {
     }
 
     /// Applies a streaming handler's command.
-    fn apply(
+    fn apply<'f>(
         &mut self,
         cmd: SCmd,
-        pending: &mut Option<(Frame, Ack)>,
+        pending: &mut Option<Queued<'f>>,
         outstanding: &mut usize,
+        unsent: &'f Unsent,
     ) -> Result<(), Status> {
         match cmd {
             SCmd::Headers { metadata, .. } => {
@@ -713,20 +887,43 @@ impl Call {
                         return Err(st);
                     }
                 };
-                let Out::Body(s) = &mut self.out else {
-                    return Ok(());
-                };
-                // At most one message beyond h2's send buffer: the next waits for the client.
-                s.reserve_capacity(1);
-                if s.capacity() == 0 {
-                    *pending = Some((frame, ack));
-                } else {
-                    let r = s.send_data(frame, false);
-                    let _ = ack.send(r.map_err(|_| Status::cancelled("the stream is gone")));
-                }
+                // The handler's next message waits until h2 has taken all of this one.
+                *pending = Some(Queued::new(frame, Some(ack), unsent));
+                self.push(pending);
             }
         }
         Ok(())
+    }
+
+    /// Gives h2 as much of the queued message as the stream's send capacity allows (h2 then
+    /// holds at most its per-stream send buffer, whatever the message's size), in pieces that
+    /// share the message's buffers; once all of it is taken, the handler is told.
+    fn push(&mut self, pending: &mut Option<Queued<'_>>) {
+        use bytes::Buf;
+        let Out::Body(s) = &mut self.out else {
+            *pending = None;
+            return;
+        };
+        while let Some(q) = pending.as_mut() {
+            s.reserve_capacity(q.frame.remaining());
+            let cap = s.capacity();
+            if cap == 0 {
+                return; // Ev::Capacity comes back here
+            }
+            let piece = q.frame.take_piece(cap);
+            q.unsent.sub(piece.remaining());
+            if s.send_data(piece, false).is_err() {
+                *pending = None; // the stream is gone: the handler hears so
+                return;
+            }
+            if !q.frame.has_remaining() {
+                if let Some(mut q) = pending.take() {
+                    if let Some(ack) = q.ack.take() {
+                        let _ = ack.send(Ok(()));
+                    }
+                }
+            }
+        }
     }
 
     /// Sends the response headers if they have not gone yet; false if the stream is gone.
@@ -751,11 +948,15 @@ impl Call {
         }
     }
 
-    /// The handler returned (or was cancelled: `None`).
-    fn done(&mut self, (_, outcome, _): Done, rx: Option<&mut mpsc::Receiver<SCmd>>) {
-        let Some(outcome) = outcome else {
-            return;
-        };
+    /// The handler returned (or was cancelled: `None`). A unary reply's message is returned to
+    /// go out within the stream's send capacity, with the trailers to send after it.
+    fn done<'f>(
+        &mut self,
+        (_, outcome, _): Done,
+        rx: Option<&mut mpsc::Receiver<SCmd>>,
+        unsent: &'f Unsent,
+    ) -> Option<(Queued<'f>, Metadata)> {
+        let outcome = outcome?;
         self.guard.armed = false;
         if let Some(rx) = rx {
             // A response stream's headers are queued, not awaited: they go before the trailers.
@@ -769,24 +970,27 @@ impl Call {
             Outcome::Reply(Ok((message, headers, trailers))) => {
                 let frame = match Frame::new(message, self.send) {
                     Ok(f) => f,
-                    Err(st) => return self.end(&st, &Metadata::new()),
+                    Err(st) => {
+                        self.end(&st, &Metadata::new());
+                        return None;
+                    }
                 };
                 if !self.headers(&headers) {
-                    return;
+                    return None;
                 }
-                if let Out::Body(s) = &mut self.out {
-                    // One message: h2 holds what the client's window does not let out yet.
-                    if s.send_data(frame, false).is_err() {
-                        return;
-                    }
+                let mut q = Some(Queued::new(frame, None, unsent));
+                self.push(&mut q);
+                match q {
+                    Some(q) => return Some((q, trailers)),
+                    None => self.end(&Status::ok(), &trailers),
                 }
-                self.end(&Status::ok(), &trailers);
             }
             Outcome::Reply(Err(st)) | Outcome::Finished(Err(st)) => {
                 self.end(&st, &Metadata::new());
             }
             Outcome::Finished(Ok(trailers)) => self.end(&Status::ok(), &trailers),
         }
+        None
     }
 
     /// Ends the call with `status`: trailers, or a trailers-only response if nothing was sent.

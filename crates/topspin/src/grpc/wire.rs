@@ -472,6 +472,8 @@ pub(crate) fn segments_after(
 #[derive(Debug)]
 pub(crate) struct Frame {
     head: [u8; 5],
+    /// Where the prefix left to send ends (5 but in a piece that ends inside it).
+    head_end: usize,
     pos: usize,
     body: crate::codec::Payload,
     /// Where the rest of `body` starts: a segment and an offset in it.
@@ -501,6 +503,7 @@ impl Frame {
         let skip = usize::from(c.is_some()).min(body.len());
         let mut f = Frame {
             head: prefix(flag == 1, body.len() - skip)?,
+            head_end: 5,
             pos: 0,
             left: body.len(),
             body,
@@ -509,6 +512,38 @@ impl Frame {
         };
         f.skip_body(skip);
         Ok(f)
+    }
+
+    /// The next `n` bytes (at most what is left) as a frame of their own, sharing the
+    /// message's buffers (no copy); this frame goes on after them. How a large message goes to
+    /// HTTP/2 a stream's send capacity at a time.
+    pub(crate) fn take_piece(&mut self, n: usize) -> Frame {
+        if n >= self.remaining() {
+            // All of it (the usual case): moved, not shared.
+            let empty = Frame {
+                head: [0; 5],
+                head_end: 0,
+                pos: 0,
+                body: crate::codec::Payload::default(),
+                seg: 0,
+                off: 0,
+                left: 0,
+            };
+            return std::mem::replace(self, empty);
+        }
+        let head_end = self.head_end.min(self.pos + n);
+        let body = n - (head_end - self.pos);
+        let piece = Frame {
+            head: self.head,
+            head_end,
+            pos: self.pos,
+            body: self.body.clone(),
+            seg: self.seg,
+            off: self.off,
+            left: body,
+        };
+        self.advance(n);
+        piece
     }
 
     /// Moves past `n` bytes of the body.
@@ -535,21 +570,22 @@ impl Frame {
 #[cfg(feature = "grpc")]
 impl Buf for Frame {
     fn remaining(&self) -> usize {
-        (5 - self.pos) + self.left
+        (self.head_end - self.pos) + self.left
     }
 
     fn chunk(&self) -> &[u8] {
-        if self.pos < 5 {
-            &self.head[self.pos..]
+        if self.pos < self.head_end {
+            &self.head[self.pos..self.head_end]
         } else if self.left > 0 {
-            &self.body.segments()[self.seg][self.off..]
+            let s = &self.body.segments()[self.seg][self.off..];
+            &s[..s.len().min(self.left)]
         } else {
             &[]
         }
     }
 
     fn advance(&mut self, mut n: usize) {
-        let h = n.min(5 - self.pos);
+        let h = n.min(self.head_end - self.pos);
         self.pos += h;
         n -= h;
         assert!(n <= self.left, "advance past the end of a gRPC frame");
@@ -558,17 +594,23 @@ impl Buf for Frame {
 
     fn chunks_vectored<'a>(&'a self, dst: &mut [std::io::IoSlice<'a>]) -> usize {
         let mut i = 0;
-        if self.pos < 5 {
+        if self.pos < self.head_end {
             if let Some(d) = dst.get_mut(i) {
-                *d = std::io::IoSlice::new(&self.head[self.pos..]);
+                *d = std::io::IoSlice::new(&self.head[self.pos..self.head_end]);
                 i += 1;
             }
         }
         if self.left > 0 {
             let segs = &self.body.segments()[self.seg..];
+            let mut left = self.left;
             for (k, s) in segs.iter().enumerate() {
                 let s = if k == 0 { &s[self.off..] } else { &s[..] };
+                let s = &s[..s.len().min(left)];
+                left -= s.len();
                 if s.is_empty() {
+                    if left == 0 {
+                        break;
+                    }
                     continue;
                 }
                 let Some(d) = dst.get_mut(i) else { break };
@@ -987,6 +1029,38 @@ mod tests {
             // Sent as is (no compression, or over the threshold), the big segment is read in
             // place, not copied.
             assert_eq!(in_place, c != Some(gz), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn a_frame_cut_into_pieces_is_the_same_bytes() {
+        let big = Bytes::from(vec![9u8; 70_000]);
+        let p =
+            || crate::codec::Payload::from_segments(vec![Bytes::from_static(b"ab"), big.clone()]);
+        let whole: Vec<u8> = {
+            let mut f = Frame::new(p(), None).unwrap();
+            f.copy_to_bytes(f.remaining()).to_vec()
+        };
+        for size in [1, 3, 5, 6, 7, 4096, 65_536, 1 << 20] {
+            let mut f = Frame::new(p(), None).unwrap();
+            let mut out = Vec::new();
+            while f.has_remaining() {
+                let piece = f.take_piece(size);
+                assert!(piece.remaining() <= size && piece.remaining() > 0);
+                // Vectored and chunk by chunk agree on each piece.
+                let mut io = [std::io::IoSlice::new(&[]); 8];
+                let n = piece.chunks_vectored(&mut io);
+                let v: Vec<u8> = io[..n].iter().flat_map(|s| s.iter().copied()).collect();
+                assert_eq!(v.len(), piece.remaining(), "size {size}");
+                let mut piece = piece;
+                while piece.has_remaining() {
+                    let k = piece.chunk().len();
+                    assert!(k > 0);
+                    out.extend_from_slice(piece.chunk());
+                    piece.advance(k);
+                }
+            }
+            assert_eq!(out, whole, "size {size}");
         }
     }
 

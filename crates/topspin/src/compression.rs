@@ -205,7 +205,8 @@ pub(crate) fn inflate(encoding: Encoding, body: &[u8], room: &Room) -> Result<By
     // the limit" without ever holding more.
     let cap = (limit as u64).saturating_add(1);
     let first = (body.len() * 4).min(limit.saturating_add(1));
-    let mut out = Charging::new(first, room.budget.as_deref()).map_err(failed)?;
+    let max = limit.saturating_add(1);
+    let mut out = Charging::new(first, max, room.budget.as_deref()).map_err(failed)?;
     match encoding {
         Encoding::Zstd => {
             let window_log = zstd_window_log(body, limit)?;
@@ -252,6 +253,8 @@ impl Room {
 /// least [`CHARGE_STEP`]; a refusal is an `OutOfMemory` write error.
 struct Charging<'a> {
     buf: Vec<u8>,
+    /// The most bytes the buffer may need: the message limit + 1.
+    max: usize,
     budget: Option<&'a topspin_proto::MemoryBudget>,
     charged: usize,
 }
@@ -262,10 +265,12 @@ const CHARGE_STEP: usize = 64 * 1024;
 impl<'a> Charging<'a> {
     fn new(
         first: usize,
+        max: usize,
         budget: Option<&'a topspin_proto::MemoryBudget>,
     ) -> std::io::Result<Charging<'a>> {
         let mut c = Charging {
             buf: Vec::new(),
+            max,
             budget,
             charged: 0,
         };
@@ -273,26 +278,36 @@ impl<'a> Charging<'a> {
         Ok(c)
     }
 
-    /// Makes room for `more` bytes beyond those held.
+    /// Makes room for `more` bytes beyond those held: half again as much as held (amortized
+    /// copies, never past the message limit + 1) if the budget has room for that, else just
+    /// what is needed.
     fn grow(&mut self, more: usize) -> std::io::Result<()> {
-        let want = self.buf.len().saturating_add(more);
+        let len = self.buf.len();
+        let want = len.saturating_add(more);
         if want <= self.buf.capacity() {
             return Ok(());
         }
-        let step = (want - self.buf.len())
-            .max(CHARGE_STEP)
-            .max(self.buf.len() / 2);
-        if let Some(b) = self.budget {
-            if !b.try_reserve(step) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::OutOfMemory,
-                    format!("{} of {} bytes in use", b.used(), b.limit()),
-                ));
+        let roomy = len
+            .saturating_add(CHARGE_STEP.max(len / 2))
+            .min(self.max)
+            .max(want);
+        let Some(b) = self.budget else {
+            self.buf.reserve_exact(roomy - len);
+            return Ok(());
+        };
+        for target in [roomy, want] {
+            // `charged` is the capacity paid for so far.
+            let extra = target.saturating_sub(self.charged);
+            if b.try_reserve(extra) {
+                self.charged += extra;
+                self.buf.reserve_exact(target - len);
+                return Ok(());
             }
-            self.charged += step;
         }
-        self.buf.reserve_exact(step);
-        Ok(())
+        Err(std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!("{} of {} bytes in use", b.used(), b.limit()),
+        ))
     }
 
     /// The message, still charged to `budget` until its last reference is dropped.
@@ -590,6 +605,16 @@ mod tests {
     /// `decode` with a room of `limit` bytes and no budget.
     fn decode(e: Encoding, m: Bytes, limit: usize) -> Result<Bytes, Status> {
         super::decode(e, m, &Room::new(limit, None))
+    }
+
+    #[test]
+    fn a_message_near_the_budget_decodes_within_it() {
+        let budget = topspin_proto::MemoryBudget::new(64 << 20);
+        let bomb = zstd::stream::encode_all(&vec![0u8; 60 << 20][..], 3).unwrap();
+        let room = Room::new(64 << 20, Some(budget.clone()));
+        let m = super::inflate(Encoding::Zstd, &bomb, &room).unwrap();
+        assert_eq!(m.len(), 60 << 20);
+        assert!(budget.used() <= 64 << 20);
     }
 
     #[test]

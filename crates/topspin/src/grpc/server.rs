@@ -496,13 +496,6 @@ impl Face {
             trailers_only(&mut respond, &st, false);
             return;
         };
-        if self.budget.is_spent() {
-            let st = Status::resource_exhausted(format!(
-                "the server's memory budget ({} bytes) is spent: try again later",
-                self.budget.limit()
-            ));
-            return trailers_only(&mut respond, &st, false);
-        }
         let deadline = match headers.get("grpc-timeout") {
             None => None,
             Some(v) => match wire::parse_timeout(v.as_bytes()) {

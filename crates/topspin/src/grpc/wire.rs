@@ -646,6 +646,8 @@ pub(crate) struct Deframer {
     budget: Option<std::sync::Arc<topspin_proto::MemoryBudget>>,
     /// Bytes of the budget held for the message being gathered.
     held: usize,
+    /// The buffer grew past what the budget had room for.
+    over: bool,
 }
 
 #[cfg(feature = "grpc")]
@@ -669,6 +671,7 @@ impl Deframer {
             reserve,
             budget,
             held: 0,
+            over: false,
         }
     }
 
@@ -754,20 +757,33 @@ impl Deframer {
         self.finish(flag, body, n, limit, encoding).map(Some)
     }
 
-    /// Charges the buffer's growth past what is held to the budget (bytes that arrived within
-    /// the stream's window must be kept: the budget then stays spent until they go).
+    /// Charges the buffer's growth past what is held to the budget, if it has room; else
+    /// marks the deframer as over it (the bytes already here arrived within the stream's
+    /// window and are kept, uncharged: at most a window per stream).
     fn charge_growth(&mut self) {
         let cap = self.buf.capacity();
+        self.over = false;
         if let (Some(b), true) = (&self.budget, cap > self.held) {
-            b.charge(cap - self.held);
-            self.held = cap;
+            if b.try_reserve(cap - self.held) {
+                self.held = cap;
+            } else {
+                self.over = true;
+            }
         }
     }
 
-    /// Whether an unfinished message is held while the memory budget is spent: the stream's
-    /// window is then not given back until there is room (as native chunk credit is withheld).
-    pub(crate) fn must_wait(&self) -> bool {
-        !self.buf.is_empty() && self.budget.as_ref().is_some_and(|b| b.is_spent())
+    /// Whether an unfinished message is held that the memory budget has no room for: the
+    /// stream's window is then not given back until there is room (as native chunk credit is
+    /// withheld), so a peer cannot make the server hold more than its budget plus a window per
+    /// stream. Looks for room again.
+    pub(crate) fn must_wait(&mut self) -> bool {
+        if self.buf.is_empty() {
+            return false;
+        }
+        if self.over {
+            self.charge_growth();
+        }
+        self.over
     }
 
     fn length(b: &[u8], limit: u32) -> Result<usize, Status> {

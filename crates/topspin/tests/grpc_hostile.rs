@@ -1,0 +1,272 @@
+//! Hostile peers against the gRPC face (docs/hardening.md, "gRPC face"): each attack runs
+//! against a server with a small memory budget while a well-behaved client keeps being served,
+//! and asserts on the budget, the gauges and the process's resident memory. One test at a time
+//! (the memory figures are the whole process's): this file's tests share a lock.
+
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use topspin::codec::RawCodec;
+use topspin::{Channel, Config, MemoryBudget, Request, Response, Server};
+
+const ECHO: &str = "/hostile.Echo/Echo";
+const MIB: usize = 1 << 20;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The process's resident memory, in bytes.
+fn rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<usize>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+struct Running {
+    hp: String,
+    addr: String,
+    budget: Arc<MemoryBudget>,
+    gauges: topspin::Gauges,
+    shutdown: topspin::ShutdownHandle,
+}
+
+async fn start(config: Config) -> Running {
+    let budget = MemoryBudget::new(64 * MIB);
+    let config = config.with_memory_budget(budget.clone());
+    let server = Server::builder()
+        .config(config)
+        .unary(ECHO, RawCodec, |req: Request<Bytes>| async move {
+            Ok(Response::new(req.into_inner()))
+        })
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = server.local_addr().to_string();
+    let hp = addr.split("://").nth(1).expect("host:port").to_owned();
+    let gauges = server.gauges();
+    let shutdown = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    Running {
+        hp,
+        addr,
+        budget,
+        gauges,
+        shutdown,
+    }
+}
+
+impl Running {
+    /// A well-behaved native client's call on a connection of its own.
+    async fn good_call(&self) {
+        let ch = tokio::time::timeout(
+            Duration::from_secs(10),
+            Channel::connect(self.addr.as_str()),
+        )
+        .await
+        .expect("connects in time")
+        .expect("connects");
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            ch.unary(RawCodec, ECHO, Bytes::from_static(b"still here")),
+        )
+        .await
+        .expect("answered in time")
+        .expect("answered");
+        assert_eq!(&r.into_inner()[..], b"still here");
+    }
+}
+
+/// A gRPC request frame: flag, length, body.
+fn grpc_frame(compressed: bool, body: &[u8]) -> Bytes {
+    let mut f = vec![u8::from(compressed)];
+    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    f.extend_from_slice(body);
+    Bytes::from(f)
+}
+
+fn request(hp: &str, extra: &[(&str, &str)]) -> http::Request<()> {
+    let mut req = http::Request::post(format!("http://{hp}{ECHO}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    req.body(()).unwrap()
+}
+
+/// Row 1: a client that grants no window (INITIAL_WINDOW_SIZE 0) and never reads asks for 20
+/// echoes of a 2 KB zstd frame that inflates to 60 MiB. Each decompressed request is charged to
+/// the budget until its echo has gone to h2, which takes no more than each stream's capacity:
+/// calls past the budget are refused, calls past the send buffer wait to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_zstd_bombs_is_held_to_the_budget() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = start(Config::default()).await;
+    let bomb = zstd::stream::encode_all(&vec![0u8; 60 * MIB][..], 3).unwrap();
+    assert!(bomb.len() < 8 << 10, "{} bytes", bomb.len());
+    let before = rss();
+    let tcp = tokio::net::TcpStream::connect(&s.hp).await.unwrap();
+    let (mut client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        let mut c = client.clone().ready().await.unwrap();
+        let (resp, mut send) = c
+            .send_request(request(&s.hp, &[("grpc-encoding", "zstd")]), false)
+            .unwrap();
+        send.send_data(grpc_frame(true, &bomb), true).unwrap();
+        held.push((resp, send));
+        client = c;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.good_call().await;
+    let grown = rss().saturating_sub(before);
+    let snap = s.gauges.snapshot();
+    // What the calls got so far: headers of the echoes that started (their messages wait for
+    // a window that never opens), or a status.
+    let mut answered = Vec::new();
+    for (resp, _) in &mut held {
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_millis(10), resp).await {
+            answered.push(
+                r.headers()
+                    .get("grpc-status")
+                    .map(|v| v.to_str().unwrap_or("?").to_owned()),
+            );
+        }
+    }
+    eprintln!("answered {answered:?}");
+    eprintln!(
+        "rss +{} MiB, budget used {} MiB, unsent {} MiB",
+        grown / MIB,
+        s.budget.used() / MIB,
+        snap.unsent_bytes / MIB
+    );
+    assert!(
+        s.budget.used() <= 64 * MIB + MIB,
+        "budget used {}",
+        s.budget.used()
+    );
+    assert!(
+        grown < 64 * MIB + 64 * MIB,
+        "the process grew by {} MiB",
+        grown / MIB
+    );
+    drop(held);
+    drop(client);
+    s.shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Row 2: 16 streams each announce a 60 MiB message and send part of it. The parts are charged
+/// as they arrive; once the budget is spent, the streams' windows are not given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announced_messages_that_never_complete_stay_within_the_budget() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = start(Config::default()).await;
+    let before = rss();
+    let tcp = tokio::net::TcpStream::connect(&s.hp).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let mut c = client.clone().ready().await.unwrap();
+        let (resp, mut send) = c.send_request(request(&s.hp, &[]), false).unwrap();
+        let mut head = vec![0u8];
+        head.extend_from_slice(&(60 * MIB as u32).to_be_bytes());
+        send.send_data(Bytes::from(head), false).unwrap();
+        held.push((resp, send));
+        client = c;
+    }
+    // Each stream sends what its window lets it, 256 KiB at a time, for up to 5 s in all.
+    let chunk = Bytes::from(vec![1u8; 256 << 10]);
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut sent = 0usize;
+    'outer: while Instant::now() < until {
+        let mut progress = false;
+        for (_, send) in &mut held {
+            send.reserve_capacity(chunk.len());
+            let got = tokio::time::timeout(
+                Duration::from_millis(50),
+                std::future::poll_fn(|cx| send.poll_capacity(cx)),
+            )
+            .await;
+            if let Ok(Some(Ok(n))) = got {
+                if n > 0 && send.send_data(chunk.slice(..n), false).is_ok() {
+                    sent += n;
+                    progress = true;
+                }
+            }
+            if Instant::now() >= until {
+                break 'outer;
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.good_call().await;
+    let grown = rss().saturating_sub(before);
+    eprintln!(
+        "sent {} MiB, rss +{} MiB, budget used {} MiB",
+        sent / MIB,
+        grown / MIB,
+        s.budget.used() / MIB
+    );
+    // Charged past the limit by at most what arrived within the windows given back before
+    // the budget was spent (the connection window, 2 MiB, and one chunk per stream).
+    assert!(
+        s.budget.used() <= 64 * MIB + 16 * MIB,
+        "budget used {}",
+        s.budget.used()
+    );
+    assert!(grown < 128 * MIB, "the process grew by {} MiB", grown / MIB);
+    drop(held);
+    drop(client);
+    s.shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Row 11: an HTTP/2 preface and then nothing (no SETTINGS) is closed at handshake_timeout, as a
+/// native handshake is; so is a frame that starts and stalls, at frame_timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preface_without_settings_and_a_stalled_frame_are_cut_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let config = Config::default()
+        .with_handshake_timeout(Duration::from_secs(1))
+        .with_frame_timeout(Duration::from_secs(1));
+    let s = start(config).await;
+    const PRI: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    // A SETTINGS frame header announcing 6 bytes, and 2 of them.
+    let half_settings = [0u8, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3];
+    let empty_settings = [0u8, 0, 0, 4, 0, 0, 0, 0, 0];
+    // A DATA frame header for stream 1 announcing 100 bytes, and 10 of them.
+    let mut half_frame = empty_settings.to_vec();
+    half_frame.extend_from_slice(&[0, 0, 100, 0, 0, 0, 0, 0, 1]);
+    half_frame.extend_from_slice(&[0; 10]);
+    for (what, tail) in [
+        ("nothing after the preface", &[][..]),
+        ("half a SETTINGS frame", &half_settings[..]),
+        ("a stalled frame", &half_frame[..]),
+    ] {
+        let t0 = Instant::now();
+        let mut tcp = tokio::net::TcpStream::connect(&s.hp).await.unwrap();
+        tcp.write_all(PRI).await.unwrap();
+        tcp.write_all(tail).await.unwrap();
+        let mut sink = Vec::new();
+        let r = tokio::time::timeout(Duration::from_secs(4), tcp.read_to_end(&mut sink)).await;
+        assert!(r.is_ok(), "{what}: still open after 4 s");
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(900),
+            "{what}: closed after {took:?}"
+        );
+        s.good_call().await;
+    }
+    s.shutdown.shutdown(Duration::from_secs(1)).await;
+}

@@ -102,6 +102,9 @@ pub struct ServerBuilder {
     /// The gRPC face is off (it is on by default).
     #[cfg(feature = "grpc")]
     no_grpc: bool,
+    /// A sniffing port with mutual TLS serves plaintext faces too.
+    #[cfg(feature = "tls")]
+    plaintext_beside_mtls: bool,
 }
 
 impl ServerBuilder {
@@ -128,6 +131,17 @@ impl ServerBuilder {
     #[cfg(feature = "tls")]
     pub fn tls(mut self, tls: crate::tls::ServerTls) -> ServerBuilder {
         self.tls = Some(tls);
+        self
+    }
+
+    /// A sniffing `tcp://` port whose TLS settings require client certificates (mutual TLS)
+    /// serves TLS clients only by default: a native, h2c or WebSocket client in plaintext is
+    /// refused, since it would reach the handlers without a certificate. `true` serves them
+    /// too (for a port that must take both; handlers then check
+    /// [`Request::tls_peer`](crate::Request::tls_peer) themselves).
+    #[cfg(feature = "tls")]
+    pub fn plaintext_beside_mtls(mut self, on: bool) -> ServerBuilder {
+        self.plaintext_beside_mtls = on;
         self
     }
 
@@ -195,6 +209,8 @@ impl ServerBuilder {
         let mut faces = crate::transport::sniff::Faces {
             #[cfg(feature = "tls")]
             tls: None,
+            #[cfg(feature = "tls")]
+            tls_only: false,
             #[cfg(feature = "websocket")]
             ws: None,
             sniff: false,
@@ -206,6 +222,12 @@ impl ServerBuilder {
         let grpc = self.grpc_on();
         match address {
             Address::Tcp(_) if self.sniff.is_none() => {
+                #[cfg(feature = "tls")]
+                if self.tls.is_some() {
+                    return Err(err(
+                        "TLS settings on a plain tcp:// address would be ignored: bind tls:// (or sniff_transports to serve TLS and plaintext on one port)",
+                    ));
+                }
                 if !grpc {
                     return Ok(None);
                 }
@@ -225,6 +247,11 @@ impl ServerBuilder {
                         &[crate::tls::ALPN, b"http/1.1"]
                     };
                     faces.tls = self.tls.as_ref().map(|t| t.with_alpn(alpn));
+                    faces.tls_only = self
+                        .tls
+                        .as_ref()
+                        .is_some_and(|t| t.requires_client_certificates())
+                        && !self.plaintext_beside_mtls;
                 }
                 #[cfg(feature = "websocket")]
                 {

@@ -26,6 +26,9 @@ pub(crate) struct Faces {
     /// TLS: the only face of a `tls://` listener, or accepted when sniffed.
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<ServerTls>,
+    /// A sniffing port that serves TLS clients only (mutual TLS, no plaintext opt-in).
+    #[cfg(feature = "tls")]
+    pub(crate) tls_only: bool,
     /// WebSocket settings and path: the face of a `ws://` (`wss://` with `tls`) listener.
     #[cfg(feature = "websocket")]
     pub(crate) ws: Option<(WebSocketSettings, String)>,
@@ -132,6 +135,10 @@ impl Faces {
             #[cfg(not(feature = "tls"))]
             Sniffed::Http
         };
+        #[cfg(feature = "tls")]
+        if self.tls_only && kind != Sniffed::Tls {
+            return Err("a plaintext client on a port that requires client certificates (mutual TLS): refused (ServerBuilder::plaintext_beside_mtls)".into());
+        }
         match tokio::time::timeout(timeout, self.layer(kind, tcp, addr)).await {
             Ok(r) => r,
             Err(_) => Err("the TLS or WebSocket handshake timed out".into()),

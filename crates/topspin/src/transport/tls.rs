@@ -152,6 +152,8 @@ impl TlsReloader {
 pub struct ServerTls {
     config: Arc<ServerConfig>,
     resolver: Option<Arc<ReloadingResolver>>,
+    /// Every client must present a certificate ([`ServerTls::client_ca_pem_file`]).
+    mutual: bool,
 }
 
 impl ServerTls {
@@ -171,6 +173,7 @@ impl ServerTls {
         resolver: Arc<ReloadingResolver>,
         client_roots: Option<RootCertStore>,
     ) -> Result<ServerTls, TlsError> {
+        let mutual = client_roots.is_some();
         let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?;
         let builder = match client_roots {
@@ -187,12 +190,17 @@ impl ServerTls {
         Ok(ServerTls {
             config: Arc::new(config),
             resolver: Some(resolver),
+            mutual,
         })
     }
 
     /// Mutual TLS: every client must present a certificate that chains to a CA of this PEM
     /// file; a client without one fails its handshake. Handlers see the verified certificate
-    /// through [`Request::tls_peer`](crate::Request::tls_peer).
+    /// through [`Request::tls_peer`](crate::Request::tls_peer). A sniffing port
+    /// ([`ServerBuilder::sniff_transports`](crate::ServerBuilder::sniff_transports)) with
+    /// these settings then serves TLS clients only, unless
+    /// [`ServerBuilder::plaintext_beside_mtls`](crate::ServerBuilder::plaintext_beside_mtls)
+    /// says otherwise: a plaintext face would let clients without a certificate in.
     pub fn client_ca_pem_file(self, ca: impl AsRef<Path>) -> Result<ServerTls, TlsError> {
         let roots = read_roots(ca.as_ref())?;
         match self.resolver {
@@ -205,7 +213,9 @@ impl ServerTls {
     }
 
     /// A complete rustls configuration. Its ALPN list, if empty, becomes `topspin/1`; it
-    /// should use the `ring` provider this crate builds with.
+    /// should use the `ring` provider this crate builds with. If it verifies client
+    /// certificates, say so with [`ServerTls::requiring_client_certificates`] (rustls does not
+    /// tell), so that a sniffing port serves no plaintext face beside it.
     pub fn from_config(mut config: ServerConfig) -> ServerTls {
         if config.alpn_protocols.is_empty() {
             config.alpn_protocols = vec![ALPN.to_vec()];
@@ -213,7 +223,20 @@ impl ServerTls {
         ServerTls {
             config: Arc::new(config),
             resolver: None,
+            mutual: false,
         }
+    }
+
+    /// Marks these settings as requiring client certificates (set by
+    /// [`ServerTls::client_ca_pem_file`]; for a configuration of your own).
+    pub fn requiring_client_certificates(mut self) -> ServerTls {
+        self.mutual = true;
+        self
+    }
+
+    /// Whether every client must present a certificate.
+    pub fn requires_client_certificates(&self) -> bool {
+        self.mutual
     }
 
     /// The handle that reloads the certificate from its files (`None` for a `ServerTls` made
@@ -237,6 +260,7 @@ impl ServerTls {
         ServerTls {
             config: Arc::new(config),
             resolver: self.resolver.clone(),
+            mutual: self.mutual,
         }
     }
 

@@ -43,6 +43,7 @@ pub struct Config {
     max_connection_age: Option<Duration>,
     max_connection_age_grace: Duration,
     unix_socket_mode: u32,
+    local_users: crate::LocalUsers,
     // Engine-local limits (protocol.md §9, "Local limits"): never announced to the peer.
     ping_rate: Rate,
     rapid_reset_rate: Rate,
@@ -73,6 +74,7 @@ impl Default for Config {
             max_connection_age: None,
             max_connection_age_grace: Duration::from_secs(30),
             unix_socket_mode: 0o660,
+            local_users: crate::LocalUsers::Own,
             ping_rate: Limits::default().ping_rate(),
             rapid_reset_rate: Limits::default().rapid_reset_rate(),
             refused_call_rate: Limits::default().refused_call_rate(),
@@ -183,6 +185,21 @@ impl Config {
     field! {
         /// Close the connection if a keep-alive PING is not answered within this (default 20 s).
         keepalive_timeout, with_keepalive_timeout: Duration
+    }
+
+    /// Which local users may be at the other end of an abstract socket: a server accepts
+    /// `unix:@name` and `shm://name` connections from them only; a client connects to a
+    /// `shm://` server run by them only (default: this process's own user; see
+    /// [`LocalUsers`](crate::LocalUsers)).
+    pub fn local_users(&self) -> &crate::LocalUsers {
+        &self.local_users
+    }
+
+    /// Sets [`Config::local_users`].
+    #[must_use]
+    pub fn with_local_users(mut self, users: crate::LocalUsers) -> Config {
+        self.local_users = users;
+        self
     }
 
     /// The budget of bytes this side may reserve for messages it is receiving (frames larger

@@ -88,7 +88,7 @@ pub use topspin_proto::{Metadata, MetadataBuilder};
 pub use transport::tls;
 #[cfg(feature = "websocket")]
 pub use transport::ws;
-pub use transport::{PeerAddr, PeerCredentials};
+pub use transport::{LocalUsers, PeerAddr, PeerCredentials};
 
 /// The crate README's example, compiled as a doctest.
 #[cfg(doctest)]

@@ -573,3 +573,112 @@ async fn a_server_writing_a_garbage_head_fails_the_connection_not_the_process() 
     assert_eq!(e.code(), Code::Unavailable, "{e}");
     t.join().unwrap();
 }
+
+/// Runs `script` in python3 as the user `nobody` (65534), or `None` when this process cannot
+/// change user (not root): the local-user checks need a second user to be shown.
+fn as_nobody(script: &str) -> Option<Child> {
+    use std::os::unix::process::CommandExt;
+    if topspin::LocalUsers::own_uid() != 0 {
+        eprintln!("skipped: needs root to run a client as another user");
+        return None;
+    }
+    let child = Command::new("python3")
+        .args(["-c", script])
+        .uid(65534)
+        .gid(65534)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    Some(child)
+}
+
+/// A local user other than the server's own is refused on `shm://` (before the hello: it never
+/// gets the memfd) and on `unix:@` (at once), unless the server allows it.
+#[tokio::test]
+async fn other_local_users_are_refused_unless_allowed() {
+    for (scheme, allowed) in [
+        ("shm", false),
+        ("shm", true),
+        ("unix", false),
+        ("unix", true),
+    ] {
+        let n = name("users");
+        let users = if allowed {
+            topspin::LocalUsers::own_and([65534])
+        } else {
+            topspin::LocalUsers::Own
+        };
+        let (address, socket) = if scheme == "shm" {
+            (format!("shm://{n}"), format!("topspin-shm:{n}"))
+        } else {
+            (format!("unix:@{n}"), n.clone())
+        };
+        let server = builder(Probe::default())
+            .config(topspin::Config::default().with_local_users(users))
+            .bind(address.as_str())
+            .await
+            .expect("bind");
+        let handle = server.shutdown_handle();
+        tokio::spawn(server.serve());
+        // Connects to the abstract socket and prints how many bytes came before the server
+        // closed or 2 s passed (a shm:// server sends its 16-byte hello at once, a native one
+        // its preface).
+        let script = format!(
+            "import socket\n\
+             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n\
+             s.connect('\\0{socket}')\n\
+             s.settimeout(2)\n\
+             try:\n    d = s.recv(64); print(len(d), 'eof' if not d else 'data')\n\
+             except socket.timeout:\n    print(0, 'open')\n"
+        );
+        let Some(child) = as_nobody(&script) else {
+            return;
+        };
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .expect("python3 ran");
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        // Refused: closed before a byte. Allowed: the shm hello (16 bytes) or the native
+        // server's preface and settings.
+        let served = said == "16 data" || (scheme == "unix" && said.ends_with(" data"));
+        assert_eq!(
+            (said == "0 eof", served),
+            (!allowed, allowed),
+            "{address}, uid 65534 allowed: {allowed}: {said}"
+        );
+        // The server's own user is served all along.
+        let ch = Channel::connect(address.as_str()).await.expect("own user");
+        assert_eq!(unary(&ch, UNARY, "me").await.unwrap(), "me");
+        handle.shutdown(Duration::from_secs(1)).await;
+    }
+}
+
+/// A `shm://` client connects only to a server run by an allowed user: whoever binds the name
+/// first would otherwise receive every client's calls.
+#[tokio::test]
+async fn a_shm_client_refuses_a_server_of_another_user() {
+    let n = name("squatter");
+    let script = format!(
+        "import socket, time\n\
+         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n\
+         s.bind('\\0topspin-shm:{n}'); s.listen(8); print('ready', flush=True)\n\
+         c, _ = s.accept(); time.sleep(3)\n"
+    );
+    let Some(mut child) = as_nobody(&script) else {
+        return;
+    };
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let err = within(10, Channel::connect(format!("shm://{n}")))
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("uid 65534"), "{err}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

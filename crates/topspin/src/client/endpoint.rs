@@ -307,7 +307,7 @@ impl Endpoint {
             Address::Shm(name) => {
                 let t = tokio::time::timeout(
                     config.handshake_timeout(),
-                    crate::transport::shm::ShmTransport::connect(name),
+                    crate::transport::shm::ShmTransport::connect(name, config.local_users()),
                 )
                 .await
                 .map_err(|_| what(&"connect and shared-memory handshake timed out"))?

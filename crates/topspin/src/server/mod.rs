@@ -434,7 +434,8 @@ impl ServerBuilder {
                 reason: "this build lacks the `tls` and `websocket` features".into(),
             });
         }
-        let listener = Listener::bind(&address, self.config.unix_socket_mode())
+        let config = &self.config;
+        let listener = Listener::bind(&address, config.unix_socket_mode(), config.local_users())
             .await
             .map_err(|source| ServeError::Bind {
                 address: address.clone(),

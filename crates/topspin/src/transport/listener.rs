@@ -15,10 +15,10 @@ pub(crate) enum Listener {
     /// The listener, its path, and the socket file's identity (device, inode) so that only
     /// this server's own file is removed when it stops.
     Unix(UnixListener, PathBuf, (u64, u64)),
-    /// A Linux abstract socket: nothing on the file system.
-    UnixAbstract(UnixListener, String),
+    /// A Linux abstract socket: nothing on the file system; peers checked against the users.
+    UnixAbstract(UnixListener, String, crate::LocalUsers),
     /// A shared-memory server (`shm://name`): the abstract socket `topspin-shm:<name>`.
-    Shm(UnixListener, String),
+    Shm(UnixListener, String, crate::LocalUsers),
 }
 
 /// An accepted connection's transport.
@@ -174,18 +174,25 @@ fn bind_abstract(_name: &str) -> io::Result<UnixListener> {
 }
 
 impl Listener {
-    /// Binds `addr`; a Unix socket file gets the permission bits `unix_mode`.
-    pub(crate) async fn bind(addr: &Address, unix_mode: u32) -> io::Result<Listener> {
+    /// Binds `addr`; a Unix socket file gets the permission bits `unix_mode`; an abstract
+    /// socket (which has none) accepts peers of `users` only.
+    pub(crate) async fn bind(
+        addr: &Address,
+        unix_mode: u32,
+        users: &crate::LocalUsers,
+    ) -> io::Result<Listener> {
         match addr {
             Address::Tcp(hp) => Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?)),
             Address::Unix(p) => bind_unix(p, unix_mode).await,
             Address::UnixAbstract(name) => Ok(Listener::UnixAbstract(
                 bind_abstract(name)?,
                 name.to_owned(),
+                users.clone(),
             )),
             Address::Shm(name) => Ok(Listener::Shm(
                 bind_abstract(&format!("topspin-shm:{name}"))?,
                 name.to_owned(),
+                users.clone(),
             )),
             // TLS and WebSocket listen on TCP; the server adds the layers per connection.
             Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
@@ -206,8 +213,8 @@ impl Listener {
         match self {
             Listener::Tcp(l) => Ok(Address::from(l.local_addr()?)),
             Listener::Unix(_, p, _) => Ok(Address::Unix(p.clone())),
-            Listener::UnixAbstract(_, name) => Ok(Address::UnixAbstract(name.clone())),
-            Listener::Shm(_, name) => Ok(Address::Shm(name.clone())),
+            Listener::UnixAbstract(_, name, _) => Ok(Address::UnixAbstract(name.clone())),
+            Listener::Shm(_, name, _) => Ok(Address::Shm(name.clone())),
         }
     }
 
@@ -231,13 +238,23 @@ impl Listener {
             Listener::Tcp(l) => {
                 SocketTransport::from_tcp(l.accept().await?.0).map(Accepted::Socket)
             }
-            Listener::Unix(l, _, _) | Listener::UnixAbstract(l, _) => {
+            Listener::Unix(l, _, _) => {
                 SocketTransport::from_unix(l.accept().await?.0).map(Accepted::Socket)
             }
-            #[cfg(any(target_os = "linux", target_os = "android"))]
-            Listener::Shm(l, name) => {
+            Listener::UnixAbstract(l, _, users) => {
                 let s = l.accept().await?.0;
-                s.into_std()
+                users
+                    .check(&s, "client")
+                    .and_then(|()| SocketTransport::from_unix(s))
+                    .map(Accepted::Socket)
+            }
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            Listener::Shm(l, name, users) => {
+                // Checked before the hello: a refused client never gets the memfd.
+                let s = l.accept().await?.0;
+                users
+                    .check(&s, "client")
+                    .and_then(|()| s.into_std())
                     .and_then(|s| super::shm::ShmTransport::accept(s, name))
                     .map(Accepted::Shm)
             }

@@ -97,6 +97,74 @@ pub struct PeerCredentials {
     pub pid: Option<i32>,
 }
 
+/// Which local users may be at the other end of a socket that has no file permissions: the
+/// Linux abstract sockets of `unix:@name` and `shm://name`, which every user in the network
+/// namespace can reach — and the first to bind a name receives every client's calls.
+///
+/// A server accepts a connection from these users only (checked with `SO_PEERCRED` before
+/// anything is read or sent, so a refused `shm://` client never gets a shared-memory hello);
+/// a `shm://` client connects only to a server run by them. Default: this process's own user.
+///
+/// ```
+/// use topspin::{Config, LocalUsers};
+/// let c = Config::default().with_local_users(LocalUsers::own_and([1001, 1002]));
+/// assert!(c.local_users().allows(1001));
+/// assert!(!Config::default().local_users().allows(u32::MAX - 1) || topspin::LocalUsers::own_uid() == u32::MAX - 1);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LocalUsers {
+    /// This process's own user only.
+    #[default]
+    Own,
+    /// This process's own user and these.
+    OwnAnd(std::sync::Arc<[u32]>),
+    /// Any local user (the checks are off).
+    Any,
+}
+
+impl LocalUsers {
+    /// This process's own user and `uids`.
+    pub fn own_and(uids: impl IntoIterator<Item = u32>) -> LocalUsers {
+        LocalUsers::OwnAnd(uids.into_iter().collect())
+    }
+
+    /// The user id this process runs as (effective).
+    pub fn own_uid() -> u32 {
+        rustix::process::geteuid().as_raw()
+    }
+
+    /// Whether a peer running as `uid` is allowed.
+    pub fn allows(&self, uid: u32) -> bool {
+        match self {
+            LocalUsers::Any => true,
+            LocalUsers::Own => uid == LocalUsers::own_uid(),
+            LocalUsers::OwnAnd(more) => uid == LocalUsers::own_uid() || more.contains(&uid),
+        }
+    }
+
+    /// Checks the peer of a connected Unix socket: `PermissionDenied` naming the peer's user
+    /// when it is not allowed (or when the kernel does not say who it is).
+    pub(crate) fn check(&self, sock: &impl std::os::fd::AsFd, role: &str) -> io::Result<()> {
+        if *self == LocalUsers::Any {
+            return Ok(());
+        }
+        let uid = rustix::net::sockopt::socket_peercred(sock)
+            .map(|c| c.uid.as_raw())
+            .map_err(io::Error::from)?;
+        if self.allows(uid) {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the {role} runs as uid {uid}, not an allowed local user (this process is uid {}; Config::with_local_users)",
+                LocalUsers::own_uid()
+            ),
+        ))
+    }
+}
+
 impl std::fmt::Display for PeerAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

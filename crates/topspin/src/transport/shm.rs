@@ -367,8 +367,10 @@ impl ShmTransport {
 
     /// The client side: connect to `shm://name`'s socket, receive and check the hello and the
     /// memfd, map it. The caller bounds the time (handshake timeout).
-    pub(crate) async fn connect(name: &str) -> io::Result<ShmTransport> {
+    pub(crate) async fn connect(name: &str, users: &crate::LocalUsers) -> io::Result<ShmTransport> {
         let sock = super::socket::connect_abstract(&socket_name(name))?.into_std()?;
+        // Whoever bound the name first gets the calls: only a server of an allowed user.
+        users.check(&sock, "server")?;
         let sock = register(sock)?;
         let mut hello = [0u8; HELLO_LEN];
         let mut got = 0;

@@ -290,6 +290,38 @@ async fn a_client_that_never_reads_is_held_to_the_send_buffer() {
     .await;
 }
 
+/// The same calls from a client whose INITIAL_CALL_WINDOW is 0 (it never grants credit): the
+/// answers wait in the server for credit, out of the engine's transmit queue; they count
+/// against the send buffer all the same, so the server stops taking calls.
+///
+/// Failed before the fix: answers kept back for credit were not counted, so the server read
+/// and answered every call (1,000 answers of 1 MiB held, RSS +1 GiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_grants_no_credit_is_held_to_the_send_buffer() {
+    let settings = Settings::default().with_initial_call_window(0);
+    never_reading_client_with(settings, |b| {
+        for id in 1..=1000u32 {
+            unary_call(b, id * 2 - 1, BIG, b"x");
+        }
+    })
+    .await;
+}
+
+/// The same with the smallest MAX_FRAME_SIZE and a 64 KiB window: each answer is split, its
+/// rest waits in the engine for credit; that counts too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_answers_waiting_for_credit_are_held_to_the_send_buffer() {
+    let settings = Settings::default()
+        .with_max_frame_size(16 * 1024)
+        .with_initial_call_window(64 * 1024);
+    never_reading_client_with(settings, |b| {
+        for id in 1..=1000u32 {
+            unary_call(b, id * 2 - 1, BIG, b"x");
+        }
+    })
+    .await;
+}
+
 /// A server stream of 1000 messages of 1 MiB to a client that grants all the flow-control
 /// credit it may (2 GiB) and never reads: the handler's sends wait once `max_send_buffer` is
 /// unsent.
@@ -321,13 +353,20 @@ fn streams(b: &mut BytesMut, n: u32) {
 
 /// The attack of (a): `calls` asks for large answers, and none is ever read.
 async fn never_reading_client(calls: impl FnOnce(&mut BytesMut)) {
+    never_reading_client_with(Settings::default(), calls).await;
+}
+
+/// The same, from a client that announces `settings`.
+async fn never_reading_client_with(settings: Settings, calls: impl FnOnce(&mut BytesMut)) {
     serial(async {
         let t = start(config(64 * MIB)).await;
         let max_send = Config::default().max_send_buffer();
         let prober = Prober::start(&t.good);
 
         let mut sock = connect(&t).await;
-        let mut b = hello();
+        let mut b = BytesMut::new();
+        b.put_slice(&PREFACE);
+        encode_settings(&mut b, &settings);
         calls(&mut b);
         // The server stops reading before it has taken everything: give up after 2 s.
         let writer = tokio::spawn(async move {
@@ -337,7 +376,7 @@ async fn never_reading_client(calls: impl FnOnce(&mut BytesMut)) {
         // The bound: the buffer, plus one answer that went over it, plus frame headers.
         let bound = max_send + MIB + 64 * 1024;
         settle(&t.gauges, 10, "unsent bytes piling up", |s| {
-            s.unsent_bytes > max_send
+            s.unsent_bytes >= max_send
         })
         .await;
         // Let the kernel's socket buffers fill: from then on nothing may move.

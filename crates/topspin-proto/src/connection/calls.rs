@@ -172,6 +172,9 @@ pub(crate) struct Calls {
     deadlines: BinaryHeap<Reverse<(Instant, u32)>>,
     /// Open calls that have a deadline.
     with_deadline: usize,
+    /// Bytes of split messages accepted for sending and still waiting for credit (the rest of
+    /// each call's `pending`): output a peer that never grants credit makes this side hold.
+    pub(crate) pending_bytes: usize,
 }
 
 impl Calls {
@@ -306,6 +309,11 @@ impl Calls {
         let had_deadline = match self.ring.get_mut(at) {
             Some(slot @ Some(_)) => {
                 let had = slot.as_ref().is_some_and(|c| c.has_deadline);
+                let left = slot
+                    .as_ref()
+                    .and_then(|c| c.pending.as_ref())
+                    .map_or(0, |p| p.left);
+                self.pending_bytes = self.pending_bytes.saturating_sub(left);
                 *slot = None;
                 if at == 0 {
                     self.trim();
@@ -314,7 +322,11 @@ impl Calls {
             }
             _ if self.far.is_empty() => return false,
             _ => match self.far.remove(&id) {
-                Some(state) => state.has_deadline,
+                Some(state) => {
+                    let left = state.pending.as_ref().map_or(0, |p| p.left);
+                    self.pending_bytes = self.pending_bytes.saturating_sub(left);
+                    state.has_deadline
+                }
                 None => return false,
             },
         };

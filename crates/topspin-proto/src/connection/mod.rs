@@ -262,6 +262,14 @@ impl Connection {
         self.out.len()
     }
 
+    /// Bytes of split messages taken by [`Connection::send_message`] that wait for the peer's
+    /// credit before they are queued for transmit: with [`Connection::transmit_len`], what
+    /// this side holds for a peer that does not read.
+    #[inline]
+    pub fn pending_send_len(&self) -> usize {
+        self.calls.pending_bytes
+    }
+
     /// How many bytes the receive buffer must hold before the next frame can be decoded; lets
     /// a reader read a large frame into one exactly sized buffer.
     pub fn bytes_needed(&self, src: &[u8]) -> usize {

@@ -178,6 +178,7 @@ impl Connection {
             offset,
             left: len - first,
         }));
+        self.calls.pending_bytes += len - first;
         self.resume_send(id.0);
         Ok(())
     }
@@ -203,11 +204,13 @@ impl Connection {
         let Some(call) = self.calls.get_mut(id) else {
             return;
         };
+        let mut sent = 0;
         while call.send_credit > 0 {
             let Some(p) = call.pending.as_mut() else {
                 break;
             };
             let n = p.left.min(max_frame);
+            sent += n;
             frame::write_continuation_head(&mut self.out.staging, CallId(id), n);
             let out = &mut self.out;
             (p.seg, p.offset) = p.message.walk(p.seg, p.offset, n, |b| out.push_body(&b));
@@ -225,6 +228,7 @@ impl Connection {
             call.close_wanted = false;
             self.events.push_back(Event::Writable { id: CallId(id) });
         }
+        self.calls.pending_bytes = self.calls.pending_bytes.saturating_sub(sent);
     }
 
     /// Client: no more messages on this call (HALF_CLOSE). Not needed after a message sent

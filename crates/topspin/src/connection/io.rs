@@ -98,6 +98,12 @@ impl<T: Transport> Io<T> {
         self.queued + conn.transmit_len()
     }
 
+    /// What this side holds for its peer: [`Io::unsent`] and the rest of split messages
+    /// waiting for the peer's credit (which no flush can move).
+    pub(crate) fn held(&self, conn: &Connection) -> usize {
+        self.unsent(conn) + conn.pending_send_len()
+    }
+
     /// Takes everything the engine wants to send and writes what the transport accepts now, in
     /// as few vectored writes as possible (usually one). `Ready(Ok(()))` once all is written;
     /// `Pending` (waker registered) while the transport is full.

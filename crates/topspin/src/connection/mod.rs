@@ -83,6 +83,13 @@ pub(crate) trait Role: Send + 'static {
     /// Whether no call is open (for the idle timeout).
     fn idle(&self) -> bool;
 
+    /// Bytes of messages the role keeps back for the peer's credit (the engine takes a
+    /// message only once a call has credit): they count against the send buffer like bytes
+    /// the engine holds, so a peer that grants no credit cannot make the role answer more.
+    fn held(&self) -> usize {
+        0
+    }
+
     /// The loop ended (`why`): fail whatever is still waiting.
     fn on_end(&mut self, conn: &mut Connection, why: &str);
 }
@@ -344,8 +351,10 @@ impl<R: Role, T: Transport> Driver<R, T> {
 
     /// Tells the connection's gauges its open calls and unsent bytes.
     fn report(&mut self) {
-        self.share
-            .report(self.conn.open_calls(), self.io.unsent(&self.conn));
+        self.share.report(
+            self.conn.open_calls(),
+            self.io.held(&self.conn) + self.role.held(),
+        );
     }
 
     /// The loop ended (`why`): fail what is left, then close the transport.
@@ -475,10 +484,12 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// `Pending` in this poll (its waker is registered), so it is not polled again.
     fn poll_sources(&mut self, cx: &mut Context<'_>, read_waits: &mut bool) -> bool {
         let room = self.room();
-        let full = room == 0;
         // A server stops reading while the peer does not take what it is sent: a client that
         // never reads cannot make it queue more. A client keeps reading (its server drains it).
-        let server_held = full && R::SIDE == Side::Server;
+        // Answers kept back for the peer's credit fill the buffer too (no new call starts), but
+        // reading goes on: the peer's CREDIT (or its going away) must still be seen.
+        let server_held =
+            R::SIDE == Side::Server && self.io.unsent(&self.conn) >= self.config.max_send_buffer();
         if !server_held && !*read_waits {
             match self.io.poll_read(cx, &mut self.conn) {
                 Poll::Ready(r) => {
@@ -502,9 +513,8 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// Bytes the send buffer takes before it is full (`Config::max_send_buffer`).
     #[inline]
     fn room(&self) -> usize {
-        self.config
-            .max_send_buffer()
-            .saturating_sub(self.io.unsent(&self.conn))
+        let held = self.io.held(&self.conn) + self.role.held();
+        self.config.max_send_buffer().saturating_sub(held)
     }
 
     fn on_read(&mut self, r: Result<bool, ReadError>) {

@@ -87,6 +87,7 @@ pub(crate) async fn serve<T: Transport>(
         by_id: Vec::new(),
         go_away_pending: false,
         deferred: VecDeque::new(),
+        held: 0,
         room: usize::MAX,
     };
     // A shutdown that began before this connection was accepted applies at once.
@@ -127,6 +128,9 @@ pub(crate) struct ServerRole {
     deferred: VecDeque<Running>,
     /// The send buffer's room when the current event or command batch began.
     room: usize,
+    /// Bytes of replies and stream messages kept in `calls` for the client's credit
+    /// (`Role::held`).
+    held: usize,
 }
 
 impl Role for ServerRole {
@@ -227,10 +231,15 @@ impl Role for ServerRole {
         self.calls.is_empty()
     }
 
+    fn held(&self) -> usize {
+        self.held
+    }
+
     fn on_end(&mut self, _conn: &mut Connection, why: &str) {
         tracing::debug!(peer = %self.context.peer, "server connection ends: {why}");
         // Running handlers stop with their calls.
         self.deferred.clear();
+        self.held = 0;
         for (_, call) in self.calls.drain() {
             if let Call::Running { cancel, .. } = call {
                 cancel.cancel();
@@ -340,7 +349,8 @@ impl ServerRole {
             if let Some(tx) = inbound {
                 let _ = tx.send(Item::End(Err(status.clone())));
             }
-            if let Some((_, ack)) = blocked.map(|b| *b) {
+            if let Some((m, ack)) = blocked.map(|b| *b) {
+                self.held = self.held.saturating_sub(m.len());
                 let _ = ack.send(Err(status));
             }
         }
@@ -583,6 +593,7 @@ impl ServerRole {
             // No credit yet (a client whose window is 0 grants it with its CALL): the reply
             // and the END wait for Event::Writable (protocol.md §7).
             let (ack, _) = tokio::sync::oneshot::channel();
+            self.held += message.len();
             self.calls.insert(
                 id,
                 Call::Running {
@@ -674,6 +685,7 @@ impl ServerRole {
                     // reply and the END wait for Event::Writable (protocol.md §7).
                     if let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) {
                         let (ack, _) = tokio::sync::oneshot::channel();
+                        self.held += message.len();
                         *blocked = Some(Box::new((message, ack)));
                         *end = Some(Box::new((Status::ok(), trailers)));
                         return;
@@ -723,7 +735,8 @@ impl ServerRole {
             ..
         }) = self.calls.remove(&id)
         {
-            if let Some((_, ack)) = blocked.map(|b| *b) {
+            if let Some((m, ack)) = blocked.map(|b| *b) {
+                self.held = self.held.saturating_sub(m.len());
                 let _ = ack.send(Err(Status::cancelled("the call ended")));
             }
             // A handler still running (its call ended without it) must stop; a call whose
@@ -761,7 +774,10 @@ impl ServerRole {
         match send_message(conn, CallId(id), message, ack) {
             Sent::Done => {}
             Sent::Blocked(b) => match self.calls.get_mut(&id) {
-                Some(Call::Running { blocked, .. }) => *blocked = Some(b),
+                Some(Call::Running { blocked, .. }) => {
+                    self.held += b.0.len();
+                    *blocked = Some(b);
+                }
                 _ => {
                     let _ = b.1.send(Err(Status::cancelled("the call is over")));
                 }
@@ -784,6 +800,7 @@ impl ServerRole {
         let blocked = blocked.take();
         let end = end.take();
         if let Some((message, ack)) = blocked.map(|b| *b) {
+            self.held = self.held.saturating_sub(message.len());
             self.send(id, message, ack, conn);
         }
         if let Some((status, trailers)) = end.map(|b| *b) {

@@ -270,3 +270,24 @@ async fn a_preface_without_settings_and_a_stalled_frame_are_cut_off() {
     }
     s.shutdown.shutdown(Duration::from_secs(1)).await;
 }
+
+/// An idle gRPC connection (no call) is sent GOAWAY after `idle_timeout` and closed, as a native
+/// one is: idle sockets cannot hold `max_connections`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_grpc_connection_goes_away() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = start(Config::default().with_idle_timeout(Some(Duration::from_secs(1)))).await;
+    let tcp = tokio::net::TcpStream::connect(&s.hp).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let t0 = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(ended.is_ok(), "the idle connection is still open after 5 s");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t0.elapsed()
+    );
+    drop(client);
+    s.good_call().await;
+    s.shutdown.shutdown(Duration::from_secs(1)).await;
+}

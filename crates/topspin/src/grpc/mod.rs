@@ -20,13 +20,16 @@
 //! |---|---|
 //! | streams open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`) | `Config::max_concurrent_calls` (1024) |
 //! | header list (`SETTINGS_MAX_HEADER_LIST_SIZE`, h2's accounting: name + value + 32 per field) | `Config::max_metadata_size` + 4 KiB (20 KiB) |
-//! | stream window (`SETTINGS_INITIAL_WINDOW_SIZE`) | `Config::initial_call_window` (1 MiB); a request stream's data is given back as the handler consumes it |
+//! | stream window (`SETTINGS_INITIAL_WINDOW_SIZE`) | `Config::initial_call_window` (1 MiB); a request stream's data is given back as the handler consumes it, and withheld while a message being gathered finds no room in `Config::memory_budget` |
 //! | connection window | 2 × the stream window (2 MiB) |
 //! | frame size (`SETTINGS_MAX_FRAME_SIZE`) | 16 KiB (HTTP/2's default) |
-//! | one request message | `Config::max_message_size` (64 MiB), compressed or not; more is `RESOURCE_EXHAUSTED` |
-//! | response bytes buffered per stream | h2's send buffer (400 KiB) + one message: a handler's next message waits for the client to read |
+//! | one request message | `Config::max_message_size` (64 MiB), compressed or not; more is `RESOURCE_EXHAUSTED`; its buffer grows only by what the memory budget grants, and decompressed bytes stay charged while the handler holds them |
+//! | response bytes in h2 per stream | h2's send buffer (400 KiB): a message goes to h2 only within the stream's send capacity; the rest waits in the call (one message per call) |
+//! | response bytes per connection | `Config::max_send_buffer` (4 MiB): past it new calls wait to start (shown as unsent bytes in the gauges) |
 //! | streams reset by the client and not yet accepted / reset locally | h2's defaults (20 / 50, "Rapid Reset"), then GOAWAY |
-//! | the HTTP/2 handshake | `Config::handshake_timeout` (10 s) |
+//! | the HTTP/2 handshake, the client's SETTINGS included | `Config::handshake_timeout` (10 s) |
+//! | an HTTP/2 frame that stops arriving | `Config::frame_timeout` (30 s), then the connection is closed |
+//! | a connection without calls | `Config::idle_timeout` (1 h), then GOAWAY |
 //!
 //! A gRPC connection counts in [`Server::gauges`](crate::Server::gauges) (connections, open
 //! calls) like a native one. At `Config::max_connection_age` (±10%) it is sent a graceful
@@ -36,7 +39,8 @@
 
 //!
 //! `wire.rs`, gRPC's wire details free of I/O, is built always: the client's gRPC mode
-//! (`client/grpc.rs`) uses it too. Only `server.rs` is behind the feature `grpc`.
+//! (`client/grpc.rs`) uses it too. Only `server.rs` and `watch.rs` (the frame boundaries the
+//! timers read) are behind the feature `grpc`.
 
 #[cfg(feature = "grpc")]
 pub(crate) mod server;

@@ -34,6 +34,11 @@ pub const SUBPROTOCOL: &str = "topspin.v1";
 /// The most bytes one outgoing message carries: larger writes go out as several messages.
 const MAX_OUT_MESSAGE: usize = 256 * 1024;
 
+/// The largest incoming WebSocket message by default: four times what senders keep to
+/// (protocol.md §14.2). A message being reassembled is held by the WebSocket library, outside
+/// the memory budget, so this is kept small.
+const DEFAULT_MAX_MESSAGE: usize = 1024 * 1024;
+
 /// WebSocket settings of a server or client.
 ///
 /// ```
@@ -57,7 +62,7 @@ impl Default for WebSocketSettings {
         WebSocketSettings {
             origins: Arc::from([]),
             any_origin: false,
-            max_message_size: 16 * 1024 * 1024,
+            max_message_size: DEFAULT_MAX_MESSAGE,
             path: "/".to_owned(),
         }
     }
@@ -101,7 +106,7 @@ impl WebSocketSettings {
     }
 
     /// The largest WebSocket message (and frame) accepted; a larger one closes the connection
-    /// with 1009 (default 16 MiB). Senders keep messages to 256 KiB.
+    /// with 1009 (default 1 MiB; at least 256 KiB). Senders keep messages to 256 KiB.
     pub fn max_message_size(mut self, bytes: usize) -> WebSocketSettings {
         self.max_message_size = bytes.max(MAX_OUT_MESSAGE);
         self

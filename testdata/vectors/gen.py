@@ -1348,6 +1348,64 @@ def sessions_valid() -> list:
             ],
         )
     )
+    def call_sent(call_id, method):
+        return {
+            "type": "CALL",
+            "call_id": call_id,
+            "method_name": method,
+            "codec": 1,
+            "timeout_us": 0,
+            "metadata": [],
+        }
+
+    v.append(
+        session(
+            "client_answers_without_headers",
+            "A server that sends no HEADERS: its first MESSAGE (on call 1, a bidirectional call "
+            "the client has sent nothing on yet) or its END (call 2) comes first, and the client "
+            "reports no Headers event — the application sees empty response headers (§5.4). A "
+            "client hands the application its call before any of it arrives (§6).",
+            "client",
+            client_hello_steps()
+            + [
+                cmd(
+                    "start_call",
+                    method="/feed.Feed/Chat",
+                    codec=1,
+                    timeout_us=0,
+                    metadata=[],
+                    call_id=1,
+                ),
+                cmd(
+                    "start_call",
+                    method="/feed.Feed/Watch",
+                    codec=1,
+                    timeout_us=0,
+                    metadata=[],
+                    call_id=2,
+                ),
+                cmd("send_message", call_id=2, message_hex=b"w", end_stream=True),
+                sent(
+                    call_sent(1, "/feed.Feed/Chat"),
+                    call_sent(2, "/feed.Feed/Watch"),
+                    message(2, b"w", end_stream=True),
+                ),
+                recv(message(1, b"welcome"), end(2, "OK")),
+                events(
+                    ev("Message", call_id=1, message_hex=b"welcome"),
+                    ev("Ended", call_id=2, code="OK", message="", trailers=[]),
+                ),
+                cmd("send_message", call_id=1, message_hex=b"hi", end_stream=False),
+                cmd("half_close", call_id=1),
+                sent(message(1, b"hi"), half_close(1)),
+                recv(message(1, b"HI"), end(1, "OK")),
+                events(
+                    ev("Message", call_id=1, message_hex=b"HI"),
+                    ev("Ended", call_id=1, code="OK", message="", trailers=[]),
+                ),
+            ],
+        )
+    )
     v.append(
         session(
             "server_interned_method",

@@ -462,19 +462,21 @@ impl StreamInner {
     async fn step(&self, st: &mut StreamState) -> Result<Option<Bytes>, Status> {
         loop {
             match st {
+                // The call is started (the Rust client does not wait for the server's
+                // headers): its response headers come with the stream's first item.
                 StreamState::Pending(jh) => match jh.await {
-                    Ok(Ok(resp)) => {
-                        let (stream, headers) = {
-                            let h = resp.metadata().clone();
-                            (resp.into_inner(), h)
-                        };
-                        *lock(&self.headers) = Some(headers);
-                        *st = StreamState::Open(stream);
-                    }
+                    Ok(Ok(resp)) => *st = StreamState::Open(resp.into_inner()),
                     Ok(Err(s)) => return Err(s),
                     Err(_) => return Err(Status::cancelled("the call was cancelled")),
                 },
-                StreamState::Open(s) => return s.message().await,
+                StreamState::Open(s) => {
+                    let r = s.message().await;
+                    let mut headers = lock(&self.headers);
+                    if headers.is_none() {
+                        *headers = s.received_headers().cloned();
+                    }
+                    return r;
+                }
                 StreamState::Done => return Ok(None),
             }
         }
@@ -535,7 +537,8 @@ impl MessageStream {
         }
     }
 
-    /// The response headers, once they arrived (else None).
+    /// The response headers once the stream has given its first item (else None): the
+    /// server's, or empty ones when it sent a message or ended without them.
     fn headers<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         match &*lock(&self.inner.headers) {
             Some(h) => Ok(Some(md_to_py(py, h)?)),

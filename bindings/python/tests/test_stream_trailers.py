@@ -4,6 +4,7 @@ stream ends successfully, also when they are set after the first message."""
 from __future__ import annotations
 
 import asyncio
+import queue
 import subprocess
 from typing import AsyncIterable, AsyncIterator, Iterable, Iterator
 
@@ -102,6 +103,49 @@ def test_streaming_success_trailers_asyncio(server: str) -> None:
     asyncio.run(main())
 
 
+def test_bidi_answers_one_request_at_a_time_blocking(server: str) -> None:
+    # The server answers (headers included) only once it has a request: the call must be in
+    # the caller's hands before then.
+    client = kv_topspin.StoreClient(topspin.Channel(server))
+    q: queue.Queue[kv_pb2.GetRequest | None] = queue.Queue()
+
+    def reqs() -> Iterator[kv_pb2.GetRequest]:
+        while (r := q.get(timeout=10)) is not None:
+            yield r
+
+    stream = client.GetMany(reqs(), timeout=10)
+    assert stream.headers() is None  # nothing has come yet
+    for k in "ab":
+        q.put(kv_pb2.GetRequest(key=k))
+        assert next(stream).key == k
+        assert stream.headers() is not None  # with the first answer (none set: empty)
+    q.put(None)
+    assert list(stream) == []
+    assert ("count", "2") in (stream.trailers() or []), stream.trailers()
+
+
+def test_bidi_answers_one_request_at_a_time_asyncio(server: str) -> None:
+    async def main() -> None:
+        client = kv_topspin.StoreAsyncClient(topspin.AsyncChannel(server))
+        q: asyncio.Queue[kv_pb2.GetRequest | None] = asyncio.Queue()
+
+        async def reqs() -> AsyncIterator[kv_pb2.GetRequest]:
+            while (r := await q.get()) is not None:
+                yield r
+
+        stream = client.GetMany(reqs(), timeout=10)
+        for k in "ab":
+            await q.put(kv_pb2.GetRequest(key=k))
+            e = await asyncio.wait_for(stream.__anext__(), 10)
+            assert e.key == k
+            assert stream.headers() is not None
+        await q.put(None)
+        assert [e.key async for e in stream] == []
+        assert ("count", "2") in (stream.trailers() or []), stream.trailers()
+
+    asyncio.run(main())
+
+
 def test_rust_cli_sees_the_stream_trailers(server: str) -> None:
     cli = binary("topspin")
     proto = ["--proto", "kv/v1/kv.proto", "-I", KV_PROTO_DIR]
@@ -113,4 +157,5 @@ def test_rust_cli_sees_the_stream_trailers(server: str) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == 2, r.stdout
+    assert "< h: 1" in r.stderr, r.stderr  # the headers came with the first message
     assert "< trailer count: 2" in r.stderr, r.stderr

@@ -258,7 +258,6 @@ pub(crate) async fn call(
                 .server_streaming(ProtobufBytes, path, req)
                 .await
                 .map_err(CallFailed)?;
-            output.metadata("<", resp.metadata());
             drain(resp.into_inner(), &output_desc, output).await
         }
         (true, false) => {
@@ -285,7 +284,6 @@ pub(crate) async fn call(
                     .streaming(ProtobufBytes, path, with(requests, &metadata, timeout))
                     .await
                     .map_err(CallFailed)?;
-                output.metadata("<", resp.metadata());
                 drain(resp.into_inner(), &output_desc, output).await
             };
             tokio::select! {
@@ -301,12 +299,17 @@ pub(crate) async fn call(
     }
 }
 
-/// Prints a response stream as JSON lines.
+/// Prints a response stream as JSON lines, after its headers: a streaming call returns before
+/// them, and they arrive at the latest with the first message (or the end). A call that failed
+/// before any response fails on the first message.
 async fn drain(
     mut stream: Streaming<Bytes>,
     desc: &MessageDescriptor,
     output: &Output,
 ) -> anyhow::Result<()> {
+    if let Ok(headers) = stream.headers().await {
+        output.metadata("<", headers);
+    }
     while let Some(msg) = stream.message().await.map_err(CallFailed)? {
         output.print(desc, msg, false)?;
     }

@@ -445,6 +445,13 @@ impl<T> Response<T> {
     }
 
     /// Response headers.
+    ///
+    /// A client's streaming call ([`Channel::server_streaming`], [`Channel::streaming`])
+    /// returns before the server has answered, so its response has none here (empty): its
+    /// headers come with the stream, [`Streaming::headers`](crate::Streaming::headers).
+    ///
+    /// [`Channel::server_streaming`]: crate::Channel::server_streaming
+    /// [`Channel::streaming`]: crate::Channel::streaming
     pub fn metadata(&self) -> &Metadata {
         &self.metadata
     }

@@ -3,8 +3,9 @@
 use crate::Status;
 use bytes::Bytes;
 use futures_util::Stream;
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use tokio::sync::mpsc;
 use topspin_proto::Metadata;
 
@@ -23,7 +24,30 @@ pub(crate) trait CreditReturn: Send + Sync + 'static {
     fn abandon(&self);
 }
 
-type Decoder<T> = Box<dyn FnMut(Bytes) -> Result<T, Status> + Send>;
+pub(crate) type Decoder<T> = Box<dyn FnMut(Bytes) -> Result<T, Status> + Send>;
+
+/// A client stream's wait for its response headers: the server's HEADERS, or empty ones when
+/// its first message or its end came first (protocol.md §5.4). It decides how the messages
+/// decode (their encoding is named in the headers) and may start the call again while no
+/// response has arrived (`retry`): then it brings that attempt's receiver and credit.
+pub(crate) type Opening<T> = Pin<Box<dyn Future<Output = Result<Opened<T>, Status>> + Send>>;
+
+/// What an [`Opening`] ends with.
+pub(crate) struct Opened<T> {
+    pub(crate) headers: Metadata,
+    pub(crate) decode: Decoder<T>,
+    /// The attempt that answered, when it is not the one the stream was made with.
+    pub(crate) attempt: Option<(mpsc::UnboundedReceiver<Item>, Box<dyn CreditReturn>)>,
+}
+
+/// Where a stream is with its response headers.
+enum Head<T> {
+    /// Not known yet (a client stream).
+    Opening(Opening<T>),
+    Open(Metadata),
+    /// The call failed before any response: the first message (and `headers`) report it.
+    Failed(Status),
+}
 
 /// Messages received on a streaming call, in order.
 ///
@@ -31,11 +55,18 @@ type Decoder<T> = Box<dyn FnMut(Bytes) -> Result<T, Status> + Send>;
 /// (1 MiB by default) beyond what this stream has handed out, so a slow reader bounds the
 /// sender's memory. Dropping a client-side `Streaming` before its end cancels the call.
 ///
+/// On a client, a streaming call returns its `Streaming` as soon as the call is started: the
+/// response headers come later, through [`Streaming::headers`] — a server may send them only
+/// with its first message or its end (protocol.md §5.4). A call that fails before any
+/// response (a status from the server, a lost connection) reports it through the first
+/// [`Streaming::message`].
+///
 /// Use [`Streaming::message`] or the [`Stream`] implementation.
 pub struct Streaming<T> {
     rx: mpsc::UnboundedReceiver<Item>,
     decode: Decoder<T>,
     credit: Box<dyn CreditReturn>,
+    head: Head<T>,
     trailers: Option<Metadata>,
     done: bool,
 }
@@ -58,9 +89,96 @@ impl<T> Streaming<T> {
             rx,
             decode,
             credit,
+            head: Head::Open(Metadata::new()),
             trailers: None,
             done: false,
         }
+    }
+
+    /// A client's response stream whose headers are still to come: `opening` waits for them
+    /// and gives the decoder.
+    pub(crate) fn opening(
+        rx: mpsc::UnboundedReceiver<Item>,
+        credit: Box<dyn CreditReturn>,
+        opening: Opening<T>,
+    ) -> Streaming<T> {
+        Streaming {
+            rx,
+            // Never called: messages are read only once `opening` has given the decoder.
+            decode: Box::new(|_| Err(Status::internal("a message before the response headers"))),
+            credit,
+            head: Head::Opening(opening),
+            trailers: None,
+            done: false,
+        }
+    }
+
+    /// The response headers, once they have arrived (client side): the server's HEADERS, or
+    /// empty headers when the server sent its first message or ended the call without them
+    /// (protocol.md §5.4). Returns at once when they are already here. `Err` when the call
+    /// failed before any response: the status the first [`Streaming::message`] reports too.
+    /// Messages that arrive meanwhile stay queued for [`Streaming::message`].
+    ///
+    /// On a server's request stream: empty (the request's metadata is on its `Request`).
+    ///
+    /// ```no_run
+    /// # async fn f(channel: topspin::Channel) -> Result<(), topspin::Status> {
+    /// use bytes::Bytes;
+    /// use topspin::codec::RawCodec;
+    /// let mut updates = channel
+    ///     .server_streaming(RawCodec, "/feed.Feed/Subscribe", Bytes::from("prices"))
+    ///     .await? // returns once the call is started, before any answer
+    ///     .into_inner();
+    /// let headers = updates.headers().await?; // waits for the server's first answer
+    /// println!("served by {:?}", headers.get_str("server"));
+    /// while let Some(update) = updates.message().await? {
+    ///     println!("{update:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn headers(&mut self) -> Result<&Metadata, Status> {
+        std::future::poll_fn(|cx| self.poll_open(cx)).await;
+        match &self.head {
+            Head::Open(headers) => Ok(headers),
+            Head::Failed(status) => Err(status.clone()),
+            Head::Opening(_) => Err(Status::internal("the response headers were not settled")),
+        }
+    }
+
+    /// The response headers if they have arrived, without waiting: `Some` once
+    /// [`Streaming::headers`] returned them or [`Streaming::message`] returned its first item;
+    /// `None` before, and when the call failed before any response.
+    pub fn received_headers(&self) -> Option<&Metadata> {
+        match &self.head {
+            Head::Open(headers) => Some(headers),
+            _ => None,
+        }
+    }
+
+    /// Waits for the response headers (a client stream's first item); then the stream reads
+    /// its messages with the decoder they select.
+    fn poll_open(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Head::Opening(opening) = &mut self.head else {
+            return Poll::Ready(());
+        };
+        let r = ready!(opening.as_mut().poll(cx));
+        self.head = match r {
+            Ok(opened) => {
+                self.decode = opened.decode;
+                if let Some((rx, credit)) = opened.attempt {
+                    self.rx = rx;
+                    self.credit = credit;
+                }
+                Head::Open(opened.headers)
+            }
+            Err(status) => {
+                // The call is over, or is ended now (headers naming an encoding this side
+                // does not decode).
+                self.credit.abandon();
+                Head::Failed(status)
+            }
+        };
+        Poll::Ready(())
     }
 
     /// The next message: `Ok(None)` at the end of the stream, `Err` if the call failed.
@@ -76,6 +194,17 @@ impl<T> Streaming<T> {
     }
 
     fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T, Status>>> {
+        if !matches!(self.head, Head::Open(_)) {
+            ready!(self.poll_open(cx));
+            if let Head::Failed(status) = &self.head {
+                if self.done {
+                    return Poll::Ready(None);
+                }
+                // The stream's one item: the call's failure.
+                self.done = true;
+                return Poll::Ready(Some(Err(status.clone())));
+            }
+        }
         if self.done {
             return Poll::Ready(None);
         }
@@ -114,7 +243,8 @@ impl<T> Stream for Streaming<T> {
 
 impl<T> Drop for Streaming<T> {
     fn drop(&mut self) {
-        if !self.done {
+        // A call that failed before any response was abandoned then.
+        if !self.done && !matches!(self.head, Head::Failed(_)) {
             self.credit.abandon();
         }
     }

@@ -218,13 +218,15 @@ async fn headers_of_an_empty_response_stream_arrive() {
     tokio::spawn(server.serve());
     let ch = topspin::Channel::connect(addr).await.unwrap();
     for body in ["now", "later"] {
-        let r = ch
+        let mut s = ch
             .server_streaming(RawCodec, "/t.S/Empty", bytes(body))
             .await
-            .unwrap();
-        assert_eq!(r.metadata().get_str("h"), Some("v"), "{body}");
-        let mut s = r.into_inner();
+            .unwrap()
+            .into_inner();
+        let h = within(5, s.headers()).await.unwrap();
+        assert_eq!(h.get_str("h"), Some("v"), "{body}");
         assert_eq!(s.message().await.unwrap(), None);
+        assert_eq!(s.received_headers().unwrap().get_str("h"), Some("v"));
     }
     handle.shutdown(Duration::from_secs(1)).await;
 }

@@ -773,22 +773,27 @@ async fn watch_health(pool: Arc<Pool>, st: Arc<SubState>, changed: Arc<Notify>, 
         let r = channel
             .server_streaming(Protobuf, WATCH, Request::new(request.clone()))
             .await;
-        match r {
+        // A call that fails before any answer fails on its stream's first item.
+        let end = match r {
             Ok(resp) => {
                 let mut answers = resp.into_inner();
-                while let Ok(Some(m)) = answers.message().await {
-                    set(match health_status(&m) {
-                        Some(1) => SERVING,
-                        _ => NOT_SERVING,
-                    });
+                loop {
+                    match answers.message().await {
+                        Ok(Some(m)) => set(match health_status(&m) {
+                            Some(1) => SERVING,
+                            _ => NOT_SERVING,
+                        }),
+                        Ok(None) => break None,
+                        Err(e) => break Some(e),
+                    }
                 }
             }
-            Err(e) if e.code() == Code::Unimplemented => {
-                // No health service: serving for as long as it is reachable.
-                set(SERVING);
-                return;
-            }
-            Err(_) => {}
+            Err(e) => Some(e),
+        };
+        if end.is_some_and(|e| e.code() == Code::Unimplemented) {
+            // No health service: serving for as long as it is reachable.
+            set(SERVING);
+            return;
         }
         // The watch ended: the last answer stands while a connection is up.
         if pool.ready().is_none() {

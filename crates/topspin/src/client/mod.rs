@@ -29,12 +29,11 @@ pub use endpoint::Endpoint;
 
 use crate::codec::Codec;
 use crate::compression;
-use crate::streaming::{Item, Streaming};
+use crate::streaming::{CreditReturn, Decoder, Item, Opened, Opening, Streaming};
 use crate::{Compression, IntoRequest, IntoStreamingRequest, Request, Response, Status};
-use bytes::Bytes;
 use bytestring::ByteString;
 use call::{CallGuard, ClientCredit};
-use conn::{CallStart, Cmd, Sink};
+use conn::{CallStart, Cmd, ConnHandle, Sink};
 use pool::Pool;
 use std::sync::Arc;
 use std::time::Instant;
@@ -113,7 +112,7 @@ fn pump<C: Codec, S>(
     }
 }
 
-fn decoder<C: Codec>(codec: C) -> Box<dyn FnMut(Bytes) -> Result<C::Decode, Status> + Send> {
+fn decoder<C: Codec>(codec: C) -> Decoder<C::Decode> {
     Box::new(move |b| codec.decode(b))
 }
 
@@ -330,8 +329,31 @@ impl Channel {
         out
     }
 
-    /// A server-streaming call: one request, a stream of responses. Returns once the
-    /// response headers (or the first message, or the end) arrive.
+    /// A server-streaming call: one request, a stream of responses. Returns as soon as the
+    /// call is started (queued on its connection), without waiting for the server: a server
+    /// may answer only when it has something to send (a quiet subscription). The response
+    /// headers come with the stream's first item: [`Streaming::headers`]; the
+    /// [`Response`]'s own metadata is empty. A failure before any response (a status from the
+    /// server, a lost connection) is the stream's first item.
+    ///
+    /// Retries: until the response headers (or the first message, or the end) arrive, a
+    /// failed call is sent again as the endpoint's policy for the method says (its request is
+    /// one message) — while the caller waits for the stream's first item; once they have, the
+    /// stream is not retried.
+    ///
+    /// ```no_run
+    /// # async fn f(channel: topspin::Channel) -> Result<(), topspin::Status> {
+    /// use bytes::Bytes;
+    /// use topspin::codec::RawCodec;
+    /// let mut events = channel
+    ///     .server_streaming(RawCodec, "/feed.Feed/Subscribe", Bytes::from("prices"))
+    ///     .await?
+    ///     .into_inner();
+    /// while let Some(event) = events.message().await? {
+    ///     println!("{event:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn server_streaming<C: Codec>(
         &self,
         codec: C,
@@ -340,54 +362,23 @@ impl Channel {
     ) -> Result<Response<Streaming<C::Decode>>, Status> {
         let (start, ready) = self.encoded(&codec, method.into().0, request.into_request())?;
         let pool = &*self.inner;
-        let plan = retry::Plan::of(&pool.endpoint.retries, &start.method, ready)
-            .unwrap_or(retry::Plan::start_only(false));
-        // The request is one message: the call can be sent again until the response headers
-        // (or the first message) arrive; the stream it returns is not retried.
-        let attempt = |s| self.open_stream(codec.clone(), s, ready, |_, _| {});
-        retry::run(pool, plan, start, attempt).await
-    }
-
-    /// Starts a call whose responses are a stream; `after_start` runs once the call's start is
-    /// queued on its connection (a request pump goes there, so it can never overtake it), with
-    /// the token of the attempt that started.
-    async fn open_stream<C: Codec>(
-        &self,
-        codec: C,
-        start: CallStart,
-        wait_for_ready: bool,
-        after_start: impl FnOnce(&mpsc::Sender<Cmd>, u64),
-    ) -> Result<Response<Streaming<C::Decode>>, Status> {
-        let sink = || {
-            let (htx, hrx) = oneshot::channel();
-            // Flow-controlled: the server sends at most a window ahead of what the stream
-            // consumed.
-            let (itx, irx) = mpsc::unbounded_channel::<Item>();
-            let sink = Sink::Stream {
-                headers: Some(htx),
-                items: itx,
-            };
-            (sink, (hrx, irx))
+        let plan = stream_plan(pool, &start, ready);
+        plan.deposit();
+        let mut tries = retry::Tries::default();
+        let first = Some(start.token);
+        let attempt = |s| stream_attempt(pool, s);
+        let (begun, mut guard) =
+            retry::run_from(pool, plan, &start, &mut tries, first, attempt).await?;
+        // From here the stream cancels the call if it is dropped.
+        guard.disarm();
+        let again = Again {
+            pool: self.inner.clone(),
+            start,
+            tries,
+            ready,
         };
-        let (h, guard, (hrx, irx), token) =
-            retry::start_call(&self.inner, start, wait_for_ready, sink).await?;
-        after_start(&h.tx, token);
-        let headers = call::headers(hrx, guard).await?;
-        let credit = Box::new(ClientCredit {
-            tx: h.tx.clone(),
-            token,
-        });
-        let decode = match compression::encoding_of(&headers)? {
-            None => decoder(codec),
-            Some(e) => decoder(compression::Compressed {
-                inner: codec,
-                send: None,
-                recv: Some(e),
-                room: self.room(),
-            }),
-        };
-        let stream = Streaming::new(irx, decode, credit);
-        Ok(Response::from_parts(stream, headers, Metadata::new()))
+        let opening = opening(codec, self.room(), begun.headers, Some(again));
+        Ok(stream_response(&begun.h, begun.token, begun.items, opening))
     }
 
     /// A client-streaming call: a stream of requests, one response. `request` is a stream of
@@ -434,9 +425,31 @@ impl Channel {
         call::reply(&codec, rx, guard, self.room()).await
     }
 
-    /// A bidirectional streaming call. Returns once the response headers (or the first
-    /// message, or the end) arrive; requests are sent as the stream yields them. `request` is
-    /// a stream of messages or a [`Request`] around one.
+    /// A bidirectional streaming call. Returns as soon as the call is started (queued on its
+    /// connection), without waiting for the server — which may wait for a first request
+    /// before it answers anything; requests are sent as the stream yields them. The response
+    /// headers come with the stream's first item: [`Streaming::headers`]; the
+    /// [`Response`]'s own metadata is empty. `request` is a stream of messages or a
+    /// [`Request`] around one. Only a start that never left the client is sent again (the
+    /// request stream cannot be replayed).
+    ///
+    /// ```no_run
+    /// # async fn f(channel: topspin::Channel) -> Result<(), topspin::Status> {
+    /// use bytes::Bytes;
+    /// use topspin::{codec::RawCodec, Request};
+    /// let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    /// let requests = futures_util::stream::unfold(rx, |mut rx| async move {
+    ///     rx.recv().await.map(|m| (m, rx))
+    /// });
+    /// let mut replies = channel
+    ///     .streaming(RawCodec, "/chat.Chat/Talk", Request::new(requests))
+    ///     .await? // the call is open; nothing has been sent or received yet
+    ///     .into_inner();
+    /// tx.send(Bytes::from("hi")).await.ok();
+    /// let reply = replies.message().await?;
+    /// let headers = replies.headers().await?; // here at the latest with the first reply
+    /// # let _ = (reply, headers); Ok(()) }
+    /// ```
     pub async fn streaming<C, R>(
         &self,
         codec: C,
@@ -450,19 +463,168 @@ impl Channel {
         let request = request.into_streaming_request();
         let (start, requests, compression, ready) =
             self.call_start(method.into().0, C::ID, request);
-        // The request pump runs before the headers arrive: a server may wait for a first
-        // request before it answers anything. Only a start that never left the client is
-        // sent again (the request stream cannot be replayed).
-        let pump_codec = codec.clone();
-        self.open_stream(codec, start, ready, move |tx, token| {
-            pump(
-                pump_codec,
-                compression,
-                tx.clone(),
-                token,
-                Box::pin(requests),
-            )
-        })
-        .await
+        let (h, mut guard, (headers, items), token) =
+            retry::start_call(&self.inner, start, ready, stream_sink).await?;
+        // From here the stream cancels the call if it is dropped.
+        guard.disarm();
+        // The request pump goes after the start on the connection's queue, so it can never
+        // overtake it; it runs whether or not the server has answered.
+        let requests = Box::pin(requests);
+        pump(codec.clone(), compression, h.tx.clone(), token, requests);
+        let opening = opening(codec, self.room(), headers, None);
+        Ok(stream_response(&h, token, items, opening))
     }
+}
+
+/// The receiving side of a response stream: its headers, then its items.
+type StreamRx = (
+    oneshot::Receiver<Result<Metadata, Status>>,
+    mpsc::UnboundedReceiver<Item>,
+);
+
+/// A response stream's sink and its receiving side.
+fn stream_sink() -> (Sink, StreamRx) {
+    let (htx, hrx) = oneshot::channel();
+    // Flow-controlled: the server sends at most a window ahead of what the stream consumed.
+    let (itx, irx) = mpsc::unbounded_channel::<Item>();
+    let sink = Sink::Stream {
+        headers: Some(htx),
+        items: itx,
+    };
+    (sink, (hrx, irx))
+}
+
+/// One started attempt of a call whose responses are a stream.
+struct Begun {
+    h: ConnHandle,
+    token: u64,
+    headers: oneshot::Receiver<Result<Metadata, Status>>,
+    items: mpsc::UnboundedReceiver<Item>,
+}
+
+/// Starts one attempt of a server-streaming call.
+async fn stream_attempt(pool: &Pool, start: CallStart) -> Result<(Begun, CallGuard), Status> {
+    let token = start.token;
+    let (sink, (headers, items)) = stream_sink();
+    let (h, guard) = call::begin(pool, start, sink).await.map_err(retry::began)?;
+    let begun = Begun {
+        h,
+        token,
+        headers,
+        items,
+    };
+    Ok((begun, guard))
+}
+
+/// How a server-streaming call is retried: its method's policy, transparent retry and
+/// wait_for_ready.
+fn stream_plan<'a>(pool: &'a Pool, start: &CallStart, ready: bool) -> retry::Plan<'a> {
+    retry::Plan::of(&pool.endpoint.retries, &start.method, ready)
+        .unwrap_or(retry::Plan::start_only(false))
+}
+
+/// What a server-streaming call needs to start again while no response has arrived.
+struct Again {
+    pool: Arc<Pool>,
+    start: CallStart,
+    tries: retry::Tries,
+    ready: bool,
+}
+
+/// Another attempt's response stream, to read instead of the first one's.
+type Attempt = (mpsc::UnboundedReceiver<Item>, Box<dyn CreditReturn>);
+
+impl Again {
+    /// The stream's attempt failed with `status` before any response: further attempts as
+    /// the plan allows, each until its response headers arrive.
+    async fn retry(mut self, status: Status) -> Result<(Metadata, Attempt), Status> {
+        let pool = &*self.pool;
+        let plan = stream_plan(pool, &self.start, self.ready);
+        plan.after(&mut self.tries, self.start.deadline, status)
+            .await?;
+        let attempt = |s| async move {
+            let (begun, guard) = stream_attempt(pool, s).await?;
+            // Until they arrive, dropping the stream cancels this attempt through its guard.
+            let headers = call::headers(begun.headers, guard).await?;
+            Ok((headers, begun.h, begun.token, begun.items))
+        };
+        let (headers, h, token, items) =
+            retry::run_from(pool, plan, &self.start, &mut self.tries, None, attempt).await?;
+        let credit: Box<dyn CreditReturn> = Box::new(ClientCredit {
+            tx: h.tx.clone(),
+            token,
+        });
+        Ok((headers, (items, credit)))
+    }
+}
+
+/// A response stream's wait for its headers (protocol.md §5.4: the server's HEADERS, or empty
+/// ones when its first message or its end comes first), then the decoder they select: the
+/// encoding its messages use is named there. With `again`, a call that fails before any
+/// response is retried.
+fn opening<C: Codec>(
+    codec: C,
+    room: compression::Room,
+    headers: oneshot::Receiver<Result<Metadata, Status>>,
+    again: Option<Again>,
+) -> Opening<C::Decode> {
+    Box::pin(async move {
+        let first = headers
+            .await
+            .map_err(|_| Status::unavailable("the connection task ended"))
+            .and_then(|r| r);
+        let (headers, attempt) = match (first, again) {
+            (Ok(headers), _) => (headers, None),
+            (Err(status), None) => return Err(status),
+            (Err(status), Some(again)) => {
+                let (headers, attempt) = again.retry(status).await?;
+                (headers, Some(attempt))
+            }
+        };
+        match decoder_for(codec, &headers, room) {
+            Ok(decode) => Ok(Opened {
+                headers,
+                decode,
+                attempt,
+            }),
+            Err(status) => {
+                if let Some((_, credit)) = &attempt {
+                    credit.abandon();
+                }
+                Err(status)
+            }
+        }
+    })
+}
+
+/// The decoder of a response stream whose headers are `headers`.
+fn decoder_for<C: Codec>(
+    codec: C,
+    headers: &Metadata,
+    room: compression::Room,
+) -> Result<Decoder<C::Decode>, Status> {
+    Ok(match compression::encoding_of(headers)? {
+        None => decoder(codec),
+        Some(e) => decoder(compression::Compressed {
+            inner: codec,
+            send: None,
+            recv: Some(e),
+            room,
+        }),
+    })
+}
+
+/// A started call's response: the stream, its headers still to come.
+fn stream_response<T>(
+    h: &ConnHandle,
+    token: u64,
+    items: mpsc::UnboundedReceiver<Item>,
+    opening: Opening<T>,
+) -> Response<Streaming<T>> {
+    let credit = Box::new(ClientCredit {
+        tx: h.tx.clone(),
+        token,
+    });
+    let stream = Streaming::opening(items, credit, opening);
+    Response::from_parts(stream, Metadata::new(), Metadata::new())
 }

@@ -583,65 +583,107 @@ async fn sleep_within(pause: Duration, deadline: Option<Instant>) -> bool {
     }
 }
 
+/// How far a call's attempts have gone: carried from the attempts that start a response stream
+/// to those its first item may still make (`Channel::server_streaming`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Tries {
+    /// Attempts that reached (or may have reached) a server.
+    sent: u32,
+    /// The one transparent retry was used.
+    transparent_used: bool,
+    /// Wait-for-ready pauses so far.
+    waits: u32,
+}
+
+impl Plan<'_> {
+    /// Counts a call under a retry policy in the budget (once per call, before its attempts).
+    pub(crate) fn deposit(&self) {
+        if let (Some(r), Some(_)) = (self.retries, self.retry_policy()) {
+            r.deposit();
+        }
+    }
+
+    /// After a failed attempt: `Ok` once another attempt may go (after its pause), or the
+    /// status the call ends with — the one transparent retry, waiting for a connection
+    /// (wait_for_ready) and the method's retry policy within the budget and the deadline.
+    pub(crate) async fn after(
+        &self,
+        tries: &mut Tries,
+        deadline: Option<Instant>,
+        status: Status,
+    ) -> Result<(), Status> {
+        if is_unsent(&status) {
+            if !tries.transparent_used {
+                tries.transparent_used = true;
+                return Ok(());
+            }
+            if self.wait_for_ready {
+                if !sleep_within(ready_pause(tries.waits), deadline).await {
+                    return Err(Status::deadline_exceeded(format!(
+                        "the deadline passed while the call waited for a connection (wait_for_ready); last: {}",
+                        status.message()
+                    )));
+                }
+                tries.waits += 1;
+                return Ok(());
+            }
+        }
+        tries.sent += 1;
+        let Some(p) = self.retry_policy() else {
+            return Err(status);
+        };
+        if !p.is_retryable(status.code()) || tries.sent >= p.max_attempts {
+            return Err(status);
+        }
+        let pause = p.pause(tries.sent);
+        if deadline.is_some_and(|d| Instant::now() + pause >= d) {
+            return Err(status);
+        }
+        if !self.retries.is_some_and(|r| r.withdraw()) {
+            return Err(status);
+        }
+        tokio::time::sleep(pause).await;
+        Ok(())
+    }
+}
+
 /// Runs a call's attempts under a plan: the one transparent retry, waiting for a connection
 /// (wait_for_ready) and the method's retry policy within the budget and the deadline.
 pub(crate) async fn run<T, F, Fut>(
     pool: &Pool,
     plan: Plan<'_>,
     start: CallStart,
+    attempt: F,
+) -> Result<T, Status>
+where
+    F: FnMut(CallStart) -> Fut,
+    Fut: Future<Output = Result<T, Status>>,
+{
+    plan.deposit();
+    let first = Some(start.token);
+    run_from(pool, plan, &start, &mut Tries::default(), first, attempt).await
+}
+
+/// Runs attempts of a call from where `tries` left off: the first with the token `first` (the
+/// call's own), the others with fresh ones.
+pub(crate) async fn run_from<T, F, Fut>(
+    pool: &Pool,
+    plan: Plan<'_>,
+    start: &CallStart,
+    tries: &mut Tries,
+    mut first: Option<u64>,
     mut attempt: F,
 ) -> Result<T, Status>
 where
     F: FnMut(CallStart) -> Fut,
     Fut: Future<Output = Result<T, Status>>,
 {
-    let policy = plan.retry_policy();
-    if let (Some(r), Some(_)) = (plan.retries, policy) {
-        r.deposit();
-    }
-    let deadline = start.deadline;
-    // Attempts that reached (or may have reached) a server.
-    let mut sent = 0u32;
-    let mut transparent = true;
-    let mut waits = 0u32;
-    let mut first = Some(start.token);
     loop {
         let token = first.take().unwrap_or_else(|| pool.token());
-        let status = match attempt(again(&start, token, sent)).await {
+        match attempt(again(start, token, tries.sent)).await {
             Ok(v) => return Ok(v),
-            Err(s) => s,
-        };
-        if is_unsent(&status) {
-            if transparent {
-                transparent = false;
-                continue;
-            }
-            if plan.wait_for_ready {
-                if !sleep_within(ready_pause(waits), deadline).await {
-                    return Err(Status::deadline_exceeded(format!(
-                        "the deadline passed while the call waited for a connection (wait_for_ready); last: {}",
-                        status.message()
-                    )));
-                }
-                waits += 1;
-                continue;
-            }
+            Err(status) => plan.after(tries, start.deadline, status).await?,
         }
-        sent += 1;
-        let Some(p) = policy else {
-            return Err(status);
-        };
-        if !p.is_retryable(status.code()) || sent >= p.max_attempts {
-            return Err(status);
-        }
-        let pause = p.pause(sent);
-        if deadline.is_some_and(|d| Instant::now() + pause >= d) {
-            return Err(status);
-        }
-        if !plan.retries.is_some_and(|r| r.withdraw()) {
-            return Err(status);
-        }
-        tokio::time::sleep(pause).await;
     }
 }
 

@@ -55,6 +55,9 @@ pub mod codec;
 mod compression;
 mod config;
 mod connection;
+#[cfg(all(fuzzing, feature = "grpc", feature = "websocket"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod grpc;
 pub mod interceptor;
 pub mod observe;

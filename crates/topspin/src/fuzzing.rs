@@ -1,0 +1,157 @@
+//! Entry points for the fuzz targets in `fuzz/`, built only under `cargo fuzz` (which sets
+//! `--cfg fuzzing`): parsers a peer reaches that are not public API — the gRPC face's wire
+//! details (`grpc-timeout`, metadata from headers, the message deframers of both sides) and
+//! the WebSocket carriage. Each panics on a broken invariant; a peer's bytes may only ever
+//! produce errors.
+
+use crate::grpc::wire;
+use crate::{Encoding, MemoryBudget};
+use bytes::Bytes;
+
+/// Cuts `data` into pieces whose lengths come from `cuts` (never empty, at most 8).
+fn pieces(data: &[u8], cuts: &[u8]) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &c in cuts.iter().take(8) {
+        let n = usize::from(c) * 7 + 1;
+        if at + n >= data.len() {
+            break;
+        }
+        out.push(Bytes::copy_from_slice(&data[at..at + n]));
+        at += n;
+    }
+    out.push(Bytes::copy_from_slice(&data[at..]));
+    out
+}
+
+/// gRPC wire parsing. Layout: byte 0 options (bits 0-1: the call's encoding: none, gzip,
+/// zstd; bits 2-3: the message limit, 16 B to 16 KiB), bytes 1..9 where the body is cut, byte 9
+/// the length of a `grpc-timeout` value, then that value, then the bodies' bytes; the same
+/// bytes read as header lines (`name: value`) for the metadata.
+pub fn grpc_wire(data: &[u8]) {
+    if data.len() < 10 {
+        return;
+    }
+    let opts = data[0];
+    let encoding = [None, Some(Encoding::Gzip), Some(Encoding::Zstd), None][usize::from(opts & 3)];
+    let limit = 16u32 << (3 * u32::from((opts >> 2) & 3));
+    let cuts = &data[1..9];
+    let tlen = usize::from(data[9]).min(data.len() - 10);
+    let timeout = &data[10..10 + tlen];
+    let body = &data[10 + tlen..];
+
+    if let Ok(d) = wire::parse_timeout(timeout) {
+        // What parses is within gRPC's 8 digits of hours.
+        assert!(d.as_secs() <= 99_999_999 * 3600, "{d:?}");
+    }
+
+    let mut headers = http::HeaderMap::new();
+    for line in body.split(|&b| b == b'\n') {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(&line[..colon]),
+            http::HeaderValue::from_bytes(&line[colon + 1..]),
+        ) else {
+            continue;
+        };
+        headers.append(name, value);
+    }
+    let _ = wire::metadata_from_headers(&headers);
+    let _ = wire::request_encoding(&headers);
+
+    // The server's deframer, charging a small budget: every message within the limit, and
+    // nothing left charged once the deframer and its messages are gone.
+    let budget = MemoryBudget::new(64 * 1024);
+    {
+        let mut d = wire::Deframer::new(4096, Some(budget.clone()));
+        let mut held = Vec::new();
+        'chunks: for chunk in pieces(body, cuts) {
+            d.push(chunk);
+            loop {
+                match d.next(limit, encoding) {
+                    Ok(Some(r)) => {
+                        assert!(r.message.len() <= limit as usize, "{}", r.message.len());
+                        held.push(r.message);
+                    }
+                    Ok(None) => break,
+                    Err(_) => break 'chunks,
+                }
+            }
+            let _ = d.must_wait();
+        }
+    }
+    assert_eq!(budget.used(), 0, "the budget kept charges after everything was dropped");
+
+    // The client's deframer: every message within the limit, the credit it reports no more
+    // than the bytes it was given.
+    let mut d = wire::CreditDeframer::default();
+    let mut given = 0usize;
+    let mut credited = 0usize;
+    for chunk in pieces(body, cuts) {
+        given += chunk.len();
+        let r = d.push(chunk, limit as usize, |f| {
+            credited += f.credit;
+            let m = wire::unframe(f.compressed, f.message, encoding, limit as usize, None)?;
+            assert!(m.len() <= limit as usize);
+            Ok(())
+        });
+        if r.is_err() {
+            break;
+        }
+    }
+    assert!(credited <= given, "{credited} credited for {given} bytes");
+}
+
+/// The WebSocket carriage of a server: an upgrade request (with or without a same-origin
+/// `Origin`, chosen by byte 0) followed by the fuzzer's bytes as the client's frames, read to
+/// their end on a current-thread runtime. Nothing may panic; what the server reads is what a
+/// client could have sent, at most the message bound per read.
+pub fn websocket(data: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some((&opts, frames)) = data.split_first() else {
+        return;
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(_) => return,
+    };
+    rt.block_on(async {
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let origin = if opts & 1 == 1 { "Origin: http://h\r\n" } else { "" };
+        let head = format!(
+            "GET / HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+             Sec-WebSocket-Protocol: topspin.v1\r\n{origin}\r\n"
+        );
+        let settings = crate::ws::WebSocketSettings::default().max_message_size(256 * 1024);
+        let serve = async move {
+            let Ok(mut ws) = settings.accept(server, "/").await else {
+                return;
+            };
+            let mut buf = vec![0u8; 64 * 1024];
+            while let Ok(Ok(n)) =
+                tokio::time::timeout(std::time::Duration::from_millis(200), ws.read(&mut buf))
+                    .await
+            {
+                if n == 0 {
+                    break;
+                }
+                assert!(n <= buf.len());
+            }
+        };
+        let feed = async move {
+            let _ = client.write_all(head.as_bytes()).await;
+            let _ = client.write_all(frames).await;
+            let _ = client.shutdown().await;
+            let mut sink = Vec::new();
+            let _ = tokio::time::timeout(
+                std::time::Duration::from_millis(300),
+                client.read_to_end(&mut sink),
+            )
+            .await;
+        };
+        tokio::join!(serve, feed);
+    });
+}

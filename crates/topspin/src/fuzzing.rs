@@ -82,7 +82,11 @@ pub fn grpc_wire(data: &[u8]) {
             let _ = d.must_wait();
         }
     }
-    assert_eq!(budget.used(), 0, "the budget kept charges after everything was dropped");
+    assert_eq!(
+        budget.used(),
+        0,
+        "the budget kept charges after everything was dropped"
+    );
 
     // The client's deframer: every message within the limit, the credit it reports no more
     // than the bytes it was given.
@@ -113,13 +117,20 @@ pub fn websocket(data: &[u8]) {
     let Some((&opts, frames)) = data.split_first() else {
         return;
     };
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(_) => return,
     };
     rt.block_on(async {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
-        let origin = if opts & 1 == 1 { "Origin: http://h\r\n" } else { "" };
+        let origin = if opts & 1 == 1 {
+            "Origin: http://h\r\n"
+        } else {
+            ""
+        };
         let head = format!(
             "GET / HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
@@ -132,8 +143,7 @@ pub fn websocket(data: &[u8]) {
             };
             let mut buf = vec![0u8; 64 * 1024];
             while let Ok(Ok(n)) =
-                tokio::time::timeout(std::time::Duration::from_millis(200), ws.read(&mut buf))
-                    .await
+                tokio::time::timeout(std::time::Duration::from_millis(200), ws.read(&mut buf)).await
             {
                 if n == 0 {
                     break;

@@ -11,6 +11,7 @@ use topspin::codec::RawCodec;
 use topspin::{Channel, Config, MemoryBudget, Request, Response, Server};
 
 const ECHO: &str = "/hostile.Echo/Echo";
+const SLOW: &str = "/hostile.Echo/SlowCount";
 const MIB: usize = 1 << 20;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -41,6 +42,20 @@ async fn start(config: Config) -> Running {
         .unary(ECHO, RawCodec, |req: Request<Bytes>| async move {
             Ok(Response::new(req.into_inner()))
         })
+        .client_streaming(
+            SLOW,
+            RawCodec,
+            |req: Request<topspin::Streaming<Bytes>>| async move {
+                // Reads nothing for a while, then counts what came.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let mut s = req.into_inner();
+                let mut n = 0u32;
+                while s.message().await?.is_some() {
+                    n += 1;
+                }
+                Ok(Response::new(Bytes::from(n.to_string())))
+            },
+        )
         .bind("tcp://127.0.0.1:0")
         .await
         .expect("bind");
@@ -88,7 +103,11 @@ fn grpc_frame(compressed: bool, body: &[u8]) -> Bytes {
 }
 
 fn request(hp: &str, extra: &[(&str, &str)]) -> http::Request<()> {
-    let mut req = http::Request::post(format!("http://{hp}{ECHO}"))
+    request_to(hp, ECHO, extra)
+}
+
+fn request_to(hp: &str, method: &str, extra: &[(&str, &str)]) -> http::Request<()> {
+    let mut req = http::Request::post(format!("http://{hp}{method}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers");
     for (k, v) in extra {
@@ -289,5 +308,61 @@ async fn an_idle_grpc_connection_goes_away() {
     );
     drop(client);
     s.good_call().await;
+    s.shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Row 3: one client-streaming call sends 20 messages, each a 2 KB zstd frame of 60 MiB, to a
+/// handler slow to read. A message counts in the handler's queue by its decompressed size, so
+/// the next is not read before the handler takes it, and each is charged to the budget while
+/// it lives (past the budget the call would end RESOURCE_EXHAUSTED): never 1.2 GiB queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zstd_bombs_to_a_slow_reader_are_held_to_the_budget() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = start(Config::default()).await;
+    let bomb = zstd::stream::encode_all(&vec![0u8; 60 * MIB][..], 3).unwrap();
+    let before = rss();
+    let tcp = tokio::net::TcpStream::connect(&s.hp).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut c = client.ready().await.unwrap();
+    let (resp, mut send) = c
+        .send_request(request_to(&s.hp, SLOW, &[("grpc-encoding", "zstd")]), false)
+        .unwrap();
+    for _ in 0..20 {
+        if send.send_data(grpc_frame(true, &bomb), false).is_err() {
+            break;
+        }
+    }
+    let _ = send.send_data(Bytes::new(), true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let peak = rss().saturating_sub(before);
+    let used = s.budget.used();
+    s.good_call().await;
+    let status = tokio::time::timeout(Duration::from_secs(20), async move {
+        let (parts, mut body) = resp.await.expect("a response").into_parts();
+        if let Some(v) = parts.headers.get("grpc-status") {
+            return Some(v.to_str().unwrap_or("?").to_owned()); // trailers-only
+        }
+        while let Some(chunk) = body.data().await {
+            let n = chunk.map_or(0, |c| c.len());
+            let _ = body.flow_control().release_capacity(n);
+        }
+        let trailers = body.trailers().await.ok().flatten()?;
+        let v = trailers.get("grpc-status")?;
+        Some(v.to_str().unwrap_or("?").to_owned())
+    })
+    .await
+    .expect("answered in time");
+    eprintln!(
+        "rss +{} MiB, budget used {} MiB, status {status:?}",
+        peak / MIB,
+        used / MIB
+    );
+    assert!(
+        matches!(status.as_deref(), Some("0" | "8")),
+        "OK or RESOURCE_EXHAUSTED, got {status:?}"
+    );
+    assert!(used <= 64 * MIB, "budget used {used}");
+    assert!(peak < 128 * MIB, "the process grew by {} MiB", peak / MIB);
     s.shutdown.shutdown(Duration::from_secs(1)).await;
 }

@@ -758,8 +758,12 @@ impl Call {
                         match deframer.next(limit, self.recv) {
                             Ok(Some(r)) => {
                                 if let Some(tx) = &inbound {
-                                    outstanding += r.wire_len;
-                                    let credit = u32::try_from(r.wire_len).unwrap_or(u32::MAX);
+                                    // Counted as the larger of its wire and decompressed
+                                    // sizes: a slow reader's queue holds at most a window of
+                                    // what the handler will see.
+                                    let cost = r.wire_len.max(r.message.len());
+                                    outstanding += cost;
+                                    let credit = u32::try_from(cost).unwrap_or(u32::MAX);
                                     let _ = tx.send(Item::Message(r.message, credit));
                                 } else if one.is_none() && waiting.is_some() {
                                     one = Some(r.message);

@@ -20,7 +20,7 @@ import { methodPath } from "../client.js";
 import { parseAddress, socketDuplex } from "./net.js";
 import { HeldDuplex, WS_SUBPROTOCOL, sendAsMessages, type Duplex } from "../transport.js";
 import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, accepts, decodeMessage, encodeMessage, type Codecs, type Compression } from "../compression.js";
-import { nodeCodecs } from "./gzip.js";
+import { nodeServerCodecs } from "./gzip.js";
 
 /** What a handler knows about its call, and what it can set. */
 export interface HandlerContext {
@@ -79,7 +79,10 @@ export interface ServerOptions {
   compression?: Compression;
   /** Memory for incomplete split requests, shared by the connections (default: the process-wide 1 GiB budget). */
   memoryBudget?: MemoryBudget;
-  /** Encoders and decoders (default: `nodeCodecs`: gzip both ways, zstd decoding). */
+  /**
+   * Encoders and decoders (default: `nodeServerCodecs`: gzip both ways; `nodeCodecs` decodes
+   * zstd requests too — only from trusted clients, see the README's "Server bounds").
+   */
   codecs?: Codecs;
   /** WebSocket listeners (`ws://` addresses). */
   webSocket?: WebSocketServerOptions;
@@ -91,6 +94,11 @@ export interface ServerOptions {
    */
   maxSendBuffer?: number;
 }
+
+/** The defaults of the server's bounds (the Rust server's `Config` defaults). */
+export const SERVER_DEFAULTS = Object.freeze({
+  maxSendBuffer: 4 << 20,
+});
 
 /** Options of the WebSocket listeners (§14.2). */
 export interface WebSocketServerOptions {
@@ -147,17 +155,24 @@ interface ServerCall {
   timer: ReturnType<typeof setTimeout> | undefined;
 }
 
+/** One connection being served. */
+interface ServerConn {
+  engine: Connection;
+  driver: Driver;
+  calls: Map<number, ServerCall>;
+}
+
 /** A topspin server. */
 export class Server {
   private readonly routes = new Map<string, Route>();
   private readonly servers: net.Server[] = [];
-  private readonly conns = new Set<{ engine: Connection; driver: Driver; calls: Map<number, ServerCall> }>();
+  private readonly conns = new Set<ServerConn>();
   private closing = false;
 
   private readonly codecs: Codecs;
 
   constructor(private readonly options: ServerOptions = {}) {
-    this.codecs = options.codecs ?? nodeCodecs;
+    this.codecs = options.codecs ?? nodeServerCodecs;
     if (options.compression !== undefined && this.codecs.encoders[options.compression] === undefined) {
       throw new TopspinError(Code.INVALID_ARGUMENT, `no ${options.compression} encoder in the server's codecs`);
     }
@@ -272,16 +287,16 @@ export class Server {
   }
 
   /** Runs a server connection over an accepted stream. */
-  private serve(io: Duplex): { engine: Connection; driver: Driver; calls: Map<number, ServerCall> } {
+  private serve(io: Duplex): ServerConn {
     const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
     const calls = new Map<number, ServerCall>();
-    const entry = { engine, driver: null as unknown as Driver, calls };
+    const entry: ServerConn = { engine, driver: null as unknown as Driver, calls };
     this.conns.add(entry);
-    entry.driver = new Driver(engine, io, (e) => this.onEvent(entry, e), this.options.maxSendBuffer ?? 4 << 20);
+    entry.driver = new Driver(engine, io, (e) => this.onEvent(entry, e), this.options.maxSendBuffer ?? SERVER_DEFAULTS.maxSendBuffer);
     return entry;
   }
 
-  private onEvent(c: { engine: Connection; driver: Driver; calls: Map<number, ServerCall> }, e: Event): void {
+  private onEvent(c: ServerConn, e: Event): void {
     switch (e.type) {
       case "CallStarted":
         this.startCall(c, e);
@@ -317,7 +332,7 @@ export class Server {
   }
 
   /** Ends the call's bookkeeping; `err` (an early end) aborts the handler's signal and input. */
-  private finish(c: { calls: Map<number, ServerCall> }, call: ServerCall, err: TopspinError | null): void {
+  private finish(c: ServerConn, call: ServerCall, err: TopspinError | null): void {
     if (call.done) return;
     call.done = true;
     c.calls.delete(call.id);
@@ -332,7 +347,7 @@ export class Server {
     if (w) w();
   }
 
-  private startCall(c: { engine: Connection; driver: Driver; calls: Map<number, ServerCall> }, e: Extract<Event, { type: "CallStarted" }>): void {
+  private startCall(c: ServerConn, e: Extract<Event, { type: "CallStarted" }>): void {
     const { engine, driver } = c;
     const route = this.routes.get(e.method);
     if (route === undefined || e.codec !== 0) {

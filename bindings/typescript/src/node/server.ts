@@ -103,15 +103,41 @@ export const SERVER_DEFAULTS = Object.freeze({
 /** Options of the WebSocket listeners (§14.2). */
 export interface WebSocketServerOptions {
   /**
-   * Origins (`http://host:port`) whose pages may connect; an upgrade with another `Origin` is
-   * refused with 403. Unset: every origin. Requests without `Origin` (not from a browser) pass.
+   * Origins (`https://app.example.com`, exactly as browsers send them) whose pages may connect
+   * besides the server's own. By default an upgrade whose `Origin` is not same-origin with its
+   * `Host` header (host and port) is refused with 403, so that no other web page can use a
+   * visitor's browser to call this server (cross-site WebSocket hijacking). Requests without
+   * `Origin` (not from a browser) pass. `"*"`: every origin (the opt-out, for a public API that
+   * authenticates each call itself).
    */
-  allowedOrigins?: string[];
+  allowedOrigins?: string[] | "*";
   /**
    * Largest WebSocket message (and frame) accepted, bytes (default 4 MiB, at least 256 KiB);
    * a larger one closes the connection with 1009. This bounds what one message makes us buffer.
    */
   maxMessageBytes?: number;
+}
+
+/**
+ * Whether a WebSocket upgrade with this `Origin` may go on: none (not a browser), listed in
+ * `allowed` (or `allowed` is `"*"`), or same-origin with the request's `Host`: the same host
+ * name (case-insensitive) and port, a missing port being the default of the origin's scheme.
+ * `Origin: null` (sandboxed pages, files) is same-origin with nothing.
+ */
+export function originAllowed(origin: string | undefined, host: string | undefined, allowed: string[] | "*" | undefined): boolean {
+  if (origin === undefined || allowed === "*" || (allowed?.includes(origin) ?? false)) return true;
+  if (host === undefined || origin === "null") return false;
+  let o: URL;
+  let h: URL;
+  try {
+    o = new URL(origin);
+    h = new URL(`${o.protocol}//${host}`);
+  } catch {
+    return false;
+  }
+  if (o.protocol !== "http:" && o.protocol !== "https:") return false;
+  // URL drops a port that is the scheme's default, from both alike.
+  return o.hostname.toLowerCase() === h.hostname.toLowerCase() && o.port === h.port && h.pathname === "/" && h.username === "";
 }
 
 /** Answers an upgrade request with an HTTP error and closes the socket. */
@@ -266,7 +292,9 @@ export class Server {
       const offered = (req.headers["sec-websocket-protocol"] ?? "").split(",").map((p) => p.trim());
       if (!offered.includes(WS_SUBPROTOCOL)) return refuseUpgrade(socket, 400, "Bad Request", `the ${WS_SUBPROTOCOL} subprotocol must be offered\n`);
       const origin = req.headers.origin;
-      if (opts.allowedOrigins !== undefined && origin !== undefined && !opts.allowedOrigins.includes(origin)) return refuseUpgrade(socket, 403, "Forbidden", `origin ${origin} is not allowed\n`);
+      if (!originAllowed(origin, req.headers.host, opts.allowedOrigins)) {
+        return refuseUpgrade(socket, 403, "Forbidden", `origin ${String(origin)} is not allowed (same-origin or webSocket.allowedOrigins only)\n`);
+      }
       wss.handleUpgrade(req, socket, head, (ws) => {
         const entry = this.serve(webSocketDuplex(ws));
         ws.on("close", () => this.conns.delete(entry));

@@ -9,11 +9,11 @@ import * as net from "node:net";
 import { createServer as createHttpServer, type IncomingMessage } from "node:http";
 import type { Duplex as NodeDuplex } from "node:stream";
 import { WebSocketServer, type WebSocket } from "ws";
-import { existsSync, unlinkSync } from "node:fs";
 import { create, fromBinary, toBinary, type DescMessage, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Connection, type Event, type Limits, type MemoryBudget } from "../connection.js";
 import { Driver } from "../driver.js";
 import type { Metadata, Settings } from "../frame.js";
+import { listenUnix, removeIfOurs } from "./unix.js";
 import { AsyncQueue } from "../queue.js";
 import { Code, TopspinError } from "../status.js";
 import { methodPath } from "../client.js";
@@ -93,11 +93,14 @@ export interface ServerOptions {
    * message.
    */
   maxSendBuffer?: number;
+  /** Permission bits of a `unix://` socket file (default 0o660). */
+  unixSocketMode?: number;
 }
 
 /** The defaults of the server's bounds (the Rust server's `Config` defaults). */
 export const SERVER_DEFAULTS = Object.freeze({
   maxSendBuffer: 4 << 20,
+  unixSocketMode: 0o660,
 });
 
 /** Options of the WebSocket listeners (§14.2). */
@@ -193,6 +196,8 @@ export class Server {
   private readonly routes = new Map<string, Route>();
   private readonly servers: net.Server[] = [];
   private readonly conns = new Set<ServerConn>();
+  /** Unix socket files bound, with their ids (removed on close if still ours). */
+  private readonly unixFiles: { path: string; id: string | null }[] = [];
   private closing = false;
 
   private readonly codecs: Codecs;
@@ -237,14 +242,21 @@ export class Server {
     const a = parseAddress(address);
     if (a.kind === "ws") return this.listenWebSocket(a.url);
     const srv = net.createServer((s) => this.accept(s));
+    if (a.kind === "unix") {
+      try {
+        const id = await listenUnix(srv, a.path, this.options.unixSocketMode ?? SERVER_DEFAULTS.unixSocketMode);
+        this.unixFiles.push({ path: a.path, id });
+      } catch (e) {
+        srv.close();
+        throw e;
+      }
+      this.servers.push(srv);
+      return address;
+    }
     this.servers.push(srv);
     await new Promise<void>((resolve, reject) => {
       srv.once("error", reject);
-      if (a.kind === "unix") {
-        if (existsSync(a.path)) unlinkSync(a.path);
-        srv.listen(a.path, resolve);
-      } else if (a.kind === "tcp") srv.listen(a.port, a.host, resolve);
-      else reject(new Error("unreachable"));
+      srv.listen(a.port, a.host, resolve);
     });
     const addr = srv.address();
     if (addr !== null && typeof addr === "object") return `tcp://${addr.family === "IPv6" ? `[${addr.address}]` : addr.address}:${addr.port}`;
@@ -258,6 +270,7 @@ export class Server {
   async close(graceMs = 5000): Promise<void> {
     this.closing = true;
     for (const s of this.servers) s.close();
+    for (const f of this.unixFiles.splice(0)) await removeIfOurs(f.path, f.id);
     for (const c of this.conns) {
       c.engine.goAway(0, "server shutting down");
       c.driver.pump();

@@ -12,7 +12,9 @@ import { WebSocketServer, type WebSocket } from "ws";
 import { create, fromBinary, toBinary, type DescMessage, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Connection, type Event, type Limits, type MemoryBudget } from "../connection.js";
 import { Driver } from "../driver.js";
-import type { Metadata, Settings } from "../frame.js";
+import { ErrorCode, type Metadata, type Settings } from "../frame.js";
+import { MIN_KEEPALIVE_INTERVAL_MS, type KeepaliveOptions } from "../channel.js";
+import { Liveness, type LivenessBounds } from "./liveness.js";
 import { listenUnix, removeIfOurs } from "./unix.js";
 import { AsyncQueue } from "../queue.js";
 import { Code, TopspinError } from "../status.js";
@@ -93,12 +95,44 @@ export interface ServerOptions {
    * message.
    */
   maxSendBuffer?: number;
+  /**
+   * A connection must send its preface and SETTINGS within this long of being accepted, else it
+   * is closed with ERROR `TIMEOUT` (§2; default 10 000 ms, 0: none).
+   */
+  handshakeTimeoutMs?: number;
+  /**
+   * A frame that started to arrive must be complete within this long, else the connection is
+   * closed with ERROR `TIMEOUT` (default 30 000 ms, 0: none). The time stops while the server
+   * itself stopped reading (`maxSendBuffer`).
+   */
+  frameTimeoutMs?: number;
+  /**
+   * A connection without calls for this long (nothing read, no call ended) gets a GOAWAY
+   * ("idle timeout") and is closed (default 3 600 000 ms: one hour, 0: none).
+   */
+  idleTimeoutMs?: number;
+  /**
+   * Keep-alive: after `intervalMs` of silence (at least 100) the server sends a PING; when
+   * nothing arrives within `timeoutMs` (default 20 000) after it, the connection is closed with
+   * ERROR `TIMEOUT`. Off by default.
+   */
+  keepalive?: KeepaliveOptions;
+  /**
+   * Connections open at once (default 10 000). One more gets the preface, SETTINGS and, once its
+   * first call arrives (or after a second), an ERROR naming `max_connections (N) reached`, and
+   * is closed; open connections are not affected.
+   */
+  maxConnections?: number;
   /** Permission bits of a `unix://` socket file (default 0o660). */
   unixSocketMode?: number;
 }
 
 /** The defaults of the server's bounds (the Rust server's `Config` defaults). */
 export const SERVER_DEFAULTS = Object.freeze({
+  handshakeTimeoutMs: 10_000,
+  frameTimeoutMs: 30_000,
+  idleTimeoutMs: 3_600_000,
+  maxConnections: 10_000,
   maxSendBuffer: 4 << 20,
   unixSocketMode: 0o660,
 });
@@ -189,7 +223,15 @@ interface ServerConn {
   engine: Connection;
   driver: Driver;
   calls: Map<number, ServerCall>;
+  live: Liveness | null;
 }
+
+/** Connections over `maxConnections` being told so at once (as Rust); more are closed without a word. */
+const MAX_REFUSALS = 64;
+/** How long a refused connection may take to send its first call (which then carries the reason). */
+const REFUSAL_WAIT_MS = 1000;
+/** Bytes read from a refused connection at most. */
+const REFUSAL_READ_LIMIT = 64 * 1024;
 
 /** A topspin server. */
 export class Server {
@@ -198,12 +240,23 @@ export class Server {
   private readonly conns = new Set<ServerConn>();
   /** Unix socket files bound, with their ids (removed on close if still ours). */
   private readonly unixFiles: { path: string; id: string | null }[] = [];
+  private refusing = 0;
   private closing = false;
 
   private readonly codecs: Codecs;
+  private readonly bounds: LivenessBounds;
+  private readonly maxConnections: number;
 
   constructor(private readonly options: ServerOptions = {}) {
     this.codecs = options.codecs ?? nodeServerCodecs;
+    const ka = options.keepalive;
+    this.bounds = {
+      handshakeMs: options.handshakeTimeoutMs ?? SERVER_DEFAULTS.handshakeTimeoutMs,
+      frameMs: options.frameTimeoutMs ?? SERVER_DEFAULTS.frameTimeoutMs,
+      idleMs: options.idleTimeoutMs ?? SERVER_DEFAULTS.idleTimeoutMs,
+      keepalive: ka === undefined ? undefined : { intervalMs: Math.max(MIN_KEEPALIVE_INTERVAL_MS, ka.intervalMs), timeoutMs: ka.timeoutMs ?? 20_000 },
+    };
+    this.maxConnections = options.maxConnections ?? SERVER_DEFAULTS.maxConnections;
     if (options.compression !== undefined && this.codecs.encoders[options.compression] === undefined) {
       throw new TopspinError(Code.INVALID_ARGUMENT, `no ${options.compression} encoder in the server's codecs`);
     }
@@ -309,6 +362,7 @@ export class Server {
         return refuseUpgrade(socket, 403, "Forbidden", `origin ${String(origin)} is not allowed (same-origin or webSocket.allowedOrigins only)\n`);
       }
       wss.handleUpgrade(req, socket, head, (ws) => {
+        if (this.conns.size >= this.maxConnections) return this.refuse(webSocketDuplex(ws), () => ws.terminate());
         const entry = this.serve(webSocketDuplex(ws));
         ws.on("close", () => this.conns.delete(entry));
       });
@@ -323,6 +377,8 @@ export class Server {
   }
 
   private accept(socket: net.Socket): void {
+    socket.on("error", () => undefined);
+    if (this.conns.size >= this.maxConnections) return this.refuse(socketDuplex(socket), () => socket.destroy());
     const entry = this.serve(socketDuplex(socket));
     socket.on("close", () => this.conns.delete(entry));
   }
@@ -331,14 +387,61 @@ export class Server {
   private serve(io: Duplex): ServerConn {
     const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
     const calls = new Map<number, ServerCall>();
-    const entry: ServerConn = { engine, driver: null as unknown as Driver, calls };
+    const entry: ServerConn = { engine, driver: null as unknown as Driver, calls, live: null };
     this.conns.add(entry);
     entry.driver = new Driver(engine, io, (e) => this.onEvent(entry, e), this.options.maxSendBuffer ?? SERVER_DEFAULTS.maxSendBuffer);
+    if (engine.closed) return entry;
+    const live = new Liveness(entry.driver, this.bounds, () => calls.size === 0, () => {
+      engine.goAway(ErrorCode.NO_ERROR, "idle timeout");
+      entry.driver.close();
+    });
+    entry.live = live;
+    entry.driver.onRead = () => live.onRead();
     return entry;
+  }
+
+  /**
+   * Tells a connection over `maxConnections` why it is refused, then closes it (as Rust): it
+   * gets the preface and SETTINGS, and once its first call arrives (so that the call fails with
+   * the reason) or after a second, an ERROR naming the limit. No handler runs; it reads at most
+   * 64 KiB; at most 64 are refused this way at once, more are closed at once (`drop`).
+   */
+  private refuse(io: Duplex, drop: () => void): void {
+    if (this.refusing >= MAX_REFUSALS) return drop();
+    this.refusing++;
+    const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
+    let read = 0;
+    let told = false;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let driver: Driver | null = null;
+    const tell = (): void => {
+      if (told) return;
+      told = true;
+      clearTimeout(timer);
+      engine.abort(ErrorCode.INTERNAL_ERROR, `max_connections (${this.maxConnections}) reached: the server takes no more connections now; try again later`);
+      driver?.pump();
+      setTimeout(drop, REFUSAL_WAIT_MS).unref(); // a peer that does not read our last bytes
+    };
+    driver = new Driver(engine, io, (e) => {
+      if (e.type === "CallStarted") tell();
+      else if (e.type === "Closed") {
+        this.refusing--;
+        tell();
+      }
+    });
+    driver.onRead = (n) => {
+      read += n;
+      if (read > REFUSAL_READ_LIMIT) tell();
+    };
+    if (told) driver.pump();
+    else timer = setTimeout(tell, Math.min(REFUSAL_WAIT_MS, this.bounds.handshakeMs || REFUSAL_WAIT_MS)).unref();
   }
 
   private onEvent(c: ServerConn, e: Event): void {
     switch (e.type) {
+      case "Closed":
+        c.live?.stop();
+        return;
       case "CallStarted":
         this.startCall(c, e);
         return;
@@ -377,6 +480,7 @@ export class Server {
     if (call.done) return;
     call.done = true;
     c.calls.delete(call.id);
+    c.live?.callEnded();
     clearTimeout(call.timer);
     if (err !== null) {
       call.reason = err;

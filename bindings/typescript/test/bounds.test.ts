@@ -154,3 +154,20 @@ test("max connections: one over the limit is told `max_connections (N) reached` 
     await server.close(100);
   }
 });
+
+test("WebSocket listener: an upgrade request that never ends is closed by the handshake timeout; a good client is served", async () => {
+  const server = echoServer({ handshakeTimeoutMs: 300 });
+  const addr = await server.listen("ws://127.0.0.1:0/topspin");
+  const good = goodClient(addr);
+  const stall = await Raw.open(`tcp://127.0.0.1:${new URL(addr).port}`);
+  try {
+    stall.send(new TextEncoder().encode("GET /topspin HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"));
+    await stall.closedByServer();
+    assert.match(Buffer.concat(stall.bytes).toString("latin1"), /^HTTP\/1\.1 408/);
+    assert.ok((await good.stop()) > 0);
+  } finally {
+    stall.destroy();
+    await good.stop().catch(() => undefined);
+    await server.close(100);
+  }
+});

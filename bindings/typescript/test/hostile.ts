@@ -41,11 +41,21 @@ export class Raw {
     return new Raw(sock);
   }
 
+  /** Everything the server sent, as bytes (also what is not topspin, such as an HTTP answer). */
+  readonly bytes: Buffer[] = [];
+  private garbage = false;
+
   private onData(b: Buffer): void {
+    this.bytes.push(b);
     const skip = Math.min(this.prefaceLeft, b.length);
     this.prefaceLeft -= skip;
+    if (this.garbage) return;
     this.decoder.push(b.subarray(skip));
-    for (let f = this.decoder.next(); f !== null; f = this.decoder.next()) this.frames.push(f);
+    try {
+      for (let f = this.decoder.next(); f !== null; f = this.decoder.next()) this.frames.push(f);
+    } catch {
+      this.garbage = true; // not frames: `bytes` has it
+    }
   }
 
   /** Sends bytes or a frame. */

@@ -348,7 +348,11 @@ export class Server {
       perMessageDeflate: false,
       handleProtocols: (offered) => (offered.has(WS_SUBPROTOCOL) ? WS_SUBPROTOCOL : false),
     });
-    const srv = createHttpServer((_req, res) => {
+    // The upgrade request is part of the handshake: its head (at most 16 KiB, Node's
+    // maxHeaderSize) must arrive within handshakeTimeoutMs, checked every second at most.
+    const hs = this.bounds.handshakeMs;
+    const timeouts = hs > 0 ? { headersTimeout: hs, requestTimeout: hs, connectionsCheckingInterval: Math.min(1000, hs) } : {};
+    const srv = createHttpServer({ maxHeaderSize: 16 * 1024, ...timeouts }, (_req, res) => {
       res.writeHead(426, { "content-type": "text/plain", upgrade: "websocket" }).end(`topspin over WebSocket (subprotocol ${WS_SUBPROTOCOL}): upgrade required\n`);
     });
     srv.on("upgrade", (req: IncomingMessage, socket: NodeDuplex, head: Buffer) => {

@@ -28,8 +28,6 @@ const bundle = await build({ entryPoints: [join(pkg, "bench", "browser-page.ts")
 const js = bundle.outputFiles[0]?.text ?? "";
 const html = `<!doctype html><meta charset="utf-8"><title>topspin vs connect-web</title><h1>topspin vs connect-web</h1><script type="module" src="/page.js"></script>`;
 
-const topspin = new Server().service(Echo, { echo: (req) => req });
-const wsAddress = await topspin.listen("ws://127.0.0.1:0/topspin");
 const connect = connectNodeAdapter({ routes: (r: ConnectRouter) => void r.service(Echo, { echo: (req) => req }), readMaxBytes: 64 << 20, writeMaxBytes: 64 << 20 });
 const isolation = { "cross-origin-opener-policy": "same-origin", "cross-origin-embedder-policy": "require-corp" };
 const http = createServer((req, res) => {
@@ -39,6 +37,9 @@ const http = createServer((req, res) => {
 });
 await new Promise<void>((r) => http.listen(0, "127.0.0.1", r));
 const origin = `http://127.0.0.1:${(http.address() as { port: number }).port}`;
+// The page comes from another origin (this HTTP server's port): the Node server must allow it.
+const topspin = new Server({ webSocket: { allowedOrigins: [origin] } }).service(Echo, { echo: (req) => req });
+const wsAddress = await topspin.listen("ws://127.0.0.1:0/topspin");
 
 const profile = mkdtempSync(join(tmpdir(), "topspin-bench-chromium-"));
 let failed = false;

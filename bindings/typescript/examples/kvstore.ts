@@ -80,8 +80,10 @@ export function kvStore(stats: { watching: number; ended?: unknown[] } = { watch
 }
 
 if (import.meta.url === `file://${process.argv[1] ?? ""}`) {
+  // Usage: node dist/examples/kvstore.js ADDRESS [ORIGIN…]: on ws://, web pages of these
+  // origins may call (besides same-origin ones; e.g. http://127.0.0.1:8080 for examples/web.ts).
   const address = process.argv[2] ?? "tcp://127.0.0.1:50052";
-  const server = new Server().service(Store, kvStore());
+  const server = new Server({ webSocket: { allowedOrigins: process.argv.slice(3) } }).service(Store, kvStore());
   const bound = await server.listen(address);
   console.log(`listening on ${bound}`);
   process.on("SIGTERM", () => void server.close(2000).then(() => process.exit(0)));

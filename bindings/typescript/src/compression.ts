@@ -13,6 +13,9 @@
  */
 import { Decompress } from "fzstd";
 import { Code, TopspinError } from "./status.js";
+import { checkZstdFrames } from "./zstd-frames.js";
+
+export { ZSTD_MAX_WINDOW, ZstdWindowTooLarge, checkZstdFrames } from "./zstd-frames.js";
 
 /** Thrown by a decoder whose output would pass the limit. */
 export class LimitExceeded extends Error {
@@ -35,8 +38,13 @@ function concat(parts: Uint8Array[], total: number): Uint8Array {
   return out;
 }
 
-/** zstd (RFC 8878), streaming, bounded. */
+/**
+ * zstd (RFC 8878), streaming, bounded: every frame header is checked first
+ * ({@link checkZstdFrames}: a window over 8 MiB is refused before `fzstd` allocates it, declared
+ * content sizes over `limit` are {@link LimitExceeded}), then output stops past `limit`.
+ */
 export const zstd: Decoder = (body, limit) => {
+  if (checkZstdFrames(body, limit)) throw new LimitExceeded(limit);
   const parts: Uint8Array[] = [];
   let total = 0;
   let done = false;

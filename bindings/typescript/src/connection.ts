@@ -182,6 +182,9 @@ export interface ConnectionOptions {
 
 const MAX_CREDIT = 0x7fffffff;
 
+/** Frames announced larger than this (one 64 KiB read) are charged to the memory budget while they arrive. */
+export const LARGE_FRAME = 64 * 1024;
+
 /** One topspin connection, either side, without I/O. */
 export class Connection {
   /** This side. */
@@ -215,6 +218,8 @@ export class Connection {
   closeError: number | null = null;
   /** The shared memory budget for incomplete split messages. */
   readonly memoryBudget: MemoryBudget;
+  /** Bytes of a large frame still arriving, charged to {@link memoryBudget}. */
+  private frameCharge = 0;
   /** The call whose split message goes on while the budget is spent (one per connection, §7). */
   private privileged: number | null = null;
   private unsubscribe: (() => void) | null = null;
@@ -301,6 +306,28 @@ export class Connection {
   receive(bytes: Uint8Array): void {
     if (this.phase === "closed") return;
     this.decoder.push(bytes);
+    this.decode();
+    this.chargeFrame();
+  }
+
+  /** Whether a frame (or the preface) has started to arrive and is not complete (§9: frame timeout). */
+  get partialInput(): boolean {
+    return this.phase !== "closed" && this.decoder.midFrame;
+  }
+
+  /**
+   * Charges the memory budget with the bytes held for a large frame still arriving (one whose
+   * header announced more than {@link LARGE_FRAME}): they are held as they arrive (never
+   * allocated at the announced size), and counted with the split messages being reassembled.
+   */
+  private chargeFrame(): void {
+    const held = this.phase !== "closed" && this.decoder.announced > LARGE_FRAME ? this.decoder.pending : 0;
+    if (held > this.frameCharge) this.memoryBudget.reserve(held - this.frameCharge);
+    else if (held < this.frameCharge) this.memoryBudget.release(this.frameCharge - held);
+    this.frameCharge = held;
+  }
+
+  private decode(): void {
     try {
       if (this.phase === "preface") {
         if (this.decoder.pending < PREFACE.length) {
@@ -351,6 +378,7 @@ export class Connection {
       else this.events.push({ type: "Cancelled", callId: c.id, code: Code.UNAVAILABLE, message: why });
     }
     this.phase = "closed";
+    this.chargeFrame();
     this.unsubscribe?.();
     this.unsubscribe = null;
     this.closeError = code;

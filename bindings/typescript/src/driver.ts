@@ -19,6 +19,8 @@ export class Driver {
   private ioClosed = false;
   /** How many reads arrived (keep-alive looks for a change: no clock on the hot path). */
   reads = 0;
+  /** Called after each read was handed to the engine, with its length (a server's timers). */
+  onRead: ((bytes: number) => void) | null = null;
 
   /**
    * @param maxPending The bound on output produced and not yet written to the network (§7,
@@ -39,6 +41,7 @@ export class Driver {
     io.onData = (b) => {
       this.reads++;
       engine.receive(b);
+      this.onRead?.(b.length);
       this.pump();
     };
     engine.onWake = () => this.pump();
@@ -92,6 +95,23 @@ export class Driver {
       this.io.close();
       this.wakeRoom();
     } else if (this.full && !this.paused) this.block();
+  }
+
+  /**
+   * Writes what is queued, then closes the stream without closing the engine first (after a
+   * GOAWAY with no call left: the peer reads everything we sent, then the end of the stream).
+   */
+  close(): void {
+    this.flush();
+    if (this.ioClosed) return;
+    this.ioClosed = true;
+    this.io.close();
+    this.wakeRoom();
+  }
+
+  /** Whether reading is stopped because the output is full (the peer does not read). */
+  get readsPaused(): boolean {
+    return this.paused && this.pauseReads;
   }
 
   private paused = false;

@@ -405,6 +405,16 @@ export class FrameDecoder {
     return this.buffered;
   }
 
+  /** Whether a frame has started to arrive and is not complete (its header read, or part of it). */
+  get midFrame(): boolean {
+    return this.header !== null || this.buffered > 0;
+  }
+
+  /** The length its header announced for the frame being received (0 when no header is read yet). */
+  get announced(): number {
+    return this.header?.length ?? 0;
+  }
+
   /** Takes exactly `n` buffered bytes (n ≤ buffered). */
   take(n: number): Uint8Array {
     if (n === 0) return new Uint8Array(0);

@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import WebSocket from "ws";
-import { Server, connect } from "../src/node/index.js";
+import { Server, connect, originAllowed } from "../src/node/index.js";
 import { WS_SUBPROTOCOL } from "../src/index.js";
 import { Store } from "../gen/kv/v1/kv_pb.js";
 import { kvStore } from "../examples/kvstore.js";
@@ -91,6 +91,44 @@ test("Node server over ws://: 404 on another path, 400 without topspin.v1, 403 f
   } finally {
     await server.close(1000);
   }
+});
+
+test("Node server over ws://: by default a foreign Origin is refused 403 (cross-site WebSocket hijacking); same-origin and no Origin pass; \"*\" opts out", async () => {
+  const server = new Server().service(Store, kvStore());
+  const addr = await server.listen("ws://127.0.0.1:0/topspin");
+  const port = new URL(addr).port;
+  const open = new Server({ webSocket: { allowedOrigins: "*" } }).service(Store, kvStore());
+  const openAddr = await open.listen("ws://127.0.0.1:0/topspin");
+  const ch = connect(addr); // a Node client sends no Origin: served throughout
+  try {
+    await kvSuite(ch, "origin/");
+    assert.equal(await upgrade(addr, [WS_SUBPROTOCOL], "http://evil.example"), 403);
+    assert.equal(await upgrade(addr, [WS_SUBPROTOCOL], `http://localhost:${port}`), 403, "another host name is another origin");
+    assert.equal(await upgrade(addr, [WS_SUBPROTOCOL], "http://127.0.0.1:1"), 403, "another port is another origin");
+    assert.equal(await upgrade(addr, [WS_SUBPROTOCOL], "null"), 403);
+    assert.equal(await upgrade(addr, [WS_SUBPROTOCOL], `http://127.0.0.1:${port}`), "open", "same-origin");
+    assert.equal(await upgrade(addr, [WS_SUBPROTOCOL]), "open", "no Origin: not a browser");
+    assert.equal(await upgrade(openAddr, [WS_SUBPROTOCOL], "http://evil.example"), "open", "allowedOrigins: \"*\"");
+    await kvSuite(ch, "origin2/");
+  } finally {
+    ch.close();
+    await server.close(1000);
+    await open.close(1000);
+  }
+});
+
+test("originAllowed: host and port compared, default ports, case, Host headers that are not a bare host", () => {
+  assert.ok(originAllowed(undefined, "a.example", undefined));
+  assert.ok(originAllowed("https://App.Example", "app.example", undefined));
+  assert.ok(originAllowed("https://app.example", "app.example:443", undefined));
+  assert.ok(originAllowed("http://app.example", "app.example:80", undefined));
+  assert.ok(!originAllowed("https://app.example", "app.example:80", undefined));
+  assert.ok(!originAllowed("http://app.example", undefined, undefined));
+  assert.ok(!originAllowed("http://evil.example", "evil.example@app.example", undefined));
+  assert.ok(!originAllowed("http://app.example", "app.example/x", undefined));
+  assert.ok(!originAllowed("file://app.example", "app.example", undefined));
+  assert.ok(originAllowed("http://evil.example", "app.example", ["http://evil.example"]));
+  assert.ok(originAllowed("http://evil.example", "app.example", "*"));
 });
 
 test("Node server over ws://: a text message closes the connection with 1003; the subprotocol is answered", async () => {

@@ -21,3 +21,11 @@ export const gzipEncode: Encoder = (message) => gzipSync(message);
 
 /** The Node set: gzip both ways (zlib), zstd decoding (fzstd). */
 export const nodeCodecs: Codecs = { encoders: { gzip: gzipEncode }, decoders: { zstd, gzip } };
+
+/**
+ * The Node server's default set: gzip both ways, and no zstd decoding. `fzstd` bounds what a
+ * hostile zstd message can make it allocate (the window check, `max_message_size`), not the CPU
+ * time its sequence decoder spends on one crafted block (seconds for a few KiB; see README): a
+ * server accepts zstd requests only when told to (`codecs: nodeCodecs`), from clients it trusts.
+ */
+export const nodeServerCodecs: Codecs = { encoders: { gzip: gzipEncode }, decoders: { gzip } };

@@ -9,18 +9,20 @@ import * as net from "node:net";
 import { createServer as createHttpServer, type IncomingMessage } from "node:http";
 import type { Duplex as NodeDuplex } from "node:stream";
 import { WebSocketServer, type WebSocket } from "ws";
-import { existsSync, unlinkSync } from "node:fs";
 import { create, fromBinary, toBinary, type DescMessage, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Connection, type Event, type Limits, type MemoryBudget } from "../connection.js";
 import { Driver } from "../driver.js";
-import type { Metadata, Settings } from "../frame.js";
+import { ErrorCode, type Metadata, type Settings } from "../frame.js";
+import { MIN_KEEPALIVE_INTERVAL_MS, type KeepaliveOptions } from "../channel.js";
+import { Liveness, type LivenessBounds } from "./liveness.js";
+import { listenUnix, removeIfOurs } from "./unix.js";
 import { AsyncQueue } from "../queue.js";
 import { Code, TopspinError } from "../status.js";
 import { methodPath } from "../client.js";
 import { parseAddress, socketDuplex } from "./net.js";
 import { HeldDuplex, WS_SUBPROTOCOL, sendAsMessages, type Duplex } from "../transport.js";
 import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, accepts, decodeMessage, encodeMessage, type Codecs, type Compression } from "../compression.js";
-import { nodeCodecs } from "./gzip.js";
+import { nodeServerCodecs } from "./gzip.js";
 
 /** What a handler knows about its call, and what it can set. */
 export interface HandlerContext {
@@ -79,7 +81,10 @@ export interface ServerOptions {
   compression?: Compression;
   /** Memory for incomplete split requests, shared by the connections (default: the process-wide 1 GiB budget). */
   memoryBudget?: MemoryBudget;
-  /** Encoders and decoders (default: `nodeCodecs`: gzip both ways, zstd decoding). */
+  /**
+   * Encoders and decoders (default: `nodeServerCodecs`: gzip both ways; `nodeCodecs` decodes
+   * zstd requests too — only from trusted clients, see the README's "Server bounds").
+   */
   codecs?: Codecs;
   /** WebSocket listeners (`ws://` addresses). */
   webSocket?: WebSocketServerOptions;
@@ -90,20 +95,86 @@ export interface ServerOptions {
    * message.
    */
   maxSendBuffer?: number;
+  /**
+   * A connection must send its preface and SETTINGS within this long of being accepted, else it
+   * is closed with ERROR `TIMEOUT` (§2; default 10 000 ms, 0: none).
+   */
+  handshakeTimeoutMs?: number;
+  /**
+   * A frame that started to arrive must be complete within this long, else the connection is
+   * closed with ERROR `TIMEOUT` (default 30 000 ms, 0: none). The time stops while the server
+   * itself stopped reading (`maxSendBuffer`).
+   */
+  frameTimeoutMs?: number;
+  /**
+   * A connection without calls for this long (nothing read, no call ended) gets a GOAWAY
+   * ("idle timeout") and is closed (default 3 600 000 ms: one hour, 0: none).
+   */
+  idleTimeoutMs?: number;
+  /**
+   * Keep-alive: after `intervalMs` of silence (at least 100) the server sends a PING; when
+   * nothing arrives within `timeoutMs` (default 20 000) after it, the connection is closed with
+   * ERROR `TIMEOUT`. Off by default.
+   */
+  keepalive?: KeepaliveOptions;
+  /**
+   * Connections open at once (default 10 000). One more gets the preface, SETTINGS and, once its
+   * first call arrives (or after a second), an ERROR naming `max_connections (N) reached`, and
+   * is closed; open connections are not affected.
+   */
+  maxConnections?: number;
+  /** Permission bits of a `unix://` socket file (default 0o660). */
+  unixSocketMode?: number;
 }
+
+/** The defaults of the server's bounds (the Rust server's `Config` defaults). */
+export const SERVER_DEFAULTS = Object.freeze({
+  handshakeTimeoutMs: 10_000,
+  frameTimeoutMs: 30_000,
+  idleTimeoutMs: 3_600_000,
+  maxConnections: 10_000,
+  maxSendBuffer: 4 << 20,
+  unixSocketMode: 0o660,
+});
 
 /** Options of the WebSocket listeners (§14.2). */
 export interface WebSocketServerOptions {
   /**
-   * Origins (`http://host:port`) whose pages may connect; an upgrade with another `Origin` is
-   * refused with 403. Unset: every origin. Requests without `Origin` (not from a browser) pass.
+   * Origins (`https://app.example.com`, exactly as browsers send them) whose pages may connect
+   * besides the server's own. By default an upgrade whose `Origin` is not same-origin with its
+   * `Host` header (host and port) is refused with 403, so that no other web page can use a
+   * visitor's browser to call this server (cross-site WebSocket hijacking). Requests without
+   * `Origin` (not from a browser) pass. `"*"`: every origin (the opt-out, for a public API that
+   * authenticates each call itself).
    */
-  allowedOrigins?: string[];
+  allowedOrigins?: string[] | "*";
   /**
    * Largest WebSocket message (and frame) accepted, bytes (default 4 MiB, at least 256 KiB);
    * a larger one closes the connection with 1009. This bounds what one message makes us buffer.
    */
   maxMessageBytes?: number;
+}
+
+/**
+ * Whether a WebSocket upgrade with this `Origin` may go on: none (not a browser), listed in
+ * `allowed` (or `allowed` is `"*"`), or same-origin with the request's `Host`: the same host
+ * name (case-insensitive) and port, a missing port being the default of the origin's scheme.
+ * `Origin: null` (sandboxed pages, files) is same-origin with nothing.
+ */
+export function originAllowed(origin: string | undefined, host: string | undefined, allowed: string[] | "*" | undefined): boolean {
+  if (origin === undefined || allowed === "*" || (allowed?.includes(origin) ?? false)) return true;
+  if (host === undefined || origin === "null") return false;
+  let o: URL;
+  let h: URL;
+  try {
+    o = new URL(origin);
+    h = new URL(`${o.protocol}//${host}`);
+  } catch {
+    return false;
+  }
+  if (o.protocol !== "http:" && o.protocol !== "https:") return false;
+  // URL drops a port that is the scheme's default, from both alike.
+  return o.hostname.toLowerCase() === h.hostname.toLowerCase() && o.port === h.port && h.pathname === "/" && h.username === "";
 }
 
 /** Answers an upgrade request with an HTTP error and closes the socket. */
@@ -147,17 +218,45 @@ interface ServerCall {
   timer: ReturnType<typeof setTimeout> | undefined;
 }
 
+/** One connection being served. */
+interface ServerConn {
+  engine: Connection;
+  driver: Driver;
+  calls: Map<number, ServerCall>;
+  live: Liveness | null;
+}
+
+/** Connections over `maxConnections` being told so at once (as Rust); more are closed without a word. */
+const MAX_REFUSALS = 64;
+/** How long a refused connection may take to send its first call (which then carries the reason). */
+const REFUSAL_WAIT_MS = 1000;
+/** Bytes read from a refused connection at most. */
+const REFUSAL_READ_LIMIT = 64 * 1024;
+
 /** A topspin server. */
 export class Server {
   private readonly routes = new Map<string, Route>();
   private readonly servers: net.Server[] = [];
-  private readonly conns = new Set<{ engine: Connection; driver: Driver; calls: Map<number, ServerCall> }>();
+  private readonly conns = new Set<ServerConn>();
+  /** Unix socket files bound, with their ids (removed on close if still ours). */
+  private readonly unixFiles: { path: string; id: string | null }[] = [];
+  private refusing = 0;
   private closing = false;
 
   private readonly codecs: Codecs;
+  private readonly bounds: LivenessBounds;
+  private readonly maxConnections: number;
 
   constructor(private readonly options: ServerOptions = {}) {
-    this.codecs = options.codecs ?? nodeCodecs;
+    this.codecs = options.codecs ?? nodeServerCodecs;
+    const ka = options.keepalive;
+    this.bounds = {
+      handshakeMs: options.handshakeTimeoutMs ?? SERVER_DEFAULTS.handshakeTimeoutMs,
+      frameMs: options.frameTimeoutMs ?? SERVER_DEFAULTS.frameTimeoutMs,
+      idleMs: options.idleTimeoutMs ?? SERVER_DEFAULTS.idleTimeoutMs,
+      keepalive: ka === undefined ? undefined : { intervalMs: Math.max(MIN_KEEPALIVE_INTERVAL_MS, ka.intervalMs), timeoutMs: ka.timeoutMs ?? 20_000 },
+    };
+    this.maxConnections = options.maxConnections ?? SERVER_DEFAULTS.maxConnections;
     if (options.compression !== undefined && this.codecs.encoders[options.compression] === undefined) {
       throw new TopspinError(Code.INVALID_ARGUMENT, `no ${options.compression} encoder in the server's codecs`);
     }
@@ -196,14 +295,21 @@ export class Server {
     const a = parseAddress(address);
     if (a.kind === "ws") return this.listenWebSocket(a.url);
     const srv = net.createServer((s) => this.accept(s));
+    if (a.kind === "unix") {
+      try {
+        const id = await listenUnix(srv, a.path, this.options.unixSocketMode ?? SERVER_DEFAULTS.unixSocketMode);
+        this.unixFiles.push({ path: a.path, id });
+      } catch (e) {
+        srv.close();
+        throw e;
+      }
+      this.servers.push(srv);
+      return address;
+    }
     this.servers.push(srv);
     await new Promise<void>((resolve, reject) => {
       srv.once("error", reject);
-      if (a.kind === "unix") {
-        if (existsSync(a.path)) unlinkSync(a.path);
-        srv.listen(a.path, resolve);
-      } else if (a.kind === "tcp") srv.listen(a.port, a.host, resolve);
-      else reject(new Error("unreachable"));
+      srv.listen(a.port, a.host, resolve);
     });
     const addr = srv.address();
     if (addr !== null && typeof addr === "object") return `tcp://${addr.family === "IPv6" ? `[${addr.address}]` : addr.address}:${addr.port}`;
@@ -217,6 +323,7 @@ export class Server {
   async close(graceMs = 5000): Promise<void> {
     this.closing = true;
     for (const s of this.servers) s.close();
+    for (const f of this.unixFiles.splice(0)) await removeIfOurs(f.path, f.id);
     for (const c of this.conns) {
       c.engine.goAway(0, "server shutting down");
       c.driver.pump();
@@ -241,7 +348,11 @@ export class Server {
       perMessageDeflate: false,
       handleProtocols: (offered) => (offered.has(WS_SUBPROTOCOL) ? WS_SUBPROTOCOL : false),
     });
-    const srv = createHttpServer((_req, res) => {
+    // The upgrade request is part of the handshake: its head (at most 16 KiB, Node's
+    // maxHeaderSize) must arrive within handshakeTimeoutMs, checked every second at most.
+    const hs = this.bounds.handshakeMs;
+    const timeouts = hs > 0 ? { headersTimeout: hs, requestTimeout: hs, connectionsCheckingInterval: Math.min(1000, hs) } : {};
+    const srv = createHttpServer({ maxHeaderSize: 16 * 1024, ...timeouts }, (_req, res) => {
       res.writeHead(426, { "content-type": "text/plain", upgrade: "websocket" }).end(`topspin over WebSocket (subprotocol ${WS_SUBPROTOCOL}): upgrade required\n`);
     });
     srv.on("upgrade", (req: IncomingMessage, socket: NodeDuplex, head: Buffer) => {
@@ -251,8 +362,11 @@ export class Server {
       const offered = (req.headers["sec-websocket-protocol"] ?? "").split(",").map((p) => p.trim());
       if (!offered.includes(WS_SUBPROTOCOL)) return refuseUpgrade(socket, 400, "Bad Request", `the ${WS_SUBPROTOCOL} subprotocol must be offered\n`);
       const origin = req.headers.origin;
-      if (opts.allowedOrigins !== undefined && origin !== undefined && !opts.allowedOrigins.includes(origin)) return refuseUpgrade(socket, 403, "Forbidden", `origin ${origin} is not allowed\n`);
+      if (!originAllowed(origin, req.headers.host, opts.allowedOrigins)) {
+        return refuseUpgrade(socket, 403, "Forbidden", `origin ${String(origin)} is not allowed (same-origin or webSocket.allowedOrigins only)\n`);
+      }
       wss.handleUpgrade(req, socket, head, (ws) => {
+        if (this.conns.size >= this.maxConnections) return this.refuse(webSocketDuplex(ws), () => ws.terminate());
         const entry = this.serve(webSocketDuplex(ws));
         ws.on("close", () => this.conns.delete(entry));
       });
@@ -267,22 +381,71 @@ export class Server {
   }
 
   private accept(socket: net.Socket): void {
+    socket.on("error", () => undefined);
+    if (this.conns.size >= this.maxConnections) return this.refuse(socketDuplex(socket), () => socket.destroy());
     const entry = this.serve(socketDuplex(socket));
     socket.on("close", () => this.conns.delete(entry));
   }
 
   /** Runs a server connection over an accepted stream. */
-  private serve(io: Duplex): { engine: Connection; driver: Driver; calls: Map<number, ServerCall> } {
+  private serve(io: Duplex): ServerConn {
     const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
     const calls = new Map<number, ServerCall>();
-    const entry = { engine, driver: null as unknown as Driver, calls };
+    const entry: ServerConn = { engine, driver: null as unknown as Driver, calls, live: null };
     this.conns.add(entry);
-    entry.driver = new Driver(engine, io, (e) => this.onEvent(entry, e), this.options.maxSendBuffer ?? 4 << 20);
+    entry.driver = new Driver(engine, io, (e) => this.onEvent(entry, e), this.options.maxSendBuffer ?? SERVER_DEFAULTS.maxSendBuffer);
+    if (engine.closed) return entry;
+    const live = new Liveness(entry.driver, this.bounds, () => calls.size === 0, () => {
+      engine.goAway(ErrorCode.NO_ERROR, "idle timeout");
+      entry.driver.close();
+    });
+    entry.live = live;
+    entry.driver.onRead = () => live.onRead();
     return entry;
   }
 
-  private onEvent(c: { engine: Connection; driver: Driver; calls: Map<number, ServerCall> }, e: Event): void {
+  /**
+   * Tells a connection over `maxConnections` why it is refused, then closes it (as Rust): it
+   * gets the preface and SETTINGS, and once its first call arrives (so that the call fails with
+   * the reason) or after a second, an ERROR naming the limit. No handler runs; it reads at most
+   * 64 KiB; at most 64 are refused this way at once, more are closed at once (`drop`).
+   */
+  private refuse(io: Duplex, drop: () => void): void {
+    if (this.refusing >= MAX_REFUSALS) return drop();
+    this.refusing++;
+    const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
+    let read = 0;
+    let told = false;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let driver: Driver | null = null;
+    const tell = (): void => {
+      if (told) return;
+      told = true;
+      clearTimeout(timer);
+      engine.abort(ErrorCode.INTERNAL_ERROR, `max_connections (${this.maxConnections}) reached: the server takes no more connections now; try again later`);
+      driver?.pump();
+      setTimeout(drop, REFUSAL_WAIT_MS).unref(); // a peer that does not read our last bytes
+    };
+    driver = new Driver(engine, io, (e) => {
+      if (e.type === "CallStarted") tell();
+      else if (e.type === "Closed") {
+        this.refusing--;
+        tell();
+      }
+    });
+    driver.onRead = (n) => {
+      read += n;
+      if (read > REFUSAL_READ_LIMIT) tell();
+    };
+    if (told) driver.pump();
+    else timer = setTimeout(tell, Math.min(REFUSAL_WAIT_MS, this.bounds.handshakeMs || REFUSAL_WAIT_MS)).unref();
+  }
+
+  private onEvent(c: ServerConn, e: Event): void {
     switch (e.type) {
+      case "Closed":
+        c.live?.stop();
+        return;
       case "CallStarted":
         this.startCall(c, e);
         return;
@@ -317,10 +480,11 @@ export class Server {
   }
 
   /** Ends the call's bookkeeping; `err` (an early end) aborts the handler's signal and input. */
-  private finish(c: { calls: Map<number, ServerCall> }, call: ServerCall, err: TopspinError | null): void {
+  private finish(c: ServerConn, call: ServerCall, err: TopspinError | null): void {
     if (call.done) return;
     call.done = true;
     c.calls.delete(call.id);
+    c.live?.callEnded();
     clearTimeout(call.timer);
     if (err !== null) {
       call.reason = err;
@@ -332,7 +496,7 @@ export class Server {
     if (w) w();
   }
 
-  private startCall(c: { engine: Connection; driver: Driver; calls: Map<number, ServerCall> }, e: Extract<Event, { type: "CallStarted" }>): void {
+  private startCall(c: ServerConn, e: Extract<Event, { type: "CallStarted" }>): void {
     const { engine, driver } = c;
     const route = this.routes.get(e.method);
     if (route === undefined || e.codec !== 0) {

@@ -1,0 +1,142 @@
+/**
+ * The connection-level timers of a server connection (protocol.md §2, §9; the Rust server's
+ * `connection/liveness.rs`): the handshake, a frame that started and stalls, idleness and
+ * keep-alive. One timer per connection, set for the earliest of them and set again when it
+ * fires; a read costs a clock reading and a comparison.
+ * @module
+ */
+import { ErrorCode } from "../frame.js";
+import type { Driver } from "../driver.js";
+import type { KeepaliveOptions } from "../channel.js";
+
+/** The time bounds of a connection, ms (0: none). */
+export interface LivenessBounds {
+  /** Preface and SETTINGS from the peer within this long of the accept. */
+  handshakeMs: number;
+  /** A frame that started to arrive must be complete within this long. */
+  frameMs: number;
+  /** A connection without calls for this long gets a GOAWAY and is closed. */
+  idleMs: number;
+  /** PINGs after silence; an unanswered one closes the connection. */
+  keepalive: KeepaliveOptions | undefined;
+}
+
+const KEEPALIVE_DATA = new TextEncoder().encode("keepaliv");
+/** setTimeout fires at once for delays past 2^31-1 ms: longer waits are taken in steps. */
+const MAX_DELAY = 2 ** 31 - 1;
+
+/** The timers of one connection. */
+export class Liveness {
+  private readonly started = Date.now();
+  private lastActive = this.started;
+  private partialSince = 0;
+  private pingSent = 0;
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  private timerAt = Infinity;
+  private stopped = false;
+
+  /**
+   * @param idle Whether the connection has no call open.
+   * @param onIdle Sends the GOAWAY and closes the connection.
+   */
+  constructor(
+    private readonly driver: Driver,
+    private readonly bounds: LivenessBounds,
+    private readonly idle: () => boolean,
+    private readonly onIdle: () => void,
+  ) {
+    this.arm();
+  }
+
+  /** Bytes arrived (the driver's `onRead`). */
+  onRead(): void {
+    const now = Date.now();
+    this.lastActive = now;
+    this.pingSent = 0;
+    if (!this.driver.engine.partialInput) this.partialSince = 0;
+    else if (this.partialSince === 0) {
+      this.partialSince = now;
+      this.arm();
+    }
+  }
+
+  /** A call ended: the idle time counts from now. */
+  callEnded(): void {
+    this.lastActive = Date.now();
+    if (this.idle()) this.arm();
+  }
+
+  /** Stops the timers (the connection closed). */
+  stop(): void {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  /** When the next bound may lapse (Infinity: none). */
+  private next(): number {
+    const b = this.bounds;
+    const engine = this.driver.engine;
+    let t = Infinity;
+    if (!engine.established && b.handshakeMs > 0) t = Math.min(t, this.started + b.handshakeMs);
+    if (this.partialSince > 0 && b.frameMs > 0) t = Math.min(t, this.partialSince + b.frameMs);
+    if (b.keepalive !== undefined) {
+      t = Math.min(t, this.pingSent > 0 ? this.pingSent + (b.keepalive.timeoutMs ?? 20_000) : this.lastActive + b.keepalive.intervalMs);
+    }
+    if (b.idleMs > 0 && engine.established && !engine.goingAway && this.idle()) t = Math.min(t, this.lastActive + b.idleMs);
+    return t;
+  }
+
+  /** Sets the timer for the next bound, unless one is set for earlier. */
+  private arm(): void {
+    if (this.stopped) return;
+    const at = this.next();
+    if (at >= this.timerAt || at === Infinity) return;
+    clearTimeout(this.timer);
+    this.timerAt = at;
+    this.timer = setTimeout(() => this.fire(), Math.min(MAX_DELAY, Math.max(0, at - Date.now())));
+    this.timer.unref();
+  }
+
+  private fire(): void {
+    this.timer = undefined;
+    this.timerAt = Infinity;
+    if (this.stopped || this.driver.engine.closed) return;
+    if (!this.lapse(Date.now())) this.arm();
+  }
+
+  /** Acts on whichever bound lapsed; true when the connection was closed. */
+  private lapse(now: number): boolean {
+    const b = this.bounds;
+    const engine = this.driver.engine;
+    const timeout = (why: string): boolean => {
+      engine.abort(ErrorCode.TIMEOUT, why);
+      this.driver.pump();
+      return true;
+    };
+    if (!engine.established && b.handshakeMs > 0 && now >= this.started + b.handshakeMs) {
+      return timeout(`no preface and SETTINGS within ${b.handshakeMs} ms (handshake_timeout)`);
+    }
+    if (this.partialSince > 0 && b.frameMs > 0 && now >= this.partialSince + b.frameMs) {
+      // Not the peer's stall when we stopped reading (it does not read our output, §7): the
+      // send buffer bounds that; the frame's time starts again once we read.
+      if (this.driver.readsPaused) this.partialSince = now;
+      else return timeout(`a frame stayed incomplete for ${b.frameMs} ms (frame_timeout)`);
+    }
+    const ka = b.keepalive;
+    if (ka !== undefined) {
+      const waitMs = ka.timeoutMs ?? 20_000;
+      if (this.pingSent > 0 && now >= this.pingSent + waitMs) return timeout(`keep-alive PING unanswered for ${waitMs} ms`);
+      if (this.pingSent === 0 && now >= this.lastActive + ka.intervalMs) {
+        engine.ping(KEEPALIVE_DATA);
+        this.driver.pump();
+        this.pingSent = now;
+      }
+    }
+    if (b.idleMs > 0 && engine.established && !engine.goingAway && this.idle() && now >= this.lastActive + b.idleMs) {
+      this.onIdle();
+      return true;
+    }
+    return false;
+  }
+}

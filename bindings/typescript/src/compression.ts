@@ -13,7 +13,7 @@
  */
 import { Decompress } from "fzstd";
 import { Code, TopspinError } from "./status.js";
-import { checkZstdFrames } from "./zstd-frames.js";
+import { ZstdWindowTooLarge, checkZstdFrames } from "./zstd-frames.js";
 
 export { ZSTD_MAX_WINDOW, ZstdWindowTooLarge, checkZstdFrames } from "./zstd-frames.js";
 
@@ -95,7 +95,7 @@ export async function decodeMessage(payload: Uint8Array, decoder: Decoder, limit
   try {
     return await decoder(body, limit);
   } catch (e) {
-    if (e instanceof LimitExceeded) throw new TopspinError(Code.RESOURCE_EXHAUSTED, e.message);
+    if (e instanceof LimitExceeded || e instanceof ZstdWindowTooLarge) throw new TopspinError(Code.RESOURCE_EXHAUSTED, e.message);
     throw new TopspinError(Code.INTERNAL, `compressed message does not decode: ${e instanceof Error ? e.message : String(e)}`);
   }
 }

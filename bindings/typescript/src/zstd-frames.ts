@@ -13,7 +13,7 @@ export const ZSTD_MAX_WINDOW = 8 << 20;
 /** Largest block (RFC 8878 §3.1.1.2.3: Block_Maximum_Size is at most 128 KiB). */
 const MAX_BLOCK = 128 * 1024;
 
-/** A zstd body that asks for more memory than this side gives a frame (→ `INTERNAL`, as Go and Rust). */
+/** A zstd body that asks for a window over {@link ZSTD_MAX_WINDOW} (→ `RESOURCE_EXHAUSTED`, protocol.md §15). */
 export class ZstdWindowTooLarge extends Error {
   constructor(window: number) {
     super(`zstd frame asks for a window of ${window} bytes, more than the ${ZSTD_MAX_WINDOW} this side allows`);
@@ -24,6 +24,8 @@ export class ZstdWindowTooLarge extends Error {
 /** One frame's header: where its blocks start, its window and its declared content size (-1: none). */
 interface FrameHeader {
   blocksAt: number;
+  /** One segment: the output is the window, bounded by the message limit instead. */
+  single: boolean;
   window: number;
   contentSize: number;
   checksum: boolean;
@@ -59,7 +61,7 @@ function frameHeader(b: Uint8Array, at: number): FrameHeader | null {
   if (fcsBytes === 2) contentSize += 256;
   p += fcsBytes;
   if (single) window = contentSize; // §3.1.1.1.2: the window is the content
-  return { blocksAt: p, window, contentSize, checksum: (fhd & 0x04) !== 0 };
+  return { blocksAt: p, single, window, contentSize, checksum: (fhd & 0x04) !== 0 };
 }
 
 /**
@@ -84,7 +86,8 @@ function skipBlocks(b: Uint8Array, at: number, h: FrameHeader): number | null {
 
 /**
  * Checks every frame of a zstd body before it is decoded: a window over
- * {@link ZSTD_MAX_WINDOW} throws {@link ZstdWindowTooLarge}; declared content sizes adding up
+ * {@link ZSTD_MAX_WINDOW} throws {@link ZstdWindowTooLarge} (a one-segment frame has no window
+ * of its own: its declared content size counts against `limit`); declared content sizes adding up
  * to more than `limit` bytes return `true` (the caller refuses the message as over the limit);
  * a reserved bit or block type, or a block over 128 KiB, throws. A body that ends early is left
  * to the decoder (it reports the truncation). Costs one step per block; allocates nothing.
@@ -102,7 +105,7 @@ export function checkZstdFrames(body: Uint8Array, limit: number): boolean {
     if (magic !== 0xfd2fb528) throw new Error("zstd: not a zstd frame");
     const h = frameHeader(body, p);
     if (h === null) return false;
-    if (h.window > ZSTD_MAX_WINDOW) throw new ZstdWindowTooLarge(h.window);
+    if (!h.single && h.window > ZSTD_MAX_WINDOW) throw new ZstdWindowTooLarge(h.window);
     if (h.contentSize >= 0) {
       declared += h.contentSize;
       if (declared > limit) return true;

@@ -133,6 +133,10 @@ type call struct {
 	splitOpen  bool
 	splitTotal uint32
 	splitEnd   bool
+	// splitCharge: bytes of split charged to the memory budget; withheld: chunk credit
+	// not given back while the budget is spent.
+	splitCharge int64
+	withheld    int64
 
 	sendCredit int64
 	answered   bool // server: HEADERS, MESSAGE or END sent
@@ -151,14 +155,21 @@ type Conn struct {
 	st     state
 	err    *Error
 
-	in       []byte
-	fromIn   bool   // the frames being processed are in c.in
-	detached bool   // a message was handed out from c.in's memory
-	out      []byte // backing buffer of small frames
-	segAt    int    // start of the current small segment in out
-	segs     [][]byte
-	events   []Event
-	evHead   int
+	in        []byte
+	inCharge  int64     // bytes of c.in charged to budget
+	partialAt time.Time // when the incomplete frame in c.in started to arrive
+	budget    *MemoryBudget
+	// splitGoing: the call whose split message goes on while the budget is spent (one per
+	// connection, §9); nWithheld: calls with chunk credit withheld.
+	splitGoing uint32
+	nWithheld  int
+	fromIn     bool   // the frames being processed are in c.in
+	detached   bool   // a message was handed out from c.in's memory
+	out        []byte // backing buffer of small frames
+	segAt      int    // start of the current small segment in out
+	segs       [][]byte
+	events     []Event
+	evHead     int
 
 	calls    map[uint32]*call
 	free     []*call
@@ -307,6 +318,7 @@ func (c *Conn) fail(err *Error, send, calm bool) *Error {
 			Message: CutText(err.Reason, int(c.peer.MaxFrameSize)-4)})
 	}
 	c.closeCalls(Unavailable, "connection error: "+err.Error())
+	c.dropIn()
 	c.st = stClosed
 	c.err = err
 	c.emit(Event{Type: EvClosed, Err: err})
@@ -326,7 +338,7 @@ func (c *Conn) closeCalls(code Code, msg string) {
 	}
 	clear(c.calls)
 	c.free = nil
-	c.open = 0
+	c.open, c.nWithheld, c.splitGoing = 0, 0, 0
 }
 
 // endCall closes a call and reports it (Ended on a client, Cancelled on a server).
@@ -345,7 +357,11 @@ func (c *Conn) closeCall(cl *call) {
 		cl.open = false
 		c.open--
 	}
-	cl.split = nil
+	c.dropSplit(cl)
+	if cl.withheld > 0 {
+		cl.withheld = 0
+		c.nWithheld--
+	}
 	if cl.pend == nil && cl.queued == nil {
 		c.release(cl)
 	}
@@ -557,6 +573,10 @@ func (c *Conn) handleCall(f *Frame, now time.Time) *Error {
 			return c.fail(perr(EnhanceYourCalm, "too_many_refused_calls"), true, true)
 		}
 		refuse("too many concurrent calls")
+		return nil
+	}
+	if c.budget.Spent() {
+		refuse(fmt.Sprintf("process memory budget for incoming messages exhausted (%d bytes)", c.budget.Limit()))
 		return nil
 	}
 	cl := c.newCall(f.CallID)
@@ -820,6 +840,7 @@ func (c *Conn) Shutdown(reason string) {
 		return
 	}
 	c.closeCalls(Unavailable, reason)
+	c.dropIn()
 	c.st = stClosed
 	c.emit(Event{Type: EvClosed})
 }

@@ -47,9 +47,8 @@ func (c *Conn) message(cl *call, f *Frame) *Error {
 		return nil
 	}
 	cl.splitOpen, cl.splitTotal, cl.splitEnd = true, f.TotalLen, f.EndStream()
-	cl.split = make([]byte, 0, min(uint64(f.TotalLen), uint64(2*len(f.Chunk))))
-	cl.split = append(cl.split, f.Chunk...)
-	c.grant(cl, uint32(cost))
+	c.splitAppend(cl, f.Chunk)
+	c.chunkCredit(cl, uint32(cost))
 	return nil
 }
 
@@ -75,24 +74,89 @@ func (c *Conn) continuation(cl *call, f *Frame) *Error {
 	if uint64(len(cl.split))+uint64(len(f.Chunk)) > uint64(cl.splitTotal) {
 		return c.fail(perr(MessageLengthMismatch, "CONTINUATION on call %d goes past total_len %d", cl.id, cl.splitTotal), true, false)
 	}
-	if need := len(cl.split) + len(f.Chunk); need > cap(cl.split) {
-		grown := make([]byte, len(cl.split), min(uint64(cl.splitTotal), uint64(2*need)))
-		copy(grown, cl.split)
-		cl.split = grown
-	}
-	cl.split = append(cl.split, f.Chunk...)
+	c.splitAppend(cl, f.Chunk)
 	if uint32(len(cl.split)) < cl.splitTotal {
-		c.grant(cl, uint32(cost))
+		c.chunkCredit(cl, uint32(cost))
 		return nil
 	}
 	msg := cl.split
-	cl.split, cl.splitOpen = nil, false
+	c.dropSplit(cl) // the message is the application's now
+	cl.splitOpen = false
 	c.emit(Event{Type: EvMessage, CallID: cl.id, Message: msg, Cost: uint32(cost)})
 	if cl.splitEnd {
 		cl.remoteDone = true
 		c.emit(Event{Type: EvHalfClosed, CallID: cl.id})
 	}
 	return nil
+}
+
+// splitAppend appends a chunk to the call's split message (the caller checked it stays
+// within total_len). The buffer grows as chunks arrive, to at most twice what arrived
+// (never to total_len, a claim, §5.3), and its growth is charged to the memory budget.
+func (c *Conn) splitAppend(cl *call, chunk []byte) {
+	need := len(cl.split) + len(chunk)
+	if need > cap(cl.split) {
+		size := int(min(uint64(cl.splitTotal), uint64(2*need)))
+		grown := make([]byte, len(cl.split), size)
+		copy(grown, cl.split)
+		c.budget.Charge(int64(size) - cl.splitCharge)
+		cl.split, cl.splitCharge = grown, int64(size)
+	}
+	cl.split = append(cl.split, chunk...)
+}
+
+// dropSplit forgets the call's split buffer and gives its charge back.
+func (c *Conn) dropSplit(cl *call) {
+	c.budget.Release(cl.splitCharge)
+	cl.split, cl.splitCharge = nil, 0
+	if c.splitGoing == cl.id {
+		c.splitGoing = 0
+	}
+}
+
+// chunkCredit gives a split chunk's credit back as it arrives (§7) — unless the memory
+// budget is spent: then one split message per connection goes on (so that messages that
+// each fit cannot wait for one another for ever, §9) and the others' credit is withheld
+// until RetryCredit finds room.
+func (c *Conn) chunkCredit(cl *call, cost uint32) {
+	if c.budget.Spent() && !c.mayProgress(cl) {
+		if cl.withheld == 0 {
+			c.nWithheld++
+		}
+		cl.withheld += int64(cost)
+		return
+	}
+	c.grant(cl, cost)
+}
+
+// mayProgress reports whether cl is the connection's split message that goes on while the
+// budget is spent (the first to ask, until it completes or ends).
+func (c *Conn) mayProgress(cl *call) bool {
+	if g := c.calls[c.splitGoing]; c.splitGoing != 0 && g != nil && g.open && g.splitOpen {
+		return g == cl
+	}
+	c.splitGoing = cl.id
+	return true
+}
+
+// CreditWithheld reports whether chunk credit is withheld because the memory budget is
+// spent: call RetryCredit again in a while (every 10 ms, §9).
+func (c *Conn) CreditWithheld() bool { return c.nWithheld > 0 }
+
+// RetryCredit gives the withheld chunk credit back where the memory budget allows it now.
+func (c *Conn) RetryCredit() {
+	if c.nWithheld == 0 || c.st != stOpen {
+		return
+	}
+	for _, cl := range c.calls {
+		if cl.withheld == 0 || !cl.open || (c.budget.Spent() && !c.mayProgress(cl)) {
+			continue
+		}
+		inc := cl.withheld
+		cl.withheld = 0
+		c.nWithheld--
+		c.grant(cl, uint32(min(inc, MaxWindow)))
+	}
 }
 
 func (c *Conn) credit(cl *call, f *Frame) *Error {

@@ -59,17 +59,26 @@ func ParseTarget(target string) (network, addr string, err error) {
 // Listen opens a listener for "tcp://host:port", "unix:///path" or "tls://host:port"; the
 // last needs WithTLS with a server certificate. Its connections select ALPN topspin/1 and
 // refuse a client that offers ALPN without it (TLS alert no_application_protocol).
+//
+// A Unix socket file is bound as the Rust server binds it: under a lock on "<path>.lock"
+// (so that servers starting together cannot race), a stale socket file (nothing answers on
+// it) is replaced, a live server's never (an *AddrInUseError); the file gets
+// WithUnixSocketMode's bits (default 0o660) and is removed when the listener closes, if it
+// is still this listener's. "unix:@name" is a Linux abstract socket: no file.
 func Listen(target string, opts ...Option) (net.Listener, error) {
 	network, addr, err := ParseTarget(target)
 	if err != nil {
 		return nil, err
 	}
-	if network != "tls" {
-		return net.Listen(network, addr)
-	}
-	var o options
+	o := defaultOptions()
 	for _, opt := range opts {
 		opt(&o)
+	}
+	switch network {
+	case "unix":
+		return listenUnix(addr, o.unixMode)
+	case "tcp":
+		return net.Listen(network, addr)
 	}
 	if o.tls == nil || (len(o.tls.Certificates) == 0 && o.tls.GetCertificate == nil && o.tls.GetConfigForClient == nil) {
 		return nil, fmt.Errorf("topspin: %s needs WithTLS with a server certificate", target)

@@ -24,81 +24,6 @@ const (
 	CodecJSON  uint8 = 2
 )
 
-// Option configures a client or a server.
-type Option func(*options)
-
-type options struct {
-	settings    wire.Settings
-	limits      wire.Limits
-	backoffBase time.Duration
-	backoffMax  time.Duration
-	handshake   time.Duration
-	tls         *tls.Config
-	compress    string
-	kaInterval  time.Duration
-	kaTimeout   time.Duration
-}
-
-func defaultOptions() options {
-	return options{settings: wire.DefaultSettings(), limits: wire.DefaultLimits(),
-		backoffBase: 100 * time.Millisecond, backoffMax: 5 * time.Second, handshake: 10 * time.Second}
-}
-
-// WithSettings sets the receive limits announced to the peer (protocol.md §4).
-func WithSettings(s wire.Settings) Option { return func(o *options) { o.settings = s } }
-
-// WithMaxMessageSize sets the largest message this side accepts.
-func WithMaxMessageSize(n uint32) Option { return func(o *options) { o.settings.MaxMessageSize = n } }
-
-// WithMaxConcurrentCalls sets how many calls a client may have open at once (server).
-func WithMaxConcurrentCalls(n uint32) Option {
-	return func(o *options) { o.settings.MaxConcurrentCalls = n }
-}
-
-// WithLimits sets the local flood budgets (protocol.md §9).
-func WithLimits(l wire.Limits) Option { return func(o *options) { o.limits = l } }
-
-// WithBackoff sets the reconnect backoff of a client: base doubles per failed attempt up to max.
-func WithBackoff(base, max time.Duration) Option {
-	return func(o *options) { o.backoffBase, o.backoffMax = base, max }
-}
-
-// WithHandshakeTimeout bounds how long a server waits for a client's preface and SETTINGS.
-func WithHandshakeTimeout(d time.Duration) Option { return func(o *options) { o.handshake = d } }
-
-// WithTLS sets the TLS configuration (protocol.md §14.1). A client uses it for tls://
-// targets (default: the system roots, the target's host as server name); Listen needs it
-// (with a certificate) for a tls:// address. ALPN "topspin/1" is always set: a client offers
-// it, a server selects it and refuses a client that offers ALPN without it.
-func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg } }
-
-// WithCompression sets the message compression ("zstd" or "gzip", protocol.md §15). On a
-// client, every call compresses its messages with it (CallCompression overrides it per call)
-// and accepts compressed responses. On a server, responses are compressed with it for the
-// clients that accept it. Requests are decoded whatever it is.
-func WithCompression(name string) Option { return func(o *options) { o.compress = name } }
-
-// MinKeepaliveInterval is the shortest keep-alive interval: the default PING rate limit of
-// a topspin server is one per 100 ms after a burst (protocol.md §9), so a client never
-// pings more often than this.
-const MinKeepaliveInterval = 100 * time.Millisecond
-
-// WithKeepalive makes a client send a PING when it has received nothing for interval
-// (raised to MinKeepaliveInterval), and close the connection when nothing (no answer, no
-// other frame) arrives within timeout after it (timeout 0: 20 s); calls on it then fail
-// with UNAVAILABLE and the next call reconnects. Off by default; a server ignores it.
-func WithKeepalive(interval, timeout time.Duration) Option {
-	return func(o *options) {
-		if interval > 0 {
-			interval = max(interval, MinKeepaliveInterval)
-		}
-		if timeout <= 0 {
-			timeout = 20 * time.Second
-		}
-		o.kaInterval, o.kaTimeout = interval, timeout
-	}
-}
-
 // ALPN is the TLS application protocol name of topspin v1 (protocol.md §14.1).
 const ALPN = "topspin/1"
 
@@ -134,17 +59,26 @@ func ParseTarget(target string) (network, addr string, err error) {
 // Listen opens a listener for "tcp://host:port", "unix:///path" or "tls://host:port"; the
 // last needs WithTLS with a server certificate. Its connections select ALPN topspin/1 and
 // refuse a client that offers ALPN without it (TLS alert no_application_protocol).
+//
+// A Unix socket file is bound as the Rust server binds it: under a lock on "<path>.lock"
+// (so that servers starting together cannot race), a stale socket file (nothing answers on
+// it) is replaced, a live server's never (an *AddrInUseError); the file gets
+// WithUnixSocketMode's bits (default 0o660) and is removed when the listener closes, if it
+// is still this listener's. "unix:@name" is a Linux abstract socket: no file.
 func Listen(target string, opts ...Option) (net.Listener, error) {
 	network, addr, err := ParseTarget(target)
 	if err != nil {
 		return nil, err
 	}
-	if network != "tls" {
-		return net.Listen(network, addr)
-	}
-	var o options
+	o := defaultOptions()
 	for _, opt := range opts {
 		opt(&o)
+	}
+	switch network {
+	case "unix":
+		return listenUnix(addr, o.unixMode)
+	case "tcp":
+		return net.Listen(network, addr)
 	}
 	if o.tls == nil || (len(o.tls.Certificates) == 0 && o.tls.GetCertificate == nil && o.tls.GetConfigForClient == nil) {
 		return nil, fmt.Errorf("topspin: %s needs WithTLS with a server certificate", target)
@@ -291,7 +225,7 @@ func (cc *ClientConn) dialOnce(ctx context.Context, wait time.Duration) (*conn, 
 			return nil, err
 		}
 	}
-	c, err := newConn(nc, wire.Client, cc.opts.settings, cc.opts.limits)
+	c, err := newConn(nc, wire.Client, &cc.opts)
 	if err != nil {
 		_ = nc.Close()
 		return nil, err
@@ -480,7 +414,7 @@ func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method st
 			return err
 		}
 		c.mu.Lock()
-		if c.eng.OutputLen() >= maxQueuedOutput && !c.waitRoom(ctx.Done()) { // the server does not read fast enough
+		if c.fullLocked() && !c.waitRoom(ctx.Done()) { // the server does not read fast enough
 			c.mu.Unlock()
 			if ctx.Err() != nil {
 				return StatusOf(ctx.Err())
@@ -585,7 +519,7 @@ func (cs *ClientStream) send(msg []byte, last bool) error {
 			c.mu.Unlock()
 			return io.EOF
 		}
-		if c.eng.OutputLen() >= maxQueuedOutput && !c.waitRoom(cs.ctx.Done()) {
+		if c.fullLocked() && !c.waitRoom(cs.ctx.Done()) {
 			c.mu.Unlock()
 			if err := cs.ctx.Err(); err != nil {
 				cs.cancel(err)

@@ -34,9 +34,21 @@ type conn struct {
 	wtmp    net.Buffers // WriteTo consumes it; a field so that it does not escape
 	spare   []byte      // the small-frame buffer, back from the last write
 
-	// drained is closed (and cleared) once the queued output is back under
-	// maxQueuedOutput; senders that find it over wait for it.
-	drained chan struct{}
+	// drained is closed (and cleared) once the unsent output is back under maxSend;
+	// senders (and a server's reader) that find it over wait for it.
+	drained  chan struct{}
+	maxSend  int
+	writingN int   // bytes taken by the writing goroutine, not yet written
+	held     []job // server: calls that arrived while the send buffer was full
+
+	timers     timers
+	dog        *time.Timer // the watchdog (watchdog.go), set for dogAt
+	dogAt      time.Time
+	started    time.Time
+	lastCall   time.Time // when a call last started or ended (idle timeout)
+	pingAt     time.Time // server keep-alive: when the unanswered PING went
+	readPaused bool      // the reader waits for the peer to read
+	resumedAt  time.Time // when it last stopped waiting
 
 	ev      wire.Event // the event being dispatched (a field: no allocation)
 	streams map[uint32]*stream
@@ -51,17 +63,24 @@ type conn struct {
 	onClose func()
 }
 
-func newConn(nc net.Conn, role wire.Role, s wire.Settings, l wire.Limits) (*conn, error) {
-	eng, err := wire.NewConn(role, s, l)
+func newConn(nc net.Conn, role wire.Role, o *options) (*conn, error) {
+	eng, err := wire.NewConn(role, o.settings, o.limits)
 	if err != nil {
 		return nil, err
 	}
-	return &conn{nc: nc, eng: eng, wake: make(chan struct{}, 1), done: make(chan struct{}),
+	eng.SetMemoryBudget(o.memoryBudget())
+	c := &conn{nc: nc, eng: eng, wake: make(chan struct{}, 1), done: make(chan struct{}),
 		established: make(chan struct{}), streams: make(map[uint32]*stream),
-		slot: make(chan struct{})}, nil
+		slot: make(chan struct{}), maxSend: o.maxSend, timers: timers{frame: o.frameTimeout}}
+	if role == wire.Server {
+		c.timers.handshake, c.timers.idle = o.handshake, o.idleTimeout
+		c.timers.kaInterval, c.timers.kaTimeout = o.kaInterval, o.kaTimeout
+	}
+	return c, nil
 }
 
 func (c *conn) start() {
+	c.startWatchdog()
 	c.signal()
 	go c.writeLoop()
 	go c.readLoop()
@@ -104,6 +123,10 @@ func (c *conn) flushLocked() {
 	c.writing = true
 	for {
 		c.wbufs, c.spare = c.eng.TakeOutput(c.wbufs[:0], c.spare)
+		c.writingN = 0
+		for _, b := range c.wbufs {
+			c.writingN += len(b)
+		}
 		if len(c.wbufs) == 0 {
 			c.writing = false
 			closing := c.eng.Closed() || c.finishing
@@ -118,28 +141,36 @@ func (c *conn) flushLocked() {
 		_, err := c.wtmp.WriteTo(c.nc)
 		clear(c.wbufs)
 		c.mu.Lock()
+		c.writingN = 0
 		if err != nil {
 			c.writing = false
 			c.mu.Unlock()
 			c.shutdown(err)
 			return
 		}
-		if c.drained != nil && c.eng.OutputLen() < maxQueuedOutput {
-			close(c.drained)
-			c.drained = nil
+		if c.unsentLocked() < c.maxSend {
+			if c.drained != nil {
+				close(c.drained)
+				c.drained = nil
+			}
+			c.startHeld()
 		}
 	}
 }
 
-// maxQueuedOutput bounds what senders queue on a connection whose peer does not read
-// fast enough: past it, Send waits (flow control bounds each call; this bounds them all).
-const maxQueuedOutput = 4 << 20
+// unsentLocked is the bytes produced for the peer and not yet written (under mu).
+func (c *conn) unsentLocked() int { return c.eng.OutputLen() + c.writingN }
 
-// waitRoom waits, under mu, until the connection's queued output is under
-// maxQueuedOutput, done is closed or the connection ends; it returns false in the last
-// two cases. mu is held again on return.
+// fullLocked reports whether the unsent output reached maxSend (under mu): senders then
+// wait; a server stops reading and starting calls (flow control bounds each call; this
+// bounds them all: unsent stays under maxSend + one message).
+func (c *conn) fullLocked() bool { return c.unsentLocked() >= c.maxSend }
+
+// waitRoom waits, under mu, until the connection's unsent output is under maxSend, done
+// is closed or the connection ends; it returns false in the last two cases. mu is held
+// again on return.
 func (c *conn) waitRoom(done <-chan struct{}) bool {
-	for c.eng.OutputLen() >= maxQueuedOutput && !c.eng.Closed() {
+	for c.fullLocked() && !c.eng.Closed() {
 		if c.drained == nil {
 			c.drained = make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
 		}
@@ -180,6 +211,12 @@ func (c *conn) readLoop() {
 		// A large incomplete frame is read straight into the engine's buffer (only this
 		// goroutine touches it).
 		c.mu.Lock()
+		if c.server != nil && c.fullLocked() {
+			// The peer does not read what it asked for: take no more from it until it does.
+			c.readPaused = true
+			c.waitRoom(nil)
+			c.readPaused, c.resumedAt = false, time.Now()
+		}
 		space := c.eng.PendingSpace()
 		c.mu.Unlock()
 		var n int
@@ -200,6 +237,7 @@ func (c *conn) readLoop() {
 				rerr = c.eng.Receive(buf[:n], now)
 			}
 			c.drain()
+			c.armLocked(now)
 			wake := c.eng.HasOutput() || c.finishing
 			c.mu.Unlock()
 			if wake {
@@ -228,6 +266,7 @@ func (c *conn) drain() {
 		switch ev.Type {
 		case wire.EvEstablished:
 			c.estOnce.Do(func() { close(c.established) })
+			c.lastCall = time.Now()
 		case wire.EvWritable:
 			if s := c.streams[ev.CallID]; s != nil {
 				s.notifyWrite()
@@ -253,6 +292,11 @@ func (c *conn) drain() {
 // callEnded forgets a call and wakes callers waiting for room (under mu).
 func (c *conn) callEnded(id uint32) {
 	delete(c.streams, id)
+	if c.timers.idle > 0 && c.eng.OpenCalls() == 0 {
+		now := time.Now()
+		c.lastCall = now
+		c.armLocked(now) // the idle timeout runs from now
+	}
 	if c.slotWaiters > 0 {
 		close(c.slot)
 		c.slot = make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
@@ -267,6 +311,11 @@ func (c *conn) shutdown(err error) {
 	c.closeOnce.Do(func() {
 		_ = c.nc.Close()
 		c.mu.Lock()
+		if c.dog != nil {
+			c.dog.Stop()
+		}
+		clear(c.held)
+		c.held = nil
 		if c.err == nil {
 			if err == nil {
 				err = errConnClosed

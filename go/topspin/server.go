@@ -33,6 +33,7 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	work      chan job
 	conns     map[*conn]struct{}
+	refusing  int // connections over max_connections being told why (at most maxRefusals)
 	stopping  bool
 	connWG    sync.WaitGroup
 }
@@ -92,6 +93,10 @@ func (s *Server) Serve(l net.Listener) error {
 		}
 		delay = 0
 		if tc, ok := nc.(*tls.Conn); ok {
+			if s.full() {
+				_ = nc.Close() // not worth a TLS handshake to refuse it
+				continue
+			}
 			go s.handshakeTLS(tc)
 			continue
 		}
@@ -121,7 +126,7 @@ func (s *Server) handshakeTLS(tc *tls.Conn) {
 }
 
 func (s *Server) serveConn(nc net.Conn) {
-	c, err := newConn(nc, wire.Server, s.opts.settings, s.opts.limits)
+	c, err := newConn(nc, wire.Server, &s.opts)
 	if err != nil {
 		_ = nc.Close()
 		return
@@ -130,6 +135,17 @@ func (s *Server) serveConn(nc net.Conn) {
 	if s.stopping {
 		s.mu.Unlock()
 		_ = nc.Close()
+		return
+	}
+	if len(s.conns) >= s.opts.maxConns {
+		if s.refusing >= maxRefusals {
+			s.mu.Unlock()
+			_ = nc.Close()
+			return
+		}
+		s.refusing++
+		s.mu.Unlock()
+		go s.refuse(nc)
 		return
 	}
 	s.conns[c] = struct{}{}
@@ -141,24 +157,6 @@ func (s *Server) serveConn(nc net.Conn) {
 		delete(s.conns, c)
 		s.mu.Unlock()
 		s.connWG.Done()
-	}
-	if d := s.opts.handshake; d > 0 {
-		t := time.AfterFunc(d, func() {
-			c.mu.Lock()
-			if !c.eng.Established() && !c.eng.Closed() {
-				c.eng.Abort(wire.Timeout, fmt.Sprintf("no preface and SETTINGS within %v", d))
-				c.drain()
-			}
-			c.mu.Unlock()
-			c.signal()
-		})
-		go func() {
-			select {
-			case <-c.established:
-			case <-c.done:
-			}
-			t.Stop()
-		}()
 	}
 	c.start()
 }
@@ -291,6 +289,7 @@ func (ss *ServerStream) deadlineFired() {
 func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 	switch ev.Type {
 	case wire.EvCallStarted:
+		c.lastCall = c.lastRecv
 		entry, ok := s.handlers[ev.Method]
 		if !ok {
 			_ = c.eng.EndCall(ev.CallID, Unimplemented, "unknown method "+ev.Method, nil)
@@ -316,11 +315,12 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 			ss.timer = time.AfterFunc(d, ss.deadlineFired)
 		}
 		c.streams[ev.CallID] = &ss.s
-		select {
-		case s.work <- job{ss, entry.h}: // an idle worker takes it
-		default:
-			go s.worker(job{ss, entry.h})
+		if c.fullLocked() {
+			// The client does not read its answers: its new calls wait to start.
+			c.held = append(c.held, job{ss, entry.h})
+			return
 		}
+		s.dispatch(job{ss, entry.h})
 	case wire.EvMessage:
 		if st := c.streams[ev.CallID]; st != nil {
 			st.push(ev.Message, ev.Cost)
@@ -375,6 +375,31 @@ func (s *Server) negotiate(c *conn, ev *wire.Event, ss *ServerStream) bool {
 type job struct {
 	ss *ServerStream
 	h  Handler
+}
+
+// dispatch runs a call's handler on an idle worker, or a new one.
+func (s *Server) dispatch(j job) {
+	select {
+	case s.work <- j:
+	default:
+		go s.worker(j)
+	}
+}
+
+// startHeld starts the calls that waited for room in the send buffer, while there is room
+// (under mu).
+func (c *conn) startHeld() {
+	for len(c.held) > 0 && !c.fullLocked() {
+		j := c.held[0]
+		c.held[0] = job{}
+		c.held = c.held[1:]
+		if !j.ss.s.ended { // not cancelled, nor past its deadline, meanwhile
+			c.server.dispatch(j)
+		}
+	}
+	if len(c.held) == 0 {
+		c.held = nil
+	}
 }
 
 // workerIdle is how long a worker goroutine waits for the next call before it exits.
@@ -508,7 +533,7 @@ func (ss *ServerStream) send(msg []byte, end bool) error {
 			}
 			return ss.s.status()
 		}
-		if c.eng.OutputLen() >= maxQueuedOutput && !c.waitRoom(ss.doneLocked()) {
+		if c.fullLocked() && !c.waitRoom(ss.doneLocked()) {
 			c.mu.Unlock()
 			continue // the call or the connection ended: reported above
 		}

@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -134,6 +133,10 @@ type call struct {
 	splitOpen  bool
 	splitTotal uint32
 	splitEnd   bool
+	// splitCharge: bytes of split charged to the memory budget; withheld: chunk credit
+	// not given back while the budget is spent.
+	splitCharge int64
+	withheld    int64
 
 	sendCredit int64
 	answered   bool // server: HEADERS, MESSAGE or END sent
@@ -152,14 +155,21 @@ type Conn struct {
 	st     state
 	err    *Error
 
-	in       []byte
-	fromIn   bool   // the frames being processed are in c.in
-	detached bool   // a message was handed out from c.in's memory
-	out      []byte // backing buffer of small frames
-	segAt    int    // start of the current small segment in out
-	segs     [][]byte
-	events   []Event
-	evHead   int
+	in        []byte
+	inCharge  int64     // bytes of c.in charged to budget
+	partialAt time.Time // when the incomplete frame in c.in started to arrive
+	budget    *MemoryBudget
+	// splitGoing: the call whose split message goes on while the budget is spent (one per
+	// connection, §9); nWithheld: calls with chunk credit withheld.
+	splitGoing uint32
+	nWithheld  int
+	fromIn     bool   // the frames being processed are in c.in
+	detached   bool   // a message was handed out from c.in's memory
+	out        []byte // backing buffer of small frames
+	segAt      int    // start of the current small segment in out
+	segs       [][]byte
+	events     []Event
+	evHead     int
 
 	calls    map[uint32]*call
 	free     []*call
@@ -294,120 +304,6 @@ func (c *Conn) appendPayloadFrame(typ, flags uint8, id uint32, split bool, total
 	c.out = append(c.out, chunk...)
 }
 
-// Receive hands the engine bytes from the peer. It returns the connection error, if the
-// input caused one (the engine then queued ERROR as §10 says and reported Closed).
-func (c *Conn) Receive(data []byte, now time.Time) error {
-	if c.st == stClosed {
-		if c.err != nil {
-			return c.err
-		}
-		return ErrConnClosed
-	}
-	buf := data
-	if len(c.in) > 0 {
-		c.in = append(c.in, data...)
-		buf = c.in
-	}
-	return c.receive(buf, len(c.in) > 0, now)
-}
-
-// PendingSpace is room in the engine's own input buffer while a large frame is incomplete
-// (nil otherwise): a reader can read into it directly and report the count with
-// ReceiveInPlace, saving a copy. Only the goroutine that calls Receive may use it.
-func (c *Conn) PendingSpace() []byte {
-	if c.st == stClosed || len(c.in) == 0 || cap(c.in)-len(c.in) < 64<<10 {
-		return nil
-	}
-	return c.in[len(c.in):cap(c.in)]
-}
-
-// ReceiveInPlace is Receive for n bytes read into PendingSpace.
-func (c *Conn) ReceiveInPlace(n int, now time.Time) error {
-	if c.st == stClosed {
-		if c.err != nil {
-			return c.err
-		}
-		return ErrConnClosed
-	}
-	if n < 0 || len(c.in)+n > cap(c.in) {
-		return errors.New("topspin: ReceiveInPlace past PendingSpace")
-	}
-	c.in = c.in[:len(c.in)+n]
-	return c.receive(c.in, true, now)
-}
-
-func (c *Conn) receive(buf []byte, fromIn bool, now time.Time) error {
-	c.fromIn, c.detached = fromIn, false
-	n, err := c.process(buf, now)
-	rest := buf[n:]
-	if c.detached { // parts of c.in were handed to the application as messages
-		c.in = nil
-	}
-	// Keep what is left of an incomplete frame. Once its header is in, the buffer is made
-	// as large as the frame at once (the header was checked against MAX_FRAME_SIZE, the
-	// bound protocol.md §9 sets for one frame), so that a large frame is not copied again
-	// at every doubling and can be read in place; a buffer over 4 MiB is let go once it
-	// is no longer needed. (Split messages, whose total_len is only a claim, grow with
-	// what arrives instead, §5.3.)
-	if err != nil {
-		c.in = nil
-		return err
-	}
-	need := len(rest)
-	if (c.st == stSettings || c.st == stOpen) && len(rest) >= HeaderLen {
-		need = HeaderLen + int(binary.LittleEndian.Uint32(rest))
-	}
-	switch {
-	case len(rest) == 0 && cap(c.in) > 4<<20:
-		c.in = nil
-	case cap(c.in) >= need:
-		m := copy(c.in[:cap(c.in)], rest)
-		c.in = c.in[:m]
-	case len(rest) > 0:
-		in := make([]byte, len(rest), max(need, 4096))
-		copy(in, rest)
-		c.in = in
-	default:
-		c.in = c.in[:0]
-	}
-	return nil
-}
-
-func (c *Conn) process(buf []byte, now time.Time) (int, *Error) {
-	off := 0
-	for c.st != stClosed {
-		if c.st == stPreface {
-			avail := buf[off:]
-			for i := 0; i < min(7, len(avail)); i++ {
-				if avail[i] != Preface[i] {
-					return off, c.fail(perr(BadPreface, "the peer did not start with the topspin preface"), true, false)
-				}
-			}
-			if len(avail) < 8 {
-				return off, nil
-			}
-			if avail[7] != Preface[7] {
-				return off, c.fail(perr(UnsupportedVersion, "protocol version %d; this peer speaks version 1 only", avail[7]), true, false)
-			}
-			off += 8
-			c.st = stSettings
-			continue
-		}
-		f, n, err := Decode(buf[off:], c.local.MaxFrameSize)
-		if err != nil {
-			return off, c.fail(err, true, false)
-		}
-		if n == 0 {
-			return off, nil
-		}
-		off += n
-		if err := c.handle(&f, now); err != nil {
-			return off, err
-		}
-	}
-	return off, c.err
-}
-
 // fail closes the connection with err; send: queue ERROR (after GOAWAY if calm).
 func (c *Conn) fail(err *Error, send, calm bool) *Error {
 	if c.st == stClosed {
@@ -422,6 +318,7 @@ func (c *Conn) fail(err *Error, send, calm bool) *Error {
 			Message: CutText(err.Reason, int(c.peer.MaxFrameSize)-4)})
 	}
 	c.closeCalls(Unavailable, "connection error: "+err.Error())
+	c.dropIn()
 	c.st = stClosed
 	c.err = err
 	c.emit(Event{Type: EvClosed, Err: err})
@@ -441,7 +338,7 @@ func (c *Conn) closeCalls(code Code, msg string) {
 	}
 	clear(c.calls)
 	c.free = nil
-	c.open = 0
+	c.open, c.nWithheld, c.splitGoing = 0, 0, 0
 }
 
 // endCall closes a call and reports it (Ended on a client, Cancelled on a server).
@@ -460,7 +357,11 @@ func (c *Conn) closeCall(cl *call) {
 		cl.open = false
 		c.open--
 	}
-	cl.split = nil
+	c.dropSplit(cl)
+	if cl.withheld > 0 {
+		cl.withheld = 0
+		c.nWithheld--
+	}
 	if cl.pend == nil && cl.queued == nil {
 		c.release(cl)
 	}
@@ -674,6 +575,10 @@ func (c *Conn) handleCall(f *Frame, now time.Time) *Error {
 		refuse("too many concurrent calls")
 		return nil
 	}
+	if c.budget.Spent() {
+		refuse(fmt.Sprintf("process memory budget for incoming messages exhausted (%d bytes)", c.budget.Limit()))
+		return nil
+	}
 	cl := c.newCall(f.CallID)
 	c.emit(Event{Type: EvCallStarted, CallID: cl.id, Method: method, Codec: f.Codec,
 		TimeoutUs: f.TimeoutUs, Metadata: f.Metadata})
@@ -681,182 +586,6 @@ func (c *Conn) handleCall(f *Frame, now time.Time) *Error {
 		c.grant(cl, 1)
 	}
 	return nil
-}
-
-func (c *Conn) message(cl *call, f *Frame) *Error {
-	if c.role == Server && cl.remoteDone {
-		return c.fail(perr(IllegalFrame, "MESSAGE on call %d after the client's half-close", cl.id), true, false)
-	}
-	if cl.splitOpen {
-		return c.fail(perr(MessageLengthMismatch, "MESSAGE on call %d while a split message is open", cl.id), true, false)
-	}
-	if cl.recvCredit <= 0 {
-		return c.fail(perr(FlowControl, "MESSAGE on call %d without send credit", cl.id), true, false)
-	}
-	cost := int64(HeaderLen + len(f.Chunk))
-	if f.Split() {
-		cost += 4
-	}
-	cl.recvCredit -= cost
-	size := uint32(len(f.Chunk))
-	if f.Split() {
-		if uint64(len(f.Chunk)) >= uint64(f.TotalLen) {
-			return c.fail(perr(MessageLengthMismatch, "SPLIT MESSAGE on call %d whose chunk holds all of total_len %d", cl.id, f.TotalLen), true, false)
-		}
-		size = f.TotalLen
-	}
-	cl.messageIn = true
-	if size > c.local.MaxMessageSize {
-		c.tooLarge(cl, size)
-		return nil
-	}
-	if !f.Split() {
-		var msg []byte
-		if c.fromIn && len(f.Chunk) >= 64<<10 {
-			// A large frame assembled in c.in: hand its memory over instead of copying.
-			msg = f.Chunk[:len(f.Chunk):len(f.Chunk)]
-			c.detached = true
-		} else {
-			msg = make([]byte, len(f.Chunk))
-			copy(msg, f.Chunk)
-		}
-		c.emit(Event{Type: EvMessage, CallID: cl.id, Message: msg, Cost: uint32(cost)})
-		if f.EndStream() {
-			cl.remoteDone = true
-			c.emit(Event{Type: EvHalfClosed, CallID: cl.id})
-		}
-		return nil
-	}
-	cl.splitOpen, cl.splitTotal, cl.splitEnd = true, f.TotalLen, f.EndStream()
-	cl.split = make([]byte, 0, min(uint64(f.TotalLen), uint64(2*len(f.Chunk))))
-	cl.split = append(cl.split, f.Chunk...)
-	c.grant(cl, uint32(cost))
-	return nil
-}
-
-func (c *Conn) tooLarge(cl *call, size uint32) {
-	msg := fmt.Sprintf("message of %d bytes over the limit of %d bytes (max_message_size)", size, c.local.MaxMessageSize)
-	if c.role == Server {
-		c.frame(&Frame{Type: TypeEnd, CallID: cl.id, Code: uint16(ResourceExhausted), Message: CutText(msg, int(c.statusRoom())-4), Metadata: Metadata{}})
-	} else {
-		c.frame(&Frame{Type: TypeCancel, CallID: cl.id, Code: uint16(ResourceExhausted)})
-	}
-	c.endCall(cl, ResourceExhausted, msg, nil)
-}
-
-func (c *Conn) continuation(cl *call, f *Frame) *Error {
-	if !cl.splitOpen {
-		return c.fail(perr(MessageLengthMismatch, "CONTINUATION on call %d with no split message open", cl.id), true, false)
-	}
-	if cl.recvCredit <= 0 {
-		return c.fail(perr(FlowControl, "CONTINUATION on call %d without send credit", cl.id), true, false)
-	}
-	cost := int64(HeaderLen + len(f.Chunk))
-	cl.recvCredit -= cost
-	if uint64(len(cl.split))+uint64(len(f.Chunk)) > uint64(cl.splitTotal) {
-		return c.fail(perr(MessageLengthMismatch, "CONTINUATION on call %d goes past total_len %d", cl.id, cl.splitTotal), true, false)
-	}
-	if need := len(cl.split) + len(f.Chunk); need > cap(cl.split) {
-		grown := make([]byte, len(cl.split), min(uint64(cl.splitTotal), uint64(2*need)))
-		copy(grown, cl.split)
-		cl.split = grown
-	}
-	cl.split = append(cl.split, f.Chunk...)
-	if uint32(len(cl.split)) < cl.splitTotal {
-		c.grant(cl, uint32(cost))
-		return nil
-	}
-	msg := cl.split
-	cl.split, cl.splitOpen = nil, false
-	c.emit(Event{Type: EvMessage, CallID: cl.id, Message: msg, Cost: uint32(cost)})
-	if cl.splitEnd {
-		cl.remoteDone = true
-		c.emit(Event{Type: EvHalfClosed, CallID: cl.id})
-	}
-	return nil
-}
-
-func (c *Conn) credit(cl *call, f *Frame) *Error {
-	if cl.sendCredit+int64(f.Increment) > MaxWindow {
-		return c.fail(perr(FlowControl, "CREDIT raises call %d's send credit above 2147483647", cl.id), true, false)
-	}
-	before := cl.sendCredit
-	cl.sendCredit += int64(f.Increment)
-	if before <= 0 && cl.sendCredit > 0 {
-		c.pump(cl)
-		if cl.open && cl.pend == nil {
-			c.emit(Event{Type: EvWritable, CallID: cl.id})
-		}
-	}
-	return nil
-}
-
-func (c *Conn) grant(cl *call, inc uint32) {
-	if inc == 0 {
-		return
-	}
-	if cl.recvCredit+int64(inc) > MaxWindow {
-		inc = uint32(MaxWindow - cl.recvCredit)
-		if inc == 0 || cl.recvCredit >= MaxWindow {
-			return
-		}
-	}
-	cl.recvCredit += int64(inc)
-	c.frame(&Frame{Type: TypeCredit, CallID: cl.id, Increment: inc})
-}
-
-// ReturnCredit tells the engine the application consumed a message of the call (its
-// Event.Cost): credit goes back to the peer, batched until half the window is used.
-func (c *Conn) ReturnCredit(id uint32, cost uint32) {
-	cl := c.calls[id]
-	if cl == nil || !cl.open || c.st != stOpen {
-		return
-	}
-	cl.unreturned += int64(cost)
-	if cl.unreturned*2 >= int64(c.local.InitialCallWindow) || cl.recvCredit <= 0 {
-		inc := cl.unreturned
-		cl.unreturned = 0
-		c.grant(cl, uint32(min(inc, MaxWindow)))
-	}
-}
-
-// GrantCredit sends CREDIT for inc bytes on the call.
-func (c *Conn) GrantCredit(id uint32, inc uint32) error {
-	cl := c.calls[id]
-	if c.st != stOpen {
-		return ErrConnClosed
-	}
-	if cl == nil || !cl.open {
-		return ErrCallClosed
-	}
-	if inc == 0 || inc > MaxWindow {
-		return fmt.Errorf("topspin: credit increment %d outside 1..=2147483647", inc)
-	}
-	c.grant(cl, inc)
-	return nil
-}
-
-// pump sends as much of a pending split message as credit allows.
-func (c *Conn) pump(cl *call) {
-	max := int(c.peer.MaxFrameSize)
-	for cl.pend != nil && cl.sendCredit > 0 {
-		n := min(len(cl.pend), max)
-		last := n == len(cl.pend)
-		c.appendPayloadFrame(TypeContinuation, 0, cl.id, false, 0, cl.pend[:n])
-		cl.sendCredit -= int64(HeaderLen + n)
-		if last {
-			cl.pend = nil
-		} else {
-			cl.pend = cl.pend[n:]
-		}
-	}
-	if cl.pend == nil && cl.queued != nil {
-		c.frame(cl.queued)
-		cl.queued = nil
-	}
-	if cl.pend == nil && cl.queued == nil && !cl.open {
-		c.release(cl)
-	}
 }
 
 // StartCall starts a call (client). timeoutUs 0 means no deadline.
@@ -1111,6 +840,7 @@ func (c *Conn) Shutdown(reason string) {
 		return
 	}
 	c.closeCalls(Unavailable, reason)
+	c.dropIn()
 	c.st = stClosed
 	c.emit(Event{Type: EvClosed})
 }

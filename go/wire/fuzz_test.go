@@ -41,7 +41,8 @@ func FuzzDecode(f *testing.F) {
 }
 
 // FuzzConn: after a valid handshake, arbitrary bytes make either side of the engine
-// either go on or close with a connection error, and never panic.
+// either go on or close with a connection error, and never panic; once it is shut down,
+// nothing is left charged to its memory budget.
 func FuzzConn(f *testing.F) {
 	addVectorSeeds(f)
 	for _, v := range loadVectors(f, "sessions_valid.json") {
@@ -58,6 +59,9 @@ func FuzzConn(f *testing.F) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Small (sometimes spent), or room for frames announced whole.
+			budget := NewMemoryBudget(int64(64<<10) << (6 * (len(data) % 2)))
+			c.SetMemoryBudget(budget)
 			now := time.Unix(1, 0)
 			if err := c.Receive(hello, now); err != nil {
 				t.Fatal(err)
@@ -68,12 +72,17 @@ func FuzzConn(f *testing.F) {
 				}
 			}
 			_ = c.Receive(data, now)
+			c.RetryCredit()
 			for {
 				if _, ok := c.PollEvent(); !ok {
 					break
 				}
 			}
 			c.TakeOutput(nil, nil)
+			c.Shutdown("end of input")
+			if used := budget.Used(); used != 0 {
+				t.Fatalf("%d bytes still charged to the memory budget after Shutdown", used)
+			}
 		}
 	})
 }

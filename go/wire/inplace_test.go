@@ -14,6 +14,8 @@ func TestReceiveInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	budget := NewMemoryBudget(1 << 30) // room to reserve the frame whole
+	c.SetMemoryBudget(budget)
 	in := append(append([]byte{}, Preface[:]...), Append(nil, &Frame{Type: TypeSettings})...)
 	in = Append(in, &Frame{Type: TypeCall, Flags: FlagNamed, CallID: 1, MethodID: 1, MethodName: "/a.B/C", Metadata: Metadata{}})
 	msg := bytes.Repeat([]byte("0123456789"), 30000)
@@ -56,6 +58,9 @@ func TestReceiveInPlace(t *testing.T) {
 	}
 	if c.PendingSpace() != nil || len(c.in) != 0 {
 		t.Fatal("input buffer kept after the frame")
+	}
+	if budget.Used() != 0 {
+		t.Fatalf("%d bytes still charged once the message was handed over", budget.Used())
 	}
 }
 

@@ -1,0 +1,243 @@
+package wire
+
+import "fmt"
+
+func (c *Conn) message(cl *call, f *Frame) *Error {
+	if c.role == Server && cl.remoteDone {
+		return c.fail(perr(IllegalFrame, "MESSAGE on call %d after the client's half-close", cl.id), true, false)
+	}
+	if cl.splitOpen {
+		return c.fail(perr(MessageLengthMismatch, "MESSAGE on call %d while a split message is open", cl.id), true, false)
+	}
+	if cl.recvCredit <= 0 {
+		return c.fail(perr(FlowControl, "MESSAGE on call %d without send credit", cl.id), true, false)
+	}
+	cost := int64(HeaderLen + len(f.Chunk))
+	if f.Split() {
+		cost += 4
+	}
+	cl.recvCredit -= cost
+	size := uint32(len(f.Chunk))
+	if f.Split() {
+		if uint64(len(f.Chunk)) >= uint64(f.TotalLen) {
+			return c.fail(perr(MessageLengthMismatch, "SPLIT MESSAGE on call %d whose chunk holds all of total_len %d", cl.id, f.TotalLen), true, false)
+		}
+		size = f.TotalLen
+	}
+	cl.messageIn = true
+	if size > c.local.MaxMessageSize {
+		c.tooLarge(cl, size)
+		return nil
+	}
+	if !f.Split() {
+		var msg []byte
+		if c.fromIn && len(f.Chunk) >= 64<<10 {
+			// A large frame assembled in c.in: hand its memory over instead of copying.
+			msg = f.Chunk[:len(f.Chunk):len(f.Chunk)]
+			c.detached = true
+		} else {
+			msg = make([]byte, len(f.Chunk))
+			copy(msg, f.Chunk)
+		}
+		c.emit(Event{Type: EvMessage, CallID: cl.id, Message: msg, Cost: uint32(cost)})
+		if f.EndStream() {
+			cl.remoteDone = true
+			c.emit(Event{Type: EvHalfClosed, CallID: cl.id})
+		}
+		return nil
+	}
+	cl.splitOpen, cl.splitTotal, cl.splitEnd = true, f.TotalLen, f.EndStream()
+	c.splitAppend(cl, f.Chunk)
+	c.chunkCredit(cl, uint32(cost))
+	return nil
+}
+
+func (c *Conn) tooLarge(cl *call, size uint32) {
+	msg := fmt.Sprintf("message of %d bytes over the limit of %d bytes (max_message_size)", size, c.local.MaxMessageSize)
+	if c.role == Server {
+		c.frame(&Frame{Type: TypeEnd, CallID: cl.id, Code: uint16(ResourceExhausted), Message: CutText(msg, int(c.statusRoom())-4), Metadata: Metadata{}})
+	} else {
+		c.frame(&Frame{Type: TypeCancel, CallID: cl.id, Code: uint16(ResourceExhausted)})
+	}
+	c.endCall(cl, ResourceExhausted, msg, nil)
+}
+
+func (c *Conn) continuation(cl *call, f *Frame) *Error {
+	if !cl.splitOpen {
+		return c.fail(perr(MessageLengthMismatch, "CONTINUATION on call %d with no split message open", cl.id), true, false)
+	}
+	if cl.recvCredit <= 0 {
+		return c.fail(perr(FlowControl, "CONTINUATION on call %d without send credit", cl.id), true, false)
+	}
+	cost := int64(HeaderLen + len(f.Chunk))
+	cl.recvCredit -= cost
+	if uint64(len(cl.split))+uint64(len(f.Chunk)) > uint64(cl.splitTotal) {
+		return c.fail(perr(MessageLengthMismatch, "CONTINUATION on call %d goes past total_len %d", cl.id, cl.splitTotal), true, false)
+	}
+	c.splitAppend(cl, f.Chunk)
+	if uint32(len(cl.split)) < cl.splitTotal {
+		c.chunkCredit(cl, uint32(cost))
+		return nil
+	}
+	msg := cl.split
+	c.dropSplit(cl) // the message is the application's now
+	cl.splitOpen = false
+	c.emit(Event{Type: EvMessage, CallID: cl.id, Message: msg, Cost: uint32(cost)})
+	if cl.splitEnd {
+		cl.remoteDone = true
+		c.emit(Event{Type: EvHalfClosed, CallID: cl.id})
+	}
+	return nil
+}
+
+// splitAppend appends a chunk to the call's split message (the caller checked it stays
+// within total_len). The buffer grows as chunks arrive, to at most twice what arrived
+// (never to total_len, a claim, §5.3), and its growth is charged to the memory budget.
+func (c *Conn) splitAppend(cl *call, chunk []byte) {
+	need := len(cl.split) + len(chunk)
+	if need > cap(cl.split) {
+		size := int(min(uint64(cl.splitTotal), uint64(2*need)))
+		grown := make([]byte, len(cl.split), size)
+		copy(grown, cl.split)
+		c.budget.Charge(int64(size) - cl.splitCharge)
+		cl.split, cl.splitCharge = grown, int64(size)
+	}
+	cl.split = append(cl.split, chunk...)
+}
+
+// dropSplit forgets the call's split buffer and gives its charge back.
+func (c *Conn) dropSplit(cl *call) {
+	c.budget.Release(cl.splitCharge)
+	cl.split, cl.splitCharge = nil, 0
+	if c.splitGoing == cl.id {
+		c.splitGoing = 0
+	}
+}
+
+// chunkCredit gives a split chunk's credit back as it arrives (§7) — unless the memory
+// budget is spent: then one split message per connection goes on (so that messages that
+// each fit cannot wait for one another for ever, §9) and the others' credit is withheld
+// until RetryCredit finds room.
+func (c *Conn) chunkCredit(cl *call, cost uint32) {
+	if c.budget.Spent() && !c.mayProgress(cl) {
+		if cl.withheld == 0 {
+			c.nWithheld++
+		}
+		cl.withheld += int64(cost)
+		return
+	}
+	c.grant(cl, cost)
+}
+
+// mayProgress reports whether cl is the connection's split message that goes on while the
+// budget is spent (the first to ask, until it completes or ends).
+func (c *Conn) mayProgress(cl *call) bool {
+	if g := c.calls[c.splitGoing]; c.splitGoing != 0 && g != nil && g.open && g.splitOpen {
+		return g == cl
+	}
+	c.splitGoing = cl.id
+	return true
+}
+
+// CreditWithheld reports whether chunk credit is withheld because the memory budget is
+// spent: call RetryCredit again in a while (every 10 ms, §9).
+func (c *Conn) CreditWithheld() bool { return c.nWithheld > 0 }
+
+// RetryCredit gives the withheld chunk credit back where the memory budget allows it now.
+func (c *Conn) RetryCredit() {
+	if c.nWithheld == 0 || c.st != stOpen {
+		return
+	}
+	for _, cl := range c.calls {
+		if cl.withheld == 0 || !cl.open || (c.budget.Spent() && !c.mayProgress(cl)) {
+			continue
+		}
+		inc := cl.withheld
+		cl.withheld = 0
+		c.nWithheld--
+		c.grant(cl, uint32(min(inc, MaxWindow)))
+	}
+}
+
+func (c *Conn) credit(cl *call, f *Frame) *Error {
+	if cl.sendCredit+int64(f.Increment) > MaxWindow {
+		return c.fail(perr(FlowControl, "CREDIT raises call %d's send credit above 2147483647", cl.id), true, false)
+	}
+	before := cl.sendCredit
+	cl.sendCredit += int64(f.Increment)
+	if before <= 0 && cl.sendCredit > 0 {
+		c.pump(cl)
+		if cl.open && cl.pend == nil {
+			c.emit(Event{Type: EvWritable, CallID: cl.id})
+		}
+	}
+	return nil
+}
+
+func (c *Conn) grant(cl *call, inc uint32) {
+	if inc == 0 {
+		return
+	}
+	if cl.recvCredit+int64(inc) > MaxWindow {
+		inc = uint32(MaxWindow - cl.recvCredit)
+		if inc == 0 || cl.recvCredit >= MaxWindow {
+			return
+		}
+	}
+	cl.recvCredit += int64(inc)
+	c.frame(&Frame{Type: TypeCredit, CallID: cl.id, Increment: inc})
+}
+
+// ReturnCredit tells the engine the application consumed a message of the call (its
+// Event.Cost): credit goes back to the peer, batched until half the window is used.
+func (c *Conn) ReturnCredit(id uint32, cost uint32) {
+	cl := c.calls[id]
+	if cl == nil || !cl.open || c.st != stOpen {
+		return
+	}
+	cl.unreturned += int64(cost)
+	if cl.unreturned*2 >= int64(c.local.InitialCallWindow) || cl.recvCredit <= 0 {
+		inc := cl.unreturned
+		cl.unreturned = 0
+		c.grant(cl, uint32(min(inc, MaxWindow)))
+	}
+}
+
+// GrantCredit sends CREDIT for inc bytes on the call.
+func (c *Conn) GrantCredit(id uint32, inc uint32) error {
+	cl := c.calls[id]
+	if c.st != stOpen {
+		return ErrConnClosed
+	}
+	if cl == nil || !cl.open {
+		return ErrCallClosed
+	}
+	if inc == 0 || inc > MaxWindow {
+		return fmt.Errorf("topspin: credit increment %d outside 1..=2147483647", inc)
+	}
+	c.grant(cl, inc)
+	return nil
+}
+
+// pump sends as much of a pending split message as credit allows.
+func (c *Conn) pump(cl *call) {
+	max := int(c.peer.MaxFrameSize)
+	for cl.pend != nil && cl.sendCredit > 0 {
+		n := min(len(cl.pend), max)
+		last := n == len(cl.pend)
+		c.appendPayloadFrame(TypeContinuation, 0, cl.id, false, 0, cl.pend[:n])
+		cl.sendCredit -= int64(HeaderLen + n)
+		if last {
+			cl.pend = nil
+		} else {
+			cl.pend = cl.pend[n:]
+		}
+	}
+	if cl.pend == nil && cl.queued != nil {
+		c.frame(cl.queued)
+		cl.queued = nil
+	}
+	if cl.pend == nil && cl.queued == nil && !cl.open {
+		c.release(cl)
+	}
+}

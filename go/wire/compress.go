@@ -59,7 +59,8 @@ var gzipWriters = sync.Pool{New: func() any { return gzip.NewWriter(nil) }}
 // Decompress decodes one message payload of a direction whose encoding is enc (flag byte
 // first) for a receiver whose MAX_MESSAGE_SIZE is limit. It never allocates more than
 // limit+1 bytes of output. Errors are *CallError: INTERNAL for a missing or unknown flag,
-// an unknown encoding or a body that does not decode; RESOURCE_EXHAUSTED past limit.
+// an unknown encoding or a body that does not decode; RESOURCE_EXHAUSTED past limit or for
+// a zstd frame asking for a window over 8 MiB (protocol.md §15).
 // With flag 0 the result aliases payload.
 func Decompress(enc string, payload []byte, limit uint32) ([]byte, error) {
 	if len(payload) == 0 {
@@ -123,6 +124,10 @@ func readBounded(r io.Reader, enc string, limit uint32) ([]byte, error) {
 		buf = buf[:len(buf)+n]
 		if err == io.EOF {
 			break
+		}
+		if errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+			// protocol.md §15: a window over 8 MiB, or a declared size over the limit.
+			return nil, &CallError{Code: ResourceExhausted, Message: enc + " body asks for too much memory: " + err.Error()}
 		}
 		if err != nil {
 			return nil, &CallError{Code: Internal, Message: enc + " body does not decode: " + err.Error()}

@@ -238,7 +238,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
         } else {
             let mut cx = Context::from_waker(waker);
             match self.io.poll_flush(&mut cx, &mut self.conn) {
-                Poll::Ready(Ok(())) => self.conn.is_closed() || self.next_timer() != self.armed,
+                Poll::Ready(Ok(())) => self.conn.is_closed() || !self.timer_covers(),
                 // Pending: the transport took the task's waker and wakes it once it has room.
                 Poll::Pending => false,
                 Poll::Ready(Err(_)) => true,
@@ -329,7 +329,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             || self.conn.is_closed()
             || self.conn.is_going_away()
             || self.role.stop().is_some()
-            || self.next_timer() != self.armed;
+            || !self.timer_covers();
         if task_needed {
             if let Some(t) = self.waker.as_ref() {
                 t.wake_by_ref();
@@ -459,8 +459,8 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// wake-ups that need none. Whether the timer fired (the loop then goes on).
     fn arm_timer(&mut self, cx: &mut Context<'_>) -> bool {
         let timer = self.next_timer();
-        if timer == self.armed {
-            return false; // already polled (and registered) this turn
+        if timer == self.armed || covers(self.armed, timer) {
+            return false; // already polled (and registered), or due no later than needed
         }
         self.armed = timer;
         let Some(t) = timer else {
@@ -531,6 +531,13 @@ impl<R: Role, T: Transport> Driver<R, T> {
         self.liveness.alive();
     }
 
+    /// Whether the armed timer is due no later than the next deadline (or there is none): a
+    /// timer that fires early only makes the loop look again (`on_timer` acts on what is due),
+    /// so a deadline that moves later — the idle timeout after every call — re-arms nothing.
+    fn timer_covers(&self) -> bool {
+        covers(self.armed, self.next_timer())
+    }
+
     fn next_timer(&self) -> Option<Instant> {
         let mut t = self.conn.poll_timeout();
         let mut consider = |x: Option<Instant>| {
@@ -587,6 +594,15 @@ impl<R: Role, T: Transport> Driver<R, T> {
             }
         }
         false
+    }
+}
+
+/// Whether a timer armed for `armed` is due no later than `next` needs.
+fn covers(armed: Option<Instant>, next: Option<Instant>) -> bool {
+    match (armed, next) {
+        (_, None) => true,
+        (Some(a), Some(n)) => a <= n,
+        (None, Some(_)) => false,
     }
 }
 

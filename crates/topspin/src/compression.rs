@@ -561,12 +561,16 @@ pub(crate) fn client_metadata(md: Metadata, c: Compression) -> Metadata {
 
 /// Client: a response message as its call's response headers say it is encoded.
 #[inline]
-pub(crate) fn response_message(headers: &Metadata, m: Bytes, room: &Room) -> Result<Bytes, Status> {
+pub(crate) fn response_message(
+    headers: &Metadata,
+    m: Bytes,
+    room: impl FnOnce() -> Room,
+) -> Result<Bytes, Status> {
     if headers.is_empty() {
         return Ok(m);
     }
     match encoding_of(headers)? {
-        Some(e) => decode(e, m, room),
+        Some(e) => decode(e, m, &room()),
         None => Ok(m),
     }
 }

@@ -239,7 +239,7 @@ pub(crate) async fn reply<C: Codec>(
     codec: &C,
     rx: super::completion::Waiter<Result<Response<Bytes>, Status>>,
     mut guard: CallGuard,
-    room: crate::compression::Room,
+    room: impl FnOnce() -> crate::compression::Room,
 ) -> Result<Response<C::Decode>, Status> {
     let r = rx.await;
     guard.disarm();
@@ -248,7 +248,7 @@ pub(crate) async fn reply<C: Codec>(
     }
     let resp = r.ok_or_else(|| Status::unavailable("the connection task ended"))??;
     let (m, md, tr) = resp.into_parts();
-    let m = crate::compression::response_message(&md, m, &room)?;
+    let m = crate::compression::response_message(&md, m, room)?;
     Ok(Response::from_parts(codec.decode(m)?, md, tr))
 }
 

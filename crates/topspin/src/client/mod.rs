@@ -269,7 +269,7 @@ impl Channel {
             },
         };
         let (m, md, tr) = r?.into_parts();
-        let m = compression::response_message(&md, m, &self.room())?;
+        let m = compression::response_message(&md, m, || self.room())?;
         Ok(Response::from_parts(codec.decode(m)?, md, tr))
     }
 
@@ -323,7 +323,7 @@ impl Channel {
         for w in waits {
             out.push(match w {
                 Err(e) => Err(e),
-                Ok((rx, guard)) => call::reply(&codec, rx, guard, self.room()).await,
+                Ok((rx, guard)) => call::reply(&codec, rx, guard, || self.room()).await,
             });
         }
         out
@@ -422,7 +422,7 @@ impl Channel {
             token,
             Box::pin(requests),
         );
-        call::reply(&codec, rx, guard, self.room()).await
+        call::reply(&codec, rx, guard, || self.room()).await
     }
 
     /// A bidirectional streaming call. Returns as soon as the call is started (queued on its

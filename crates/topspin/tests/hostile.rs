@@ -282,12 +282,7 @@ async fn serial<F: Future<Output = ()>>(f: F) {
 /// to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_held_to_the_send_buffer() {
-    never_reading_client(|b| {
-        for id in 1..=1000u32 {
-            unary_call(b, id * 2 - 1, BIG, b"x");
-        }
-    })
-    .await;
+    never_reading_client(thousand_big_answers).await;
 }
 
 /// The same calls from a client whose INITIAL_CALL_WINDOW is 0 (it never grants credit): the
@@ -299,12 +294,7 @@ async fn a_client_that_never_reads_is_held_to_the_send_buffer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_grants_no_credit_is_held_to_the_send_buffer() {
     let settings = Settings::default().with_initial_call_window(0);
-    never_reading_client_with(settings, |b| {
-        for id in 1..=1000u32 {
-            unary_call(b, id * 2 - 1, BIG, b"x");
-        }
-    })
-    .await;
+    never_reading_client_with(settings, thousand_big_answers).await;
 }
 
 /// The same with the smallest MAX_FRAME_SIZE and a 64 KiB window: each answer is split, its
@@ -314,12 +304,14 @@ async fn split_answers_waiting_for_credit_are_held_to_the_send_buffer() {
     let settings = Settings::default()
         .with_max_frame_size(16 * 1024)
         .with_initial_call_window(64 * 1024);
-    never_reading_client_with(settings, |b| {
-        for id in 1..=1000u32 {
-            unary_call(b, id * 2 - 1, BIG, b"x");
-        }
-    })
-    .await;
+    never_reading_client_with(settings, thousand_big_answers).await;
+}
+
+/// 1000 unary calls for 1 MiB answers.
+fn thousand_big_answers(b: &mut BytesMut) {
+    for id in 1..=1000u32 {
+        unary_call(b, id * 2 - 1, BIG, b"x");
+    }
 }
 
 /// A server stream of 1000 messages of 1 MiB to a client that grants all the flow-control

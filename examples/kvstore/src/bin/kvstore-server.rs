@@ -14,19 +14,17 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let (mut address, mut origins) = (None, Vec::new());
     while let Some(a) = args.next() {
-        match (a.as_str(), args.next()) {
-            ("--allow-origin", Some(o)) => origins.push(o),
-            ("--allow-origin", None) => {
+        if a == "--allow-origin" {
+            let Some(o) = args.next() else {
                 eprintln!("kvstore-server: --allow-origin needs an origin");
                 std::process::exit(2);
-            }
-            (_, next) => {
-                address = Some(a.clone());
-                if let Some(n) = next {
-                    eprintln!("kvstore-server: unexpected argument {n}");
-                    std::process::exit(2);
-                }
-            }
+            };
+            origins.push(o);
+        } else if address.is_none() {
+            address = Some(a);
+        } else {
+            eprintln!("kvstore-server: unexpected argument {a}");
+            std::process::exit(2);
         }
     }
     let address = address.unwrap_or_else(|| "tcp://127.0.0.1:50051".to_owned());

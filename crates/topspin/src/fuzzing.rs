@@ -108,14 +108,62 @@ pub fn grpc_wire(data: &[u8]) {
     assert!(credited <= given, "{credited} credited for {given} bytes");
 }
 
+/// Client frames from the fuzzer's bytes: each is a head byte (FIN, RSV bits and opcode as on
+/// the wire), a length byte (0..=253 as is; 254: the next byte × 1024; 255: a raw 2-byte
+/// extended length) and that many payload bytes, masked as a client must (bit 0x40 of the
+/// length byte set: left unmasked, a protocol error the server must survive).
+fn client_frames(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let [head, len, rest @ ..] = data {
+        let (n, rest) = match *len {
+            254 => (
+                usize::from(rest.first().copied().unwrap_or(0)) * 1024,
+                rest.get(1..).unwrap_or(&[]),
+            ),
+            255 => match rest {
+                [a, b, r @ ..] => (usize::from(u16::from_be_bytes([*a, *b])), r),
+                _ => (0, rest),
+            },
+            l => (usize::from(l & 0x3f), rest),
+        };
+        let unmasked = *len < 254 && len & 0x40 != 0;
+        let take = n.min(rest.len());
+        let payload = &rest[..take];
+        out.push(*head);
+        let mask_bit = if unmasked { 0 } else { 0x80 };
+        if take < 126 {
+            out.push(mask_bit | take as u8);
+        } else {
+            out.push(mask_bit | 126);
+            out.extend_from_slice(&(take as u16).to_be_bytes());
+        }
+        if unmasked {
+            out.extend_from_slice(payload);
+        } else {
+            let key = [0x37, 0xfa, 0x21, 0x3d];
+            out.extend_from_slice(&key);
+            out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+        }
+        data = &rest[take..];
+    }
+    out
+}
+
 /// The WebSocket carriage of a server: an upgrade request (with or without a same-origin
-/// `Origin`, chosen by byte 0) followed by the fuzzer's bytes as the client's frames, read to
-/// their end on a current-thread runtime. Nothing may panic; what the server reads is what a
-/// client could have sent, at most the message bound per read.
+/// `Origin`, chosen by byte 0; bit 1 of byte 0: the rest as raw bytes rather than built frames)
+/// followed by the client's frames, read to their end on a current-thread runtime. Nothing may
+/// panic; the read ends.
 pub fn websocket(data: &[u8]) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Some((&opts, frames)) = data.split_first() else {
+    let Some((&opts, rest)) = data.split_first() else {
         return;
+    };
+    let built;
+    let frames: &[u8] = if opts & 2 == 0 {
+        built = client_frames(rest);
+        &built
+    } else {
+        rest
     };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -485,7 +485,9 @@ type StreamRx = (
 /// A response stream's sink and its receiving side.
 fn stream_sink() -> (Sink, StreamRx) {
     let (htx, hrx) = oneshot::channel();
-    // Flow-controlled: the server sends at most a window ahead of what the stream consumed.
+    // Unbounded in type, bounded by flow control: the server may send only the call's window
+    // (`Config::initial_call_window`, 1 MiB) ahead of what the stream consumed (credit goes back
+    // as the application takes messages), plus one message of at most `max_message_size`.
     let (itx, irx) = mpsc::unbounded_channel::<Item>();
     let sink = Sink::Stream {
         headers: Some(htx),

@@ -1,7 +1,8 @@
 //! topspin over WebSocket (RFC 6455) on real TCP sockets: the four call kinds over ws:// and
 //! wss://, the upgrade's checks (path, subprotocol, origin), and bad input — a text message,
 //! an unmasked client frame, an oversized message, a close — each ending that one connection
-//! with the close code the RFC names while the server and its other connections go on.
+//! with the close code the RFC names while the server and its other connections go on — and
+//! messages that never complete, charged to the memory budget and cut at the frame timeout.
 #![cfg(all(feature = "tls", feature = "websocket"))]
 
 mod common;
@@ -287,5 +288,73 @@ async fn pings_are_answered_and_invisible_to_topspin() {
     })
     .await;
     assert_eq!(pong.as_deref(), Some(&b"hi"[..]));
+    h.shutdown(Duration::from_secs(1)).await;
+}
+
+/// The head of one masked (key 0: the payload goes as is) binary frame announcing `len` bytes.
+fn frame_head(len: u64) -> Vec<u8> {
+    let mut head = vec![0x82, 0x80 | 127];
+    head.extend_from_slice(&len.to_be_bytes());
+    head.extend_from_slice(&[0, 0, 0, 0]);
+    head
+}
+
+#[tokio::test]
+async fn messages_that_never_complete_are_charged_and_cut_at_the_frame_timeout() {
+    use topspin::{Config, MemoryBudget};
+    let budget = MemoryBudget::new(8 << 20);
+    let config = Config::default()
+        .with_memory_budget(budget.clone())
+        .with_frame_timeout(Duration::from_secs(2));
+    let server = builder(Probe::default())
+        .config(config)
+        .bind("ws://127.0.0.1:0/")
+        .await
+        .expect("bind");
+    let addr = server.local_addr().clone();
+    let h = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    let good = within(10, Channel::connect(addr.clone()))
+        .await
+        .expect("connect");
+    let before = budget.used();
+
+    // Sixteen connections each announce a 1,000,000-byte message and send 900 KB of it: 14 MB
+    // in all, past the 8 MiB budget.
+    let mut attackers = Vec::new();
+    for _ in 0..16 {
+        let mut ws = raw(&addr, "/", Some("topspin.v1"), None)
+            .await
+            .expect("upgrade");
+        let tcp = ws.get_mut();
+        tcp.write_all(&frame_head(1_000_000)).await.unwrap();
+        // The server stops reading once the budget is spent: write what it takes.
+        let body = vec![7u8; 900_000];
+        let _ = tokio::time::timeout(Duration::from_millis(300), tcp.write_all(&body)).await;
+        attackers.push(ws);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = budget.used() - before;
+    assert!(held > 4 << 20, "partial messages are charged: {held}");
+    // Three quarters of the budget (the last quarter is kept for calls), plus at most one
+    // read of 128 KiB per connection.
+    assert!(held <= (6 << 20) + (2 << 20), "held to the budget: {held}");
+    // A good client is still served meanwhile.
+    assert_eq!(unary(&good, common::UNARY, "fine").await.unwrap(), "fine");
+
+    // Each attacker is cut within the frame timeout plus a second, and the charge given back.
+    within(4, async {
+        for ws in &mut attackers {
+            while let Some(Ok(_)) = ws.next().await {}
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        budget.used() <= before + (64 << 10),
+        "charge returned: {} (before {before})",
+        budget.used()
+    );
+    assert_eq!(unary(&good, common::UNARY, "fine").await.unwrap(), "fine");
     h.shutdown(Duration::from_secs(1)).await;
 }

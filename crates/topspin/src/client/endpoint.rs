@@ -331,7 +331,7 @@ impl Endpoint {
             #[cfg(feature = "websocket")]
             Address::Ws(hp, _) => {
                 let url = address.to_string();
-                let ws = &self.websocket;
+                let ws = &self.websocket.bounded_by(config);
                 let s = tokio::time::timeout(config.handshake_timeout(), async {
                     let tcp = tokio::net::TcpStream::connect(hp.as_str())
                         .await
@@ -348,7 +348,7 @@ impl Endpoint {
             #[cfg(all(feature = "tls", feature = "websocket"))]
             Address::Wss(hp, _) => {
                 let url = address.to_string();
-                let ws = &self.websocket;
+                let ws = &self.websocket.bounded_by(config);
                 let tls = self.tls.clone().unwrap_or_default();
                 let host = address.host().unwrap_or_default();
                 let s = tokio::time::timeout(config.handshake_timeout(), async {

@@ -255,7 +255,10 @@ impl ServerBuilder {
                 }
                 #[cfg(feature = "websocket")]
                 {
-                    faces.ws = Some((self.websocket.clone(), self.websocket.get_path().to_owned()));
+                    faces.ws = Some((
+                        self.websocket.bounded_by(&self.config),
+                        self.websocket.get_path().to_owned(),
+                    ));
                 }
             }
             #[cfg(feature = "tls")]
@@ -272,7 +275,7 @@ impl ServerBuilder {
             }
             #[cfg(feature = "websocket")]
             Address::Ws(_, path) => {
-                faces.ws = Some((self.websocket.clone(), path.clone()));
+                faces.ws = Some((self.websocket.bounded_by(&self.config), path.clone()));
             }
             #[cfg(all(feature = "tls", feature = "websocket"))]
             Address::Wss(_, path) => {
@@ -281,7 +284,7 @@ impl ServerBuilder {
                     .as_ref()
                     .ok_or_else(|| err("a wss:// address needs ServerBuilder::tls"))?;
                 faces.tls = Some(tls.with_alpn(&[b"http/1.1"]));
-                faces.ws = Some((self.websocket.clone(), path.clone()));
+                faces.ws = Some((self.websocket.bounded_by(&self.config), path.clone()));
             }
             Address::Unix(_) | Address::UnixAbstract(_) | Address::Dns(_) | Address::Shm(_) => {
                 return Ok(None)
@@ -435,12 +438,13 @@ impl ServerBuilder {
             });
         }
         let config = &self.config;
-        let listener = Listener::bind(&address, config.unix_socket_mode(), config.local_users())
-            .await
-            .map_err(|source| ServeError::Bind {
-                address: address.clone(),
-                source,
-            })?;
+        let listener =
+            Listener::bind(&address, config)
+                .await
+                .map_err(|source| ServeError::Bind {
+                    address: address.clone(),
+                    source,
+                })?;
         let local = listener.local_addr().map_err(|source| ServeError::Bind {
             address: address.clone(),
             source,

@@ -17,8 +17,14 @@ pub(crate) enum Listener {
     Unix(UnixListener, PathBuf, (u64, u64)),
     /// A Linux abstract socket: nothing on the file system; peers checked against the users.
     UnixAbstract(UnixListener, String, crate::LocalUsers),
-    /// A shared-memory server (`shm://name`): the abstract socket `topspin-shm:<name>`.
-    Shm(UnixListener, String, crate::LocalUsers),
+    /// A shared-memory server (`shm://name`): the abstract socket `topspin-shm:<name>`; each
+    /// connection's rings are charged to the budget.
+    Shm(
+        UnixListener,
+        String,
+        crate::LocalUsers,
+        std::sync::Arc<topspin_proto::MemoryBudget>,
+    ),
 }
 
 /// An accepted connection's transport.
@@ -174,16 +180,15 @@ fn bind_abstract(_name: &str) -> io::Result<UnixListener> {
 }
 
 impl Listener {
-    /// Binds `addr`; a Unix socket file gets the permission bits `unix_mode`; an abstract
-    /// socket (which has none) accepts peers of `users` only.
-    pub(crate) async fn bind(
-        addr: &Address,
-        unix_mode: u32,
-        users: &crate::LocalUsers,
-    ) -> io::Result<Listener> {
+    /// Binds `addr`; a Unix socket file gets the permission bits of
+    /// [`Config::unix_socket_mode`](crate::Config::unix_socket_mode); an abstract socket
+    /// (which has none) accepts peers of [`Config::local_users`](crate::Config::local_users)
+    /// only; shared-memory rings are charged to the config's memory budget.
+    pub(crate) async fn bind(addr: &Address, config: &crate::Config) -> io::Result<Listener> {
+        let users = config.local_users();
         match addr {
             Address::Tcp(hp) => Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?)),
-            Address::Unix(p) => bind_unix(p, unix_mode).await,
+            Address::Unix(p) => bind_unix(p, config.unix_socket_mode()).await,
             Address::UnixAbstract(name) => Ok(Listener::UnixAbstract(
                 bind_abstract(name)?,
                 name.to_owned(),
@@ -193,6 +198,7 @@ impl Listener {
                 bind_abstract(&format!("topspin-shm:{name}"))?,
                 name.to_owned(),
                 users.clone(),
+                config.memory_budget(),
             )),
             // TLS and WebSocket listen on TCP; the server adds the layers per connection.
             Address::Tls(hp) | Address::Ws(hp, _) | Address::Wss(hp, _) => {
@@ -214,7 +220,7 @@ impl Listener {
             Listener::Tcp(l) => Ok(Address::from(l.local_addr()?)),
             Listener::Unix(_, p, _) => Ok(Address::Unix(p.clone())),
             Listener::UnixAbstract(_, name, _) => Ok(Address::UnixAbstract(name.clone())),
-            Listener::Shm(_, name, _) => Ok(Address::Shm(name.clone())),
+            Listener::Shm(_, name, ..) => Ok(Address::Shm(name.clone())),
         }
     }
 
@@ -249,13 +255,13 @@ impl Listener {
                     .map(Accepted::Socket)
             }
             #[cfg(any(target_os = "linux", target_os = "android"))]
-            Listener::Shm(l, name, users) => {
+            Listener::Shm(l, name, users, budget) => {
                 // Checked before the hello: a refused client never gets the memfd.
                 let s = l.accept().await?.0;
                 users
                     .check(&s, "client")
                     .and_then(|()| s.into_std())
-                    .and_then(|s| super::shm::ShmTransport::accept(s, name))
+                    .and_then(|s| super::shm::ShmTransport::accept(s, name, budget))
                     .map(Accepted::Shm)
             }
             #[cfg(not(any(target_os = "linux", target_os = "android")))]

@@ -263,6 +263,34 @@ pub(crate) struct ShmTransport {
     peer_gone: bool,
     /// We closed our direction.
     shut: bool,
+    /// The server's memfd, emptied when the connection ends, and the rings' charge to the
+    /// memory budget.
+    owned: Option<(OwnedFd, Charge)>,
+}
+
+/// Bytes taken from a memory budget, given back when dropped.
+#[derive(Debug)]
+struct Charge {
+    budget: std::sync::Arc<topspin_proto::MemoryBudget>,
+    bytes: usize,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+impl Drop for ShmTransport {
+    /// The server frees the memfd's pages (a hole punched over the whole file, size kept):
+    /// a client that keeps its mapping (or the descriptor) after the connection pins no memory.
+    fn drop(&mut self) {
+        if let Some((fd, _)) = &self.owned {
+            use rustix::fs::{fallocate, FallocateFlags};
+            let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            let _ = fallocate(fd, flags, 0, self.map.len as u64);
+        }
+    }
 }
 
 fn credentials_of(s: &UnixStream) -> Option<PeerCredentials> {
@@ -311,20 +339,45 @@ impl ShmTransport {
             tx_parked: false,
             peer_gone: false,
             shut: false,
+            owned: None,
         })
     }
 
     /// The server side of the handshake on an accepted socket: create, seal and map the
     /// memfd, send the hello with it. Only non-blocking system calls.
     /// The memfd is named `topspin-shm:<name>` (shown in `/proc/PID/maps` of both processes).
-    pub(crate) fn accept(sock: UnixStream, name: &str) -> io::Result<ShmTransport> {
-        Self::accept_with_ring(sock, RING, name)
+    /// The rings' bytes are charged to `budget` first: a connection it has no room for is
+    /// refused (the client never gets a memfd).
+    pub(crate) fn accept(
+        sock: UnixStream,
+        name: &str,
+        budget: &std::sync::Arc<topspin_proto::MemoryBudget>,
+    ) -> io::Result<ShmTransport> {
+        Self::accept_with_ring(sock, RING, name, budget)
     }
 
-    fn accept_with_ring(sock: UnixStream, ring: usize, name: &str) -> io::Result<ShmTransport> {
+    fn accept_with_ring(
+        sock: UnixStream,
+        ring: usize,
+        name: &str,
+        budget: &std::sync::Arc<topspin_proto::MemoryBudget>,
+    ) -> io::Result<ShmTransport> {
         use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
         use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
         let len = HEADER + 2 * ring;
+        if !budget.try_reserve(len) {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!(
+                    "shm:// connection refused: the memory budget ({} bytes) has no room for its rings ({len} bytes)",
+                    budget.limit()
+                ),
+            ));
+        }
+        let charge = Charge {
+            budget: budget.clone(),
+            bytes: len,
+        };
         // memfd names are at most 249 bytes; a longer endpoint name is cut (on a char edge).
         let mut label = format!("topspin-shm:{name}");
         if label.len() > 249 {
@@ -362,7 +415,9 @@ impl ShmTransport {
                 "shared-memory hello not sent whole",
             ));
         }
-        ShmTransport::new(map, ring, true, sock)
+        let mut t = ShmTransport::new(map, ring, true, sock)?;
+        t.owned = Some((fd, charge));
+        Ok(t)
     }
 
     /// The client side: connect to `shm://name`'s socket, receive and check the hello and the
@@ -799,7 +854,8 @@ mod tests {
     /// A transport pair over a socketpair, with a small ring.
     fn pair(ring: usize) -> (ShmTransport, ShmTransport) {
         let (a, b) = UnixStream::pair().unwrap();
-        let server = ShmTransport::accept_with_ring(a, ring, "unit").unwrap();
+        let budget = topspin_proto::MemoryBudget::unlimited();
+        let server = ShmTransport::accept_with_ring(a, ring, "unit", &budget).unwrap();
         let client = futures_util::FutureExt::now_or_never(async {
             // connect() dials by name; here the hello is read the same way from `b`.
             let mut hello = [0u8; HELLO_LEN];
@@ -854,5 +910,52 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_server_frees_the_pages_a_client_still_maps() {
+        let (mut s, c) = pair(4096);
+        let data = [0xabu8; 3000];
+        std::future::poll_fn(|cx| s.poll_write_vectored(cx, &[IoSlice::new(&data)]))
+            .await
+            .unwrap();
+        let mut seen = [MaybeUninit::new(0u8); 3000];
+        c.map.read_ring(c.rx_base, c.ring, 0, &mut seen);
+        // SAFETY: every element was initialised above.
+        #[allow(unsafe_code)]
+        let seen: [u8; 3000] = unsafe { std::mem::transmute(seen) };
+        assert_eq!(seen, data);
+        drop(s);
+        let mut after = [MaybeUninit::new(1u8); 3000];
+        c.map.read_ring(c.rx_base, c.ring, 0, &mut after);
+        #[allow(unsafe_code)]
+        let after: [u8; 3000] = unsafe { std::mem::transmute(after) };
+        assert!(after.iter().all(|&b| b == 0), "the pages were freed");
+    }
+
+    #[test]
+    fn the_rings_are_charged_to_the_budget_and_given_back() {
+        let budget = topspin_proto::MemoryBudget::new(3 * (HEADER + 2 * 4096));
+        let (a, _b) = UnixStream::pair().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _g = rt.enter();
+        let mut kept = Vec::new();
+        for _ in 0..3 {
+            let (a, b) = UnixStream::pair().unwrap();
+            kept.push((
+                ShmTransport::accept_with_ring(a, 4096, "unit", &budget).unwrap(),
+                b,
+            ));
+        }
+        assert_eq!(budget.used(), 3 * (HEADER + 2 * 4096));
+        let e = ShmTransport::accept_with_ring(a, 4096, "unit", &budget).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::OutOfMemory);
+        kept.pop();
+        assert_eq!(budget.used(), 2 * (HEADER + 2 * 4096));
+        drop(kept);
+        assert_eq!(budget.used(), 0);
     }
 }

@@ -20,13 +20,16 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
+use topspin_proto::MemoryBudget;
 
 /// The WebSocket subprotocol of topspin (`Sec-WebSocket-Protocol`); a server requires it.
 pub const SUBPROTOCOL: &str = "topspin.v1";
@@ -36,8 +39,26 @@ const MAX_OUT_MESSAGE: usize = 256 * 1024;
 
 /// The largest incoming WebSocket message by default: four times what senders keep to
 /// (protocol.md §14.2). A message being reassembled is held by the WebSocket library, outside
-/// the memory budget, so this is kept small.
+/// the memory budget past [`FREE_HELD`], so this is kept small.
 const DEFAULT_MAX_MESSAGE: usize = 1024 * 1024;
+
+/// Bytes of a message being received that a connection holds without charge (as a socket's
+/// own buffer would); every byte held past it is charged to the memory budget, and while less
+/// than a quarter of the budget is left the connection reads no further: that last quarter is
+/// kept for the messages of calls, which handlers consume and give back, so connections
+/// that never finish a message cannot starve the others' calls.
+const FREE_HELD: usize = 64 * 1024;
+
+/// How often a connection that waits for the memory budget looks again.
+const BUDGET_RETRY: Duration = Duration::from_millis(20);
+
+/// What a connection's received messages may cost: bytes past [`FREE_HELD`] charged to
+/// `budget`; a message that stops arriving is cut after `frame_timeout`.
+#[derive(Clone, Debug)]
+struct Bounds {
+    budget: Arc<MemoryBudget>,
+    frame_timeout: Duration,
+}
 
 /// WebSocket settings of a server or client.
 ///
@@ -55,6 +76,8 @@ pub struct WebSocketSettings {
     any_origin: bool,
     max_message_size: usize,
     path: String,
+    /// Set by the server or endpoint from its [`Config`](crate::Config).
+    bounds: Option<Bounds>,
 }
 
 impl Default for WebSocketSettings {
@@ -64,6 +87,7 @@ impl Default for WebSocketSettings {
             any_origin: false,
             max_message_size: DEFAULT_MAX_MESSAGE,
             path: "/".to_owned(),
+            bounds: None,
         }
     }
 }
@@ -123,6 +147,18 @@ impl WebSocketSettings {
 
     pub(crate) fn get_path(&self) -> &str {
         &self.path
+    }
+
+    /// These settings with the memory budget and frame timeout of `config` applied to every
+    /// message being received.
+    pub(crate) fn bounded_by(&self, config: &crate::Config) -> WebSocketSettings {
+        WebSocketSettings {
+            bounds: Some(Bounds {
+                budget: config.memory_budget(),
+                frame_timeout: config.frame_timeout(),
+            }),
+            ..self.clone()
+        }
     }
 
     /// The bound set by [`WebSocketSettings::max_message_size`].
@@ -211,10 +247,10 @@ impl WebSocketSettings {
             let _ = stream.shutdown().await;
             return Err("not a WebSocket upgrade request: answered 426 Upgrade Required".into());
         }
-        let stream = Replay {
+        let stream = Metered::new(Replay {
             head,
             inner: stream,
-        };
+        });
         let ws = tokio_tungstenite::accept_hdr_async_with_config(
             stream,
             |req: &Request, resp: Response| self.check(path, req, resp),
@@ -222,7 +258,7 @@ impl WebSocketSettings {
         )
         .await
         .map_err(|e| format!("WebSocket handshake failed: {e}"))?;
-        Ok(WsStream::new(ws))
+        Ok(WsStream::new(ws, self.bounds.clone()))
     }
 
     /// Client side: runs the upgrade handshake on `stream` to `url` (`ws://…` or `wss://…`).
@@ -238,10 +274,13 @@ impl WebSocketSettings {
             "sec-websocket-protocol",
             HeaderValue::from_static(SUBPROTOCOL),
         );
-        let (ws, resp) =
-            tokio_tungstenite::client_async_with_config(req, stream, Some(self.config()))
-                .await
-                .map_err(|e| format!("WebSocket handshake failed: {e}"))?;
+        let (ws, resp) = tokio_tungstenite::client_async_with_config(
+            req,
+            Metered::new(stream),
+            Some(self.config()),
+        )
+        .await
+        .map_err(|e| format!("WebSocket handshake failed: {e}"))?;
         let agreed = resp
             .headers()
             .get("sec-websocket-protocol")
@@ -251,7 +290,7 @@ impl WebSocketSettings {
                 "WebSocket handshake failed: the server did not agree to topspin.v1".into(),
             );
         }
-        Ok(WsStream::new(ws))
+        Ok(WsStream::new(ws, self.bounds.clone()))
     }
 }
 
@@ -392,15 +431,85 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
     }
 }
 
+/// A byte stream that counts the bytes read from it since the count was last reset: what the
+/// WebSocket library holds of a message not yet complete.
+#[derive(Debug)]
+pub(crate) struct Metered<S> {
+    inner: S,
+    read: usize,
+}
+
+impl<S> Metered<S> {
+    fn new(inner: S) -> Metered<S> {
+        Metered { inner, read: 0 }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.read += buf.filled().len() - before;
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// What a connection holds of received messages, and its charge to the memory budget.
+#[derive(Debug)]
+struct Held {
+    bounds: Option<Bounds>,
+    /// Bytes charged to `bounds.budget` now.
+    charged: usize,
+    /// When the message being received must be complete.
+    deadline: Option<Instant>,
+    /// Wakes the reader at `deadline`, or to look at the budget again.
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
 /// A WebSocket as a byte stream: binary messages in, binary messages out.
 #[derive(Debug)]
 pub(crate) struct WsStream<S> {
-    ws: WebSocketStream<S>,
+    ws: WebSocketStream<Metered<S>>,
     /// The rest of the last message received.
     pending: Bytes,
     /// Outgoing bytes, reclaimed in place once the socket layer has copied a message out.
     out: BytesMut,
     eof: bool,
+    held: Held,
 }
 
 /// The close code for a receive error (RFC 6455 §7.4.1).
@@ -424,18 +533,89 @@ fn io_error(e: WsError) -> io::Error {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
-    fn new(ws: WebSocketStream<S>) -> WsStream<S> {
+    fn new(ws: WebSocketStream<Metered<S>>, bounds: Option<Bounds>) -> WsStream<S> {
         WsStream {
             ws,
             pending: Bytes::new(),
             out: BytesMut::new(),
             eof: false,
+            held: Held {
+                bounds,
+                charged: 0,
+                deadline: None,
+                timer: None,
+            },
         }
     }
 
     /// The stream under the WebSocket.
     pub(crate) fn get_ref(&self) -> &S {
-        self.ws.get_ref()
+        &self.ws.get_ref().inner
+    }
+
+    /// Brings the budget charge to what is held past [`FREE_HELD`]: the bytes read of a message
+    /// not yet complete and the undelivered rest of the last one.
+    fn settle(&mut self) {
+        let Some(b) = &self.held.bounds else { return };
+        let held = self.ws.get_ref().read + self.pending.len();
+        let due = held.saturating_sub(FREE_HELD);
+        if due > self.held.charged {
+            b.budget.charge(due - self.held.charged);
+        } else {
+            b.budget.release(self.held.charged - due);
+        }
+        self.held.charged = due;
+    }
+
+    /// A whole message (or control frame) came out: what was read for it is now `pending`.
+    fn at_boundary(&mut self) {
+        self.ws.get_mut().read = 0;
+        self.held.deadline = None;
+    }
+
+    /// Whether the connection must not read on: past [`FREE_HELD`] of a message, with less
+    /// than a quarter of the memory budget left.
+    fn must_wait(&self) -> bool {
+        self.held.bounds.as_ref().is_some_and(|b| {
+            self.ws.get_ref().read > FREE_HELD && b.budget.is_short_of(b.budget.limit() / 4)
+        })
+    }
+
+    /// No message is ready. With part of one held, the frame deadline runs (from when the
+    /// message was first seen incomplete) and the reader is woken at it — or in
+    /// [`BUDGET_RETRY`] when `waiting` for the budget. Past the deadline the connection fails.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>, waiting: bool) -> Poll<io::Result<()>> {
+        let Some(b) = &self.held.bounds else {
+            return Poll::Pending;
+        };
+        if self.ws.get_ref().read == 0 {
+            return Poll::Pending;
+        }
+        let now = Instant::now();
+        let deadline = *self.held.deadline.get_or_insert(now + b.frame_timeout);
+        if now >= deadline {
+            self.fail(cx, CloseCode::Policy, "a message stopped arriving");
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "WebSocket: a message stopped arriving (frame_timeout)",
+            )));
+        }
+        let wake = if waiting {
+            deadline.min(now + BUDGET_RETRY)
+        } else {
+            deadline
+        };
+        let timer = self
+            .held
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake)));
+        if timer.deadline() != wake {
+            timer.as_mut().reset(wake);
+        }
+        if std::future::Future::poll(timer.as_mut(), cx).is_ready() {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
     }
 
     /// Starts a close handshake with `code` without waiting (the connection is failing).
@@ -456,7 +636,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
     /// someone else): for tests and benchmarks.
     #[allow(dead_code)]
     pub(crate) async fn from_raw(stream: S, role: Role, settings: &WebSocketSettings) -> Self {
-        WsStream::new(WebSocketStream::from_raw_socket(stream, role, Some(settings.config())).await)
+        let ws =
+            WebSocketStream::from_raw_socket(Metered::new(stream), role, Some(settings.config()))
+                .await;
+        WsStream::new(ws, settings.bounds.clone())
+    }
+}
+
+impl<S> Drop for WsStream<S> {
+    fn drop(&mut self) {
+        if let Some(b) = &self.held.bounds {
+            b.budget.release(self.held.charged);
+        }
     }
 }
 
@@ -472,13 +663,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
                 let n = this.pending.len().min(buf.remaining());
                 buf.put_slice(&this.pending[..n]);
                 this.pending.advance(n);
+                if this.held.charged > 0 {
+                    this.settle();
+                }
                 return Poll::Ready(Ok(()));
             }
             if this.eof {
                 return Poll::Ready(Ok(()));
             }
-            match ready!(Pin::new(&mut this.ws).poll_next(cx)) {
-                Some(Ok(Message::Binary(b))) => this.pending = b,
+            if this.must_wait() {
+                ready!(this.poll_stalled(cx, true))?;
+                continue;
+            }
+            let next = Pin::new(&mut this.ws).poll_next(cx);
+            if next.is_ready() {
+                this.at_boundary();
+            }
+            this.settle();
+            let Poll::Ready(next) = next else {
+                ready!(this.poll_stalled(cx, false))?;
+                continue;
+            };
+            match next {
+                Some(Ok(Message::Binary(b))) => {
+                    this.pending = b;
+                    this.settle();
+                }
                 Some(Ok(Message::Text(_))) => {
                     this.fail(
                         cx,

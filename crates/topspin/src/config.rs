@@ -32,6 +32,7 @@ pub struct Config {
     handshake_timeout: Duration,
     frame_timeout: Duration,
     idle_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Duration,
     memory_budget: Option<Arc<MemoryBudget>>,
@@ -64,6 +65,7 @@ impl Default for Config {
             handshake_timeout: Duration::from_secs(10),
             frame_timeout: Duration::from_secs(30),
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            write_timeout: Some(Duration::from_secs(60)),
             keepalive_interval: None,
             keepalive_timeout: Duration::from_secs(20),
             memory_budget: None,
@@ -174,6 +176,15 @@ impl Config {
         /// the next call anyway), short enough that sockets left idle cannot hold a server's
         /// `max_connections` for ever. Applies to every face (native, gRPC, WebSocket, shm).
         idle_timeout, with_idle_timeout: Option<Duration>
+    }
+    field! {
+        /// Close a connection whose peer takes none of the bytes waiting for it for this long
+        /// (default 60 s; `None`: never). A topspin runtime reads its socket whatever its
+        /// calls' flow control says, so a transport that stays full this long means a peer
+        /// that stopped reading (a hung process, or an attacker holding our send buffer and
+        /// its calls) — keep-alive, off by default, would not be on to tell. Applies to every
+        /// face.
+        write_timeout, with_write_timeout: Option<Duration>
     }
     field! {
         /// Send a PING after this long without receiving anything (default: never). A topspin

@@ -12,6 +12,8 @@ use topspin::{Channel, Config, MemoryBudget, Request, Response, Server};
 
 const ECHO: &str = "/hostile.Echo/Echo";
 const SLOW: &str = "/hostile.Echo/SlowCount";
+/// Answers any request with 64 messages of 1 MiB.
+const FLOOD: &str = "/hostile.Echo/Flood";
 const MIB: usize = 1 << 20;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -56,6 +58,11 @@ async fn start(config: Config) -> Running {
                 Ok(Response::new(Bytes::from(n.to_string())))
             },
         )
+        .server_streaming(FLOOD, RawCodec, |_req: Request<Bytes>| async move {
+            let mib = Bytes::from(vec![7u8; MIB]);
+            let s = futures_util::stream::iter((0..64).map(move |_| Ok(mib.clone())));
+            Ok(Response::new(s))
+        })
         .bind("tcp://127.0.0.1:0")
         .await
         .expect("bind");
@@ -364,5 +371,102 @@ async fn zstd_bombs_to_a_slow_reader_are_held_to_the_budget() {
     );
     assert!(used <= 64 * MIB, "budget used {used}");
     assert!(peak < 128 * MIB, "the process grew by {} MiB", peak / MIB);
+    s.shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
+/// An I/O that stops reading once told to: an HTTP/2 client that sends its requests and then
+/// never reads a byte of the answers (its h2 connection keeps running).
+struct StopsReading {
+    io: tokio::net::TcpStream,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for StopsReading {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for StopsReading {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// A client with wide-open windows asks for 64 MiB and reads none of it: once the socket
+/// takes none of the server's bytes for `write_timeout` (1 s here), the connection is closed
+/// and what it held is given back, as on a native connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_at_the_write_timeout() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = start(Config::default().with_write_timeout(Some(Duration::from_secs(1)))).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let io = StopsReading {
+        io: tokio::net::TcpStream::connect(&s.hp).await.unwrap(),
+        stop: stop.clone(),
+    };
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(1 << 30)
+        .initial_connection_window_size(1 << 30)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let (answer, mut send) = client
+        .send_request(request_to(&s.hp, FLOOD, &[]), false)
+        .unwrap();
+    send.send_data(grpc_frame(false, b"go"), true).unwrap();
+    // Read nothing from the first byte of the answer on.
+    let _answer = tokio::time::timeout(Duration::from_secs(5), answer)
+        .await
+        .expect("answer headers")
+        .expect("answer");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let t0 = Instant::now();
+    loop {
+        let g = s.gauges.snapshot();
+        if g.connections == 0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(6),
+            "still open 6 s after the client stopped reading: {g:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(s.budget.used() < MIB, "given back: {}", s.budget.used());
+    s.good_call().await;
+    conn.abort();
     s.shutdown.shutdown(Duration::from_secs(1)).await;
 }

@@ -400,6 +400,40 @@ async fn never_reading_client_with(settings: Settings, calls: impl FnOnce(&mut B
     .await;
 }
 
+/// A client that never reads, against a server with a 1 s `write_timeout`: once the socket
+/// takes none of the server's bytes for that long, the connection is closed (its calls and
+/// unsent answers dropped), though the client is still connected and sending nothing wrong.
+///
+/// Failed before `write_timeout` existed: the connection, its unsent answers and its calls
+/// stayed for as long as the client kept the socket open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_cut_at_the_write_timeout() {
+    serial(async {
+        let cfg = config(64 * MIB).with_write_timeout(Some(Duration::from_secs(1)));
+        let t = start(cfg).await;
+        let mut sock = connect(&t).await;
+        let mut b = BytesMut::new();
+        b.put_slice(&PREFACE);
+        encode_settings(&mut b, &Settings::default());
+        thousand_big_answers(&mut b);
+        let _ = send(&mut sock, &b, 2).await;
+        settle(&t.gauges, 10, "unsent bytes piling up", |s| {
+            s.unsent_bytes > 0
+        })
+        .await;
+        // Closed within the timeout plus a second or two, while the socket is still open.
+        let s = settle(&t.gauges, 5, "the stalled connection closed", |s| {
+            s.connections == 1 && s.unsent_bytes == 0
+        })
+        .await;
+        eprintln!("after the write timeout: {s:?}");
+        served(&t.good, "after").await;
+        drop(sock);
+        after_attack(t).await;
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // (b) Frames announced and never sent.
 

@@ -48,6 +48,8 @@ pub(crate) struct Io<T> {
     pub(crate) partial_since: Option<Instant>,
     /// Time of the last byte received.
     pub(crate) last_read: Instant,
+    /// Set while the transport takes none of our bytes: since when (`write_timeout`).
+    pub(crate) write_stalled_since: Option<Instant>,
     /// Charged for a frame larger than a read: its whole size is reserved only while the
     /// budget has room; otherwise the buffer grows as the bytes arrive (a header's length is a
     /// claim, not a fact).
@@ -90,6 +92,7 @@ impl<T: Transport> Io<T> {
             queued: 0,
             partial_since: None,
             last_read: Instant::now(),
+            write_stalled_since: None,
         }
     }
 
@@ -124,7 +127,8 @@ impl<T: Transport> Io<T> {
                 let r = self
                     .transport
                     .poll_write_vectored(cx, &[IoSlice::new(staged)]);
-                conn.transmit_consumed(ready!(taken(r))?);
+                let n = ready!(self.progress(taken(r)))?;
+                conn.transmit_consumed(n);
             }
         }
         while let Some(b) = conn.poll_transmit() {
@@ -143,10 +147,27 @@ impl<T: Transport> Io<T> {
                 *slot = IoSlice::new(b);
             }
             let r = self.transport.poll_write_vectored(cx, &iov[..n]);
-            self.consume(ready!(taken(r))?);
+            let n = ready!(self.progress(taken(r)))?;
+            self.consume(n);
         }
         let r = self.transport.poll_flush(cx);
         self.flushing = r.is_pending();
+        if self.flushing {
+            self.write_stalled_since.get_or_insert_with(Instant::now);
+        }
+        r
+    }
+
+    /// Notes whether a write moved bytes: a `Pending` starts the stall clock (once), bytes
+    /// taken stop it.
+    fn progress(&mut self, r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match r {
+            Poll::Pending => {
+                self.write_stalled_since.get_or_insert_with(Instant::now);
+            }
+            Poll::Ready(Ok(_)) => self.write_stalled_since = None,
+            Poll::Ready(Err(_)) => {}
+        }
         r
     }
 

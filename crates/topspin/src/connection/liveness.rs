@@ -1,5 +1,5 @@
-//! The connection-level timers both sides keep: keep-alive pings, frames left incomplete, and
-//! idleness. (Call deadlines are the engine's; see `Connection::poll_timeout`.)
+//! The connection-level timers both sides keep: keep-alive pings, frames left incomplete,
+//! writes the peer does not take, and idleness. (Call deadlines are the engine's; see `Connection::poll_timeout`.)
 
 use super::io::Io;
 use crate::Config;
@@ -46,6 +46,9 @@ impl Liveness {
         if let Some(since) = io.partial_since {
             consider(since + config.frame_timeout());
         }
+        if let (Some(since), Some(limit)) = (io.write_stalled_since, config.write_timeout()) {
+            consider(since + limit);
+        }
         if let (Some(limit), true) = (config.idle_timeout(), idle) {
             consider(io.last_read + limit);
         }
@@ -71,6 +74,14 @@ impl Liveness {
                 config.frame_timeout()
             )));
             return Lapse::Closed;
+        }
+        if let (Some(since), Some(limit)) = (io.write_stalled_since, config.write_timeout()) {
+            if now >= since + limit {
+                conn.close(timeout(format!(
+                    "the peer took none of our bytes for {limit:?} (write_timeout)"
+                )));
+                return Lapse::Closed;
+            }
         }
         if let Some(iv) = config.keepalive_interval() {
             match self.ping_sent {

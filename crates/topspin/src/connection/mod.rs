@@ -239,8 +239,9 @@ impl<R: Role, T: Transport> Driver<R, T> {
             let mut cx = Context::from_waker(waker);
             match self.io.poll_flush(&mut cx, &mut self.conn) {
                 Poll::Ready(Ok(())) => self.conn.is_closed() || !self.timer_covers(),
-                // Pending: the transport took the task's waker and wakes it once it has room.
-                Poll::Pending => false,
+                // Pending: the transport took the task's waker and wakes it once it has room;
+                // the task arms the write timeout if the stall is new.
+                Poll::Pending => !self.timer_covers(),
                 Poll::Ready(Err(_)) => true,
             }
         };

@@ -145,6 +145,7 @@ where
     // `going_away`: GOAWAY sent (age or shutdown); `shutting`: the server's shutdown seen.
     let (mut going_away, mut shutting, mut aborted) = (false, false, false);
     // The handshake (the client's SETTINGS), frame and idle timers, as on a native connection.
+    let changed = super::watch::read(&tracker).changed.clone();
     let timers = Timers {
         tracker,
         started,
@@ -179,6 +180,8 @@ where
                 None => break,
             },
             Some(()) = calls.next(), if !calls.is_empty() => {}
+            // A frame became incomplete or writes stalled: re-arm for its timer.
+            () = changed.notified() => {}
             () = shutdown.token.cancelled(), if !shutting => {
                 // GOAWAY (unless the age sent it); calls in flight get the shutdown's grace,
                 // or what is left of the age's if that ends first.
@@ -242,11 +245,15 @@ impl Timers<'_> {
         let c = self.config;
         let handshake = (!t.settings_received()).then(|| self.started + c.handshake_timeout());
         let frame = t.partial_since.map(|since| since + c.frame_timeout());
+        let write = t
+            .write_stalled_since
+            .zip(c.write_timeout())
+            .and_then(|(since, limit)| since.checked_add(limit));
         let idle = c
             .idle_timeout()
             .filter(|_| idle)
             .and_then(|limit| t.last_read.checked_add(limit));
-        [handshake, frame, idle].into_iter().flatten().min()
+        [handshake, frame, write, idle].into_iter().flatten().min()
     }
 
     /// What to do now that the earliest timer passed (`None`: it moved on meanwhile).
@@ -267,6 +274,13 @@ impl Timers<'_> {
                 "an HTTP/2 frame stayed incomplete for the frame_timeout ({:?})",
                 c.frame_timeout()
             )));
+        }
+        if let (Some(since), Some(limit)) = (t.write_stalled_since, c.write_timeout()) {
+            if now >= since + limit {
+                return Some(Lapse::Close(format!(
+                    "the client took none of our bytes for the write_timeout ({limit:?})"
+                )));
+            }
         }
         let idle_for = c.idle_timeout().filter(|_| idle);
         idle_for

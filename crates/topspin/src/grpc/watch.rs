@@ -1,8 +1,9 @@
 //! What the gRPC face's connection loop needs to know of the bytes a client sends, read as they
 //! pass to h2 (which does not say): whether the client's SETTINGS — the first frame after the
 //! preface (RFC 9113 §3.4) — has arrived, whether a frame is half received and since when, and
-//! when bytes last came. The loop holds the connection to the same `Config` timers a native
-//! connection has (`handshake_timeout`, `frame_timeout`, `idle_timeout`) with them.
+//! when bytes last came — and whether the client takes the bytes we write. The loop holds the
+//! connection to the same `Config` timers a native connection has (`handshake_timeout`,
+//! `frame_timeout`, `write_timeout`, `idle_timeout`) with them.
 
 use std::io;
 use std::pin::Pin;
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 
 /// The client connection preface's length (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE: usize = 24;
@@ -29,6 +31,10 @@ pub(crate) struct Tracker {
     /// When the frame now incomplete started to arrive.
     pub(crate) partial_since: Option<Instant>,
     pub(crate) last_read: Instant,
+    /// Since when the client has taken none of our bytes (`write_timeout`).
+    pub(crate) write_stalled_since: Option<Instant>,
+    /// Told when a timer starts (a frame incomplete, writes stalled): the loop re-arms.
+    pub(crate) changed: Arc<Notify>,
 }
 
 impl Tracker {
@@ -41,6 +47,8 @@ impl Tracker {
             settings: false,
             partial_since: None,
             last_read: now,
+            write_stalled_since: None,
+            changed: Arc::new(Notify::new()),
         }
     }
 
@@ -49,11 +57,13 @@ impl Tracker {
         self.settings
     }
 
-    /// `data` arrived at `now`.
-    pub(crate) fn feed(&mut self, mut data: &[u8], now: Instant) {
+    /// `data` arrived at `now`. Whether a frame is now incomplete that was not before (its
+    /// timer starts).
+    pub(crate) fn feed(&mut self, mut data: &[u8], now: Instant) -> bool {
         if data.is_empty() {
-            return;
+            return false;
         }
+        let was_partial = self.partial_since.is_some();
         self.last_read = now;
         let k = self.preface_left.min(data.len());
         self.preface_left -= k;
@@ -86,6 +96,7 @@ impl Tracker {
                 self.partial_since = Some(now);
             }
         }
+        !was_partial && self.partial_since.is_some()
     }
 
     fn frame_done(&mut self) {
@@ -98,16 +109,39 @@ impl Tracker {
 pub(crate) struct Watched<IO> {
     io: IO,
     tracker: Arc<Mutex<Tracker>>,
+    changed: Arc<Notify>,
+    /// The last write (or flush) was refused for want of room.
+    stalled: bool,
 }
 
 impl<IO> Watched<IO> {
     pub(crate) fn new(io: IO) -> (Watched<IO>, Arc<Mutex<Tracker>>) {
-        let tracker = Arc::new(Mutex::new(Tracker::new(Instant::now())));
+        let t = Tracker::new(Instant::now());
+        let changed = t.changed.clone();
+        let tracker = Arc::new(Mutex::new(t));
         let w = Watched {
             io,
             tracker: tracker.clone(),
+            changed,
+            stalled: false,
         };
         (w, tracker)
+    }
+
+    /// Starts the write-stall clock at a refused write, stops it when bytes go.
+    fn note_write<T>(&mut self, r: &Poll<io::Result<T>>) {
+        match r {
+            Poll::Pending if !self.stalled => {
+                self.stalled = true;
+                read(&self.tracker).write_stalled_since = Some(Instant::now());
+                self.changed.notify_one();
+            }
+            Poll::Ready(Ok(_)) if self.stalled => {
+                self.stalled = false;
+                read(&self.tracker).write_stalled_since = None;
+            }
+            _ => {}
+        }
     }
 }
 
@@ -126,8 +160,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
         let r = Pin::new(&mut self.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
             let new = &buf.filled()[before..];
-            if !new.is_empty() {
-                read(&self.tracker).feed(new, Instant::now());
+            if !new.is_empty() && read(&self.tracker).feed(new, Instant::now()) {
+                self.changed.notify_one();
             }
         }
         r
@@ -140,7 +174,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note_write(&r);
+        r
     }
 
     fn poll_write_vectored(
@@ -148,7 +184,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.note_write(&r);
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -156,7 +194,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        self.note_write(&r);
+        r
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -765,3 +765,60 @@ async fn max_connection_age_grace_ends_calls_that_outlast_it() {
     s.wait_for("cancelled").await;
     s.stop().await;
 }
+
+/// As on a native connection: a method whose handler blocked its connection's task once is
+/// polled on a task of its own from then on, so a tonic client's quick call on the same
+/// HTTP/2 connection is answered while the blocking one still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_blocks_holds_up_its_grpc_connection_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static BLOCKED: AtomicBool = AtomicBool::new(false);
+    let s = start(
+        |b| {
+            b.unary(
+                "/t.T/Block",
+                Codec::default(),
+                |_r: Request<String>| async move {
+                    BLOCKED.store(true, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(1500));
+                    BLOCKED.store(false, Ordering::SeqCst);
+                    Ok(Response::new("slept".to_owned()))
+                },
+            )
+            .unary(
+                "/t.T/Quick",
+                Codec::default(),
+                |_r: Request<String>| async move {
+                    let when = if BLOCKED.load(Ordering::SeqCst) {
+                        "during"
+                    } else {
+                        "after"
+                    };
+                    Ok(Response::new(when.to_owned()))
+                },
+            )
+        },
+        "tcp://127.0.0.1:0",
+    )
+    .await;
+    let mut g = s.tonic().await;
+    let r = unary(&mut g, "/t.T/Block", tonic::Request::new(String::new())).await;
+    assert_eq!(r.expect("slept").into_inner(), "slept");
+    let blocking = {
+        let mut g = g.clone();
+        tokio::spawn(async move {
+            unary(&mut g, "/t.T/Block", tonic::Request::new(String::new())).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let quick = unary(&mut g, "/t.T/Quick", tonic::Request::new(String::new()))
+        .await
+        .expect("quick");
+    assert_eq!(
+        quick.into_inner(),
+        "during",
+        "the quick call waited for the blocking one"
+    );
+    assert!(blocking.await.unwrap().is_ok());
+    s.stop().await;
+}

@@ -352,3 +352,54 @@ async fn shutdown_reaches_a_spawned_handler() {
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
 }
+
+/// A handler that blocks its thread before its first `.await` holds up its connection once:
+/// the server learns it, and from then on that method's calls start on a task of their own,
+/// so a quick call on the same connection no longer waits behind one (on tonic it never
+/// would). Told by order, not by timing: the quick handler runs while the blocking one is
+/// still blocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_blocks_holds_up_its_connection_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static BLOCKED: AtomicBool = AtomicBool::new(false);
+    let server = Server::builder()
+        .unary("/t.S/Block", RawCodec, |_r: Request<Bytes>| async move {
+            BLOCKED.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(1500));
+            BLOCKED.store(false, Ordering::SeqCst);
+            Ok(Response::new(Bytes::from_static(b"slept")))
+        })
+        .unary("/t.S/Quick", RawCodec, |_r: Request<Bytes>| async move {
+            let when: &'static [u8] = if BLOCKED.load(Ordering::SeqCst) {
+                b"during"
+            } else {
+                b"after"
+            };
+            Ok(Response::new(Bytes::from_static(when)))
+        })
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = server.local_addr().clone();
+    tokio::spawn(server.serve());
+    let ch = Channel::connect(addr).await.expect("connect");
+    // The first blocking call: learnt.
+    let r = ch.unary(RawCodec, "/t.S/Block", Bytes::new()).await;
+    assert_eq!(&r.expect("slept").into_inner()[..], b"slept");
+    // The second runs on its own task: a quick call meanwhile is answered first.
+    let blocking = {
+        let ch = ch.clone();
+        tokio::spawn(async move { ch.unary(RawCodec, "/t.S/Block", Bytes::new()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let quick = ch
+        .unary(RawCodec, "/t.S/Quick", Bytes::new())
+        .await
+        .expect("quick");
+    assert_eq!(
+        &quick.into_inner()[..],
+        b"during",
+        "the quick call waited for the blocking one"
+    );
+    assert!(blocking.await.unwrap().is_ok());
+}

@@ -865,7 +865,13 @@ impl Call {
         };
         let waker = futures_util::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
-        match Pin::new(&mut running).poll(&mut cx) {
+        // As on a native connection: polled inline unless its method is known to block.
+        let polled = if running.cancel.is_cancelled() {
+            Pin::new(&mut running).poll(&mut cx)
+        } else {
+            running.poll_first(&mut cx, handler.inline())
+        };
+        match polled {
             Poll::Ready(done) => Started::Done(done),
             Poll::Pending => Started::Running(Spawned::spawn(running)),
         }

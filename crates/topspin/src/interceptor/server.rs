@@ -22,6 +22,8 @@ pub(crate) struct Observed {
     /// Boxes of finished handler futures of observed calls, reused (the connection reuses
     /// the outer box).
     pool: Pool,
+    /// Whether this method's first polls may run on the connection's task.
+    inline: crate::server::handler::Inline,
 }
 
 type Pool = Arc<Mutex<Vec<BoxFut>>>;
@@ -35,6 +37,7 @@ pub(crate) fn wrap(handler: HandlerRef, method: &str, chain: &Chain) -> HandlerR
         inner: handler,
         chain: chain.for_method(method),
         pool: Pool::default(),
+        inline: crate::server::handler::Inline::new(method),
     })
 }
 
@@ -55,6 +58,10 @@ impl CreditReturn for Counted {
 }
 
 impl Handler for Observed {
+    fn inline(&self) -> Option<&crate::server::handler::Inline> {
+        Some(&self.inline)
+    }
+
     fn kind(&self) -> CallKind {
         self.inner.kind()
     }

@@ -125,7 +125,7 @@ pub(crate) struct ServerRole {
     /// has read enough, so that a client that never reads cannot make the server answer — and
     /// queue — more. Bounded by what one read brings in (the server stops reading while full)
     /// and by `max_concurrent_calls`.
-    deferred: VecDeque<Running>,
+    deferred: VecDeque<(Running, super::handler::HandlerRef)>,
     /// The send buffer's room when the current event or command batch began.
     room: usize,
     /// Bytes of replies and stream messages kept in `calls` for the client's credit
@@ -146,10 +146,10 @@ impl Role for ServerRole {
         // While the client does not read what it was sent, handlers get no turn and their
         // output waits in the (bounded) queue.
         if !full {
-            if let Some(running) = self.deferred.pop_front() {
+            if let Some((running, handler)) = self.deferred.pop_front() {
                 // A call that arrived while the client was not reading starts now.
                 self.room = room;
-                self.run_inline(running, None, conn);
+                self.run_inline(running, &handler, None, conn);
                 return Poll::Ready(());
             }
             if !self.handlers.is_empty() {
@@ -482,10 +482,10 @@ impl ServerRole {
         if self.room == 0 {
             // The client is not reading what it is sent: answer nothing more for now.
             self.register(id, running.cancel.clone(), inbound);
-            self.deferred.push_back(running);
+            self.deferred.push_back((running, handler));
             return;
         }
-        self.run_inline(running, Some(inbound), conn);
+        self.run_inline(running, &handler, Some(inbound), conn);
     }
 
     /// Puts a call that has a running handler in `calls`.
@@ -517,6 +517,7 @@ impl ServerRole {
     fn run_inline(
         &mut self,
         mut running: Running,
+        handler: &super::handler::HandlerRef,
         fresh: Option<Option<mpsc::UnboundedSender<Item>>>,
         conn: &mut Connection,
     ) {
@@ -529,10 +530,11 @@ impl ServerRole {
         }
         // Most handlers answer at once: poll once now, so the answer leaves in the same write
         // as everything else this turn, without a trip through the scheduler. (This first poll
-        // runs on the connection task: a handler that blocks in it holds up the connection.)
+        // runs on the connection task: a handler that blocks in it holds up the connection —
+        // once: its method's calls then start on tasks of their own, `handler::Inline`.)
         let waker = futures_util::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
-        match running.poll_first(&mut cx) {
+        match running.poll_first(&mut cx, handler.inline()) {
             std::task::Poll::Ready((id, outcome, fut)) => {
                 self.recycle(fut);
                 let Some(o) = outcome else {

@@ -156,7 +156,78 @@ impl CallIo {
     }
 }
 
+/// A first poll of a handler on its connection's task that takes longer than this (in ms)
+/// marks its method: its calls start on a task of their own from then on ([`Inline`]).
+pub(crate) const INLINE_LIMIT_MS: u64 = 20;
+
+/// A coarse monotonic clock, in milliseconds: `CLOCK_MONOTONIC_COARSE` on Linux (a few
+/// instructions to read, ticks of 1–4 ms), enough to tell a handler that blocked its thread
+/// from one that answered.
+pub(crate) fn coarse_ms() -> u64 {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+        (t.tv_sec as u64) * 1000 + (t.tv_nsec as u64) / 1_000_000
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis() as u64
+    }
+}
+
+/// What a server learned of one method's handler: whether a first poll of it, run on the
+/// connection's task to answer without a trip through the scheduler, ever held that task
+/// longer than [`INLINE_LIMIT_MS`] — a blocking call before its first `.await`
+/// (`std::thread::sleep`, blocking I/O, a long computation), which holds up every other call
+/// of the connection. Such a method's calls are polled on a task of their own from then on,
+/// on every face, and a warning names it once.
+#[derive(Debug)]
+pub(crate) struct Inline {
+    method: Box<str>,
+    blocking: std::sync::atomic::AtomicBool,
+}
+
+impl Inline {
+    pub(crate) fn new(method: &str) -> Inline {
+        Inline {
+            method: method.into(),
+            blocking: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a first poll may run on the connection's task.
+    pub(crate) fn allows(&self) -> bool {
+        !self.blocking.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A first poll on the connection's task took `ms`.
+    pub(crate) fn took(&self, ms: u64) {
+        if ms > INLINE_LIMIT_MS
+            && !self
+                .blocking
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                method = %self.method,
+                took_ms = ms,
+                "a handler blocked its connection for {ms} ms before its first .await \
+                 (std::thread::sleep, blocking I/O or a long computation in an async fn): its \
+                 other calls waited. This method's calls now start on a task of their own. \
+                 Fix: tokio::task::spawn_blocking, or an async API"
+            );
+        }
+    }
+}
+
 pub(crate) trait Handler: Send + Sync + 'static {
+    /// What the server learned of this method's first polls (`None`: nothing kept).
+    fn inline(&self) -> Option<&Inline> {
+        None
+    }
     fn kind(&self) -> CallKind;
     fn codec(&self) -> u8;
     fn call(
@@ -421,8 +492,24 @@ impl Running {
     /// the caller saw that the call is not cancelled: nothing can cancel it in between (only
     /// the connection task does), and a handler that goes on is polled again on a task of its
     /// own, which registers for the cancellation then.
-    pub(crate) fn poll_first(&mut self, cx: &mut Context<'_>) -> Poll<Done> {
-        self.poll_handler(cx)
+    ///
+    /// `Pending` without polling when `inline` says the method blocks: the handler then runs
+    /// on a task of its own from the start. Otherwise the poll is timed and `inline` told.
+    pub(crate) fn poll_first(
+        &mut self,
+        cx: &mut Context<'_>,
+        inline: Option<&Inline>,
+    ) -> Poll<Done> {
+        let Some(inline) = inline else {
+            return self.poll_handler(cx);
+        };
+        if !inline.allows() {
+            return Poll::Pending;
+        }
+        let start = coarse_ms();
+        let r = self.poll_handler(cx);
+        inline.took(coarse_ms().saturating_sub(start));
+        r
     }
 
     fn poll_handler(&mut self, cx: &mut Context<'_>) -> Poll<Done> {

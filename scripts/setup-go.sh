@@ -39,7 +39,7 @@ if [ -z "$toolchain_only" ]; then
   fi
 fi
 
-plan_show setup-go || exit 0
+plan_show "setup-go${toolchain_only:+ (--toolchain-only)}" || exit 0
 [ -z "$go_apt" ] || { apt_install "$go_apt"; go_path; }
 [ -z "$mod_download" ] || (cd go && go mod download)
 [ -z "$staticcheck" ] || go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION}"

@@ -57,7 +57,7 @@ if wants fuzz; then
   fi
 fi
 
-plan_show setup || exit 0
+plan_show "setup (${want[*]})" || exit 0
 [ ${#components[@]} -eq 0 ] || rustup component add "${components[@]}"
 apt_install "${apt_pkgs[@]}"
 [ -z "$fuzz" ] || cargo install cargo-fuzz --locked --quiet

@@ -77,17 +77,42 @@ target="${CARGO_TARGET_DIR:-$root/target}"
 
 bin="$target/debug"
 
+# The set-up each part runs first, one script (and its arguments) a line. The Rust parts run
+# it from here; the other parts' scripts run theirs themselves (this says what they run, for
+# the set-up check below).
+setup_of() {
+  case "$1" in
+    rustfmt) echo "setup.sh rustfmt" ;;
+    # The benchmark's peers compile Cap'n Proto and Thrift schemas in their build scripts.
+    clippy) echo "setup.sh clippy compilers" ;;
+    cargo-test|bench-smoke) echo "setup.sh compilers" ;;
+    fuzz-build) echo "setup.sh fuzz" ;;
+    go) echo "setup-go.sh" ;;
+    python) echo "setup.sh rustfmt clippy"; echo "setup-python.sh" ;;
+    typescript) echo "setup-typescript.sh" ;;
+    grpc) echo "setup-grpc.sh" ;;
+    grpcclient) echo "setup-go.sh --toolchain-only" ;;
+    netns) echo "setup-netns.sh" ;;
+  esac
+}
+setup_part() {
+  local s
+  while read -r s; do
+    # shellcheck disable=SC2086 # a script and its arguments
+    [ -z "$s" ] || ./scripts/$s
+  done < <(setup_of "$1")
+}
+
 part_rustfmt() {
-  ./scripts/setup.sh rustfmt
+  setup_part rustfmt
   cargo fmt --all -- --check
 }
 part_clippy() {
-  # The benchmark's peers compile Cap'n Proto and Thrift schemas in their build scripts.
-  ./scripts/setup.sh clippy compilers
+  setup_part clippy
   cargo clippy --workspace --all-targets --locked -- -D warnings
 }
 part_cargo_test() {
-  ./scripts/setup.sh compilers
+  setup_part cargo-test
   cargo test --workspace --locked
 }
 part_vectors() {
@@ -95,7 +120,7 @@ part_vectors() {
   python3 testdata/vectors/gen.py --check
 }
 part_bench_smoke() {
-  ./scripts/setup.sh compilers
+  setup_part bench-smoke
   # Debug builds are enough to check correctness and reuse what the tests compiled.
   cargo build --workspace --bins --locked -q
   "$bin/topspin-bench" --smoke
@@ -107,6 +132,7 @@ part_fuzz_build() {
   if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     skip_part "no nightly Rust toolchain (cargo fuzz needs one: rustup toolchain install nightly)"
   fi
+  setup_part fuzz-build
   ./scripts/fuzz.sh --build-only
 }
 part_peers() {
@@ -179,7 +205,29 @@ ensure_peers() {
   fi
 }
 
+# Every selected part's set-up, checked before any part installs anything: each set-up
+# script, in dry-run mode, checks the tool versions and says what it will install. A part whose
+# check fails is not run (it counts as failed); the others are.
+printf '\n======== set-up check (what the parts will install; nothing is installed yet)\n'
+declare -A checked=()
+setup_failed=" "
 for p in "${parts[@]}"; do
+  while read -r s; do
+    [ -n "$s" ] || continue
+    if [ -z "${checked[$s]:-}" ]; then
+      # shellcheck disable=SC2086 # a script and its arguments
+      if TOPSPIN_SETUP_DRY_RUN=1 ./scripts/$s; then checked[$s]=ok; else checked[$s]=failed; fi
+    fi
+    [ "${checked[$s]}" = ok ] || setup_failed+="$p "
+  done < <(setup_of "$p")
+done
+
+for p in "${parts[@]}"; do
+  if [[ "$setup_failed" == *" $p "* ]]; then
+    names+=("$p") results+=(FAILED) times+=(0) notes+=("its set-up check failed (see the set-up check)")
+    printf '\n======== %s: FAILED: its set-up check failed (see above)\n' "$p"
+    continue
+  fi
   case "$p" in
     go|python|typescript|grpc)
       ensure_peers

@@ -212,6 +212,7 @@ printf '\n======== set-up check (what the parts will install; nothing is install
 declare -A checked=()
 setup_failed=" "
 for p in "${parts[@]}"; do
+  [ -z "$interrupted" ] || break
   while read -r s; do
     [ -n "$s" ] || continue
     if [ -z "${checked[$s]:-}" ]; then
@@ -223,6 +224,7 @@ for p in "${parts[@]}"; do
 done
 
 for p in "${parts[@]}"; do
+  [ -z "$interrupted" ] || break
   if [[ "$setup_failed" == *" $p "* ]]; then
     names+=("$p") results+=(FAILED) times+=(0) notes+=("its set-up check failed (see the set-up check)")
     printf '\n======== %s: FAILED: its set-up check failed (see above)\n' "$p"
@@ -233,8 +235,8 @@ for p in "${parts[@]}"; do
       ensure_peers
       if [ "$peers" = FAILED ]; then record_skip "$p" "the Rust peers did not build"; continue; fi ;;
   esac
+  [ -z "$interrupted" ] || break
   run_part "$p"
-  if [ -n "$interrupted" ]; then break; fi
 done
 
 if summary; then exit 0; fi

@@ -76,10 +76,10 @@ apt_install() {
   if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
     apt_update_once
   fi
-  if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"; then
+  if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; then
     [ -e "$topspin_apt_stamp" ] && return 1
     apt_update_once
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
   fi
 }
 

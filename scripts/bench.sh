@@ -16,7 +16,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-./scripts/setup.sh
+./scripts/setup.sh compilers fonts
 
 mode=--quick
 args=()

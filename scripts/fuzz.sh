@@ -51,7 +51,7 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 for t in "${targets[@]}"; do
     if ! grep -qx "$t" <<<"$all_targets"; then
-        echo "fuzz.sh: no target $t (targets: $(echo $all_targets))" >&2
+        echo "fuzz.sh: no target $t (targets: ${all_targets//$'\n'/ })" >&2
         exit 2
     fi
 done

@@ -1,36 +1,63 @@
 #!/usr/bin/env bash
-# Installs what the project needs on a fresh machine; safe to run again (it skips what is there).
+# Installs what the Rust side needs; safe to run again (it installs nothing that is there, and
+# says what it will install before it does). With names, only those pieces:
+#
+#   rustfmt     the rustfmt component (cargo fmt)
+#   clippy      the clippy component
+#   compilers   Debian's capnproto and thrift-compiler: the benchmark's Cap'n Proto and Thrift
+#               peers generate code with them at build time (any build of the whole workspace)
+#   fonts       a TrueType font for the benchmark's plots (fonts-dejavu-core)
+#   fuzz        cargo-fuzz (crates.io), when a nightly toolchain is there
+#
+# No names: all of them. System packages come from apt, through sudo when not root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
-have() { command -v "$1" >/dev/null 2>&1; }
+all=(rustfmt clippy compilers fonts fuzz)
+want=("$@")
+[ ${#want[@]} -gt 0 ] || want=("${all[@]}")
+wants() { [[ " ${want[*]} " == *" $1 "* ]]; }
+for w in "${want[@]}"; do
+  [[ " ${all[*]} " == *" $w "* ]] || { echo "setup: no piece '$w' (pieces: ${all[*]})" >&2; exit 2; }
+done
 
 if ! have cargo; then
-  echo "setup: cargo not found. Install Rust (rustup) first; this machine kind ships it." >&2
+  echo "setup: cargo not found. Install Rust first: https://rustup.rs (this machine kind ships it)." >&2
   exit 1
 fi
-# Lints used by the test command.
-for c in rustfmt clippy; do
-  rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
-done
-# Fuzzing needs a nightly toolchain (preinstalled on this machine kind) and cargo-fuzz (crates.io).
-if rustup toolchain list | grep -q '^nightly'; then
-  have cargo-fuzz || cargo install cargo-fuzz --locked --quiet
-else
-  echo "setup: no nightly toolchain; fuzz targets will not be built (cargo fuzz needs nightly)." >&2
+
+components=()
+if wants rustfmt && ! cargo fmt --version >/dev/null 2>&1; then components+=(rustfmt); fi
+if wants clippy && ! cargo clippy --version >/dev/null 2>&1; then components+=(clippy); fi
+if [ ${#components[@]} -gt 0 ]; then
+  have rustup || { echo "setup: cargo ${components[*]} is missing and there is no rustup to add it" >&2; exit 1; }
+  plan "rustup components: ${components[*]}"
 fi
-# The benchmark (crates/topspin-bench): its Cap'n Proto and Thrift peers generate code with the
-# `capnp` and `thrift` compilers at build time, and its plots need a TrueType font.
-bench_pkgs=()
-have capnp || bench_pkgs+=(capnproto)
-have thrift || bench_pkgs+=(thrift-compiler)
-[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || bench_pkgs+=(fonts-dejavu-core)
-if [ ${#bench_pkgs[@]} -gt 0 ]; then
-  if have apt-get; then
-    as_root=""; [ "$(id -u)" -eq 0 ] || as_root="sudo"
-    $as_root apt-get update -qq
-    $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${bench_pkgs[@]}"
-  else
-    echo "setup: please install ${bench_pkgs[*]} (needed by crates/topspin-bench)" >&2
+apt_pkgs=()
+if wants compilers; then
+  have capnp || apt_pkgs+=(capnproto)
+  have thrift || apt_pkgs+=(thrift-compiler)
+fi
+if wants fonts; then
+  [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || apt_pkgs+=(fonts-dejavu-core)
+fi
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+  have apt-get || { echo "setup: please install ${apt_pkgs[*]} (needed by crates/topspin-bench)" >&2; exit 1; }
+  plan "apt: ${apt_pkgs[*]}"
+fi
+fuzz=""
+if wants fuzz; then
+  if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    echo "setup: no nightly toolchain; fuzz targets will not be built (cargo fuzz needs nightly)." >&2
+  elif ! have cargo-fuzz; then
+    fuzz=1
+    plan "cargo-fuzz (cargo install --locked, from crates.io)"
   fi
 fi
+
+plan_show "setup (${want[*]})" || exit 0
+[ ${#components[@]} -eq 0 ] || rustup component add "${components[@]}"
+apt_install "${apt_pkgs[@]}"
+[ -z "$fuzz" ] || cargo install cargo-fuzz --locked --quiet

@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup-go.sh
-export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH)/bin"
+PATH="$PATH:/usr/local/go/bin"
+PATH="$PATH:$(go env GOPATH)/bin"
+export PATH
 ROOT="$PWD"
 step() { printf '\n== go: %s\n' "$*"; }
 

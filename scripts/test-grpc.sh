@@ -14,7 +14,12 @@ cd "$(dirname "$0")/.."
 root=$PWD
 ./scripts/setup-grpc.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
-cargo build -q -p kvstore --bin kvstore-server
+export PATH="$PATH:/usr/local/go/bin"
+# A prebuilt server can be given through KVSTORE_SERVER (scripts/test.sh does).
+if [ -z "${KVSTORE_SERVER:-}" ]; then
+  cargo build -q -p kvstore --bin kvstore-server
+  KVSTORE_SERVER="$CARGO_TARGET_DIR/debug/kvstore-server"
+fi
 GRPCURL=$root/target/grpc-tools/grpcurl
 PY=$root/bindings/python/.venv-grpc/bin/python
 work=$(mktemp -d)
@@ -25,7 +30,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$CARGO_TARGET_DIR/debug/kvstore-server" tcp://127.0.0.1:0 > "$work/server.out" 2>&1 &
+"$KVSTORE_SERVER" tcp://127.0.0.1:0 > "$work/server.out" 2>&1 &
 server_pid=$!
 for _ in $(seq 100); do
   grep -q "listening on" "$work/server.out" 2>/dev/null && break

@@ -5,7 +5,8 @@
 # and the generated kvstore client against a tonic kvstore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v go >/dev/null || { echo "test-grpcclient: go is needed (scripts/setup-go.sh)" >&2; exit 1; }
+./scripts/setup-go.sh --toolchain-only
+export PATH="$PATH:/usr/local/go/bin"
 bin_dir="${CARGO_TARGET_DIR:-target}/grpc-go-server"
 mkdir -p "$bin_dir"
 bin_dir="$(realpath "$bin_dir")"

@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
 # The Python binding's tests: set-up (venv, extension), the Rust interop peers, ruff, mypy
-# (the package, the generated code and the example), pytest. Exits non-zero on any failure.
+# (the package, the generated code and the example), pytest, then the lifecycle tests again
+# with SIGINT ignored (how `nohup ./scripts/test.sh &` starts everything: the tests must not
+# depend on it). Exits non-zero on any failure.
+#
+# KVSTORE_SERVER, KVSTORE_CLIENT and TOPSPIN_CLI may name prebuilt peers; otherwise they are
+# built here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/setup.sh rustfmt clippy
 ./scripts/setup-python.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 step() { printf '\n== %s\n' "$*"; }
 step "Rust interop peers (kvstore-server, kvstore-client, topspin CLI)"
-cargo build -q -p kvstore --bins -p topspin-cli
+if [ -n "${KVSTORE_SERVER:-}" ] && [ -n "${KVSTORE_CLIENT:-}" ] && [ -n "${TOPSPIN_CLI:-}" ]; then
+  echo "using $KVSTORE_SERVER, $KVSTORE_CLIENT, $TOPSPIN_CLI"
+else
+  cargo build -q -p kvstore --bins -p topspin-cli
+  export KVSTORE_SERVER="${KVSTORE_SERVER:-$CARGO_TARGET_DIR/debug/kvstore-server}"
+  export KVSTORE_CLIENT="${KVSTORE_CLIENT:-$CARGO_TARGET_DIR/debug/kvstore-client}"
+  export TOPSPIN_CLI="${TOPSPIN_CLI:-$CARGO_TARGET_DIR/debug/topspin}"
+fi
 step "cargo fmt / clippy (the extension crate)"
 (cd bindings/python && cargo fmt --check && cargo clippy -q --release --all-targets -- -D warnings)
 cd bindings/python
@@ -24,6 +37,14 @@ MYPYPATH=tests/gen_out:bench/gen_out:examples:tests $PY -m mypy python/topspin e
   tests/test_tls.py tests/test_config.py tests/test_stream_trailers.py
 step "pytest"
 $PY -m pytest -q tests
+step "pytest: the lifecycle tests (Ctrl-C, SIGINT) with SIGINT ignored, as in a background job"
+# `trap '' INT` makes SIGINT ignored for this subshell and what it runs, as a non-interactive
+# shell does for `cmd &`; the first command checks that it is.
+(
+  trap '' INT
+  $PY -c 'import signal, sys; sys.exit(signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)'
+  $PY -m pytest -q -p no:cacheprovider tests/test_lifecycle.py
+)
 step "benchmark smoke run (0.1 s per workload; no timings checked)"
 $PY bench/bench.py --seconds 0.1 >/dev/null
 cd ../..

@@ -30,8 +30,16 @@ sys.path.insert(0, GEN)
 sys.path.insert(0, os.path.join(PKG, "examples"))
 
 
+# Prebuilt peers given by the test command (scripts/test.sh exports these).
+PEER_ENV = {
+    "kvstore-server": "KVSTORE_SERVER",
+    "kvstore-client": "KVSTORE_CLIENT",
+    "topspin": "TOPSPIN_CLI",
+}
+
+
 def binary(name: str) -> str:
-    path = os.path.join(TARGET, "debug", name)
+    path = os.environ.get(PEER_ENV.get(name, ""), "") or os.path.join(TARGET, "debug", name)
     if not os.path.exists(path):
         pytest.skip(f"{path} is not built (scripts/test-python.sh builds it)")
     return path

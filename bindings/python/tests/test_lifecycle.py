@@ -48,6 +48,33 @@ def script(body: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+# The tests that send SIGINT expect what a Python program started from a terminal gets: SIGINT
+# raises KeyboardInterrupt. But an ignored signal stays ignored across fork and exec, and a
+# Python started with SIGINT ignored keeps it ignored (as it should: whoever started it wanted
+# that). Under `nohup ./scripts/test.sh &` — a background job of a non-interactive shell, which
+# ignores SIGINT for what it starts — pytest and so its children start that way. subprocess's
+# restore_signals does not cover SIGINT (only SIGPIPE, SIGXFZ and SIGXFSZ), and preexec_fn is
+# unsafe with the runtime's threads in this process: so the child, a Python, puts Python's
+# default handler back itself before anything else.
+DEFAULT_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
+def with_default_sigint(argv: list[str]) -> list[str]:
+    """ARGV (a Python program: sys.executable, a script or -c code, its arguments), run with
+    SIGINT's default handler whatever this process inherited."""
+    exe, first, *rest = argv
+    if first == "-c":
+        return [exe, "-c", DEFAULT_SIGINT + rest[0], *rest[1:]]
+    # As `python SCRIPT ARGS...` does: argv, sys.path[0], __main__.
+    run = (
+        "import os, runpy, sys\n"
+        "sys.argv[0] = sys.argv.pop(1)\n"
+        "sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    return [exe, "-c", DEFAULT_SIGINT + run, first, *rest]
+
+
 def test_exit_with_live_channels_and_calls_does_not_hang(kv_server: str) -> None:
     body = f"""
         import asyncio, threading, topspin
@@ -100,7 +127,9 @@ def test_ctrl_c_interrupts_a_blocking_call(kv_server: str) -> None:
             # The channel goes on after the interrupted call.
             print(c.Get(kv_pb2.GetRequest(key="a"), timeout=10).key, flush=True)
     """
-    p = subprocess.Popen(script(body), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        with_default_sigint(script(body)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert p.stdout is not None
     assert p.stdout.readline().strip() == "waiting"
     time.sleep(0.2)
@@ -116,7 +145,10 @@ def test_server_process_exits_on_sigint(kind: str) -> None:
     ex = os.path.join(os.path.dirname(here), "examples", "kv_server.py")
     env = dict(os.environ, PYTHONPATH=GEN)
     p = subprocess.Popen(
-        [sys.executable, ex, "tcp://127.0.0.1:0"], stdout=subprocess.PIPE, text=True, env=env
+        with_default_sigint([sys.executable, ex, "tcp://127.0.0.1:0"]),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     assert p.stdout is not None
     line = p.stdout.readline()

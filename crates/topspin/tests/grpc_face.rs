@@ -822,3 +822,46 @@ async fn a_handler_that_blocks_holds_up_its_grpc_connection_once() {
     assert!(blocking.await.unwrap().is_ok());
     s.stop().await;
 }
+
+/// As on the native face: the trailers a handler set on a streaming response reach a tonic
+/// client with the error status that ends the stream.
+#[tokio::test]
+async fn trailers_of_a_stream_that_ends_in_an_error_reach_a_grpc_client() {
+    let s = start(
+        |b| {
+            b.server_streaming(
+                "/t.T/FailsWithTrailers",
+                Codec::default(),
+                |_r: Request<String>| async move {
+                    let items = stream::iter([
+                        Ok("one".to_owned()),
+                        Err(Status::new(Code::Aborted, "stopped")),
+                    ]);
+                    let trailers = Metadata::builder()
+                        .text("from-response", "r")
+                        .unwrap()
+                        .build();
+                    Ok(Response::new(items).with_trailers(trailers))
+                },
+            )
+        },
+        "tcp://127.0.0.1:0",
+    )
+    .await;
+    let mut g = s.tonic().await;
+    g.ready().await.unwrap();
+    let resp = g
+        .server_streaming(
+            tonic::Request::new(String::new()),
+            path("/t.T/FailsWithTrailers"),
+            codec(),
+        )
+        .await
+        .expect("opens");
+    let mut st = resp.into_inner();
+    assert_eq!(st.message().await.expect("one").as_deref(), Some("one"));
+    let e = st.message().await.expect_err("ends in an error");
+    assert_eq!(e.code(), tonic::Code::Aborted);
+    assert_eq!(e.metadata().get("from-response").unwrap(), "r");
+    s.stop().await;
+}

@@ -47,3 +47,47 @@ async fn invalid_metadata_is_refused_before_sending() {
     assert!(Metadata::builder().text("Bad Key", "x").is_err());
     assert!(Metadata::builder().text("k-bin", "x").is_err());
 }
+
+/// Trailers a handler sets on a streaming response stay on the status when the stream ends in
+/// an error (before, they were dropped): after the status's own metadata.
+#[tokio::test]
+async fn trailers_of_a_stream_that_ends_in_an_error_are_kept() {
+    use futures_util::StreamExt;
+    use topspin::{Code, Response, Status};
+    const FAILS: &str = "/t.M/FailsWithTrailers";
+    for t in BOTH {
+        let b = builder(Probe::default()).server_streaming(
+            FAILS,
+            RawCodec,
+            |_r: Request<bytes::Bytes>| async move {
+                let items = futures_util::stream::iter([
+                    Ok(bytes::Bytes::from_static(b"one")),
+                    Err(Status::new(Code::Aborted, "stopped").with_metadata(
+                        Metadata::builder()
+                            .text("from-status", "s")
+                            .unwrap()
+                            .build(),
+                    )),
+                ]);
+                let trailers = Metadata::builder()
+                    .text("from-response", "r")
+                    .unwrap()
+                    .build();
+                Ok(Response::new(items).with_trailers(trailers))
+            },
+        );
+        let server = serve(b, t).await;
+        let ch = server.channel().await;
+        let mut s = ch
+            .server_streaming(RawCodec, FAILS, bytes("x"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(&s.next().await.unwrap().unwrap()[..], b"one");
+        let e = s.next().await.unwrap().unwrap_err();
+        assert_eq!(e.code(), Code::Aborted);
+        assert_eq!(e.metadata().get_str("from-status"), Some("s"));
+        assert_eq!(e.metadata().get_str("from-response"), Some("r"));
+        server.stop().await;
+    }
+}

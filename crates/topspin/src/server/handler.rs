@@ -310,13 +310,30 @@ where
     while let Some(item) = stream.next().await {
         let msg = match item.and_then(|m| codec.encode_payload(m)) {
             Ok(b) => b,
-            Err(s) => return Outcome::Finished(Err(s)),
+            Err(s) => return Outcome::Finished(Err(keep_trailers(s, &trailers))),
         };
         if let Err(s) = io.send(msg).await {
-            return Outcome::Finished(Err(s));
+            return Outcome::Finished(Err(keep_trailers(s, &trailers)));
         }
     }
     Outcome::Finished(Ok(trailers))
+}
+
+/// A streaming response that ends in an error keeps the trailers the handler set on it: they
+/// go out after the status's own metadata (gRPC and grpc-go do the same).
+fn keep_trailers(status: Status, trailers: &Metadata) -> Status {
+    if trailers.is_empty() {
+        return status;
+    }
+    let merged = status
+        .metadata()
+        .iter()
+        .chain(trailers.iter())
+        .try_fold(Metadata::builder(), |b, (k, v)| b.entry(k, v));
+    match merged {
+        Ok(b) => status.with_metadata(b.build()),
+        Err(_) => status, // not reached: both blocks were validated
+    }
 }
 
 pub(crate) struct Unary<C, F>(pub(crate) C, pub(crate) F);

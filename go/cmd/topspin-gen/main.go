@@ -166,8 +166,10 @@ func generateServices(gen *protogen.Plugin, f *protogen.File) {
 			g.P("}")
 			g.P()
 		}
-		g.P("// Register", srv, " registers impl's methods on s.")
+		g.P("// Register", srv, " registers impl's methods on s, and the service's descriptor")
+		g.P("// (for reflection).")
 		g.P("func Register", srv, "(s *", ts("Server"), ", impl ", srv, ") {")
+		g.P("s.RegisterService(", g.QualifiedGoIdent(f.GoDescriptorIdent), ".Services().ByName(", fmt.Sprintf("%q", s.Desc.Name()), "))")
 		for _, m := range s.Methods {
 			name := fmt.Sprintf("%q", "/"+full+"/"+string(m.Desc.Name()))
 			switch {

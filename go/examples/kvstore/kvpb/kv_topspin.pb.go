@@ -62,8 +62,10 @@ func (UnimplementedStoreServer) GetMany(ctx context.Context, stream topspin.Serv
 	return topspin.Errorf(topspin.Unimplemented, "method GetMany not implemented")
 }
 
-// RegisterStoreServer registers impl's methods on s.
+// RegisterStoreServer registers impl's methods on s, and the service's descriptor
+// (for reflection).
 func RegisterStoreServer(s *topspin.Server, impl StoreServer) {
+	s.RegisterService(File_kv_v1_kv_proto.Services().ByName("Store"))
 	s.Handle("/kv.v1.Store/Get", topspin.Unary(impl.Get))
 	s.Handle("/kv.v1.Store/Put", topspin.Unary(impl.Put))
 	s.Handle("/kv.v1.Store/Delete", topspin.Unary(impl.Delete))

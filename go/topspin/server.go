@@ -39,8 +39,8 @@ type Server struct {
 	connWG    sync.WaitGroup
 
 	services  map[string]protoreflect.ServiceDescriptor // described services (RegisterService)
-	grpcSvcs  []grpcService                              // served on the gRPC face only
-	face      *grpcFace                                  // the gRPC face, once serving (nil when off)
+	grpcSvcs  []grpcService                             // served on the gRPC face only
+	face      *grpcFace                                 // the gRPC face, once serving (nil when off)
 	faceOnce  sync.Once
 	grpcConns int // connections the gRPC face holds
 	sniffing  int // connections whose first byte is awaited

@@ -311,16 +311,18 @@ func TestGRPCFaceMetadataErrorsDeadlinesCompression(t *testing.T) {
 	if out, err := unary(ctx, cc, "/f.S/Echo", big); err != nil || !bytes.Equal(out, big) {
 		t.Fatalf("300 KiB echo: %d bytes, %v", len(out), err)
 	}
-	mu.Lock()
-	inCompression = nil
-	mu.Unlock()
-	if out, err := unary(ctx, cc, "/f.S/Echo", big, grpc.UseCompressor(gzip.Name)); err != nil || !bytes.Equal(out, big) {
-		t.Fatalf("gzip echo: %d bytes, %v", len(out), err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(inCompression) == 0 || inCompression[0] != "gzip" {
-		t.Fatalf("the answer to a gzip call came with encoding %v", inCompression)
+	for _, comp := range []string{gzip.Name, "zstd"} {
+		mu.Lock()
+		inCompression = nil
+		mu.Unlock()
+		if out, err := unary(ctx, cc, "/f.S/Echo", big, grpc.UseCompressor(comp)); err != nil || !bytes.Equal(out, big) {
+			t.Fatalf("%s echo: %d bytes, %v", comp, len(out), err)
+		}
+		mu.Lock()
+		if len(inCompression) != 1 || inCompression[0] != comp {
+			t.Fatalf("the answer to a %s call came with encoding %v", comp, inCompression)
+		}
+		mu.Unlock()
 	}
 	if _, err := unary(ctx, cc, "/f.S/Nope", nil); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("unknown method: %v", err)
@@ -352,6 +354,11 @@ func TestGRPCFaceBounds(t *testing.T) {
 	}
 	if _, err := unary(ctx, a, "/f.S/Echo", make([]byte, 60<<10)); err != nil {
 		t.Fatalf("a message under the limit: %v", err)
+	}
+	for _, comp := range []string{gzip.Name, "zstd"} { // a few hundred bytes on the wire
+		if _, err := unary(ctx, a, "/f.S/Echo", make([]byte, 1<<20), grpc.UseCompressor(comp)); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("a %s message decompressing past the limit: %v", comp, err)
+		}
 	}
 	b := grpcClient(t, "tcp", addr)
 	if _, err := unary(ctx, b, "/f.S/Echo", []byte("b")); err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/topspin-rpc/topspin/go/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -43,9 +44,10 @@ func (s *Server) bridge(_ any, gs grpc.ServerStream) error {
 	if s.opts.memoryBudget().Spent() {
 		return status.Error(codes.ResourceExhausted, "process memory budget for incoming messages exhausted")
 	}
-	ss := &ServerStream{method: method, md: fromGRPCMetadata(in), g: &grpcCall{gs: gs, ctx: ctx}}
+	g := &grpcCall{gs: gs, ctx: ctx, budget: s.opts.memoryBudget()}
+	ss := &ServerStream{method: method, md: fromGRPCMetadata(in), g: g}
 	ss.deadline, ss.hasDL = ctx.Deadline()
-	return ss.g.finish(callHandler(entry.h, ss))
+	return g.finish(callHandler(entry.h, ss))
 }
 
 // callHandler runs h, turning a panic into INTERNAL.
@@ -125,6 +127,11 @@ type grpcCall struct {
 	gs  grpc.ServerStream
 	ctx context.Context
 
+	// The request message the handler took last is charged to the memory budget until the
+	// next one arrives or the handler returns.
+	budget *wire.MemoryBudget
+	held   int64
+
 	mu      sync.Mutex
 	trailer Metadata
 }
@@ -137,7 +144,18 @@ func (g *grpcCall) recv() ([]byte, error) {
 		}
 		return nil, fromGRPCError(err)
 	}
+	g.release()
+	g.held = int64(len(b))
+	g.budget.Charge(g.held)
 	return b, nil
+}
+
+// release gives back the charge of the message the handler held.
+func (g *grpcCall) release() {
+	if g.held > 0 {
+		g.budget.Release(g.held)
+		g.held = 0
+	}
 }
 
 func (g *grpcCall) send(msg []byte) error {
@@ -177,6 +195,7 @@ func (g *grpcCall) tls() *tls.ConnectionState {
 
 // finish turns a handler's result into the gRPC status and trailers.
 func (g *grpcCall) finish(err error) error {
+	g.release()
 	st := StatusOf(err)
 	g.mu.Lock()
 	trailers := g.trailer

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/topspin-rpc/topspin/go/topspin"
+	"github.com/topspin-rpc/topspin/go/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -113,6 +114,10 @@ func faceServer(t *testing.T, network string, opts ...topspin.Option) (*topspin.
 		<-ss.Done()
 		return ss.Err()
 	}, topspin.CodecRaw)
+	s.Handle("/f.S/Hold", topspin.UnaryRaw(func(ctx context.Context, _ topspin.Metadata, _ []byte) ([]byte, error) {
+		<-ctx.Done() // holds its request until the client cancels
+		return nil, ctx.Err()
+	}), topspin.CodecRaw)
 	s.Handle("/f.S/Who", topspin.UnaryRaw(func(ctx context.Context, _ topspin.Metadata, _ []byte) ([]byte, error) {
 		ss := topspin.ServerStreamFrom(ctx)
 		return []byte(fmt.Sprintf("tls=%v peer=%v", ss.TLS() != nil, ss.Peer() != nil)), nil
@@ -442,5 +447,33 @@ func TestGRPCFaceGracefulStopAndOff(t *testing.T) {
 	}
 	if out, err := dial(t, "tcp://"+off).InvokeRaw(ctx, "/f.S/Echo", []byte("n"), raw); err != nil || string(out) != "n" {
 		t.Fatalf("native with the face off: %v", err)
+	}
+}
+
+// The memory budget: a request a gRPC handler holds is charged to it; while it is spent new
+// calls on both faces are RESOURCE_EXHAUSTED; the charge goes when the handler returns.
+func TestGRPCFaceChargesTheMemoryBudget(t *testing.T) {
+	budget := wire.NewMemoryBudget(100 << 10)
+	s, addr := faceServer(t, "tcp", topspin.WithMemoryBudget(budget))
+	cc := grpcClient(t, "tcp", addr)
+	native := dial(t, "tcp://"+addr)
+	ctx := ctx10(t)
+	hctx, cancel := context.WithCancel(ctx)
+	held := make(chan error, 1)
+	go func() { _, err := unary(hctx, cc, "/f.S/Hold", make([]byte, 120<<10)); held <- err }()
+	waitFor(t, func() bool { return s.Gauges().ReservedBytes >= 120<<10 })
+	if _, err := unary(ctx, cc, "/f.S/Echo", []byte("x")); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a gRPC call while the budget is spent: %v", err)
+	}
+	if _, err := native.InvokeRaw(ctx, "/f.S/Echo", []byte("x"), raw); topspin.CodeOf(err) != topspin.ResourceExhausted {
+		t.Fatalf("a native call while the budget is spent: %v", err)
+	}
+	cancel()
+	if err := <-held; status.Code(err) != codes.Canceled {
+		t.Fatalf("the held call: %v", err)
+	}
+	waitFor(t, func() bool { return s.Gauges().ReservedBytes == 0 })
+	if _, err := unary(ctx, cc, "/f.S/Echo", []byte("x")); err != nil {
+		t.Fatalf("a gRPC call after the charge went: %v", err)
 	}
 }

@@ -99,9 +99,9 @@ func writeAll(nc net.Conn, eng *wire.Conn) error {
 
 // Gauges are what a server holds now (Server.Gauges).
 type Gauges struct {
-	Connections   int   // connections open (handshaking, serving or draining)
-	OpenCalls     int   // calls open on them
-	UnsentBytes   int   // bytes produced for the peers and not yet written to their sockets
+	Connections   int   // connections open (handshaking, serving or draining; both faces)
+	OpenCalls     int   // calls open on them (both faces)
+	UnsentBytes   int   // bytes produced for native peers and not yet written to their sockets
 	ReservedBytes int64 // bytes reserved in the memory budget (shared: the whole budget's)
 	MemoryBudget  int64 // that budget's limit
 }
@@ -115,7 +115,7 @@ func (s *Server) Gauges() Gauges {
 	}
 	s.mu.Unlock()
 	s.mu.Lock()
-	g := Gauges{Connections: len(conns) + s.grpcConns}
+	g := Gauges{Connections: len(conns) + s.grpcConns, OpenCalls: int(s.grpcCalls.Load())}
 	s.mu.Unlock()
 	for _, c := range conns {
 		c.mu.Lock()

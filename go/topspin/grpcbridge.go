@@ -44,10 +44,31 @@ func (s *Server) bridge(_ any, gs grpc.ServerStream) error {
 	if s.opts.memoryBudget().Spent() {
 		return status.Error(codes.ResourceExhausted, "process memory budget for incoming messages exhausted")
 	}
+	s.compressFor(ctx)
 	g := &grpcCall{gs: gs, ctx: ctx, budget: s.opts.memoryBudget()}
 	ss := &ServerStream{method: method, md: fromGRPCMetadata(in), g: g}
 	ss.deadline, ss.hasDL = ctx.Deadline()
+	s.grpcCalls.Add(1)
+	defer s.grpcCalls.Add(-1)
 	return g.finish(callHandler(entry.h, ss))
+}
+
+// compressFor compresses a gRPC call's responses with the server's WithCompression encoding
+// when the client lists it in grpc-accept-encoding (otherwise grpc-go answers in the
+// request's encoding, if any).
+func (s *Server) compressFor(ctx context.Context) {
+	want := s.opts.compress
+	if want == "" || want == wire.EncodingIdentity {
+		return
+	}
+	if accepted, err := grpc.ClientSupportedCompressors(ctx); err == nil {
+		for _, a := range accepted {
+			if a == want {
+				_ = grpc.SetSendCompressor(ctx, want)
+				return
+			}
+		}
+	}
 }
 
 // callHandler runs h, turning a panic into INTERNAL.

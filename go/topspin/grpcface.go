@@ -57,8 +57,9 @@ func (s *Server) startFace() *grpcFace {
 	return s.face
 }
 
-// grpcWindowConns is how many calls' windows the connection window of the gRPC face holds.
-const grpcWindowConns = 4
+// grpcWindowConns is how many calls' windows the connection window of the gRPC face holds
+// (as the Rust server's).
+const grpcWindowConns = 2
 
 // grpcOptions are the gRPC face's bounds, taken from the server's options.
 func (s *Server) grpcOptions() []grpc.ServerOption {

@@ -46,6 +46,32 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 func faceServer(t *testing.T, network string, opts ...topspin.Option) (*topspin.Server, string) {
 	t.Helper()
 	s := topspin.NewServer(opts...)
+	faceHandlers(s)
+	var l net.Listener
+	var err error
+	addr := ""
+	switch network {
+	case "unix":
+		addr = filepath.Join(t.TempDir(), "f.sock")
+		l, err = topspin.Listen("unix://"+addr, opts...)
+	case "tls":
+		l, err = topspin.Listen("tls://127.0.0.1:0", opts...)
+	default:
+		l, err = topspin.Listen("tcp://127.0.0.1:0", opts...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if addr == "" {
+		addr = l.Addr().String()
+	}
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	return s, addr
+}
+
+// faceHandlers registers the test methods (raw bytes) on s.
+func faceHandlers(s *topspin.Server) {
 	s.Handle("/f.S/Echo", topspin.UnaryRaw(func(ctx context.Context, md topspin.Metadata, req []byte) ([]byte, error) {
 		ss := topspin.ServerStreamFrom(ctx)
 		if v, ok := md.Get("user"); ok {
@@ -122,27 +148,6 @@ func faceServer(t *testing.T, network string, opts ...topspin.Option) (*topspin.
 		ss := topspin.ServerStreamFrom(ctx)
 		return []byte(fmt.Sprintf("tls=%v peer=%v", ss.TLS() != nil, ss.Peer() != nil)), nil
 	}), topspin.CodecRaw)
-	var l net.Listener
-	var err error
-	addr := ""
-	switch network {
-	case "unix":
-		addr = filepath.Join(t.TempDir(), "f.sock")
-		l, err = topspin.Listen("unix://"+addr, opts...)
-	case "tls":
-		l, err = topspin.Listen("tls://127.0.0.1:0", opts...)
-	default:
-		l, err = topspin.Listen("tcp://127.0.0.1:0", opts...)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if addr == "" {
-		addr = l.Addr().String()
-	}
-	go func() { _ = s.Serve(l) }()
-	t.Cleanup(s.Stop)
-	return s, addr
 }
 
 // grpcClient is a grpc-go client of addr ("unix" network: a socket path), raw bytes.
@@ -267,16 +272,10 @@ func checkStreams(t *testing.T, ctx context.Context, cc *grpc.ClientConn) {
 }
 
 // Metadata both ways, a status with trailers and details, a deadline, a message larger than
-// 64 KiB, gzip both ways.
-func TestGRPCFaceMetadataErrorsDeadlinesCompression(t *testing.T) {
+// 64 KiB, an unknown method.
+func TestGRPCFaceMetadataErrorsDeadlines(t *testing.T) {
 	_, addr := faceServer(t, "tcp")
-	var mu sync.Mutex
-	var inCompression []string
-	cc := grpcClient(t, "tcp", addr, grpc.WithStatsHandler(&headerStats{onIn: func(c string) {
-		mu.Lock()
-		inCompression = append(inCompression, c)
-		mu.Unlock()
-	}}))
+	cc := grpcClient(t, "tcp", addr)
 	ctx := ctx10(t)
 
 	var header, trailer metadata.MD
@@ -316,19 +315,6 @@ func TestGRPCFaceMetadataErrorsDeadlinesCompression(t *testing.T) {
 	if out, err := unary(ctx, cc, "/f.S/Echo", big); err != nil || !bytes.Equal(out, big) {
 		t.Fatalf("300 KiB echo: %d bytes, %v", len(out), err)
 	}
-	for _, comp := range []string{gzip.Name, "zstd"} {
-		mu.Lock()
-		inCompression = nil
-		mu.Unlock()
-		if out, err := unary(ctx, cc, "/f.S/Echo", big, grpc.UseCompressor(comp)); err != nil || !bytes.Equal(out, big) {
-			t.Fatalf("%s echo: %d bytes, %v", comp, len(out), err)
-		}
-		mu.Lock()
-		if len(inCompression) != 1 || inCompression[0] != comp {
-			t.Fatalf("the answer to a %s call came with encoding %v", comp, inCompression)
-		}
-		mu.Unlock()
-	}
 	if _, err := unary(ctx, cc, "/f.S/Nope", nil); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("unknown method: %v", err)
 	}
@@ -347,6 +333,54 @@ func (h *headerStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context
 	return ctx
 }
 func (h *headerStats) HandleConn(context.Context, stats.ConnStats) {}
+
+// gzip and zstd: requests decoded, answers in kind; a server WithCompression answers in its
+// encoding a client that accepts it.
+func TestGRPCFaceCompression(t *testing.T) {
+	_, addr := faceServer(t, "tcp")
+	var mu sync.Mutex
+	var inCompression []string
+	cc := grpcClient(t, "tcp", addr, grpc.WithStatsHandler(&headerStats{onIn: func(c string) {
+		mu.Lock()
+		inCompression = append(inCompression, c)
+		mu.Unlock()
+	}}))
+	ctx := ctx10(t)
+	big := bytes.Repeat([]byte("0123456789abcdef"), 300<<10/16) // 300 KiB
+	for _, comp := range []string{gzip.Name, "zstd"} {
+		mu.Lock()
+		inCompression = nil
+		mu.Unlock()
+		if out, err := unary(ctx, cc, "/f.S/Echo", big, grpc.UseCompressor(comp)); err != nil || !bytes.Equal(out, big) {
+			t.Fatalf("%s echo: %d bytes, %v", comp, len(out), err)
+		}
+		mu.Lock()
+		if len(inCompression) != 1 || inCompression[0] != comp {
+			t.Fatalf("the answer to a %s call came with encoding %v", comp, inCompression)
+		}
+		mu.Unlock()
+	}
+
+	// A server WithCompression("zstd") answers an uncompressed call in zstd (the client
+	// accepts it).
+	_, zaddr := faceServer(t, "tcp", topspin.WithCompression("zstd"))
+	zc := grpcClient(t, "tcp", zaddr, grpc.WithStatsHandler(&headerStats{onIn: func(c string) {
+		mu.Lock()
+		inCompression = append(inCompression, c)
+		mu.Unlock()
+	}}))
+	mu.Lock()
+	inCompression = nil
+	mu.Unlock()
+	if out, err := unary(ctx, zc, "/f.S/Echo", big); err != nil || !bytes.Equal(out, big) {
+		t.Fatalf("echo from a zstd server: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(inCompression) != 1 || inCompression[0] != "zstd" {
+		t.Fatalf("a WithCompression(zstd) server answered with encoding %v", inCompression)
+	}
+}
 
 // The bounds: a message over the native max message size is RESOURCE_EXHAUSTED; gRPC
 // connections count toward max_connections (native and gRPC clients over it are refused).
@@ -462,6 +496,9 @@ func TestGRPCFaceChargesTheMemoryBudget(t *testing.T) {
 	held := make(chan error, 1)
 	go func() { _, err := unary(hctx, cc, "/f.S/Hold", make([]byte, 120<<10)); held <- err }()
 	waitFor(t, func() bool { return s.Gauges().ReservedBytes >= 120<<10 })
+	if g := s.Gauges(); g.OpenCalls != 1 || g.Connections != 2 {
+		t.Fatalf("gauges with a gRPC call held: %+v", g)
+	}
 	if _, err := unary(ctx, cc, "/f.S/Echo", []byte("x")); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("a gRPC call while the budget is spent: %v", err)
 	}

@@ -13,48 +13,72 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// watchNext is the next status of a watch (either face), or fails the test.
-type watchNext func() healthpb.HealthCheckResponse_ServingStatus
-
-// grpc.health.v1 on both faces from one table: Check (NOT_FOUND for an unknown service),
-// Watch (current status, then changes; SERVICE_UNKNOWN for an unknown service), and a
-// graceful stop that turns everything NOT_SERVING and ends the watches.
-func TestHealthOnBothFaces(t *testing.T) {
-	s, addr := healthServer(t)
+// healthServer is a server with health enabled before it serves, "f.S" SERVING; it returns
+// the server, its table, a gRPC health client and a native client.
+func healthServer(t *testing.T) (*topspin.Server, *topspin.Health, healthpb.HealthClient, *topspin.ClientConn) {
+	t.Helper()
+	s := topspin.NewServer()
 	h := s.EnableHealth()
 	if s.EnableHealth() != h {
 		t.Fatal("EnableHealth made a second table")
 	}
 	h.SetServingStatus("f.S", topspin.HealthServing)
-	ctx := ctx10(t)
-
-	gc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	l, err := topspin.Listen("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	gc, err := grpc.NewClient("passthrough:///"+l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = gc.Close() })
-	g := healthpb.NewHealthClient(gc)
-	nc := dial(t, "tcp://"+addr)
+	return s, h, healthpb.NewHealthClient(gc), dial(t, "tcp://"+l.Addr().String())
+}
+
+// grpc.health.v1 Check on both faces from one table: the server (""), a service, NOT_FOUND
+// for an unknown one, a change seen by both.
+func TestHealthCheckOnBothFaces(t *testing.T) {
+	_, h, g, nc := healthServer(t)
+	ctx := ctx10(t)
 	nativeCheck := func(svc string) (healthpb.HealthCheckResponse_ServingStatus, error) {
 		resp := new(healthpb.HealthCheckResponse)
 		err := nc.Invoke(ctx, "/grpc.health.v1.Health/Check", &healthpb.HealthCheckRequest{Service: svc}, resp)
 		return resp.GetStatus(), err
 	}
-	for _, svc := range []string{"", "f.S"} {
-		if r, err := g.Check(ctx, &healthpb.HealthCheckRequest{Service: svc}); err != nil || r.Status != topspin.HealthServing {
-			t.Fatalf("gRPC check %q: %v %v", svc, r, err)
+	want := func(svc string, st healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		if r, err := g.Check(ctx, &healthpb.HealthCheckRequest{Service: svc}); err != nil || r.Status != st {
+			t.Fatalf("gRPC check %q: %v %v, want %v", svc, r, err, st)
 		}
-		if st, err := nativeCheck(svc); err != nil || st != topspin.HealthServing {
-			t.Fatalf("native check %q: %v %v", svc, st, err)
+		if got, err := nativeCheck(svc); err != nil || got != st {
+			t.Fatalf("native check %q: %v %v, want %v", svc, got, err, st)
 		}
 	}
+	want("", topspin.HealthServing)
+	want("f.S", topspin.HealthServing)
+	h.SetServingStatus("f.S", topspin.HealthNotServing)
+	want("f.S", topspin.HealthNotServing)
 	if _, err := g.Check(ctx, &healthpb.HealthCheckRequest{Service: "nope"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("gRPC check of an unknown service: %v", err)
 	}
 	if _, err := nativeCheck("nope"); topspin.CodeOf(err) != topspin.NotFound {
 		t.Fatalf("native check of an unknown service: %v", err)
 	}
+}
 
+// healthWatch is a watch on either face.
+type healthWatch interface {
+	Recv() (*healthpb.HealthCheckResponse, error)
+}
+
+// Watch on both faces: the current status, then changes (SERVICE_UNKNOWN for an unknown
+// service, which may appear later); a graceful stop turns everything NOT_SERVING and ends the
+// watches, which do not hold the stop.
+func TestHealthWatchOnBothFaces(t *testing.T) {
+	s, h, g, nc := healthServer(t)
+	ctx := ctx10(t)
 	gw, err := g.Watch(ctx, &healthpb.HealthCheckRequest{Service: "f.S"})
 	if err != nil {
 		t.Fatal(err)
@@ -68,58 +92,35 @@ func TestHealthOnBothFaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	next := map[string]watchNext{
-		"gRPC": func() healthpb.HealthCheckResponse_ServingStatus {
-			r, err := gw.Recv()
-			if err != nil {
-				t.Fatalf("gRPC watch: %v", err)
-			}
-			return r.Status
-		},
-		"native": func() healthpb.HealthCheckResponse_ServingStatus {
-			r, err := nw.Recv()
-			if err != nil {
-				t.Fatalf("native watch: %v", err)
-			}
-			return r.Status
-		},
-	}
-	for face, n := range next {
-		if st := n(); st != topspin.HealthServing {
-			t.Fatalf("%s watch: first %v", face, st)
+	watches := map[string]healthWatch{"gRPC": gw, "native": nw}
+	next := func(what string, w healthWatch, want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		if r, err := w.Recv(); err != nil || r.Status != want {
+			t.Fatalf("%s watch: %v %v, want %v", what, r, err, want)
 		}
 	}
-	if r, err := uw.Recv(); err != nil || r.Status != topspin.HealthServiceUnknown {
-		t.Fatalf("watch of an unknown service: %v %v", r, err)
+	for face, w := range watches {
+		next(face, w, topspin.HealthServing)
 	}
+	next("unknown service", uw, topspin.HealthServiceUnknown)
 	h.SetServingStatus("f.S", topspin.HealthNotServing)
 	h.SetServingStatus("later", topspin.HealthServing)
-	for face, n := range next {
-		if st := n(); st != topspin.HealthNotServing {
-			t.Fatalf("%s watch after the change: %v", face, st)
-		}
+	for face, w := range watches {
+		next(face, w, topspin.HealthNotServing)
 	}
-	if r, err := uw.Recv(); err != nil || r.Status != topspin.HealthServing {
-		t.Fatalf("watch of a service that appeared: %v %v", r, err)
-	}
+	next("service that appeared", uw, topspin.HealthServing)
 	h.SetServingStatus("f.S", topspin.HealthServing)
-	for _, n := range next {
-		n()
+	for face, w := range watches {
+		next(face, w, topspin.HealthServing)
 	}
 
-	// A graceful stop: NOT_SERVING, then each watch ends (and does not hold the stop).
 	stopped := make(chan struct{}) // a signal: closed, never sent on
 	go func() { s.GracefulStop(); close(stopped) }()
-	for face, n := range next {
-		if st := n(); st != topspin.HealthNotServing {
-			t.Fatalf("%s watch on stop: %v", face, st)
+	for face, w := range watches {
+		next(face+" on stop", w, topspin.HealthNotServing)
+		if _, err := w.Recv(); err != io.EOF {
+			t.Fatalf("%s watch end: %v", face, err)
 		}
-	}
-	if _, err := gw.Recv(); err != io.EOF {
-		t.Fatalf("gRPC watch end: %v", err)
-	}
-	if _, err := nw.Recv(); err != io.EOF {
-		t.Fatalf("native watch end: %v", err)
 	}
 	select {
 	case <-stopped:
@@ -129,18 +130,4 @@ func TestHealthOnBothFaces(t *testing.T) {
 	if st, ok := h.Status(""); !ok || st != topspin.HealthNotServing {
 		t.Fatalf("after the stop: %v", st)
 	}
-}
-
-// healthServer is a server with health enabled before it serves.
-func healthServer(t *testing.T) (*topspin.Server, string) {
-	t.Helper()
-	s := topspin.NewServer()
-	s.EnableHealth()
-	l, err := topspin.Listen("tcp://127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(l) }()
-	t.Cleanup(s.Stop)
-	return s, l.Addr().String()
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/topspin-rpc/topspin/go/wire"
@@ -42,8 +43,9 @@ type Server struct {
 	grpcSvcs  []grpcService                             // served on the gRPC face only
 	face      *grpcFace                                 // the gRPC face, once serving (nil when off)
 	faceOnce  sync.Once
-	grpcConns int // connections the gRPC face holds
-	sniffing  int // connections whose first byte is awaited
+	grpcConns int          // connections the gRPC face holds
+	sniffing  int          // connections whose first byte is awaited
+	grpcCalls atomic.Int64 // calls open on the gRPC face
 	health    *Health
 }
 

@@ -185,32 +185,38 @@ func generateServices(gen *protogen.Plugin, f *protogen.File) {
 		}
 		g.P("}")
 		g.P()
-		cl := s.GoName + "Client"
-		g.P("// ", cl, " is a typed client of ", full, ".")
-		g.P("type ", cl, " struct{ cc *", ts("ClientConn"), " }")
-		g.P()
-		g.P("// New", cl, " makes a client on cc.")
-		g.P("func New", cl, "(cc *", ts("ClientConn"), ") *", cl, " { return &", cl, "{cc: cc} }")
-		g.P()
-		for _, m := range s.Methods {
-			name := fmt.Sprintf("%q", "/"+full+"/"+string(m.Desc.Name()))
-			in, out := g.QualifiedGoIdent(m.Input.GoIdent), g.QualifiedGoIdent(m.Output.GoIdent)
-			writeComments(g, m.Comments.Leading)
-			stream := ts("ClientStreamOf") + "[" + in + ", " + out + "]"
-			switch {
-			case !m.Desc.IsStreamingClient() && !m.Desc.IsStreamingServer():
-				g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (*", out, ", error) {")
-				g.P("return ", ts("InvokeOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
-			case !m.Desc.IsStreamingClient():
-				g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
-				g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
-			default:
-				g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
-				g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", nil, opts...)")
-			}
-			g.P("}")
-			g.P()
+		generateClient(g, s, ctx, ts)
+	}
+}
+
+// generateClient writes the typed client of service s.
+func generateClient(g *protogen.GeneratedFile, s *protogen.Service, ctx string, ts func(string) string) {
+	full := string(s.Desc.FullName())
+	cl := s.GoName + "Client"
+	g.P("// ", cl, " is a typed client of ", full, ".")
+	g.P("type ", cl, " struct{ cc *", ts("ClientConn"), " }")
+	g.P()
+	g.P("// New", cl, " makes a client on cc.")
+	g.P("func New", cl, "(cc *", ts("ClientConn"), ") *", cl, " { return &", cl, "{cc: cc} }")
+	g.P()
+	for _, m := range s.Methods {
+		name := fmt.Sprintf("%q", "/"+full+"/"+string(m.Desc.Name()))
+		in, out := g.QualifiedGoIdent(m.Input.GoIdent), g.QualifiedGoIdent(m.Output.GoIdent)
+		writeComments(g, m.Comments.Leading)
+		stream := ts("ClientStreamOf") + "[" + in + ", " + out + "]"
+		switch {
+		case !m.Desc.IsStreamingClient() && !m.Desc.IsStreamingServer():
+			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (*", out, ", error) {")
+			g.P("return ", ts("InvokeOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
+		case !m.Desc.IsStreamingClient():
+			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
+			g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
+		default:
+			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
+			g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", nil, opts...)")
 		}
+		g.P("}")
+		g.P()
 	}
 }
 

@@ -130,10 +130,16 @@ func (s *Server) afterTLS(tc *tls.Conn) {
 }
 
 // serveGRPC hands a connection to the gRPC face, counting it toward max_connections; over
-// the limit it is closed at once (a gRPC client sees UNAVAILABLE).
+// the limit it is told why (refuseGRPC) or, when as many are being refused, closed at once.
 func (s *Server) serveGRPC(fc *faceConn) {
 	s.mu.Lock()
 	face := s.face
+	if !s.stopping && face != nil && s.openLocked() >= s.opts.maxConns && s.refusing < maxRefusals {
+		s.refusing++
+		s.mu.Unlock()
+		s.refuseGRPC(fc)
+		return
+	}
 	if s.stopping || face == nil || s.openLocked() >= s.opts.maxConns {
 		s.mu.Unlock()
 		_ = fc.Conn.Close()

@@ -48,6 +48,10 @@ func (s *Server) startFace() *grpcFace {
 			f.gs.RegisterService(r.desc, r.impl)
 		}
 		s.mu.Lock()
+		if s.stopping { // stopped before it started: nothing would stop it
+			s.mu.Unlock()
+			return
+		}
 		s.face = f
 		s.mu.Unlock()
 		go func() { _ = f.gs.Serve(f.lis) }()

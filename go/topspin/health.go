@@ -32,7 +32,7 @@ type Health struct {
 	closed   bool
 }
 
-// EnableHealth serves grpc.health.v1.Health (Check, Watch) on the native face and the gRPC
+// EnableHealth serves grpc.health.v1.Health (Check, Watch, List) on the native face and the gRPC
 // face, and returns its status table. The whole server ("") starts SERVING; other services
 // are unknown until given a status. When the server stops (GracefulStop, Stop) every status
 // turns NOT_SERVING, the open watches send it and end. Calling it again returns the same table.
@@ -48,6 +48,7 @@ func (s *Server) EnableHealth() *Health {
 	s.mu.Unlock()
 	s.Handle("/grpc.health.v1.Health/Check", Unary(h.check))
 	s.Handle("/grpc.health.v1.Health/Watch", ServerStreaming(h.watch))
+	s.Handle("/grpc.health.v1.Health/List", Unary(h.list))
 	s.RegisterService(healthpb.File_grpc_health_v1_health_proto.Services().ByName("Health"))
 	return h
 }
@@ -143,6 +144,22 @@ func (h *Health) check(_ context.Context, req *healthpb.HealthCheckRequest) (*he
 		return nil, Errorf(NotFound, "unknown service %q", req.GetService())
 	}
 	return &healthpb.HealthCheckResponse{Status: st}, nil
+}
+
+// maxHealthList is the most services List answers (as grpc-go's: more is RESOURCE_EXHAUSTED).
+const maxHealthList = 100
+
+func (h *Health) list(context.Context, *healthpb.HealthListRequest) (*healthpb.HealthListResponse, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.status) > maxHealthList {
+		return nil, Errorf(ResourceExhausted, "server health list exceeds maximum capacity: %d", maxHealthList)
+	}
+	resp := &healthpb.HealthListResponse{Statuses: make(map[string]*healthpb.HealthCheckResponse, len(h.status))}
+	for svc, st := range h.status {
+		resp.Statuses[svc] = &healthpb.HealthCheckResponse{Status: st}
+	}
+	return resp, nil
 }
 
 func (h *Health) watch(ctx context.Context, req *healthpb.HealthCheckRequest, stream ServerStreamOf[healthpb.HealthCheckRequest, healthpb.HealthCheckResponse]) error {

@@ -37,8 +37,8 @@ func healthServer(t *testing.T) (*topspin.Server, *topspin.Health, healthpb.Heal
 	return s, h, healthpb.NewHealthClient(gc), dial(t, "tcp://"+l.Addr().String())
 }
 
-// grpc.health.v1 Check on both faces from one table: the server (""), a service, NOT_FOUND
-// for an unknown one, a change seen by both.
+// grpc.health.v1 Check and List on both faces from one table: the server (""), a service,
+// NOT_FOUND for an unknown one, a change seen by both.
 func TestHealthCheckOnBothFaces(t *testing.T) {
 	_, h, g, nc := healthServer(t)
 	ctx := ctx10(t)
@@ -58,6 +58,14 @@ func TestHealthCheckOnBothFaces(t *testing.T) {
 	}
 	want("", topspin.HealthServing)
 	want("f.S", topspin.HealthServing)
+	list, err := g.List(ctx, &healthpb.HealthListRequest{})
+	if err != nil || len(list.Statuses) != 2 || list.Statuses["f.S"].GetStatus() != topspin.HealthServing {
+		t.Fatalf("gRPC list: %v %v", list, err)
+	}
+	nlist := new(healthpb.HealthListResponse)
+	if err := nc.Invoke(ctx, "/grpc.health.v1.Health/List", &healthpb.HealthListRequest{}, nlist); err != nil || len(nlist.Statuses) != 2 {
+		t.Fatalf("native list: %v %v", nlist, err)
+	}
 	h.SetServingStatus("f.S", topspin.HealthNotServing)
 	want("f.S", topspin.HealthNotServing)
 	if _, err := g.Check(ctx, &healthpb.HealthCheckRequest{Service: "nope"}); status.Code(err) != codes.NotFound {

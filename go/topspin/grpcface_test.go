@@ -514,3 +514,49 @@ func TestGRPCFaceChargesTheMemoryBudget(t *testing.T) {
 		t.Fatalf("a gRPC call after the charge went: %v", err)
 	}
 }
+
+// Streams per gRPC connection are bounded by WithMaxConcurrentCalls (the client queues the
+// others); time bounds: a connection that sends only 'P' is closed within the handshake
+// timeout, a silent one gets the native ERROR TIMEOUT, an idle gRPC connection is closed
+// after the idle timeout.
+func TestGRPCFaceStreamsAndTimeouts(t *testing.T) {
+	s, addr := faceServer(t, "tcp", topspin.WithMaxConcurrentCalls(2),
+		topspin.WithHandshakeTimeout(300*time.Millisecond), topspin.WithIdleTimeout(500*time.Millisecond))
+	cc := grpcClient(t, "tcp", addr)
+	ctx := ctx10(t)
+	hctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 3)
+	for i := 0; i < 3; i++ {
+		go func() { _, err := unary(hctx, cc, "/f.S/Hold", []byte("x")); done <- err }()
+	}
+	waitFor(t, func() bool { return s.Gauges().OpenCalls == 2 })
+	time.Sleep(100 * time.Millisecond)
+	if g := s.Gauges(); g.OpenCalls != 2 {
+		t.Fatalf("3 calls on one gRPC connection limited to 2 streams: %+v", g)
+	}
+	cancel()
+	for i := 0; i < 3; i++ {
+		<-done
+	}
+
+	half, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	if _, err := half.Write([]byte("P")); err != nil {
+		t.Fatal(err)
+	}
+	_ = half.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(half); err != nil {
+		t.Fatalf("a connection stuck in the HTTP/2 preface was not closed: %v", err)
+	}
+	silent, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	lastIs(t, closedByServer(t, silent, 5*time.Second), wire.TypeError, wire.Timeout, "handshake timeout")
+
+	waitFor(t, func() bool { return s.Gauges().Connections == 0 }) // the idle gRPC connection went
+}

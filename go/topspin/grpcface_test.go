@@ -436,8 +436,8 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// GracefulStop lets a gRPC call in flight finish and stops both faces; WithGRPC(false)
-// turns the face off (a gRPC client then fails).
+// GracefulStop lets a gRPC call in flight finish and stops both faces; Stop ends gRPC calls
+// at once; WithGRPC(false) turns the face off (a gRPC client then fails).
 func TestGRPCFaceGracefulStopAndOff(t *testing.T) {
 	s, addr := faceServer(t, "tcp")
 	cc := grpcClient(t, "tcp", addr)
@@ -471,6 +471,20 @@ func TestGRPCFaceGracefulStopAndOff(t *testing.T) {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
 		t.Fatal("GracefulStop did not return after the call ended")
+	}
+
+	// Stop ends a gRPC call at once.
+	s2, addr2 := faceServer(t, "tcp")
+	cs, err = grpcClient(t, "tcp", addr2).NewStream(ctx, streamDesc, "/f.S/Bidi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.SendMsg(&first); err != nil || cs.RecvMsg(&m) != nil {
+		t.Fatalf("bidi: %v", err)
+	}
+	s2.Stop()
+	if err := cs.RecvMsg(&m); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a gRPC call when the server stops: %v", err)
 	}
 
 	_, off := faceServer(t, "tcp", topspin.WithGRPC(false))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/topspin-rpc/topspin/go/topspin"
 	"github.com/topspin-rpc/topspin/go/wire"
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -573,4 +574,70 @@ func TestGRPCFaceStreamsAndTimeouts(t *testing.T) {
 	lastIs(t, closedByServer(t, silent, 5*time.Second), wire.TypeError, wire.Timeout, "handshake timeout")
 
 	waitFor(t, func() bool { return s.Gauges().Connections == 0 }) // the idle gRPC connection went
+}
+
+// Keep-alive enforcement: a gRPC peer that pings more often than every 100 ms (the native
+// face's PING rate) gets GOAWAY ENHANCE_YOUR_CALM; one that pings every 150 ms, with no call
+// open, is kept (grpc-go's default policy would refuse it).
+func TestGRPCFacePingFloodIsRefused(t *testing.T) {
+	_, addr := faceServer(t, "tcp")
+	if g := pingAndRead(t, addr, 5, 0); g == nil || g.code != http2.ErrCodeEnhanceYourCalm {
+		t.Fatalf("a PING flood: GOAWAY %+v", g)
+	}
+	if g := pingAndRead(t, addr, 4, 150*time.Millisecond); g != nil {
+		t.Fatalf("PINGs every 150 ms: GOAWAY %+v", g)
+	}
+}
+
+// goAway is a GOAWAY a server sent.
+type goAway struct {
+	code  http2.ErrCode
+	debug string
+}
+
+// pingAndRead opens an HTTP/2 connection, sends n PINGs every gap, and returns the GOAWAY the
+// server sent within 300 ms after (nil if none).
+func pingAndRead(t *testing.T, addr string, n int, gap time.Duration) *goAway {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(nc, nc)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	frames := make(chan *goAway, 1)
+	go func() {
+		defer close(frames)
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			if g, ok := f.(*http2.GoAwayFrame); ok {
+				frames <- &goAway{g.ErrCode, string(g.DebugData())}
+				return
+			}
+		}
+	}()
+	for i := 0; i < n; i++ {
+		time.Sleep(gap)
+		if fr.WritePing(false, [8]byte{byte(i)}) != nil {
+			break // closed already
+		}
+	}
+	select {
+	case g, ok := <-frames:
+		if ok {
+			return g
+		}
+		t.Fatal("closed without GOAWAY")
+	case <-time.After(300 * time.Millisecond):
+	}
+	return nil
 }

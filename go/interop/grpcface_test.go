@@ -62,7 +62,7 @@ func contains(t *testing.T, what, out string, want ...string) {
 }
 
 // The Rust topspin CLI against the Go server, through the Go server's native reflection
-// (no .proto files): list, describe, a call, and health (the server, a service, an unknown
+// (no .proto files): list, describe (with the .proto's comments), a call, and health (the server, a service, an unknown
 // one, a service turned NOT_SERVING).
 func TestRustCLIReflectionAndHealthGoServer(t *testing.T) {
 	bin := binary(t, "TOPSPIN_CLI")
@@ -81,7 +81,8 @@ func TestRustCLIReflectionAndHealthGoServer(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("describe: %d %s", code, e)
 	}
-	contains(t, "describe", out, "service Store {\n", "  rpc Apply(stream kv.v1.Mutation) returns (kv.v1.ApplySummary);\n")
+	contains(t, "describe", out, "// Stores string values under string keys.", "service Store {\n",
+		"  rpc Apply(stream kv.v1.Mutation) returns (kv.v1.ApplySummary);\n")
 	out, e, code = run(t, bin, "describe", target, "kv.v1.PutRequest")
 	if code != 0 {
 		t.Fatalf("describe message: %d %s", code, e)
@@ -148,7 +149,8 @@ func TestGrpcurlGoServer(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("describe: %d %s", code, e)
 	}
-	contains(t, "describe", out, "kv.v1.Store is a service:", "rpc Apply ( stream .kv.v1.Mutation ) returns ( .kv.v1.ApplySummary );")
+	contains(t, "describe", out, "kv.v1.Store is a service:", "// Stores string values under string keys.",
+		"rpc Apply ( stream .kv.v1.Mutation ) returns ( .kv.v1.ApplySummary );")
 	out, e, code = run(t, bin, "-plaintext", "-d", `{"key": "a", "value": "1"}`, addr, "kv.v1.Store/Put")
 	if code != 0 {
 		t.Fatalf("put: %d %s", code, e)

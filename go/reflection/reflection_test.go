@@ -89,8 +89,8 @@ func TestNativeReflection(t *testing.T) {
 			t.Fatalf("%s: %v", sym, err)
 		}
 		fds := decode(t, files.Files)
-		if fd := fds["kv/v1/kv.proto"]; fd == nil || fd.GetPackage() != "kv.v1" {
-			t.Fatalf("%s: files %v", sym, fds)
+		if fd := fds["kv/v1/kv.proto"]; fd == nil || fd.GetPackage() != "kv.v1" || len(fd.GetSourceCodeInfo().GetLocation()) == 0 {
+			t.Fatalf("%s: files (with their comments) %v", sym, fds)
 		}
 	}
 	if _, err := r.FileContainingSymbol(ctx, &reflectionpb.FileContainingSymbolRequest{Symbol: "no.Such"}); topspin.CodeOf(err) != topspin.NotFound {

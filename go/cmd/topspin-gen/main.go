@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/bufbuild/protocompile"
@@ -138,6 +139,7 @@ func generateServices(gen *protogen.Plugin, f *protogen.File) {
 	g.P()
 	ctx := g.QualifiedGoIdent(contextPkg.Ident("Context"))
 	ts := func(name string) string { return g.QualifiedGoIdent(topspinPkg.Ident(name)) }
+	sourceInfo := generateSourceInfo(g, f)
 	for _, s := range f.Services {
 		full := string(s.Desc.FullName())
 		srv := s.GoName + "Server"
@@ -169,7 +171,8 @@ func generateServices(gen *protogen.Plugin, f *protogen.File) {
 		g.P("// Register", srv, " registers impl's methods on s, and the service's descriptor")
 		g.P("// (for reflection).")
 		g.P("func Register", srv, "(s *", ts("Server"), ", impl ", srv, ") {")
-		g.P("s.RegisterService(", g.QualifiedGoIdent(f.GoDescriptorIdent), ".Services().ByName(", fmt.Sprintf("%q", s.Desc.Name()), "))")
+		g.P("s.RegisterService(", ts("DescribedService"), "(", g.QualifiedGoIdent(f.GoDescriptorIdent),
+			".Services().ByName(", fmt.Sprintf("%q", s.Desc.Name()), "), ", sourceInfo, "))")
 		for _, m := range s.Methods {
 			name := fmt.Sprintf("%q", "/"+full+"/"+string(m.Desc.Name()))
 			switch {
@@ -187,6 +190,35 @@ func generateServices(gen *protogen.Plugin, f *protogen.File) {
 		g.P()
 		generateClient(g, s, ctx, ts)
 	}
+}
+
+// generateSourceInfo writes the file's SourceCodeInfo (its comments, which protoc-gen-go's
+// descriptor leaves out) as a string constant for reflection, and returns the constant's
+// name ("" when there is none).
+func generateSourceInfo(g *protogen.GeneratedFile, f *protogen.File) string {
+	sci := f.Proto.GetSourceCodeInfo()
+	if sci == nil {
+		return `""`
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(sci)
+	if err != nil || len(b) == 0 {
+		return `""`
+	}
+	name := "file_" + strings.TrimPrefix(f.GoDescriptorIdent.GoName, "File_") + "_sourceInfo"
+	g.P("// ", name, " is the SourceCodeInfo of ", f.Desc.Path(), " (its comments), which")
+	g.P("// reflection serves with the file's descriptor.")
+	g.P("const ", name, " = \"\" +")
+	for len(b) > 0 {
+		n := min(len(b), 48)
+		sep := " +"
+		if n == len(b) {
+			sep = ""
+		}
+		g.P(strconv.Quote(string(b[:n])), sep)
+		b = b[n:]
+	}
+	g.P()
+	return name
 }
 
 // generateClient writes the typed client of service s.

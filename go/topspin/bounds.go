@@ -20,14 +20,30 @@ const (
 func (s *Server) full() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.conns) >= s.opts.maxConns
+	return s.openLocked() >= s.opts.maxConns
+}
+
+// openLocked is the connections that count toward max_connections (under mu): native ones,
+// the gRPC face's, and those whose first byte is awaited.
+func (s *Server) openLocked() int { return len(s.conns) + s.grpcConns + s.sniffing }
+
+// admitSniff counts a new connection as awaiting its first byte, unless the server is full
+// and already refusing as many connections as it may at once.
+func (s *Server) admitSniff() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping || s.openLocked() >= s.opts.maxConns && s.sniffing >= maxRefusals {
+		return false
+	}
+	s.sniffing++
+	return true
 }
 
 // refuse tells a connection over max_connections why it is refused, then closes it: it
 // gets the preface and SETTINGS and, once its first call arrives (so that the call fails
 // with the reason) or after refusalWait, ERROR INTERNAL_ERROR naming the limit. No
 // handler, a small buffer and a bounded time.
-func (s *Server) refuse(nc net.Conn) {
+func (s *Server) refuse(nc net.Conn, pre []byte) {
 	defer func() {
 		_ = nc.Close()
 		s.mu.Lock()
@@ -44,6 +60,9 @@ func (s *Server) refuse(nc net.Conn) {
 	}
 	_ = nc.SetDeadline(time.Now().Add(wait))
 	buf := make([]byte, 4096)
+	if len(pre) > 0 {
+		_ = eng.Receive(pre, time.Now()) // a bad first byte: the engine says so below
+	}
 	for read := 0; read < refusalReadLimit && writeAll(nc, eng) == nil; {
 		n, err := nc.Read(buf)
 		read += n
@@ -80,9 +99,9 @@ func writeAll(nc net.Conn, eng *wire.Conn) error {
 
 // Gauges are what a server holds now (Server.Gauges).
 type Gauges struct {
-	Connections   int   // connections open (handshaking, serving or draining)
-	OpenCalls     int   // calls open on them
-	UnsentBytes   int   // bytes produced for the peers and not yet written to their sockets
+	Connections   int   // connections open (handshaking, serving or draining; both faces)
+	OpenCalls     int   // calls open on them (both faces)
+	UnsentBytes   int   // bytes produced for native peers and not yet written to their sockets
 	ReservedBytes int64 // bytes reserved in the memory budget (shared: the whole budget's)
 	MemoryBudget  int64 // that budget's limit
 }
@@ -95,7 +114,9 @@ func (s *Server) Gauges() Gauges {
 		conns = append(conns, c)
 	}
 	s.mu.Unlock()
-	g := Gauges{Connections: len(conns)}
+	s.mu.Lock()
+	g := Gauges{Connections: len(conns) + s.grpcConns, OpenCalls: int(s.grpcCalls.Load())}
+	s.mu.Unlock()
 	for _, c := range conns {
 		c.mu.Lock()
 		g.OpenCalls += c.eng.OpenCalls()

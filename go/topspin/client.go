@@ -27,6 +27,10 @@ const (
 // ALPN is the TLS application protocol name of topspin v1 (protocol.md §14.1).
 const ALPN = "topspin/1"
 
+// ALPNGRPC is the TLS application protocol of the gRPC face (HTTP/2), which a tls:// listener
+// offers after ALPN unless given WithGRPC(false).
+const ALPNGRPC = "h2"
+
 // withALPN returns a copy of cfg (or of an empty config) offering only topspin/1.
 func withALPN(cfg *tls.Config) *tls.Config {
 	if cfg == nil {
@@ -57,8 +61,9 @@ func ParseTarget(target string) (network, addr string, err error) {
 }
 
 // Listen opens a listener for "tcp://host:port", "unix:///path" or "tls://host:port"; the
-// last needs WithTLS with a server certificate. Its connections select ALPN topspin/1 and
-// refuse a client that offers ALPN without it (TLS alert no_application_protocol).
+// last needs WithTLS with a server certificate. Its connections select ALPN topspin/1, or
+// "h2" (the gRPC face) for a client that offers only that, and refuse a client that offers
+// ALPN without either (TLS alert no_application_protocol; without "h2" under WithGRPC(false)).
 //
 // A Unix socket file is bound as the Rust server binds it: under a lock on "<path>.lock"
 // (so that servers starting together cannot race), a stale socket file (nothing answers on
@@ -87,7 +92,11 @@ func Listen(target string, opts ...Option) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	return tls.NewListener(l, withALPN(o.tls)), nil
+	cfg := withALPN(o.tls)
+	if !o.grpcOff {
+		cfg.NextProtos = append(cfg.NextProtos, ALPNGRPC) // topspin/1 first: it wins when offered
+	}
+	return tls.NewListener(l, cfg), nil
 }
 
 // ClientConn is a client of one server address. It multiplexes every call over one

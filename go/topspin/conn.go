@@ -61,6 +61,9 @@ type conn struct {
 
 	server  *Server // nil on a client
 	onClose func()
+
+	pre        []byte    // server: bytes read before the engine started (the sniffed first byte)
+	acceptedAt time.Time // server: when the connection was accepted (zero: when it started)
 }
 
 func newConn(nc net.Conn, role wire.Role, o *options) (*conn, error) {
@@ -207,6 +210,12 @@ func (c *conn) readLoop() {
 	bp := readBufPool.Get().(*[]byte)
 	defer readBufPool.Put(bp)
 	buf := *bp
+	if pre := c.pre; len(pre) > 0 {
+		c.pre = nil
+		if !c.received(pre, false) {
+			return
+		}
+	}
 	for {
 		// A large incomplete frame is read straight into the engine's buffer (only this
 		// goroutine touches it).
@@ -227,23 +236,12 @@ func (c *conn) readLoop() {
 			n, err = c.nc.Read(buf)
 		}
 		if n > 0 {
-			now := time.Now()
-			c.mu.Lock()
-			c.lastRecv = now
-			var rerr error
-			if space != nil {
-				rerr = c.eng.ReceiveInPlace(n, now)
-			} else {
-				rerr = c.eng.Receive(buf[:n], now)
+			in := space
+			if in == nil {
+				in = buf
 			}
-			c.drain()
-			c.armLocked(now)
-			wake := c.eng.HasOutput() || c.finishing
-			c.mu.Unlock()
-			if wake {
-				c.signal()
-			}
-			if rerr != nil {
+			in = in[:n]
+			if !c.received(in, space != nil) {
 				return // the writer flushes ERROR and closes
 			}
 		}
@@ -252,6 +250,28 @@ func (c *conn) readLoop() {
 			return
 		}
 	}
+}
+
+// received hands the engine the bytes just read (inPlace: read into its PendingSpace) and
+// dispatches what they make happen; false when they ended the connection.
+func (c *conn) received(in []byte, inPlace bool) bool {
+	now := time.Now()
+	c.mu.Lock()
+	c.lastRecv = now
+	var rerr error
+	if inPlace {
+		rerr = c.eng.ReceiveInPlace(len(in), now)
+	} else {
+		rerr = c.eng.Receive(in, now)
+	}
+	c.drain()
+	c.armLocked(now)
+	wake := c.eng.HasOutput() || c.finishing
+	c.mu.Unlock()
+	if wake {
+		c.signal()
+	}
+	return rerr == nil
 }
 
 // drain dispatches the engine's events (under mu).

@@ -27,6 +27,7 @@ type options struct {
 	idleTimeout  time.Duration
 	maxConns     int
 	unixMode     uint32
+	grpcOff      bool // no gRPC face (grpcface.go)
 }
 
 // Defaults of the bounds (the Rust runtime's, topspin::Config; the idle timeout is on here).
@@ -145,3 +146,10 @@ func WithKeepalive(interval, timeout time.Duration) Option {
 		o.kaInterval, o.kaTimeout = interval, timeout
 	}
 }
+
+// WithGRPC turns a server's gRPC face on (the default) or off. With it on, the server
+// answers gRPC clients (HTTP/2) on the same port as native ones, with the same handlers:
+// a plain connection whose first byte is 'P' (the HTTP/2 preface, h2c with prior
+// knowledge) and a TLS connection that selected ALPN "h2" are gRPC. Given to Listen,
+// WithGRPC(false) keeps a tls:// listener from offering "h2".
+func WithGRPC(on bool) Option { return func(o *options) { o.grpcOff = !on } }

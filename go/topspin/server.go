@@ -9,10 +9,12 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/topspin-rpc/topspin/go/wire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Handler serves one call. It returns nil for OK or an error (a *Status keeps its code;
@@ -36,6 +38,15 @@ type Server struct {
 	refusing  int // connections over max_connections being told why (at most maxRefusals)
 	stopping  bool
 	connWG    sync.WaitGroup
+
+	services  map[string]protoreflect.ServiceDescriptor // described services (RegisterService)
+	grpcSvcs  []grpcService                             // served on the gRPC face only
+	face      *grpcFace                                 // the gRPC face, once serving (nil when off)
+	faceOnce  sync.Once
+	grpcConns int          // connections the gRPC face holds
+	sniffing  int          // connections whose first byte is awaited
+	grpcCalls atomic.Int64 // calls open on the gRPC face
+	health    *Health
 }
 
 // NewServer makes a server; register methods with Handle (or generated Register functions)
@@ -43,7 +54,7 @@ type Server struct {
 func NewServer(opts ...Option) *Server {
 	s := &Server{opts: defaultOptions(), handlers: make(map[string]handlerEntry),
 		listeners: make(map[net.Listener]struct{}), conns: make(map[*conn]struct{}),
-		work: make(chan job)}
+		work: make(chan job), services: make(map[string]protoreflect.ServiceDescriptor)}
 	for _, o := range opts {
 		o(&s.opts)
 	}
@@ -68,6 +79,7 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 	s.listeners[l] = struct{}{}
 	s.mu.Unlock()
+	face := s.startFace()
 	defer func() {
 		s.mu.Lock()
 		delete(s.listeners, l)
@@ -100,7 +112,15 @@ func (s *Server) Serve(l net.Listener) error {
 			go s.handshakeTLS(tc)
 			continue
 		}
-		s.serveConn(nc)
+		if face == nil {
+			s.serveConn(nc, nil, time.Time{})
+			continue
+		}
+		if s.admitSniff() {
+			go s.sniff(nc, time.Now())
+		} else {
+			_ = nc.Close()
+		}
 	}
 }
 
@@ -122,22 +142,26 @@ func (s *Server) handshakeTLS(tc *tls.Conn) {
 		_ = tc.Close()
 		return
 	}
-	s.serveConn(tc)
+	s.afterTLS(tc)
 }
 
-func (s *Server) serveConn(nc net.Conn) {
+// serveConn serves nc with the native engine; pre are bytes already read from it (the
+// sniffed first byte) and acceptedAt when it was accepted (zero: now), from which the
+// handshake timeout runs.
+func (s *Server) serveConn(nc net.Conn, pre []byte, acceptedAt time.Time) {
 	c, err := newConn(nc, wire.Server, &s.opts)
 	if err != nil {
 		_ = nc.Close()
 		return
 	}
+	c.pre, c.acceptedAt = pre, acceptedAt
 	s.mu.Lock()
 	if s.stopping {
 		s.mu.Unlock()
 		_ = nc.Close()
 		return
 	}
-	if len(s.conns) >= s.opts.maxConns {
+	if s.openLocked() >= s.opts.maxConns {
 		if s.refusing >= maxRefusals {
 			s.mu.Unlock()
 			_ = nc.Close()
@@ -145,7 +169,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		}
 		s.refusing++
 		s.mu.Unlock()
-		go s.refuse(nc)
+		go s.refuse(nc, pre)
 		return
 	}
 	s.conns[c] = struct{}{}
@@ -164,6 +188,9 @@ func (s *Server) serveConn(nc net.Conn) {
 // GracefulStop stops accepting, sends GOAWAY on every connection, lets open calls finish
 // and returns when every connection is closed.
 func (s *Server) GracefulStop() {
+	if h := s.healthTable(); h != nil {
+		h.serverStopping()
+	}
 	s.mu.Lock()
 	s.stopping = true
 	for l := range s.listeners {
@@ -173,6 +200,7 @@ func (s *Server) GracefulStop() {
 	for c := range s.conns {
 		conns = append(conns, c)
 	}
+	face := s.face
 	s.mu.Unlock()
 	for _, c := range conns {
 		c.mu.Lock()
@@ -185,11 +213,17 @@ func (s *Server) GracefulStop() {
 		c.mu.Unlock()
 		c.signal()
 	}
+	if face != nil {
+		face.gs.GracefulStop()
+	}
 	s.connWG.Wait()
 }
 
 // Stop closes every listener and connection at once; open calls fail.
 func (s *Server) Stop() {
+	if h := s.healthTable(); h != nil {
+		h.serverStopping()
+	}
 	s.mu.Lock()
 	s.stopping = true
 	for l := range s.listeners {
@@ -199,7 +233,11 @@ func (s *Server) Stop() {
 	for c := range s.conns {
 		conns = append(conns, c)
 	}
+	face := s.face
 	s.mu.Unlock()
+	if face != nil {
+		face.gs.Stop()
+	}
 	for _, c := range conns {
 		c.shutdown(errors.New("server stopped"))
 	}
@@ -211,6 +249,7 @@ func (s *Server) Stop() {
 // lost, the server stops or the handler returns.
 type ServerStream struct {
 	s       stream
+	g       *grpcCall // the call's gRPC face (nil: native)
 	method  string
 	md      Metadata
 	header  Metadata
@@ -234,6 +273,9 @@ func (ss *ServerStream) Deadline() (time.Time, bool) { return ss.deadline, ss.ha
 
 // Done implements context.Context.
 func (ss *ServerStream) Done() <-chan struct{} {
+	if ss.g != nil {
+		return ss.g.ctx.Done()
+	}
 	c := ss.s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -252,6 +294,9 @@ func (ss *ServerStream) doneLocked() <-chan struct{} {
 
 // Err implements context.Context.
 func (ss *ServerStream) Err() error {
+	if ss.g != nil {
+		return ss.g.ctx.Err()
+	}
 	c := ss.s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -262,6 +307,9 @@ func (ss *ServerStream) Err() error {
 func (ss *ServerStream) Value(key any) any {
 	if key == (ctxStreamKey{}) {
 		return ss
+	}
+	if ss.g != nil {
+		return ss.g.ctx.Value(key)
 	}
 	return nil
 }
@@ -426,15 +474,7 @@ func (s *Server) worker(j job) {
 }
 
 func (s *Server) run(ss *ServerStream, h Handler) {
-	var err error
-	func() {
-		defer func() {
-			if r := recover(); r != nil {
-				err = &Status{Code: Internal, Message: fmt.Sprint("handler panicked: ", r)}
-			}
-		}()
-		err = h(ss)
-	}()
+	err := callHandler(h, ss)
 	if err == nil {
 		ss.endWith(OK, "", nil, context.Canceled)
 		return
@@ -481,12 +521,20 @@ func (ss *ServerStream) Method() string { return ss.method }
 func (ss *ServerStream) Metadata() Metadata { return ss.md }
 
 // Peer is the client's address.
-func (ss *ServerStream) Peer() net.Addr { return ss.s.c.nc.RemoteAddr() }
+func (ss *ServerStream) Peer() net.Addr {
+	if ss.g != nil {
+		return ss.g.peer()
+	}
+	return ss.s.c.nc.RemoteAddr()
+}
 
 // TLS is the connection's TLS state (nil without TLS): with mutual TLS,
 // PeerCertificates[0] is the client's verified certificate, the call's peer identity
 // (protocol.md §14.1).
 func (ss *ServerStream) TLS() *tls.ConnectionState {
+	if ss.g != nil {
+		return ss.g.tls()
+	}
 	tc, ok := ss.s.c.nc.(*tls.Conn)
 	if !ok {
 		return nil
@@ -497,6 +545,10 @@ func (ss *ServerStream) TLS() *tls.ConnectionState {
 
 // SetHeader adds response headers, sent before the first message (or with the end).
 func (ss *ServerStream) SetHeader(md Metadata) {
+	if ss.g != nil {
+		ss.g.setHeader(md)
+		return
+	}
 	c := ss.s.c
 	c.mu.Lock()
 	ss.header = append(ss.header, md...)
@@ -506,6 +558,10 @@ func (ss *ServerStream) SetHeader(md Metadata) {
 
 // SetTrailer adds trailers, sent with the call's end.
 func (ss *ServerStream) SetTrailer(md Metadata) {
+	if ss.g != nil {
+		ss.g.setTrailer(md)
+		return
+	}
 	c := ss.s.c
 	c.mu.Lock()
 	ss.trailer = append(ss.trailer, md...)
@@ -517,6 +573,9 @@ func (ss *ServerStream) Send(msg []byte) error { return ss.send(msg, false) }
 
 // send queues msg; with end, END OK follows in the same write (unary answers).
 func (ss *ServerStream) send(msg []byte, end bool) error {
+	if ss.g != nil {
+		return ss.g.send(msg)
+	}
 	c := ss.s.c
 	if ss.respEnc != "" {
 		var err error
@@ -578,6 +637,9 @@ func (ss *ServerStream) SendMsg(m proto.Message) error {
 
 // Recv returns the next request message, or io.EOF once the client half-closed.
 func (ss *ServerStream) Recv() ([]byte, error) {
+	if ss.g != nil {
+		return ss.g.recv()
+	}
 	c := ss.s.c
 	for {
 		c.mu.Lock()

@@ -53,8 +53,9 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A raw TLS client sees ALPN topspin/1 selected; one offering only another protocol is
-	// refused with no_application_protocol; one offering none is served.
+	// A raw TLS client sees ALPN topspin/1 selected (h2 when it offers only that: the gRPC
+	// face); one offering only another protocol is refused with no_application_protocol, as
+	// is one offering only h2 when the gRPC face is off; one offering none is served.
 	addr := strings.TrimPrefix(target, "tls://")
 	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: cliCfg.RootCAs, NextProtos: []string{"h2", topspin.ALPN}})
 	if err != nil {
@@ -64,12 +65,23 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("negotiated %q", p)
 	}
 	_ = c.Close()
-	if c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: cliCfg.RootCAs, NextProtos: []string{"h2"}}); err == nil {
-		_ = c.Close()
-		t.Fatal("a handshake offering ALPN without topspin/1 succeeded")
-	} else if !strings.Contains(err.Error(), "no application protocol") {
-		t.Fatalf("want no_application_protocol alert, got %v", err)
+	c, err = tls.Dial("tcp", addr, &tls.Config{RootCAs: cliCfg.RootCAs, NextProtos: []string{"h2"}})
+	if err != nil || c.ConnectionState().NegotiatedProtocol != "h2" {
+		t.Fatalf("a client offering h2 only: %v", err)
 	}
+	_ = c.Close()
+	refused := func(addr string, protos ...string) {
+		t.Helper()
+		if c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: cliCfg.RootCAs, NextProtos: protos}); err == nil {
+			_ = c.Close()
+			t.Fatalf("a handshake offering ALPN %v succeeded", protos)
+		} else if !strings.Contains(err.Error(), "no application protocol") {
+			t.Fatalf("want no_application_protocol alert, got %v", err)
+		}
+	}
+	refused(addr, "foo/1")
+	_, noGRPC := testServer(t, "tls", topspin.WithTLS(srvCfg), topspin.WithGRPC(false))
+	refused(strings.TrimPrefix(noGRPC, "tls://"), "h2")
 	c, err = tls.Dial("tcp", addr, &tls.Config{RootCAs: cliCfg.RootCAs})
 	if err != nil {
 		t.Fatalf("a client without ALPN: %v", err)

@@ -28,6 +28,9 @@ func (c *conn) startWatchdog() {
 	now := time.Now()
 	c.mu.Lock()
 	c.started, c.lastRecv, c.lastCall = now, now, now
+	if !c.acceptedAt.IsZero() {
+		c.started = c.acceptedAt // the handshake timeout counts the wait for the first byte
+	}
 	c.dog = time.AfterFunc(time.Hour, c.onWatchdog)
 	c.dog.Stop()
 	c.armLocked(now)

@@ -1,6 +1,8 @@
 // Command kvstore-go-server serves the kvstore example (examples/kvstore/proto/kv/v1/kv.proto)
 // with the Go runtime: kvstore-go-server [tcp://127.0.0.1:50051 | unix:///path]. It prints
-// "listening on ADDRESS" once ready and stops gracefully on SIGINT or SIGTERM.
+// "listening on ADDRESS" once ready and stops gracefully on SIGINT or SIGTERM. Native
+// topspin and gRPC clients share the port; it serves grpc.health.v1 (kv.v1.Store and ""
+// SERVING) and reflection (topspin.reflection.v1, grpc.reflection.v1 and v1alpha).
 package main
 
 import (
@@ -11,6 +13,7 @@ import (
 
 	"github.com/topspin-rpc/topspin/go/examples/kvstore"
 	"github.com/topspin-rpc/topspin/go/examples/kvstore/kvpb"
+	"github.com/topspin-rpc/topspin/go/reflection"
 	"github.com/topspin-rpc/topspin/go/topspin"
 )
 
@@ -26,6 +29,8 @@ func main() {
 	}
 	s := topspin.NewServer()
 	kvpb.RegisterStoreServer(s, kvstore.NewStore())
+	s.EnableHealth().SetServingStatus("kv.v1.Store", topspin.HealthServing)
+	reflection.Register(s)
 	fmt.Printf("listening on %s://%s\n", l.Addr().Network(), l.Addr().String())
 	stopped := make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
 	go func() {

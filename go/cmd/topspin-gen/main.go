@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/bufbuild/protocompile"
@@ -138,6 +139,7 @@ func generateServices(gen *protogen.Plugin, f *protogen.File) {
 	g.P()
 	ctx := g.QualifiedGoIdent(contextPkg.Ident("Context"))
 	ts := func(name string) string { return g.QualifiedGoIdent(topspinPkg.Ident(name)) }
+	sourceInfo := generateSourceInfo(g, f)
 	for _, s := range f.Services {
 		full := string(s.Desc.FullName())
 		srv := s.GoName + "Server"
@@ -166,8 +168,11 @@ func generateServices(gen *protogen.Plugin, f *protogen.File) {
 			g.P("}")
 			g.P()
 		}
-		g.P("// Register", srv, " registers impl's methods on s.")
+		g.P("// Register", srv, " registers impl's methods on s, and the service's descriptor")
+		g.P("// (for reflection).")
 		g.P("func Register", srv, "(s *", ts("Server"), ", impl ", srv, ") {")
+		g.P("s.RegisterService(", ts("DescribedService"), "(", g.QualifiedGoIdent(f.GoDescriptorIdent),
+			".Services().ByName(", fmt.Sprintf("%q", s.Desc.Name()), "), ", sourceInfo, "))")
 		for _, m := range s.Methods {
 			name := fmt.Sprintf("%q", "/"+full+"/"+string(m.Desc.Name()))
 			switch {
@@ -183,32 +188,67 @@ func generateServices(gen *protogen.Plugin, f *protogen.File) {
 		}
 		g.P("}")
 		g.P()
-		cl := s.GoName + "Client"
-		g.P("// ", cl, " is a typed client of ", full, ".")
-		g.P("type ", cl, " struct{ cc *", ts("ClientConn"), " }")
-		g.P()
-		g.P("// New", cl, " makes a client on cc.")
-		g.P("func New", cl, "(cc *", ts("ClientConn"), ") *", cl, " { return &", cl, "{cc: cc} }")
-		g.P()
-		for _, m := range s.Methods {
-			name := fmt.Sprintf("%q", "/"+full+"/"+string(m.Desc.Name()))
-			in, out := g.QualifiedGoIdent(m.Input.GoIdent), g.QualifiedGoIdent(m.Output.GoIdent)
-			writeComments(g, m.Comments.Leading)
-			stream := ts("ClientStreamOf") + "[" + in + ", " + out + "]"
-			switch {
-			case !m.Desc.IsStreamingClient() && !m.Desc.IsStreamingServer():
-				g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (*", out, ", error) {")
-				g.P("return ", ts("InvokeOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
-			case !m.Desc.IsStreamingClient():
-				g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
-				g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
-			default:
-				g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
-				g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", nil, opts...)")
-			}
-			g.P("}")
-			g.P()
+		generateClient(g, s, ctx, ts)
+	}
+}
+
+// generateSourceInfo writes the file's SourceCodeInfo (its comments, which protoc-gen-go's
+// descriptor leaves out) as a string constant for reflection, and returns the constant's
+// name ("" when there is none).
+func generateSourceInfo(g *protogen.GeneratedFile, f *protogen.File) string {
+	sci := f.Proto.GetSourceCodeInfo()
+	if sci == nil {
+		return `""`
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(sci)
+	if err != nil || len(b) == 0 {
+		return `""`
+	}
+	name := "file_" + strings.TrimPrefix(f.GoDescriptorIdent.GoName, "File_") + "_sourceInfo"
+	g.P("// ", name, " is the SourceCodeInfo of ", f.Desc.Path(), " (its comments), which")
+	g.P("// reflection serves with the file's descriptor.")
+	g.P("const ", name, " = \"\" +")
+	for len(b) > 0 {
+		n := min(len(b), 48)
+		sep := " +"
+		if n == len(b) {
+			sep = ""
 		}
+		g.P(strconv.Quote(string(b[:n])), sep)
+		b = b[n:]
+	}
+	g.P()
+	return name
+}
+
+// generateClient writes the typed client of service s.
+func generateClient(g *protogen.GeneratedFile, s *protogen.Service, ctx string, ts func(string) string) {
+	full := string(s.Desc.FullName())
+	cl := s.GoName + "Client"
+	g.P("// ", cl, " is a typed client of ", full, ".")
+	g.P("type ", cl, " struct{ cc *", ts("ClientConn"), " }")
+	g.P()
+	g.P("// New", cl, " makes a client on cc.")
+	g.P("func New", cl, "(cc *", ts("ClientConn"), ") *", cl, " { return &", cl, "{cc: cc} }")
+	g.P()
+	for _, m := range s.Methods {
+		name := fmt.Sprintf("%q", "/"+full+"/"+string(m.Desc.Name()))
+		in, out := g.QualifiedGoIdent(m.Input.GoIdent), g.QualifiedGoIdent(m.Output.GoIdent)
+		writeComments(g, m.Comments.Leading)
+		stream := ts("ClientStreamOf") + "[" + in + ", " + out + "]"
+		switch {
+		case !m.Desc.IsStreamingClient() && !m.Desc.IsStreamingServer():
+			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (*", out, ", error) {")
+			g.P("return ", ts("InvokeOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
+		case !m.Desc.IsStreamingClient():
+			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
+			g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
+		default:
+			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
+			g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", nil, opts...)")
+		}
+		g.P("}")
+		g.P()
 	}
 }
 

@@ -144,7 +144,8 @@ class CallState {
 
 /** The request messages of a streaming call, decoded, ending early when the call is cancelled. */
 async function* requests(call: Readable, st: CallState, route: Route): AsyncGenerator<unknown> {
-  const it = call[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+  // Not destroyed when the requests end: a bidi call's response side goes on.
+  const it = call.iterator({ destroyOnReturn: false }) as AsyncIterator<Buffer>;
   const signal = st.abort.signal;
   const aborted = new Promise<never>((_, reject) => {
     const fail = (): void => reject(TopspinError.from(signal.reason, Code.CANCELLED));

@@ -7,9 +7,10 @@ import assert from "node:assert/strict";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import * as net from "node:net";
 import * as grpc from "@grpc/grpc-js";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
-import { Code, TopspinError, createClient } from "../src/index.js";
+import { Code, MemoryBudget, TopspinError, createClient } from "../src/index.js";
 import { Server, connect, type HandlerContext } from "../src/node/index.js";
 import { ApplySummarySchema, EntrySchema, EventSchema, GetRequestSchema, MutationSchema, PutRequestSchema, PutResponseSchema, Store, WatchRequestSchema } from "../gen/kv/v1/kv_pb.js";
 import { kvStore } from "../examples/kvstore.js";
@@ -300,5 +301,39 @@ test("gRPC face: close() ends gRPC calls and connections too; { grpc: false } se
     c2.close();
     ch.close();
     await off.close(500);
+  }
+});
+
+test("gRPC face bounds: a stalled HTTP/2 handshake is closed at handshakeTimeoutMs; the memory budget is charged and, spent, refuses calls", async () => {
+  const budget = new MemoryBudget(1 << 20);
+  const server = rawServer({ handshakeTimeoutMs: 300, memoryBudget: budget }).route("/t.T/Used", {
+    kind: "unary",
+    decode: (b) => b,
+    encode: (v) => v as Uint8Array,
+    handler: () => te.encode(String(budget.used)),
+  });
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const c = grpcClient(addr);
+  try {
+    // half of HTTP/2's preface, then nothing: closed, and its slot given back
+    const stall = net.connect(Number(addr.split(":").pop()), "127.0.0.1");
+    stall.on("error", () => undefined);
+    stall.write("PRI * HTTP/2.0\r\n");
+    const t0 = Date.now();
+    await new Promise<void>((r) => stall.once("close", () => r()));
+    assert.ok(Date.now() - t0 < 5000, "closed by the handshake timeout");
+    // a request message over 64 KiB is held in the budget while its handler runs; a small one is not
+    assert.equal(td.decode((await unaryRaw(c, "/t.T/Used", new Uint8Array(200 * 1024))).value), String(200 * 1024));
+    assert.equal(td.decode((await unaryRaw(c, "/t.T/Used", new Uint8Array(1024))).value), "0");
+    assert.equal(budget.used, 0, "released when the call ended");
+    // spent (by anyone): new calls are refused until memory is released
+    budget.reserve(2 << 20);
+    const e = await grpcError(unaryRaw(c, "/t.T/Echo", new Uint8Array([1])));
+    assert.equal(e.code, grpc.status.RESOURCE_EXHAUSTED);
+    budget.release(2 << 20);
+    assert.equal((await unaryRaw(c, "/t.T/Echo", new Uint8Array([1]))).value[0], 1);
+  } finally {
+    c.close();
+    await server.close(500);
   }
 });

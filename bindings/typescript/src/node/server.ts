@@ -494,6 +494,7 @@ export class Server {
 
   /** Hands a sniffed socket to its face, or refuses it (over `maxConnections`). */
   private dispatch(socket: net.Socket, face: Face, over: boolean, acceptedAt: number): void {
+    if (face === "stalled") return void socket.destroy(); // HTTP/2's handshake not done in time
     if (face === "grpc" && this.face !== null) {
       if (!over) return this.face.inject(socket);
       if (this.refusing >= MAX_REFUSALS) return void socket.destroy();

@@ -8,31 +8,51 @@
  */
 import type * as net from "node:net";
 
-/** What a connection speaks. */
-export type Face = "native" | "grpc" | "silent";
+/** What a connection speaks ("stalled": a gRPC client that did not finish its HTTP/2 handshake in time). */
+export type Face = "native" | "grpc" | "silent" | "stalled";
+
+/** HTTP/2's client connection preface (RFC 9113 §3.4). */
+const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+
+/**
+ * Whether `b` (starting with `P`) holds HTTP/2's whole client handshake: the preface and the
+ * SETTINGS frame that must follow it; false while more is needed. A preface that is not
+ * HTTP/2's is "whole" at once (grpc-js refuses it).
+ */
+function h2HandshakeDone(b: Buffer): boolean {
+  const n = Math.min(b.length, H2_PREFACE.length);
+  if (!b.subarray(0, n).equals(H2_PREFACE.subarray(0, n))) return true;
+  if (b.length < H2_PREFACE.length + 9) return false;
+  return b.length >= H2_PREFACE.length + 9 + b.readUIntBE(H2_PREFACE.length, 3);
+}
 
 /**
  * Waits for a socket's first bytes, for at most `ms` (0: no bound), and says which face they
- * are; the bytes go back into the socket, which is left paused.
+ * are; the bytes go back into the socket, which is left paused. A gRPC client's whole HTTP/2
+ * handshake (preface and SETTINGS) must arrive within that time too (as the Rust server's
+ * `handshake_timeout` covers it), since grpc-js itself has no bound on it.
  */
 export function sniff(socket: net.Socket, ms: number, grpcOn: boolean): Promise<Face> {
   return new Promise((resolve) => {
     let timer: ReturnType<typeof setTimeout> | undefined;
+    let got: Buffer | null = null;
     const done = (f: Face): void => {
       clearTimeout(timer);
       socket.off("data", onData);
       socket.off("close", onClose);
+      socket.pause();
+      if (got !== null) socket.unshift(got);
       resolve(f);
     };
     const onData = (b: Buffer): void => {
-      socket.pause();
-      socket.unshift(b);
-      done(grpcOn && b[0] === 0x50 ? "grpc" : "native");
+      got = got === null ? b : Buffer.concat([got, b]);
+      if (!grpcOn || got[0] !== 0x50) done("native");
+      else if (h2HandshakeDone(got)) done("grpc");
     };
     const onClose = (): void => done("silent");
     socket.on("data", onData);
     socket.once("close", onClose);
-    if (ms > 0) timer = setTimeout(() => done("silent"), ms);
+    if (ms > 0) timer = setTimeout(() => done(got === null ? "silent" : "stalled"), ms);
   });
 }
 

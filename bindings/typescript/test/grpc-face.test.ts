@@ -214,7 +214,7 @@ test("gRPC face: a 1 MiB message each way, and gzip-compressed requests (what we
   }
 });
 
-test("gRPC face bounds: a message over maxMessageSize is RESOURCE_EXHAUSTED (compressed or not)", async () => {
+test("gRPC face bounds: a message over maxMessageSize (compressed or not) and metadata over maxMetadataSize are RESOURCE_EXHAUSTED", async () => {
   const server = rawServer({ settings: { maxMessageSize: 64 * 1024 } });
   const addr = await server.listen("tcp://127.0.0.1:0");
   const c = grpcClient(addr);
@@ -226,6 +226,16 @@ test("gRPC face bounds: a message over maxMessageSize is RESOURCE_EXHAUSTED (com
     // 1 MiB of zeros compresses to ~1 KiB: what it decompresses to counts
     const z = await grpcError(unaryRaw(gz, "/t.T/Echo", new Uint8Array(1 << 20)));
     assert.equal(z.code, grpc.status.RESOURCE_EXHAUSTED);
+    // metadata: maxMetadataSize (16 KiB) + 4 KiB for HTTP/2's own header fields
+    const md = (n: number): grpc.Metadata => {
+      const m = new grpc.Metadata();
+      m.set("x-big", "a".repeat(n));
+      return m;
+    };
+    assert.equal((await unaryRaw(c, "/t.T/Echo", new Uint8Array([1]), md(15_000))).value[0], 1);
+    const m = await grpcError(unaryRaw(c, "/t.T/Echo", new Uint8Array([1]), md(30_000)));
+    assert.equal(m.code, grpc.status.RESOURCE_EXHAUSTED);
+    assert.equal((await unaryRaw(c, "/t.T/Echo", new Uint8Array([2]))).value[0], 2, "the connection goes on");
   } finally {
     c.close();
     gz.close();

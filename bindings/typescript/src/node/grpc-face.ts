@@ -9,6 +9,7 @@
  */
 import type * as grpc from "@grpc/grpc-js";
 import type * as net from "node:net";
+import type * as http2 from "node:http2";
 import type { MemoryBudget } from "../connection.js";
 import { grpcHandler, grpcHandlerType, type GrpcCallEnv } from "./grpc-calls.js";
 import type { Route } from "./server.js";
@@ -17,6 +18,8 @@ import type { Route } from "./server.js";
 export interface GrpcFaceBounds {
   /** One request (and response) message, bytes (the native `maxMessageSize`). */
   maxMessageSize: number;
+  /** Request metadata, bytes (the native `maxMetadataSize`); the HTTP/2 header list may be 4 KiB more. */
+  maxMetadataSize: number;
   /** Streams open at once on a connection (the native `maxConcurrentCalls`). */
   maxConcurrentCalls: number;
   /** A connection without calls for this long gets GOAWAY (0: none). */
@@ -73,6 +76,10 @@ export class GrpcFace {
     this.server = new g.Server(grpcOptions(bounds));
     this.env = { grpc: g, budget: bounds.budget, started: () => this.calls++, ended: () => this.calls-- };
     for (const [path, route] of routes) this.register(path, route);
+    // The header list bound (as Rust: the metadata bound + 4 KiB for HTTP/2's own fields):
+    // grpc-js has no option for it, but passes these (internal) HTTP/2 options on.
+    const common = (this.server as unknown as { commonServerOptions?: http2.ServerOptions }).commonServerOptions;
+    if (common !== undefined) common.settings = { ...common.settings, maxHeaderListSize: bounds.maxMetadataSize + 4096 };
     this.injector = this.server.createConnectionInjector(g.ServerCredentials.createInsecure());
   }
 

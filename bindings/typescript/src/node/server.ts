@@ -357,6 +357,7 @@ export class Server {
         {
           maxMessageSize: o.settings?.maxMessageSize ?? DEFAULT_SETTINGS.maxMessageSize,
           maxConcurrentCalls: o.settings?.maxConcurrentCalls ?? DEFAULT_SETTINGS.maxConcurrentCalls,
+          maxMetadataSize: o.settings?.maxMetadataSize ?? DEFAULT_SETTINGS.maxMetadataSize,
           idleMs: this.bounds.idleMs,
           keepaliveIntervalMs: ka?.intervalMs ?? 0,
           keepaliveTimeoutMs: ka?.timeoutMs ?? 20_000,

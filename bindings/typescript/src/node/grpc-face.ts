@@ -83,8 +83,9 @@ export class GrpcFace {
     this.injector = this.server.createConnectionInjector(g.ServerCredentials.createInsecure());
   }
 
-  /** Serves `path` with a route (a path already registered keeps its first route, as grpc-js does). */
+  /** Serves `path` with a route (replacing the one it had, as `Server.route` does). */
   register(path: string, route: Route): void {
+    this.server.unregister(path);
     this.server.register(path, grpcHandler(this.env, route, path), identity, identity, grpcHandlerType(route));
   }
 

@@ -65,10 +65,18 @@ async function kvOverGrpc(addr: string, prefix: string): Promise<void> {
 }
 
 test("gRPC face: a grpc-js client and a native client on the same TCP port, every call kind", async () => {
-  const server = new Server().service(Store, kvStore());
+  const stats = { watching: 0, ended: [] as unknown[] };
+  const server = new Server().service(Store, kvStore(stats));
   const addr = await server.listen("tcp://127.0.0.1:0");
   try {
     await kvOverGrpc(addr, "g/");
+    // the client's cancel of the watch reached its handler as CANCELLED
+    for (let i = 0; i < 500 && stats.watching > 0; i++) await new Promise((r) => setTimeout(r, 10));
+    assert.equal(stats.watching, 0);
+    assert.deepEqual(
+      stats.ended.map((r) => (r instanceof TopspinError ? Code[r.code] : String(r))),
+      ["CANCELLED"],
+    );
   } finally {
     await server.close(500);
   }
@@ -342,6 +350,25 @@ test("gRPC face bounds: a stalled HTTP/2 handshake is closed at handshakeTimeout
     assert.equal(e.code, grpc.status.RESOURCE_EXHAUSTED);
     budget.release(2 << 20);
     assert.equal((await unaryRaw(c, "/t.T/Echo", new Uint8Array([1]))).value[0], 1);
+  } finally {
+    c.close();
+    await server.close(500);
+  }
+});
+
+test("gRPC face bounds: idleTimeoutMs closes a gRPC connection without calls (GOAWAY); a new call reconnects", async () => {
+  const server = rawServer({ idleTimeoutMs: 300 });
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const c = grpcClient(addr);
+  try {
+    assert.equal((await unaryRaw(c, "/t.T/Echo", new Uint8Array([1]))).value[0], 1);
+    const face = (server as unknown as { face: { sockets: Set<unknown> } }).face;
+    assert.equal(face.sockets.size, 1);
+    const t0 = Date.now();
+    for (let i = 0; i < 500 && face.sockets.size > 0; i++) await new Promise((r) => setTimeout(r, 10));
+    assert.equal(face.sockets.size, 0, "the idle connection was closed");
+    assert.ok(Date.now() - t0 >= 150, "not before the idle time");
+    assert.equal((await unaryRaw(c, "/t.T/Echo", new Uint8Array([2]))).value[0], 2);
   } finally {
     c.close();
     await server.close(500);

@@ -3,7 +3,7 @@ import js from "@eslint/js";
 import tseslint from "typescript-eslint";
 
 export default tseslint.config(
-  { ignores: ["dist/**", "node_modules/**", "gen/**", "browser/out/**", "eslint.config.js"] },
+  { ignores: ["dist/**", "node_modules/**", "gen/**", "src/gen/**", "browser/out/**", "eslint.config.js"] },
   js.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {

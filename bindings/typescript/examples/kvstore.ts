@@ -1,8 +1,9 @@
 // The kv.v1.Store service of examples/kvstore, implemented on the Node server: every call kind.
-// Run: node dist/examples/kvstore.js tcp://127.0.0.1:50052
+// Run: node dist/examples/kvstore.js tcp://127.0.0.1:50052 (native topspin and gRPC on one port, with
+// health and reflection: `topspin list 127.0.0.1:50052`, `grpcurl -plaintext 127.0.0.1:50052 list`)
 import { create } from "@bufbuild/protobuf";
 import { Code, TopspinError } from "../src/index.js";
-import { Server, type HandlerContext, type ServiceImpl } from "../src/node/index.js";
+import { Server, ServingStatus, type HandlerContext, type ServiceImpl } from "../src/node/index.js";
 import { EntrySchema, EventSchema, Store, type Entry, type Event } from "../gen/kv/v1/kv_pb.js";
 
 /** An in-memory implementation of kv.v1.Store. */
@@ -84,6 +85,10 @@ if (import.meta.url === `file://${process.argv[1] ?? ""}`) {
   // origins may call (besides same-origin ones; e.g. http://127.0.0.1:8080 for examples/web.ts).
   const address = process.argv[2] ?? "tcp://127.0.0.1:50052";
   const server = new Server({ webSocket: { allowedOrigins: process.argv.slice(3) } }).service(Store, kvStore());
+  // grpc.health.v1 ("" and kv.v1.Store SERVING) and reflection, for `topspin list|describe|health`,
+  // grpcurl and Kubernetes gRPC probes; on tcp:// and unix:// gRPC clients share the port.
+  server.addHealth().setStatus("kv.v1.Store", ServingStatus.SERVING);
+  server.addReflection();
   const bound = await server.listen(address);
   console.log(`listening on ${bound}`);
   process.on("SIGTERM", () => void server.close(2000).then(() => process.exit(0)));

@@ -6,3 +6,5 @@
 export * from "./net.js";
 export * from "./server.js";
 export * from "./gzip.js";
+export { Health, HealthService, ServingStatus } from "./health.js";
+export { DescriptorIndex } from "./reflection.js";

@@ -27,8 +27,7 @@ const MAX_DELAY = 2 ** 31 - 1;
 
 /** The timers of one connection. */
 export class Liveness {
-  private readonly started = Date.now();
-  private lastActive = this.started;
+  private lastActive: number;
   private partialSince = 0;
   private pingSent = 0;
   private timer: ReturnType<typeof setTimeout> | undefined;
@@ -38,13 +37,16 @@ export class Liveness {
   /**
    * @param idle Whether the connection has no call open.
    * @param onIdle Sends the GOAWAY and closes the connection.
+   * @param started When the connection was accepted (the handshake's time counts from then).
    */
   constructor(
     private readonly driver: Driver,
     private readonly bounds: LivenessBounds,
     private readonly idle: () => boolean,
     private readonly onIdle: () => void,
+    private readonly started = Date.now(),
   ) {
+    this.lastActive = started;
     this.arm();
   }
 

@@ -17,12 +17,18 @@ import { MIN_KEEPALIVE_INTERVAL_MS, type KeepaliveOptions } from "../channel.js"
 import { Liveness, type LivenessBounds } from "./liveness.js";
 import { listenUnix, removeIfOurs } from "./unix.js";
 import { AsyncQueue } from "../queue.js";
-import { Code, TopspinError } from "../status.js";
+import { Code, DETAILS_KEY, TopspinError } from "../status.js";
 import { methodPath } from "../client.js";
 import { parseAddress, socketDuplex } from "./net.js";
 import { HeldDuplex, WS_SUBPROTOCOL, sendAsMessages, type Duplex } from "../transport.js";
 import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, accepts, decodeMessage, encodeMessage, type Codecs, type Compression } from "../compression.js";
 import { nodeServerCodecs } from "./gzip.js";
+import { GrpcFace, loadGrpc } from "./grpc-face.js";
+import { refuseGrpc, sniff, type Face } from "./sniff.js";
+import { Health, HealthService } from "./health.js";
+import { DescriptorIndex, REFLECTION_SERVICES, TopspinReflection, grpcReflectionV1Impl, grpcReflectionV1alphaImpl, grpcV1, grpcV1alpha, topspinReflectionImpl } from "./reflection.js";
+import { processMemoryBudget } from "../connection.js";
+import { DEFAULT_SETTINGS } from "../frame.js";
 
 /** What a handler knows about its call, and what it can set. */
 export interface HandlerContext {
@@ -125,6 +131,12 @@ export interface ServerOptions {
   maxConnections?: number;
   /** Permission bits of a `unix://` socket file (default 0o660). */
   unixSocketMode?: number;
+  /**
+   * The gRPC face (default: on): `tcp://` and `unix://` listeners also answer gRPC clients over
+   * HTTP/2 with prior knowledge (h2c), told apart by their first byte, with the same handlers
+   * and bounds (`@grpc/grpc-js` does HTTP/2 and gRPC). `false`: native topspin only, no sniffing.
+   */
+  grpc?: boolean;
 }
 
 /** The defaults of the server's bounds (the Rust server's `Config` defaults). */
@@ -242,6 +254,14 @@ export class Server {
   private readonly unixFiles: { path: string; id: string | null }[] = [];
   private refusing = 0;
   private closing = false;
+  /** Accepted sockets whose first byte has not arrived yet (they count toward `maxConnections`). */
+  private sniffing = 0;
+  private face: GrpcFace | null = null;
+  private facePending: Promise<GrpcFace> | null = null;
+  /** Services registered with {@link Server.service}, for reflection. */
+  private readonly services: DescService[] = [];
+  private index: DescriptorIndex | null = null;
+  private healthTable: Health | null = null;
 
   private readonly codecs: Codecs;
   private readonly bounds: LivenessBounds;
@@ -265,12 +285,15 @@ export class Server {
   /** Adds a raw route for a full method name. */
   route(method: string, route: Route): this {
     this.routes.set(method, route);
+    this.face?.register(method, route);
     return this;
   }
 
   /** Adds every method of a protobuf-es service. */
   service<S extends DescService>(service: S, impl: ServiceImpl<S>): this {
     const table = impl as unknown as Record<string, (input: unknown, ctx: HandlerContext) => unknown>;
+    this.services.push(service);
+    this.index = null;
     for (const m of service.methods) {
       const h = table[m.localName];
       if (typeof h !== "function") continue;
@@ -287,6 +310,67 @@ export class Server {
   }
 
   /**
+   * Serves `grpc.health.v1.Health` (`Check`, `Watch`) on both faces and returns its status table:
+   * `""` (the server as a whole) starts `SERVING`; set others with `setStatus`. `close()` turns
+   * every status `NOT_SERVING` first and ends the open watches. Called again: the same table.
+   */
+  addHealth(): Health {
+    if (this.healthTable === null) {
+      this.healthTable = new Health();
+      this.service(HealthService, this.healthTable.impl());
+    }
+    return this.healthTable;
+  }
+
+  /** The health table, if {@link Server.addHealth} was called. */
+  get health(): Health | null {
+    return this.healthTable;
+  }
+
+  /**
+   * Serves reflection on both faces: `topspin.reflection.v1.Reflection` (the `topspin` CLI's
+   * `list`, `describe`, `call`) and gRPC's `grpc.reflection.v1` and `v1alpha`
+   * `ServerReflection` (grpcurl), describing every service registered with
+   * {@link Server.service} (before or after this call) from its protobuf-es descriptors.
+   */
+  addReflection(): this {
+    const index = (): DescriptorIndex => (this.index ??= new DescriptorIndex([...this.services, ...REFLECTION_SERVICES]));
+    this.service(TopspinReflection, topspinReflectionImpl(index));
+    this.service(grpcV1.ServerReflection, grpcReflectionV1Impl(index));
+    this.service(grpcV1alpha.ServerReflection, grpcReflectionV1alphaImpl(index));
+    return this;
+  }
+
+  /** Connections open: native (TCP, Unix, WebSocket) and gRPC. */
+  private openConnections(): number {
+    return this.conns.size + (this.face?.sockets.size ?? 0);
+  }
+
+  /** The gRPC face, made on the first `tcp://` or `unix://` listen (loads `@grpc/grpc-js`). */
+  private async grpcFace(): Promise<GrpcFace> {
+    if (this.face !== null) return this.face;
+    this.facePending ??= loadGrpc().then((g) => {
+      const o = this.options;
+      const ka = this.bounds.keepalive;
+      this.face = new GrpcFace(
+        g,
+        {
+          maxMessageSize: o.settings?.maxMessageSize ?? DEFAULT_SETTINGS.maxMessageSize,
+          maxConcurrentCalls: o.settings?.maxConcurrentCalls ?? DEFAULT_SETTINGS.maxConcurrentCalls,
+          maxMetadataSize: o.settings?.maxMetadataSize ?? DEFAULT_SETTINGS.maxMetadataSize,
+          idleMs: this.bounds.idleMs,
+          keepaliveIntervalMs: ka?.intervalMs ?? 0,
+          keepaliveTimeoutMs: ka?.timeoutMs ?? 20_000,
+          budget: o.memoryBudget ?? processMemoryBudget,
+        },
+        this.routes,
+      );
+      return this.face;
+    });
+    return this.facePending;
+  }
+
+  /**
    * Listens on `tcp://host:port` (port 0: any), `unix:///path` or `ws://host:port/path`
    * (WebSocket, subprotocol `topspin.v1`, upgrades on that path only); resolves with the
    * address (the port filled in).
@@ -294,6 +378,7 @@ export class Server {
   async listen(address: string): Promise<string> {
     const a = parseAddress(address);
     if (a.kind === "ws") return this.listenWebSocket(a.url);
+    if (this.options.grpc !== false) await this.grpcFace();
     const srv = net.createServer((s) => this.accept(s));
     if (a.kind === "unix") {
       try {
@@ -322,6 +407,9 @@ export class Server {
    */
   async close(graceMs = 5000): Promise<void> {
     this.closing = true;
+    this.healthTable?.shutdown();
+    this.healthTable?.endWatches();
+    const face = this.face?.close(graceMs);
     for (const s of this.servers) s.close();
     for (const f of this.unixFiles.splice(0)) await removeIfOurs(f.path, f.id);
     for (const c of this.conns) {
@@ -333,6 +421,7 @@ export class Server {
     while ([...this.conns].some((c) => c.calls.size > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
     for (const c of this.conns) c.driver.io.close();
     this.conns.clear();
+    await face;
   }
 
   /** A WebSocket listener (§14.2) on an HTTP/1.1 server of its own. */
@@ -366,7 +455,7 @@ export class Server {
         return refuseUpgrade(socket, 403, "Forbidden", `origin ${String(origin)} is not allowed (same-origin or webSocket.allowedOrigins only)\n`);
       }
       wss.handleUpgrade(req, socket, head, (ws) => {
-        if (this.conns.size >= this.maxConnections) return this.refuse(webSocketDuplex(ws), () => ws.terminate());
+        if (this.openConnections() >= this.maxConnections) return this.refuse(webSocketDuplex(ws), () => ws.terminate());
         const entry = this.serve(webSocketDuplex(ws));
         ws.on("close", () => this.conns.delete(entry));
       });
@@ -380,15 +469,57 @@ export class Server {
     return `ws://${addr.family === "IPv6" ? `[${addr.address}]` : addr.address}:${addr.port}${path}`;
   }
 
+  /**
+   * A socket accepted on a `tcp://` or `unix://` listener. With the gRPC face on, its first byte
+   * says which face serves it (read under the handshake timeout; a socket still silent then
+   * goes native, whose handshake timer has run out). Sockets being sniffed count toward
+   * `maxConnections`; one over it is refused by the face it speaks.
+   */
   private accept(socket: net.Socket): void {
     socket.on("error", () => undefined);
-    if (this.conns.size >= this.maxConnections) return this.refuse(socketDuplex(socket), () => socket.destroy());
-    const entry = this.serve(socketDuplex(socket));
+    const acceptedAt = Date.now();
+    const over = this.openConnections() + this.sniffing >= this.maxConnections;
+    if (this.face === null) return over ? this.refuse(socketDuplex(socket), () => socket.destroy()) : this.serveSocket(socket, acceptedAt);
+    if (over && this.refusing >= MAX_REFUSALS) return void socket.destroy();
+    if (over) this.refusing++;
+    else this.sniffing++;
+    const hs = this.bounds.handshakeMs;
+    void sniff(socket, over ? Math.min(REFUSAL_WAIT_MS, hs || REFUSAL_WAIT_MS) : hs, true).then((face) => {
+      if (over) this.refusing--;
+      else this.sniffing--;
+      if (socket.destroyed) return;
+      if (this.closing) return void socket.destroy();
+      this.dispatch(socket, face, over, acceptedAt);
+    });
+  }
+
+  /** Hands a sniffed socket to its face, or refuses it (over `maxConnections`). */
+  private dispatch(socket: net.Socket, face: Face, over: boolean, acceptedAt: number): void {
+    if (face === "stalled") return void socket.destroy(); // HTTP/2's handshake not done in time
+    if (face === "grpc" && this.face !== null) {
+      if (!over) return this.face.inject(socket);
+      if (this.refusing >= MAX_REFUSALS) return void socket.destroy();
+      this.refusing++;
+      const why = `max_connections (${this.maxConnections}) reached: the server takes no more connections now; try again later`;
+      return refuseGrpc(socket, why, REFUSAL_WAIT_MS, REFUSAL_READ_LIMIT, () => this.refusing--);
+    }
+    if (over) {
+      this.refuse(socketDuplex(socket), () => socket.destroy());
+      socket.resume();
+      return;
+    }
+    this.serveSocket(socket, acceptedAt);
+    socket.resume();
+  }
+
+  /** Serves a socket with the native protocol. */
+  private serveSocket(socket: net.Socket, acceptedAt: number): void {
+    const entry = this.serve(socketDuplex(socket), acceptedAt);
     socket.on("close", () => this.conns.delete(entry));
   }
 
   /** Runs a server connection over an accepted stream. */
-  private serve(io: Duplex): ServerConn {
+  private serve(io: Duplex, acceptedAt = Date.now()): ServerConn {
     const engine = new Connection("server", { settings: this.options.settings, limits: this.options.limits, memoryBudget: this.options.memoryBudget });
     const calls = new Map<number, ServerCall>();
     const entry: ServerConn = { engine, driver: null as unknown as Driver, calls, live: null };
@@ -398,7 +529,7 @@ export class Server {
     const live = new Liveness(entry.driver, this.bounds, () => calls.size === 0, () => {
       engine.goAway(ErrorCode.NO_ERROR, "idle timeout");
       entry.driver.close();
-    });
+    }, acceptedAt);
     entry.live = live;
     entry.driver.onRead = () => live.onRead();
     return entry;
@@ -616,7 +747,8 @@ export class Server {
         if (call.done) return;
         const t = TopspinError.from(err);
         sendHeaders();
-        engine.endCall(call.id, t.code === Code.OK ? Code.UNKNOWN : t.code, t.rawMessage, [...ctx.responseTrailers, ...t.metadata]);
+        const details = t.details !== undefined && !t.metadata.some((m) => m.key === DETAILS_KEY) ? [{ key: DETAILS_KEY, value: t.details }] : [];
+        engine.endCall(call.id, t.code === Code.OK ? Code.UNKNOWN : t.code, t.rawMessage, [...ctx.responseTrailers, ...t.metadata, ...details]);
         this.finish(c, call, null);
         driver.pump();
       },

@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup-go.sh
+# grpcurl calls the Go server's gRPC face in the interop tests.
+./scripts/setup-grpcurl.sh
 PATH="$PATH:/usr/local/go/bin"
 PATH="$PATH:$(go env GOPATH)/bin"
 export PATH

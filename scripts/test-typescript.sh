@@ -13,6 +13,9 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup-typescript.sh"
+# grpcurl calls the Node server's gRPC face (test/grpc-tools.test.ts): required here.
+"$root/scripts/setup-grpcurl.sh"
+export GRPCURL="$root/target/grpc-tools/grpcurl" TOPSPIN_INTEROP=1
 
 step() { printf '\n== typescript: %s\n' "$*"; }
 

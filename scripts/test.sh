@@ -87,9 +87,9 @@ setup_of() {
     clippy) echo "setup.sh clippy compilers" ;;
     cargo-test|bench-smoke) echo "setup.sh compilers" ;;
     fuzz-build) echo "setup.sh fuzz" ;;
-    go) echo "setup-go.sh" ;;
+    go) echo "setup-go.sh"; echo "setup-grpcurl.sh" ;;
     python) echo "setup.sh rustfmt clippy"; echo "setup-python.sh" ;;
-    typescript) echo "setup-typescript.sh" ;;
+    typescript) echo "setup-typescript.sh"; echo "setup-grpcurl.sh" ;;
     grpc) echo "setup-grpc.sh" ;;
     grpcclient) echo "setup-go.sh --toolchain-only" ;;
     netns) echo "setup-netns.sh" ;;

@@ -749,7 +749,30 @@ func (cc *ClientConn) InvokeRaw(ctx context.Context, method string, req []byte, 
 		o(&cs.opts)
 	}
 	resp, err := cc.invoke(cs, method, req)
+	if unprocessed(err) {
+		// The server's GOAWAY says it never saw the call (a connection going idle or away
+		// as the call left): sent once more, on a new connection, as grpc-go does.
+		cs.reset()
+		cs.ctx = ctx
+		for _, o := range opts {
+			o(&cs.opts)
+		}
+		resp, err = cc.invoke(cs, method, req)
+	}
 	// The call is over and forgotten by its connection: the stream can serve again.
+	cs.reset()
+	unaryPool.Put(cs)
+	return resp, err
+}
+
+// unprocessed reports whether err is the end of a call the server never processed.
+func unprocessed(err error) bool {
+	st, ok := err.(*Status)
+	return ok && st.Code == Unavailable && st.Message == wire.UnprocessedReason
+}
+
+// reset makes a finished pooled stream ready for another call.
+func (cs *ClientStream) reset() {
 	rnote := cs.s.rnote
 	select {
 	case <-rnote:
@@ -757,8 +780,6 @@ func (cc *ClientConn) InvokeRaw(ctx context.Context, method string, req []byte, 
 	}
 	*cs = ClientStream{}
 	cs.s.init(rnote)
-	unaryPool.Put(cs)
-	return resp, err
 }
 
 func (cc *ClientConn) invoke(cs *ClientStream, method string, req []byte) ([]byte, error) {

@@ -13,6 +13,11 @@ import (
 type Role uint8
 
 // The two roles.
+// UnprocessedReason is the UNAVAILABLE message of a call the server's GOAWAY says it never
+// processed (its id is above the GOAWAY's last call): such a call is safe to send again, even
+// when it is not idempotent (protocol.md, GOAWAY), and clients retry it once, transparently.
+const UnprocessedReason = "the server went away before processing the call (safe to retry)"
+
 const (
 	Client Role = iota
 	Server
@@ -446,7 +451,7 @@ func (c *Conn) handle(f *Frame, now time.Time) *Error {
 			}
 			slices.Sort(ids)
 			for _, id := range ids {
-				c.endCall(c.calls[id], Unavailable, "the server went away before processing the call (safe to retry)", nil)
+				c.endCall(c.calls[id], Unavailable, UnprocessedReason, nil)
 			}
 		}
 		return nil

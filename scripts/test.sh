@@ -23,7 +23,7 @@ root=$PWD
 . scripts/lib.sh
 
 rust_parts=(rustfmt clippy cargo-test vectors bench-smoke fuzz-build)
-all_parts=("${rust_parts[@]}" go python typescript grpc grpcclient netns)
+all_parts=("${rust_parts[@]}" go python typescript matrix grpc grpcclient netns)
 describe() {
   case "$1" in
     rustfmt) echo "cargo fmt --check of the workspace" ;;
@@ -35,6 +35,7 @@ describe() {
     go) echo "scripts/test-go.sh: gofmt, vet, staticcheck, go test -race, fuzz, interop" ;;
     python) echo "scripts/test-python.sh: ruff, mypy, pytest (also with SIGINT ignored), bench smoke" ;;
     typescript) echo "scripts/test-typescript.sh: tsc, eslint, node --test, Chromium, bench smoke" ;;
+    matrix) echo "scripts/test-matrix.sh: every client × server × transport (Rust, Go, Node, Chromium, Python)" ;;
     grpc) echo "scripts/test-grpc.sh: grpcurl, grpcio and grpc-go against the gRPC face" ;;
     grpcclient) echo "scripts/test-grpcclient.sh: topspin's gRPC client against tonic and grpc-go" ;;
     netns) echo "scripts/test-netns.sh: balancing across network namespaces with faults (root)" ;;
@@ -90,6 +91,8 @@ setup_of() {
     go) echo "setup-go.sh"; echo "setup-grpcurl.sh" ;;
     python) echo "setup.sh rustfmt clippy"; echo "setup-python.sh" ;;
     typescript) echo "setup-typescript.sh"; echo "setup-grpcurl.sh" ;;
+    # After the python and typescript parts: it uses their venv and build (dist/).
+    matrix) echo "setup-go.sh"; echo "setup-python.sh"; echo "setup-typescript.sh" ;;
     grpc) echo "setup-grpc.sh" ;;
     grpcclient) echo "setup-go.sh --toolchain-only" ;;
     netns) echo "setup-netns.sh" ;;
@@ -141,6 +144,10 @@ part_peers() {
 part_go() { ./scripts/test-go.sh; }
 part_python() { ./scripts/test-python.sh; }
 part_typescript() { ./scripts/test-typescript.sh; }
+part_matrix() {
+  setup_part matrix
+  ./scripts/test-matrix.sh
+}
 part_grpc() { ./scripts/test-grpc.sh; }
 part_grpcclient() { ./scripts/test-grpcclient.sh; }
 part_netns() { ./scripts/test-netns.sh; }

@@ -268,11 +268,18 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# kill_server PID: a server that did not start as it should, with its process group.
+kill_server() {
+  kill -KILL -- "-$1" 2>/dev/null || kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
 # start_server NAME TRANSPORT...: starts it listening on those transports and reads its
 # `listening` lines into addr[NAME:transport]. Returns 1 (with server_note set) if it fails.
 start_server() {
   local s=$1 t pid n want i line a
   shift
+  for t in "${all_transports[@]}"; do unset "addr[$s:$t]"; done
   local args=()
   for t in "$@"; do
     case "$t" in
@@ -285,12 +292,14 @@ start_server() {
   server_cmd "$s"
   local so="$logs/server-$s.out.log" se="$logs/server-$s.err.log"
   echo "\$ ${cmd[*]} ${args[*]}" > "$se"
+  : > "$so"
   # A process group of its own: if it must be killed, so are its children.
   setsid "${cmd[@]}" "${args[@]}" > "$so" 2>> "$se" &
   pid=$!
   want=$#
   for ((i = 0; i < start_timeout * 10; i++)); do
-    n=$(grep -c '^listening ' "$so" || true)
+    n=$(grep -c '^listening ' "$so" 2>/dev/null || true)
+    n=${n:-0}
     [ "$n" -lt "$want" ] || break
     if ! kill -0 "$pid" 2>/dev/null; then
       wait "$pid" 2>/dev/null || true
@@ -300,12 +309,10 @@ start_server() {
     sleep 0.1
   done
   if [ "$n" -lt "$want" ]; then
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    kill_server "$pid"
     server_note[$s]="printed $n of $want listening lines within ${start_timeout}s"
     return 1
   fi
-  server_pid[$s]=$pid
   while read -r line; do
     a=${line#listening }
     case "$a" in
@@ -317,10 +324,12 @@ start_server() {
   done < <(grep '^listening ' "$so")
   for t in "$@"; do
     if [ -z "${addr[$s:$t]:-}" ]; then
+      kill_server "$pid"
       server_note[$s]="no $t address among its listening lines"
       return 1
     fi
   done
+  server_pid[$s]=$pid
   echo "server $s (pid $pid): $(grep '^listening ' "$so" | sed 's/^listening //' | tr '\n' ' ')"
 }
 
@@ -379,6 +388,9 @@ run_cell() {
   if [ ${#why[@]} -eq 0 ] && [ ${#fails[@]} -eq 0 ] && [ "$rc" -eq 0 ] && grep -q '^FAIL ' "$log"; then
     why+=("unknown FAIL")
   fi
+  # The table stays readable: at most two reasons in a cell (all of them in the report).
+  if [ ${#fails[@]} -eq ${#checks[@]} ]; then why=(all)
+  elif [ ${#why[@]} -gt 2 ]; then why=("${why[0]}" "${why[1]}" "+$((${#why[@]} - 2))"); fi
   local IFS=,
   if [ ${#why[@]} -gt 0 ]; then
     cell="FAIL(${why[*]})"
@@ -428,6 +440,10 @@ for c in "${clients[@]}"; do
     fi
     if ! kill -0 "${server_pid[$s]}" 2>/dev/null; then
       table[$c/$col]="FAIL(server died)"; failed_cells=$((failed_cells + 1))
+      if [ -z "${server_note[$s]:-}" ]; then
+        server_note[$s]="died during the run (before $c → $s over $t); log: $logs/server-$s.err.log"
+        fail_report+="--- $s server died before the cell $c → $s over $t: $(tail -n 2 "$logs/server-$s.err.log" | tr '\n' ' ')"$'\n'
+      fi
       continue
     fi
     run_cell "$c" "$s" "$t"

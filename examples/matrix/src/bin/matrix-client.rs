@@ -270,6 +270,10 @@ async fn cancel(cx: &Ctx) -> Outcome {
             Err(s) => format!("Sleep(10000) ended within 200 ms: {}", show(&s)),
         });
     }
+    eprintln!(
+        "note cancel: Rust cancels a call by dropping it; the caller sees no CANCELLED status \
+         (the dropped call has no result), the server does (WasCancelled)"
+    );
     cx.wait_cancelled(&tag).await
 }
 

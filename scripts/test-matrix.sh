@@ -22,6 +22,10 @@
 #   python  bindings/python/.venv/bin/python bindings/python/matrix/{server,client}.py
 #           (client: --mode sync|asyncio; the venv comes from scripts/setup-python.sh)
 #
+# What each side has: rust, node, python tcp unix ws; go tcp unix; chromium ws (a server that
+# cannot listen on ws is started again without it). MATRIX_TRANSPORTS_<NAME> changes that, e.g.
+# MATRIX_TRANSPORTS_PYTHON_SYNC="tcp unix".
+#
 # Each cell has a hard timeout of MATRIX_CELL_TIMEOUT seconds (90); a server has
 # MATRIX_START_TIMEOUT seconds (30) to print its `listening` lines. Servers get SIGTERM at the
 # end (and must be gone within 2 s, exit status 0). Logs of every cell and server: target/matrix/logs.
@@ -52,7 +56,7 @@ override_transports() {
 override_transports server_has
 override_transports client_has
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
 
 # split LIST ALLOWED...: LIST's comma-separated names, each checked against ALLOWED.
 split_list() {
@@ -64,7 +68,7 @@ split_list() {
     [ -n "$x" ] || continue
     if [ "$what" = client ] && [ "$x" = python ]; then printf '%s\n' python-sync python-asyncio; continue; fi
     if [[ "$names" != *" $x "* ]]; then
-      echo "test-matrix.sh: no $what '$x' (have:$names)" >&2
+      echo "test-matrix.sh: no $what '$x' (have: $(printf '%s ' "$@"))" >&2
       exit 2
     fi
     echo "$x"

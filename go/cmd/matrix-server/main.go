@@ -22,7 +22,7 @@ import (
 
 // stopGrace is how long GracefulStop may wait for open calls (a held stream never ends by
 // itself) before Stop closes them: SIGTERM must end the process within 2 s.
-const stopGrace = 1500 * time.Millisecond
+const stopGrace = time.Second
 
 // addrList is a repeatable flag.
 type addrList []string

@@ -117,3 +117,14 @@ func TestUnreachableServerFailsEveryCheck(t *testing.T) {
 		t.Errorf("%d FAIL lines:\n%s", n, out.String())
 	}
 }
+
+// A WebSocket target: the Go runtime has none, so every check is a skip (nothing failed).
+func TestWebSocketTargetIsSkipped(t *testing.T) {
+	var out bytes.Buffer
+	if !matrix.Run("ws://127.0.0.1:1/", "go-test-ws", &out) {
+		t.Error("a run of skips failed")
+	}
+	if n := strings.Count(out.String(), "skip "); n != len(matrix.CheckNames()) || strings.Count(out.String(), "\n") != n {
+		t.Errorf("output:\n%s", out.String())
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,15 +42,39 @@ func serve(t *testing.T, network string, impl matrixpb.MatrixServer) string {
 	return target
 }
 
+// encodings records the request encoding of the compression check's calls (64 KiB
+// payloads): the check itself sees only the echo.
+type encodings struct {
+	*matrix.Service
+	mu   sync.Mutex
+	seen []string
+}
+
+func (e *encodings) Unary(ctx context.Context, req *matrixpb.Msg) (*matrixpb.Msg, error) {
+	if len(req.Payload) == 64*1024 {
+		enc, _ := topspin.ServerStreamFrom(ctx).Metadata().Get("topspin-encoding")
+		e.mu.Lock()
+		e.seen = append(e.seen, enc)
+		e.mu.Unlock()
+	}
+	return e.Service.Unary(ctx, req)
+}
+
 // The Go client's checks against the Go server, in process: every check ok, in order.
 func TestGoClientAgainstGoServer(t *testing.T) {
 	for _, network := range []string{"tcp", "unix"} {
 		t.Run(network, func(t *testing.T) {
-			target := serve(t, network, matrix.NewService())
+			svc := &encodings{Service: matrix.NewService()}
+			target := serve(t, network, svc)
 			var out bytes.Buffer
 			if !matrix.Run(target, fmt.Sprintf("go-test-%s", network), &out) {
 				t.Errorf("a check failed:\n%s", out.String())
 			}
+			svc.mu.Lock()
+			if got := strings.Join(svc.seen, ","); got != "gzip,zstd" {
+				t.Errorf("the compression check's requests came in %q, want gzip then zstd", got)
+			}
+			svc.mu.Unlock()
 			var want strings.Builder
 			for _, name := range matrix.CheckNames() {
 				fmt.Fprintf(&want, "ok %s\n", name)

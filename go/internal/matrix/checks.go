@@ -206,7 +206,7 @@ func (c *client) errorDetails() error {
 	}
 	got, ok := st.Trailers.Get(topspin.KeyStatusDetails)
 	if !ok {
-		return fmt.Errorf("no %s trailer (trailers %v)", topspin.KeyStatusDetails, st.Trailers)
+		return fmt.Errorf("no %s trailer (trailers %q)", topspin.KeyStatusDetails, st.Trailers)
 	}
 	if !bytes.Equal([]byte(got), details) {
 		return fmt.Errorf("details % x, want % x", got, details)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/topspin-rpc/topspin/go/internal/matrixpb"
 	"github.com/topspin-rpc/topspin/go/topspin"
@@ -124,8 +125,15 @@ func guarded(d time.Duration, fn func() error) error {
 	}
 }
 
-// oneLine keeps a reason on its line.
-func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
+// oneLine keeps a reason on its line and printable: control characters become spaces.
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}
 
 // within runs fn and fails if it does not return within d (a call that waits for the
 // server where it must not).

@@ -102,6 +102,9 @@ func (s *Service) Bidi(ctx context.Context, stream topspin.ServerStreamOf[matrix
 // bytes of a google.rpc.Status: they go as they are in the topspin-status-details-bin
 // trailer (Status.WithDetails would build a new google.rpc.Status from messages instead).
 func (s *Service) Fail(ctx context.Context, req *matrixpb.FailReq) (*matrixpb.Msg, error) {
+	if req.Code == 0 || req.Code > uint32(topspin.Unauthenticated) {
+		return nil, topspin.Errorf(topspin.InvalidArgument, "code %d is not a failure status code (1..16)", req.Code)
+	}
 	st := &topspin.Status{Code: topspin.Code(req.Code), Message: req.Message}
 	if len(req.Details) > 0 {
 		st.Trailers = topspin.MD(topspin.KeyStatusDetails, string(req.Details))

@@ -848,6 +848,24 @@ impl Transport for ShmTransport {
     }
 }
 
+/// One write of a hostile peer into the mapping: a word of its own in the header (`op` 0-4:
+/// its head, its closed flag, its tail, the waiting flags) or bytes into its ring (5).
+#[cfg(any(test, fuzzing))]
+fn peer_writes(map: &Mapping, op: u8, w: u64, bytes: &[u8]) {
+    match op {
+        0 => map.u64_at(C2S + HEAD).store(w, Ordering::Release),
+        1 => map.u32_at(C2S + CLOSED).store(w as u32, Ordering::Release),
+        2 => map.u64_at(S2C + TAIL).store(w, Ordering::Release),
+        3 => map
+            .u32_at(S2C + READER_WAITING)
+            .store(w as u32, Ordering::Release),
+        4 => map
+            .u32_at(C2S + WRITER_WAITING)
+            .store(w as u32, Ordering::Release),
+        _ => map.write_ring(HEADER, MIN_RING, w, bytes),
+    }
+}
+
 /// A hostile peer against a server's rings, in rounds read from `data` (the fuzz target
 /// `shm_ring`, and a unit test): each 12-byte round either writes a word of the peer's in the
 /// header (its head, its closed flag, its tail, the waiting flags) or bytes into the ring it
@@ -879,22 +897,8 @@ pub(crate) fn fuzz_rounds(data: &[u8]) {
         word[..arg.len().min(8)].copy_from_slice(&arg[..arg.len().min(8)]);
         let w = u64::from_le_bytes(word);
         let result = match op % 9 {
-            0 => Ok(server.map.u64_at(C2S + HEAD).store(w, Ordering::Release)),
-            1 => Ok(server
-                .map
-                .u32_at(C2S + CLOSED)
-                .store(w as u32, Ordering::Release)),
-            2 => Ok(server.map.u64_at(S2C + TAIL).store(w, Ordering::Release)),
-            3 => Ok(server
-                .map
-                .u32_at(S2C + READER_WAITING)
-                .store(w as u32, Ordering::Release)),
-            4 => Ok(server
-                .map
-                .u32_at(C2S + WRITER_WAITING)
-                .store(w as u32, Ordering::Release)),
-            5 => {
-                server.map.write_ring(HEADER, MIN_RING, w, arg);
+            0..=5 => {
+                peer_writes(&server.map, op % 9, w, arg);
                 Ok(())
             }
             6 => {

@@ -5,22 +5,10 @@
 import { connect } from "../src/node/net.js";
 import { nodeCodecs } from "../src/node/gzip.js";
 import { runChecks } from "./checks.js";
+import { targetArg } from "./args.js";
 
 /** The run's bound (README: every client ends within 60 s). */
 const RUN_DEADLINE_MS = 58_000;
-
-/** The `--target` address of `argv`. */
-export function targetArg(argv: string[]): string {
-  let target: string | undefined;
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i] ?? "";
-    if (a === "--target" && i + 1 < argv.length) target = argv[++i];
-    else if (a.startsWith("--target=")) target = a.slice("--target=".length);
-    else throw new Error(`unknown argument ${a}`);
-  }
-  if (target === undefined || target === "") throw new Error("usage: --target ADDR");
-  return target;
-}
 
 async function main(): Promise<number> {
   let target: string;

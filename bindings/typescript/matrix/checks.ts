@@ -85,7 +85,12 @@ async function seenCancelled(ctx: Ctx, withinMs = 3000): Promise<void> {
   const until = now() + withinMs;
   for (;;) {
     const left = until - now();
-    const f = await ctx.client.wasCancelled({ tag: ctx.tag }, { timeoutMs: Math.max(50, Math.min(1000, left)) });
+    let f;
+    try {
+      f = await ctx.client.wasCancelled({ tag: ctx.tag }, { timeoutMs: Math.max(50, Math.min(1000, left)) });
+    } catch (e) {
+      throw new CheckFailed(`WasCancelled(${ctx.tag}): ${describe(e)}`);
+    }
     if (f.value) return;
     expect(now() < until, `WasCancelled(${ctx.tag}) still false after ${withinMs} ms`);
     await sleep(50);

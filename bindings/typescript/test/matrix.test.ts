@@ -9,6 +9,12 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { run } from "./procs.js";
+import { Server } from "../src/node/server.js";
+import { connect } from "../src/node/net.js";
+import { nodeCodecs } from "../src/node/gzip.js";
+import { Matrix } from "../gen/matrix_pb.js";
+import { CancelledTags, matrixImpl } from "../matrix/service.js";
+import { CHECKS as checks, runChecks } from "../matrix/checks.js";
 
 const dist = join(dirname(fileURLToPath(import.meta.url)), "..", "matrix");
 const CHECKS = ["unary", "large", "server-stream", "quiet-stream", "client-stream", "bidi-open-then-send", "deadline", "cancel", "error-details", "compression"];
@@ -81,4 +87,29 @@ test("matrix: bad arguments exit 2", async () => {
   assert.equal(c.code, 2);
   const s = await run(process.execPath, [join(dist, "server.js")]);
   assert.equal(s.code, 2);
+});
+
+test("matrix: the compression check's requests name gzip (in process)", async () => {
+  const impl = matrixImpl(new CancelledTags());
+  const encodings: string[] = [];
+  const server = new Server({ grpc: false }).service(Matrix, {
+    ...impl,
+    unary(req, ctx) {
+      encodings.push(String(ctx.requestHeaders.find((m) => m.key === "topspin-encoding")?.value ?? "identity"));
+      return impl.unary(req, ctx);
+    },
+  });
+  const address = await server.listen("tcp://127.0.0.1:0");
+  const channel = connect(address);
+  const lines: string[] = [];
+  try {
+    const skip = Object.fromEntries(checks.filter((c) => c.name !== "compression").map((c) => [c.name, "not this test"]));
+    const passed = await runChecks({ channel, codecs: nodeCodecs, tagPrefix: "ts-test", skip }, (l) => void lines.push(l));
+    assert.ok(passed, lines.join("\n"));
+    assert.equal(lines.at(-1), "ok compression");
+    assert.deepEqual(encodings, ["gzip"]);
+  } finally {
+    channel.close();
+    await server.close(0);
+  }
 });

@@ -40,13 +40,26 @@ async function servePage(): Promise<{ http: HttpServer; url: string }> {
 /** Opens the page for `target` and resolves with its result, relaying its lines through `seen`. */
 async function runPage(context: BrowserContext, pageUrl: string, target: string, seen: (line: string) => void): Promise<boolean> {
   const page = context.pages()[0] ?? (await context.newPage());
-  page.on("pageerror", (e) => process.stderr.write(`[page error] ${e.message}\n`));
-  page.on("console", (m) => {
-    if (m.type() === "error" || m.type() === "warning") process.stderr.write(`[page ${m.type()}] ${m.text()}\n`);
-  });
   let finish!: (passed: boolean) => void;
   const done = new Promise<boolean>((r) => (finish = r));
-  await page.exposeFunction("__matrixLine", (line: string) => seen(line));
+  let lines = 0;
+  page.on("pageerror", (e) => {
+    process.stderr.write(`[page error] ${e.message}\n`);
+    if (lines === 0) finish(false); // the page broke before its first check
+  });
+  // A browser shows a refused WebSocket handshake to the page as close code 1006 only; the
+  // console says why (403: the server does not accept the page's origin).
+  let refused = "";
+  page.on("console", (m) => {
+    if (m.type() !== "error" && m.type() !== "warning") return;
+    process.stderr.write(`[page ${m.type()}] ${m.text()}\n`);
+    const code = /Unexpected response code: (\d+)/.exec(m.text())?.[1];
+    if (code !== undefined) refused = ` (the handshake was answered ${code}${code === "403" ? `: the server refuses the page's origin ${new URL(pageUrl).origin}` : ""})`;
+  });
+  await page.exposeFunction("__matrixLine", (line: string) => {
+    lines++;
+    seen(line.startsWith("FAIL ") && line.includes("WebSocket closed (1006)") ? line + refused : line);
+  });
   await page.exposeFunction("__matrixDone", (passed: boolean, error: string) => {
     if (error !== "") process.stderr.write(`[page] the checks stopped: ${error}\n`);
     finish(passed);

@@ -213,7 +213,7 @@ async function cancel(ctx: Ctx): Promise<Outcome> {
 async function errorDetails(ctx: Ctx): Promise<Outcome> {
   const details = new Uint8Array([0x08, 0x05, 0x12, 0x04, 0x6e, 0x6f, 0x70, 0x65]);
   const e = await failure(ctx.client.fail({ code: 5, message: "nope", details }, { timeoutMs: CALL_MS }));
-  expect(e.code === Code.NOT_FOUND, `code ${Code[e.code] ?? e.code}`);
+  expect(e.code === Code.NOT_FOUND, `ended ${describe(e)}`);
   expect(e.rawMessage === "nope", `message ${JSON.stringify(e.rawMessage)}`);
   expect(sameBytes(e.details, details), `details ${hex(e.details)}`);
   return undefined;

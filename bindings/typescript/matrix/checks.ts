@@ -41,6 +41,8 @@ interface Check {
 const CHECK_DEADLINE_MS = 5000;
 /** Deadline of a single call inside a check. */
 const CALL_MS = 4000;
+/** Deadline of the held stream of `quiet-stream`: past the check's own. */
+const HELD_MS = 6000;
 
 class CheckFailed extends Error {}
 
@@ -148,19 +150,24 @@ async function serverStream(ctx: Ctx): Promise<Outcome> {
  */
 async function quietStream(ctx: Ctx): Promise<Outcome> {
   const ac = new AbortController();
-  const call = await ctx.env.channel.start(methodPath(Matrix.method.serverStream), { signal: ac.signal, timeoutMs: CALL_MS });
-  await call.send(toBinary(StreamReqSchema, create(StreamReqSchema, { hold: true, tag: ctx.tag })), true);
-  let settled: string | null = null;
-  const first = call.receive().then(
-    (m) => void (settled = m === undefined ? "the held stream ended OK" : "a message arrived on the held stream"),
-    (e: unknown) => void (settled = `the held stream ended ${describe(e)}`),
-  );
-  await sleep(200);
-  expect(settled === null, `before the cancel: ${String(settled)}`);
-  ac.abort();
-  await first;
-  const e = await failure(call.end());
-  expect(e.code === Code.CANCELLED, `the cancelled call ended ${describe(e)}`);
+  // Its deadline is past the check's, so only the cancel can make WasCancelled true in time.
+  const call = await ctx.env.channel.start(methodPath(Matrix.method.serverStream), { signal: ac.signal, timeoutMs: HELD_MS });
+  try {
+    await call.send(toBinary(StreamReqSchema, create(StreamReqSchema, { hold: true, tag: ctx.tag })), true);
+    let settled: string | null = null;
+    const first = call.receive().then(
+      (m) => void (settled = m === undefined ? "the held stream ended OK" : "a message arrived on the held stream"),
+      (e: unknown) => void (settled = `the held stream ended ${describe(e)}`),
+    );
+    await sleep(200);
+    expect(settled === null, `before the cancel: ${String(settled)}`);
+    ac.abort();
+    await first;
+    const e = await failure(call.end());
+    expect(e.code === Code.CANCELLED, `the cancelled call ended ${describe(e)}`);
+  } finally {
+    ac.abort();
+  }
   await seenCancelled(ctx);
   return undefined;
 }
@@ -175,17 +182,21 @@ async function clientStream(ctx: Ctx): Promise<Outcome> {
 /** Opens Bidi (the handle comes back before anything is sent), then talks one message at a time. */
 async function bidiOpenThenSend(ctx: Ctx): Promise<Outcome> {
   const call = await ctx.env.channel.start(methodPath(Matrix.method.bidi), { timeoutMs: CALL_MS });
-  for (const word of ["a", "b"]) {
-    await call.send(toBinary(MsgSchema, create(MsgSchema, { payload: new TextEncoder().encode(word) })));
-    const m = await call.receive();
-    expect(m !== undefined, `the stream ended before the echo of ${word}`);
-    const got = new TextDecoder().decode(fromBinary(MsgSchema, m).payload);
-    expect(got === word, `echo ${JSON.stringify(got)} for ${JSON.stringify(word)}`);
+  try {
+    for (const word of ["a", "b"]) {
+      await call.send(toBinary(MsgSchema, create(MsgSchema, { payload: new TextEncoder().encode(word) })));
+      const m = await call.receive();
+      expect(m !== undefined, `the stream ended before the echo of ${word}`);
+      const got = new TextDecoder().decode(fromBinary(MsgSchema, m).payload);
+      expect(got === word, `echo ${JSON.stringify(got)} for ${JSON.stringify(word)}`);
+    }
+    call.halfClose();
+    const extra = await call.receive();
+    expect(extra === undefined, "a message after the two echoes");
+    await call.end();
+  } finally {
+    call.cancel(); // no-op once the call ended
   }
-  call.halfClose();
-  const extra = await call.receive();
-  expect(extra === undefined, "a message after the two echoes");
-  await call.end();
   return undefined;
 }
 

@@ -5,6 +5,7 @@
 // WebSocket upgrades are accepted from every origin: the Chromium client's page is served from
 // another port, which the default (same-origin only) would refuse.
 import { Server } from "../src/node/server.js";
+import { nodeCodecs } from "../src/node/gzip.js";
 import { Matrix } from "../gen/matrix_pb.js";
 import { CancelledTags, matrixImpl } from "./service.js";
 
@@ -29,7 +30,7 @@ async function main(): Promise<void> {
     process.stderr.write(`${e instanceof Error ? e.message : String(e)}\n`);
     process.exit(2);
   }
-  const server = new Server({ webSocket: { allowedOrigins: "*" } }).service(Matrix, matrixImpl(new CancelledTags()));
+  const server = new Server({ webSocket: { allowedOrigins: "*" }, codecs: nodeCodecs }).service(Matrix, matrixImpl(new CancelledTags()));
   let stopping = false;
   const stop = (): void => {
     if (stopping) return;

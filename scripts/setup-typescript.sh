@@ -40,7 +40,7 @@ fi
 # buf generate only when its inputs changed (gen/ is not committed).
 gen_stamp=gen/.topspin-inputs-stamp
 gen_sum=$( (echo "$lock_sum"; sha256sum buf.gen.yaml
-            find ../../examples/kvstore/proto bench/proto -name '*.proto' -type f -print0 |
+            find ../../examples/kvstore/proto bench/proto ../../testdata/matrix -name '*.proto' -type f -print0 |
               sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
 gen=""
 if [ -n "$npm_install" ] || [ ! -f "$gen_stamp" ] || [ "$(cat "$gen_stamp")" != "$gen_sum" ]; then

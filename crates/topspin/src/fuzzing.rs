@@ -1,7 +1,7 @@
 //! Entry points for the fuzz targets in `fuzz/`, built only under `cargo fuzz` (which sets
 //! `--cfg fuzzing`): parsers a peer reaches that are not public API — the gRPC face's wire
-//! details (`grpc-timeout`, metadata from headers, the message deframers of both sides) and
-//! the WebSocket carriage. Each panics on a broken invariant; a peer's bytes may only ever
+//! details (`grpc-timeout`, metadata from headers, the message deframers of both sides), the
+//! WebSocket carriage and the shared-memory rings. Each panics on a broken invariant; a peer's bytes may only ever
 //! produce errors.
 
 use crate::grpc::wire;
@@ -212,4 +212,12 @@ pub fn websocket(data: &[u8]) {
         };
         tokio::join!(serve, feed);
     });
+}
+
+/// The shared-memory rings of a server against a hostile peer (its header words and ring
+/// bytes, the server reading and writing between them): rounds as in
+/// `transport::shm::fuzz_rounds`. Nothing may panic; bad indices are `InvalidData`.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub fn shm_ring(data: &[u8]) {
+    crate::transport::shm::fuzz_rounds(data);
 }

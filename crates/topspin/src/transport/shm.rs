@@ -763,6 +763,7 @@ impl Transport for ShmTransport {
 
     fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
         let avail = match self.poll_rx(cx) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Ok(0)), // the end: the peer closed or left
             Poll::Ready(Ok(n)) => n,
             other => return other,
         };
@@ -845,6 +846,99 @@ impl Transport for ShmTransport {
             credentials: self.credentials,
         }
     }
+}
+
+/// One write of a hostile peer into the mapping: a word of its own in the header (`op` 0-4:
+/// its head, its closed flag, its tail, the waiting flags) or bytes into its ring (5).
+#[cfg(any(test, fuzzing))]
+fn peer_writes(map: &Mapping, op: u8, w: u64, bytes: &[u8]) {
+    match op {
+        0 => map.u64_at(C2S + HEAD).store(w, Ordering::Release),
+        1 => map.u32_at(C2S + CLOSED).store(w as u32, Ordering::Release),
+        2 => map.u64_at(S2C + TAIL).store(w, Ordering::Release),
+        3 => map
+            .u32_at(S2C + READER_WAITING)
+            .store(w as u32, Ordering::Release),
+        4 => map
+            .u32_at(C2S + WRITER_WAITING)
+            .store(w as u32, Ordering::Release),
+        _ => map.write_ring(HEADER, MIN_RING, w, bytes),
+    }
+}
+
+/// A hostile peer against a server's rings, in rounds read from `data` (the fuzz target
+/// `shm_ring`, and a unit test): each 12-byte round either writes a word of the peer's in the
+/// header (its head, its closed flag, its tail, the waiting flags) or bytes into the ring it
+/// produces, or has the server read or write once, or hangs up. Nothing may panic or touch
+/// memory outside the mapping; what a peer's words can cause is an `InvalidData` error.
+#[cfg(any(test, fuzzing))]
+pub(crate) fn fuzz_rounds(data: &[u8]) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    let _enter = rt.enter();
+    let Ok((a, b)) = UnixStream::pair() else {
+        return;
+    };
+    let budget = topspin_proto::MemoryBudget::unlimited();
+    let Ok(mut server) = ShmTransport::accept_with_ring(a, MIN_RING, "fuzz", &budget) else {
+        return;
+    };
+    let mut peer = Some(b);
+    let waker = futures_util::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut buf = BytesMut::with_capacity(2 * MIN_RING);
+    for round in data.chunks(12) {
+        let (op, arg) = (round[0], &round[1..]);
+        let mut word = [0u8; 8];
+        word[..arg.len().min(8)].copy_from_slice(&arg[..arg.len().min(8)]);
+        let w = u64::from_le_bytes(word);
+        let result = match op % 9 {
+            0..=5 => {
+                peer_writes(&server.map, op % 9, w, arg);
+                Ok(())
+            }
+            6 => {
+                buf.clear();
+                match server.poll_read(&mut cx, &mut buf) {
+                    Poll::Ready(Ok(n)) => {
+                        assert!(n <= buf.len());
+                        Ok(())
+                    }
+                    Poll::Ready(Err(e)) => Err(e),
+                    Poll::Pending => Ok(()),
+                }
+            }
+            7 => match server.poll_write_vectored(&mut cx, &[IoSlice::new(arg)]) {
+                Poll::Ready(Ok(n)) => {
+                    assert!(n <= arg.len());
+                    Ok(())
+                }
+                Poll::Ready(Err(e)) => Err(e),
+                Poll::Pending => Ok(()),
+            },
+            _ => {
+                peer = None; // the peer's process is gone
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            assert!(
+                matches!(
+                    e.kind(),
+                    io::ErrorKind::InvalidData
+                        | io::ErrorKind::BrokenPipe
+                        | io::ErrorKind::UnexpectedEof
+                ),
+                "unexpected error kind: {e}"
+            );
+            break;
+        }
+    }
+    drop(peer);
 }
 
 #[cfg(test)]
@@ -957,5 +1051,43 @@ mod tests {
         assert_eq!(budget.used(), 2 * (HEADER + 2 * 4096));
         drop(kept);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn hostile_rounds_only_ever_produce_errors() {
+        // Seeds of the fuzz target: garbage indices, ring bytes then reads, writes after a
+        // bogus tail, a hang-up mid-way, and a pseudo-random walk.
+        let mut seeds: Vec<Vec<u8>> = vec![
+            vec![
+                0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0,
+                0, 0, 0, 0,
+            ],
+            [
+                vec![0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                vec![5; 12],
+                vec![6; 12],
+                vec![6; 12],
+            ]
+            .concat(),
+            [
+                vec![2, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0],
+                vec![7; 12],
+                vec![7; 12],
+            ]
+            .concat(),
+            [vec![7; 12], vec![8; 12], vec![6; 12], vec![7; 12]].concat(),
+        ];
+        let mut x: u32 = 12345;
+        for _ in 0..20 {
+            let mut s = Vec::new();
+            for _ in 0..240 {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                s.push((x >> 16) as u8);
+            }
+            seeds.push(s);
+        }
+        for s in &seeds {
+            fuzz_rounds(s);
+        }
     }
 }

@@ -28,6 +28,23 @@ impl Liveness {
         self.ping_sent = None;
     }
 
+    /// Whether a keep-alive PING waits for its answer.
+    #[inline]
+    pub(crate) fn waiting_for_pong(&self) -> bool {
+        self.ping_sent.is_some()
+    }
+
+    /// The shortest time after the last read at which a timer here can be due while no frame
+    /// is half received, no write stalls and no PING waits: the keep-alive interval or the
+    /// idle timeout (an hour when neither is set: nothing is due then anyway).
+    #[inline]
+    pub(crate) fn shortest_gap(&self, config: &Config) -> std::time::Duration {
+        let far = std::time::Duration::from_secs(3600);
+        let keepalive = config.keepalive_interval().unwrap_or(far);
+        let idle = config.idle_timeout().unwrap_or(far);
+        keepalive.min(idle)
+    }
+
     /// The earliest of these timers, with `idle` telling whether no call is open.
     pub(crate) fn next(
         &self,

@@ -12,6 +12,7 @@
 //! while it polls; callers only `try_lock` it and queue the command (or wait to be woken) when
 //! it is taken.
 
+mod alarm;
 mod io;
 mod liveness;
 mod route;
@@ -27,9 +28,9 @@ use crate::transport::Transport;
 use crate::{Config, Status};
 use io::{Io, ReadError};
 use liveness::Liveness;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio_util::sync::ReusableBoxFuture;
 use topspin_proto::{CallError, Connection, ErrorCode, Event, ProtocolError, Side};
 
 /// Turns of the loop that made progress before the task yields to the scheduler.
@@ -102,11 +103,15 @@ pub(crate) struct Driver<R, T> {
     config: Config,
     liveness: Liveness,
     started: Instant,
-    /// The connection's one timer. Replaced rather than reset when disarmed, so that a
-    /// connection with no deadline leaves nothing in the runtime's timer wheel (every park of
-    /// the runtime looks at it); the box is reused, so this allocates nothing.
-    sleep: ReusableBoxFuture<'static, ()>,
+    /// The connection's near timer (call deadlines, the role's): tokio's. Replaced (in its
+    /// box: no allocation) rather than reset when disarmed, so that a connection with no near
+    /// deadline leaves nothing in the runtime's timer wheel (every park of the runtime looks
+    /// at it).
+    sleep: Pin<Box<tokio::time::Sleep>>,
     armed: Option<Instant>,
+    /// The far deadlines (handshake, keep-alive, frame, write, idle), off the wheel.
+    alarm: alarm::Alarm,
+    alarm_at: Option<Instant>,
     /// This connection's share of its server's (or channel's) gauges.
     share: crate::stats::Share,
     /// The short spin before the task sleeps (see `spin.rs`).
@@ -151,8 +156,10 @@ impl<R: Role, T: Transport> Driver<R, T> {
             config,
             liveness: Liveness::default(),
             started: now,
-            sleep: ReusableBoxFuture::new(tokio::time::sleep_until(to_tokio(now))),
+            sleep: Box::pin(tokio::time::sleep_until(to_tokio(now))),
             armed: None,
+            alarm: alarm::Alarm::default(),
+            alarm_at: None,
             share,
             spin: spin::Spin::default(),
             waker: None,
@@ -455,11 +462,24 @@ impl<R: Role, T: Transport> Driver<R, T> {
         }
     }
 
-    /// One timer for the connection, moved only when the next deadline changes, and only
-    /// when the task is about to wait (busy turns need no timer): no timer registration on
-    /// wake-ups that need none. Whether the timer fired (the loop then goes on).
+    /// The connection's timers — tokio's for the near deadlines, the alarm for the far ones —
+    /// each moved only when its next deadline comes earlier, and only when the task is about
+    /// to wait (busy turns need no timer): no timer registration on wake-ups that need none.
+    /// Whether a timer was already due (the loop then goes on).
     fn arm_timer(&mut self, cx: &mut Context<'_>) -> bool {
-        let timer = self.next_timer();
+        let far = self.next_far();
+        if !covers(self.alarm_at, far) {
+            self.alarm_at = far;
+            if let Some(t) = far {
+                if t <= Instant::now() {
+                    self.alarm_at = None;
+                    self.on_timer();
+                    return true;
+                }
+                self.alarm.set(t, cx.waker());
+            }
+        }
+        let timer = self.next_near();
         if timer == self.armed || covers(self.armed, timer) {
             return false; // already polled (and registered), or due no later than needed
         }
@@ -467,11 +487,14 @@ impl<R: Role, T: Transport> Driver<R, T> {
         let Some(t) = timer else {
             // A fresh, never polled sleep is in no timer wheel.
             self.sleep
+                .as_mut()
                 .set(tokio::time::sleep_until(to_tokio(self.started)));
             return false;
         };
-        self.sleep.set(tokio::time::sleep_until(to_tokio(t)));
-        if self.sleep.poll(cx).is_ready() {
+        self.sleep
+            .as_mut()
+            .set(tokio::time::sleep_until(to_tokio(t)));
+        if std::future::Future::poll(self.sleep.as_mut(), cx).is_ready() {
             self.armed = None;
             self.on_timer();
             return true;
@@ -503,8 +526,16 @@ impl<R: Role, T: Transport> Driver<R, T> {
         if self.role.poll_work(cx, &mut self.conn, room).is_ready() {
             return true;
         }
-        if self.armed.is_some() && self.sleep.poll(cx).is_ready() {
+        // Each timer was polled (or set) once, from this task, when it was armed: it wakes
+        // the task when due. Asking whether it fired costs a load; polling a tokio sleep again
+        // would cost a trip through its timer entry (and the coop budget) on every turn.
+        if self.armed.is_some() && self.sleep.is_elapsed() {
             self.armed = None;
+            self.on_timer();
+            return true;
+        }
+        if self.alarm_at.is_some() && self.alarm.rang() {
+            self.alarm_at = None;
             self.on_timer();
             return true;
         }
@@ -536,22 +567,42 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// timer that fires early only makes the loop look again (`on_timer` acts on what is due),
     /// so a deadline that moves later — the idle timeout after every call — re-arms nothing.
     fn timer_covers(&self) -> bool {
-        covers(self.armed, self.next_timer())
+        covers(self.armed, self.next_near()) && self.alarm_covers()
     }
 
-    fn next_timer(&self) -> Option<Instant> {
-        let mut t = self.conn.poll_timeout();
-        let mut consider = |x: Option<Instant>| {
-            if let Some(x) = x {
-                t = Some(t.map_or(x, |t| t.min(x)));
+    /// Whether the alarm is due no later than the next far deadline. While no frame is half
+    /// received, no write stalls, no PING waits and the handshake is done, every far deadline
+    /// is the last read plus a timeout, so an alarm due no later than the last read plus the
+    /// shortest of them covers them all — a comparison instead of working each one out (this
+    /// runs a few times per call).
+    #[inline]
+    fn alarm_covers(&self) -> bool {
+        if let Some(at) = self.alarm_at {
+            if self.io.partial_since.is_none()
+                && self.io.write_stalled_since.is_none()
+                && !self.liveness.waiting_for_pong()
+                && self.conn.is_established()
+                && at <= self.io.last_read + self.liveness.shortest_gap(&self.config)
+            {
+                return true;
             }
-        };
-        if !self.conn.is_established() {
-            consider(Some(self.started + self.config.handshake_timeout()));
         }
-        consider(self.liveness.next(&self.io, &self.config, self.role.idle()));
-        consider(self.role.next_timer());
-        t
+        covers(self.alarm_at, self.next_far())
+    }
+
+    /// The next near deadline: a call's (the engine's) or the role's.
+    fn next_near(&self) -> Option<Instant> {
+        earliest(self.conn.poll_timeout(), self.role.next_timer())
+    }
+
+    /// The next far deadline: the handshake's and the liveness timers'.
+    fn next_far(&self) -> Option<Instant> {
+        let handshake =
+            (!self.conn.is_established()).then(|| self.started + self.config.handshake_timeout());
+        earliest(
+            handshake,
+            self.liveness.next(&self.io, &self.config, self.role.idle()),
+        )
     }
 
     fn on_timer(&mut self) {
@@ -598,7 +649,17 @@ impl<R: Role, T: Transport> Driver<R, T> {
     }
 }
 
+/// The earlier of two deadlines.
+#[inline]
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Whether a timer armed for `armed` is due no later than `next` needs.
+#[inline]
 fn covers(armed: Option<Instant>, next: Option<Instant>) -> bool {
     match (armed, next) {
         (_, None) => true,

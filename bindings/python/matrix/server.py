@@ -100,17 +100,6 @@ class Matrix(rpc.MatrixAsyncServicer):
         return pb.Flag(value=request.tag in self.cancelled)
 
 
-def shown(asked: str, bound: str) -> str:
-    """The address to print: the bound one (port resolved), with the scheme and path asked."""
-    if "://" in bound or bound.startswith("unix:"):
-        return bound
-    scheme, _, rest = asked.partition("://")
-    if scheme == "unix":
-        return asked
-    path = rest[rest.find("/") :] if "/" in rest else ("/" if scheme == "ws" else "")
-    return f"{scheme}://{bound}{path}"
-
-
 async def serve(addresses: list[str]) -> None:
     servicer = Matrix()
     servers = []
@@ -119,7 +108,7 @@ async def serve(addresses: list[str]) -> None:
         rpc.add_MatrixServicer_to_server(servicer, s)
         bound = await s.start_async(a)
         servers.append(s)
-        print(f"listening {shown(a, bound)}", flush=True)
+        print(f"listening {bound}", flush=True)  # the runtime resolves the port
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -31,6 +31,14 @@ import topspin
 T = 5.0  # every call's own deadline, unless the check says otherwise
 
 
+def next_or_error(s: Iterator[Any]) -> object:
+    """The stream's next message, or what it raised instead."""
+    try:
+        return next(s)
+    except BaseException as e:  # noqa: BLE001 - the caller looks at it
+        return e
+
+
 class Checks:
     def __init__(self, target: str, tag: Callable[[str], str]) -> None:
         self.target = target
@@ -67,8 +75,17 @@ class Checks:
         s = self.c.ServerStream(pb.StreamReq(hold=True, tag=t))
         took = time.monotonic() - t0
         expect(took < 1.0, f"the call was handed back after {took:.2f} s")
+        got: list[object] = []  # what a reader waiting for a message meanwhile gets
+        reader = threading.Thread(target=lambda: got.append(next_or_error(s)), daemon=True)
+        reader.start()
         time.sleep(0.2)
+        expect(reader.is_alive(), f"the quiet stream gave {got!r} before the cancel")
         s.cancel()
+        reader.join(1.0)
+        expect(not reader.is_alive(), "the cancel did not wake the reader within 1 s")
+        e = got[0]
+        cancelled = isinstance(e, topspin.StatusError) and e.code == topspin.Code.CANCELLED
+        expect(cancelled, f"after the cancel the reader got {e!r}")
         self.was_cancelled(t)
 
     def client_stream(self) -> None:

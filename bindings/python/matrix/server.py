@@ -3,8 +3,9 @@
     python matrix/server.py --listen tcp://127.0.0.1:0 --listen unix:///tmp/m.sock ...
 
 Serves matrix.v1.Matrix (`async def` handlers, on this process's event loop) on every
-`--listen` address (tcp://, unix://, ws://), prints `listening ADDR` for each, and runs until
-SIGTERM (or SIGINT), then exits 0 within 2 s.
+`--listen` address (tcp://, unix://, ws:// from pages of any origin), prints `listening ADDR`
+for each, and runs until SIGTERM (or SIGINT), then exits 0 within 2 s. Request compression:
+gzip and zstd are accepted, as the runtime does by default.
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ async def serve(addresses: list[str]) -> None:
     servicer = Matrix()
     servers = []
     for a in addresses:
-        s = topspin.Server()
+        # The contract's one change to the defaults that applies here: WebSocket upgrades
+        # from any origin (the Chromium client's page has an origin of its own).
+        s = topspin.Server(ws_allow_any_origin=True)
         rpc.add_MatrixServicer_to_server(servicer, s)
         bound = await s.start_async(a)
         servers.append(s)

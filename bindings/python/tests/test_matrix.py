@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, Iterator
 
 import pytest
+from conftest import ws_upgrade_status
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MATRIX = os.path.join(os.path.dirname(HERE), "matrix")
@@ -72,6 +73,11 @@ def test_client_passes_every_check(server: Dict[str, str], mode: str, transport:
     lines = r.stdout.splitlines()
     assert lines == [f"ok {c}" for c in CHECKS], r.stdout + r.stderr
     assert r.returncode == 0
+
+
+def test_websocket_upgrades_from_any_origin(server: Dict[str, str]) -> None:
+    """The contract: the Chromium client's page, of an origin of its own, may connect."""
+    assert ws_upgrade_status(server["ws"], "http://page.example") == 101
 
 
 def test_client_reports_failures_and_exits_1() -> None:

@@ -37,7 +37,9 @@ class Matrix(rpc.MatrixAsyncServicer):
 
     async def _wait(self, ctx: topspin.ServicerContext, tag: str, secs: Optional[float]) -> None:
         """Waits `secs` (None: forever) unless the call is cancelled or its deadline passes
-        first: then records `tag` and ends the call (CANCELLED / DEADLINE_EXCEEDED)."""
+        first: then records `tag` and ends the call. The runtime cancels the handler's task
+        (seen for a client's cancel and for a deadline); the context's `is_cancelled()` and
+        `time_remaining()` are looked at too, every 20 ms, in case they tell it first."""
         loop = asyncio.get_running_loop()
         end = None if secs is None else loop.time() + secs
         try:

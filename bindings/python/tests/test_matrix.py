@@ -80,12 +80,13 @@ def test_websocket_upgrades_from_any_origin(server: Dict[str, str]) -> None:
     assert ws_upgrade_status(server["ws"], "http://page.example") == 101
 
 
-def test_client_reports_failures_and_exits_1() -> None:
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_client_reports_failures_and_exits_1(mode: str) -> None:
     """Against an address nobody serves, every check fails on its own line, and soon."""
     with tempfile.TemporaryDirectory() as d:
         t0 = time.monotonic()
         r = subprocess.run(
-            [sys.executable, os.path.join(MATRIX, "client.py"), "--mode", "sync"]
+            [sys.executable, os.path.join(MATRIX, "client.py"), "--mode", mode]
             + ["--target", f"unix://{d}/nobody.sock"],
             capture_output=True,
             text=True,

@@ -4,6 +4,8 @@ it over every transport it serves, and its SIGTERM exit."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import os
 import signal
 import subprocess
@@ -11,10 +13,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Any, Dict, Iterator
 
 import pytest
 from conftest import ws_upgrade_status
+
+import topspin
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MATRIX = os.path.join(os.path.dirname(HERE), "matrix")
@@ -151,3 +155,32 @@ def test_matrix_programs_are_ruff_and_mypy_clean(tmp_path: Path) -> None:
             [sys.executable, "-m", *cmd], cwd=pkg, env=env, capture_output=True, text=True
         )
         assert r.returncode == 0, f"{' '.join(cmd)}:\n{r.stdout}{r.stderr}"
+
+
+def test_compression_check_sends_gzip_then_zstd() -> None:
+    """The compression check's requests do go compressed (the server sees their encoding),
+    with the blocking and the asyncio client; in process."""
+    sys.path.insert(0, MATRIX)
+    try:
+        common = importlib.import_module("common")
+        matrix_server = importlib.import_module("server")
+        checks_sync = importlib.import_module("checks_sync")
+        checks_asyncio = importlib.import_module("checks_asyncio")
+    finally:
+        sys.path.remove(MATRIX)
+    seen: list[object] = []
+
+    class Recording(matrix_server.Matrix):  # type: ignore[name-defined,misc]
+        async def Unary(self, request: Any, context: topspin.ServicerContext) -> Any:
+            seen.append(common.first(context.invocation_metadata(), "topspin-encoding"))
+            return await super().Unary(request, context)
+
+    server = topspin.Server()
+    matrix_server.rpc.add_MatrixServicer_to_server(Recording(), server)
+    address = server.start("tcp://127.0.0.1:0")
+    try:
+        checks_sync.Checks(address, str).compression()
+        asyncio.run(checks_asyncio.Checks(address, str).compression())
+    finally:
+        server.stop(1)
+    assert seen == ["gzip", "zstd", "gzip", "zstd"]

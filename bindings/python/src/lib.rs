@@ -1129,8 +1129,12 @@ impl Server {
     /// `on_call(method_index, call)` and `on_cancel(call_id)` run on the loop that drains
     /// `completer`.
     #[new]
+    /// `ws_allow_origins` (pages of these origins besides the server's own) and
+    /// `ws_allow_any_origin` (any page) widen which browser pages may open `ws://` and
+    /// `wss://` calls (WebSocketSettings::allow_origins / allow_any_origin).
     #[pyo3(signature = (completer, on_call, on_cancel, max_message_size=None, compression=None,
-        tls_cert_pem=None, tls_key_pem=None, tls_client_ca_pem=None))]
+        tls_cert_pem=None, tls_key_pem=None, tls_client_ca_pem=None, ws_allow_origins=None,
+        ws_allow_any_origin=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         completer: &Completer,
@@ -1141,6 +1145,8 @@ impl Server {
         tls_cert_pem: Option<PathBuf>,
         tls_key_pem: Option<PathBuf>,
         tls_client_ca_pem: Option<PathBuf>,
+        ws_allow_origins: Option<Vec<String>>,
+        ws_allow_any_origin: bool,
     ) -> PyResult<Server> {
         let bad = |e: &dyn std::fmt::Display| PyValueError::new_err(format!("topspin: {e}"));
         let mut b = topspin::Server::builder().config(config_of(max_message_size, compression)?);
@@ -1154,6 +1160,16 @@ impl Server {
             }
             (None, None) if tls_client_ca_pem.is_none() => {}
             _ => return Err(bad(&"a TLS server needs both cert_pem and key_pem")),
+        }
+        if ws_allow_origins.is_some() || ws_allow_any_origin {
+            let mut ws = topspin::ws::WebSocketSettings::default();
+            if let Some(origins) = ws_allow_origins {
+                ws = ws.allow_origins(origins);
+            }
+            if ws_allow_any_origin {
+                ws = ws.allow_any_origin();
+            }
+            b = b.websocket(ws);
         }
         Ok(Server {
             builder: Mutex::new(Some(b)),

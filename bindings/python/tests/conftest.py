@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -71,3 +72,17 @@ def kv_server(request: pytest.FixtureRequest) -> Iterator[str]:
         finally:
             p.terminate()
             p.wait(10)
+
+
+def ws_upgrade_status(address: str, origin: str) -> int:
+    """The HTTP status a WebSocket upgrade from a page of `origin` gets at `address`."""
+    hostport = address.split("://", 1)[1].split("/", 1)[0]
+    host, port = hostport.rsplit(":", 1)
+    head = (
+        f"GET / HTTP/1.1\r\nHost: {hostport}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Protocol: topspin.v1\r\nOrigin: {origin}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(head.encode())
+        return int(s.recv(4096).split(b"\r\n", 1)[0].split()[1])

@@ -10,11 +10,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import kv_server
 import pytest
-from conftest import KV_PROTO_DIR, binary
+from conftest import KV_PROTO_DIR, binary, ws_upgrade_status
 from kv.v1 import kv_pb2, kv_topspin
 
 import topspin
@@ -340,5 +340,33 @@ def test_blocking_handlers_run_concurrently() -> None:
             for t in ts:
                 t.join(20)
             assert sorted(out) == ["a", "b", "c"]
+    finally:
+        server.stop(1)
+
+
+ORIGINS = ["http://page.example", "http://localhost:8080", "http://other.example"]
+
+
+@pytest.mark.parametrize(
+    ("options", "accepted"),
+    [
+        ({}, []),
+        (
+            {"ws_allow_origins": ["http://page.example", "http://localhost:*"]},
+            ["http://page.example", "http://localhost:8080"],
+        ),
+        ({"ws_allow_any_origin": True}, ORIGINS),
+    ],
+)
+def test_websocket_origins(options: dict[str, Any], accepted: list[str]) -> None:
+    server = topspin.Server(**options)
+    kv_topspin.add_StoreServicer_to_server(kv_server.SyncStore(kv_server.Store()), server)
+    address = server.start("ws://127.0.0.1:0/")
+    try:
+        own = "http://" + address.split("://", 1)[1].split("/", 1)[0]
+        assert ws_upgrade_status(address, own) == 101  # the server's own origin, always
+        for origin in ORIGINS:
+            want = 101 if origin in accepted else 403
+            assert ws_upgrade_status(address, origin) == want, origin
     finally:
         server.stop(1)

@@ -9,7 +9,17 @@ import os
 import queue
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, NamedTuple, Optional
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+)
 
 from . import _native
 from ._client import PathLike, send_async
@@ -241,7 +251,11 @@ class Server:
     """A server for generated servicers (`add_XServicer_to_server`) or `MethodHandler`s.
 
     `compression` ("zstd" or "gzip") compresses responses to clients that accept it;
-    `tls` (a `ServerTls`) is needed to bind `tls://` and `wss://` addresses.
+    `tls` (a `ServerTls`) is needed to bind `tls://` and `wss://` addresses. Browser pages
+    may open `ws://`/`wss://` calls only from the server's own origin unless
+    `ws_allow_origins` (e.g. `["https://app.example.com", "http://localhost:*"]`) or
+    `ws_allow_any_origin=True` (any page: only for servers whose calls carry their own
+    credentials) say otherwise; clients that send no `Origin` are always accepted.
 
     `start(address)` serves from a thread of its own (its own asyncio loop for `async def`
     handlers; `def` handlers run on a thread pool of `max_workers`). Inside a running loop use
@@ -255,7 +269,11 @@ class Server:
         max_message_size: Optional[int] = None,
         compression: Optional[str] = None,
         tls: Optional[ServerTls] = None,
+        ws_allow_origins: Optional[Sequence[str]] = None,
+        ws_allow_any_origin: bool = False,
     ) -> None:
+        self._ws_allow_origins = None if ws_allow_origins is None else list(ws_allow_origins)
+        self._ws_allow_any_origin = ws_allow_any_origin
         self._methods: List[MethodHandler] = []
         self._async: List[bool] = []
         self._max_workers = max_workers
@@ -309,6 +327,8 @@ class Server:
             tls_client_ca_pem=(
                 None if tls is None or tls.client_ca_pem is None else os.fspath(tls.client_ca_pem)
             ),
+            ws_allow_origins=self._ws_allow_origins,
+            ws_allow_any_origin=self._ws_allow_any_origin,
         )
         for m in self._methods:
             n.add_method(m.name, m.kind)

@@ -30,8 +30,8 @@ rm -rf tests/gen_out
 $PY -m topspin.gen -I ../../examples/kvstore/proto kv/v1/kv.proto -o tests/gen_out >/dev/null
 $PY bench/bench.py --generate
 step "ruff"
-$PY -m ruff check python tests examples bench
-$PY -m ruff format --check python tests examples bench
+$PY -m ruff check python tests examples bench matrix
+$PY -m ruff format --check python tests examples bench matrix
 step "mypy (package, generated code, example, tests)"
 MYPYPATH=tests/gen_out:bench/gen_out:examples:tests $PY -m mypy python/topspin examples tests/gen_out bench tests/typed_use.py \
   tests/test_tls.py tests/test_config.py tests/test_stream_trailers.py

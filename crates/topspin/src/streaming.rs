@@ -188,6 +188,34 @@ impl<T> Streaming<T> {
             .transpose()
     }
 
+    /// Cancels the call this stream belongs to (client side), as dropping it would, but keeps
+    /// the handle: the server is sent CANCEL (its handler's cancellation fires), messages not
+    /// read yet are dropped, and the next [`Streaming::message`] returns `CANCELLED` ("cancelled
+    /// by the caller") — as a gRPC client sees a call it cancelled itself. Nothing happens once
+    /// the stream has ended. On a server's request stream: the rest of it is not read.
+    ///
+    /// ```no_run
+    /// # async fn f(channel: topspin::Channel) -> Result<(), topspin::Status> {
+    /// use bytes::Bytes;
+    /// use topspin::{codec::RawCodec, Code};
+    /// let mut updates = channel
+    ///     .server_streaming(RawCodec, "/feed.Feed/Subscribe", Bytes::from("prices"))
+    ///     .await?
+    ///     .into_inner();
+    /// let first = updates.message().await?;
+    /// updates.cancel(); // enough
+    /// assert_eq!(updates.message().await.unwrap_err().code(), Code::Cancelled);
+    /// # Ok(()) }
+    /// ```
+    pub fn cancel(&mut self) {
+        if self.done || matches!(self.head, Head::Failed(_)) {
+            return;
+        }
+        self.credit.abandon();
+        self.rx.close();
+        self.head = Head::Failed(Status::cancelled("cancelled by the caller"));
+    }
+
     /// The trailers, once the stream has ended successfully (client side).
     pub fn trailers(&self) -> Option<&Metadata> {
         self.trailers.as_ref()

@@ -86,6 +86,37 @@ async fn dropping_a_response_stream_cancels_the_call() {
     server.stop().await;
 }
 
+/// A caller that keeps its response stream can cancel through it and sees `CANCELLED`, as a
+/// gRPC client sees a call it cancelled itself; the call ends on the server (the connection's
+/// open calls drop to none) and the connection goes on.
+#[tokio::test]
+async fn a_caller_cancels_through_its_stream_and_sees_cancelled() {
+    use topspin::Code;
+    for t in BOTH {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server.channel().await;
+        let mut s = ch
+            .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("1000000:10")))
+            .await
+            .unwrap()
+            .into_inner();
+        s.message().await.unwrap().unwrap();
+        s.cancel();
+        let e = s.message().await.unwrap_err();
+        assert_eq!(e.code(), Code::Cancelled, "{e}");
+        assert!(
+            s.message().await.unwrap().is_none(),
+            "then the stream is over"
+        );
+        s.cancel(); // again: nothing
+        within(5, async {
+            assert_eq!(unary(&ch, UNARY, "next").await.unwrap(), bytes("next"));
+        })
+        .await;
+        server.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn a_handler_can_watch_for_cancellation() {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -173,15 +173,19 @@ async fn quiet_stream(cx: &Ctx) -> Outcome {
     };
     // The call must come back although the server sends nothing.
     let call = tokio::time::timeout(Duration::from_secs(2), cx.client.server_stream(cx.req(r)));
-    let stream = match call.await {
+    let mut stream = match call.await {
         Err(_) => {
             return Err("the call was not handed back within 2 s (waits for a message?)".into())
         }
         Ok(r) => r.map_err(|s| show(&s))?.into_inner(),
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    // Dropping the stream cancels the call.
-    drop(stream);
+    // Cancelled through the handle the caller keeps: it then reports CANCELLED.
+    stream.cancel();
+    match stream.message().await {
+        Err(s) if s.code() == topspin::Code::Cancelled => {}
+        other => return Err(format!("after cancel(): {other:?}, not CANCELLED")),
+    }
     cx.wait_cancelled(&tag).await
 }
 

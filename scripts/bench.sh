@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark: topspin against the raw-socket floor and tonic, tarpc, capnp-rpc and Thrift,
-# side by side on this machine (crates/topspin-bench/README.md, shared/benchmarks.md).
+# side by side on this machine (crates/topspin-bench/README.md; workloads, method and the JSON
+# report: docs/benchmarks.md).
 #
 #   scripts/bench.sh                 --quick (under 90 s): table on stdout, bench-out/quick.json,
 #                                    PNG plots in bench-out/

@@ -1,5 +1,5 @@
 //! `topspin-bench`: topspin against the raw-socket floor and tonic, tarpc, capnp-rpc and Thrift,
-//! on the workloads of `shared/benchmarks.md`. See README.md.
+//! on the workloads of `docs/benchmarks.md` (method and JSON report there too). See README.md.
 //!
 //! The driver starts one peer process per system (each hosts that system's server and client,
 //! built as its own Cargo package so features never unify across peers; with
@@ -395,7 +395,7 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
        topspin-bench --callgrind [--bin-dir DIR]
        topspin-bench --syscalls [--systems ...] [--bin-dir DIR]
 
-  (default)    the full run: every workload and size of shared/benchmarks.md (~12 min)
+  (default)    the full run: every workload and size of docs/benchmarks.md (~12 min)
   --quick      echo 20/20000/2000000, answer, blob 1 MiB, structs, throughput (1,64), burst,
                allocs; every system; under 90 s
   --smoke      every workload, few calls, one repetition: checks every system returns correct

@@ -4,7 +4,7 @@ use crate::{Item, PEERS};
 use serde::Serialize;
 use topspin_bench_common::Outcome;
 
-/// The JSON document (schema of shared/benchmarks.md).
+/// The JSON document (its schema is described in docs/benchmarks.md).
 #[derive(Serialize)]
 pub(crate) struct Run {
     pub(crate) version: u32,

@@ -54,6 +54,10 @@ func ParseTarget(target string) (network, addr string, err error) {
 		return "tcp", strings.TrimPrefix(target, "tcp://"), nil
 	case strings.HasPrefix(target, "unix://"):
 		return "unix", strings.TrimPrefix(target, "unix://"), nil
+	case strings.HasPrefix(target, "unix:@"):
+		// A Linux abstract socket, as the other implementations write it (Go's net
+		// package names it with a leading '@').
+		return "unix", strings.TrimPrefix(target, "unix:"), nil
 	case strings.Contains(target, "://"):
 		return "", "", fmt.Errorf("topspin: unsupported scheme in %q (tcp://, tls:// or unix://)", target)
 	}

@@ -5,11 +5,14 @@ package topspin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/topspin-rpc/topspin/go/topspin"
 )
@@ -84,5 +87,39 @@ func TestUnixSocketPathsAreBoundSafely(t *testing.T) {
 	_ = l2.Close()
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("closing a listener removed another server's socket file: %v", err)
+	}
+}
+
+// "unix:@name" (the form the Rust, Python and TypeScript runtimes and protocol.md use) is a
+// Linux abstract socket, for Listen and Dial alike.
+func TestAbstractUnixTargets(t *testing.T) {
+	network, addr, err := topspin.ParseTarget("unix:@topspin-go-test")
+	if err != nil || network != "unix" || addr != "@topspin-go-test" {
+		t.Fatalf("ParseTarget: %q %q %v", network, addr, err)
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("abstract sockets are Linux's")
+	}
+	name := fmt.Sprintf("unix:@topspin-go-test-%d", os.Getpid())
+	l, err := topspin.Listen(name)
+	if err != nil {
+		t.Fatalf("Listen(%s): %v", name, err)
+	}
+	srv := topspin.NewServer()
+	srv.Handle("/t.S/Echo", topspin.UnaryRaw(func(_ context.Context, _ topspin.Metadata, req []byte) ([]byte, error) {
+		return req, nil
+	}), topspin.CodecRaw)
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cc, err := topspin.Dial(ctx, name)
+	if err != nil {
+		t.Fatalf("Dial(%s): %v", name, err)
+	}
+	defer func() { _ = cc.Close() }()
+	out, err := cc.InvokeRaw(ctx, "/t.S/Echo", []byte("hi"), topspin.WithCodec(topspin.CodecRaw))
+	if err != nil || string(out) != "hi" {
+		t.Fatalf("echo over %s: %q %v", name, out, err)
 	}
 }

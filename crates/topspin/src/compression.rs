@@ -73,6 +73,16 @@ pub struct Compression {
     threshold: u32,
 }
 
+impl Encoding {
+    /// This encoding's bit in a set of them.
+    pub(crate) fn bit(self) -> u8 {
+        match self {
+            Encoding::Zstd => 1,
+            Encoding::Gzip => 2,
+        }
+    }
+}
+
 impl Compression {
     /// Compress messages of at least 1 KiB with `encoding`.
     pub fn new(encoding: Encoding) -> Compression {
@@ -447,6 +457,11 @@ pub(crate) struct Compressed<C> {
     pub(crate) send: Option<Compression>,
     pub(crate) recv: Option<Encoding>,
     pub(crate) room: Room,
+    /// Server: the encodings the client accepts (a bit per [`Encoding`]).
+    pub(crate) accepts: u8,
+    /// Server: the call's face compresses the messages itself (gRPC's frames): a handler's
+    /// choice goes to it as a marker in the response headers.
+    pub(crate) face_compresses: bool,
 }
 
 impl<C: Codec> Codec for Compressed<C> {
@@ -500,6 +515,8 @@ impl<C: Codec> Compressed<C> {
                 send: None,
                 recv: None,
                 room: Room::default(),
+                accepts: 0,
+                face_compresses: false,
             });
         }
         Compressed::negotiate(inner, md, ours, room())
@@ -520,12 +537,43 @@ impl<C: Codec> Compressed<C> {
             s.with_metadata(trailers)
         })?;
         let send = ours.filter(|c| accepts(md, c.encoding()));
+        let accepts = [Encoding::Gzip, Encoding::Zstd]
+            .into_iter()
+            .filter(|e| accepts(md, *e))
+            .fold(0, |bits, e| bits | e.bit());
         Ok(Compressed {
             inner,
             send,
             recv,
             room,
+            accepts,
+            face_compresses: false,
         })
+    }
+
+    /// Server: the response as the handler chose with [`Response::with_compression`]
+    /// (`choice`; `None`: as negotiated): compressed with that encoding if the client accepts
+    /// it, else not at all. On a face that compresses itself, the choice goes in `headers` as
+    /// a `topspin-encoding` marker (the face reads it and never sends it).
+    ///
+    /// [`Response::with_compression`]: crate::Response::with_compression
+    pub(crate) fn respond_with(
+        mut self,
+        choice: Option<Option<Compression>>,
+        headers: Metadata,
+    ) -> (Compressed<C>, Metadata) {
+        let Some(choice) = choice else {
+            return (self, headers);
+        };
+        if self.face_compresses {
+            let marker = choice.map_or_else(
+                || "identity".to_owned(),
+                |c| format!("{}:{}", c.encoding().name(), c.threshold()),
+            );
+            return (self, with_entry(headers, ENCODING_KEY, &marker));
+        }
+        self.send = choice.filter(|c| self.accepts & c.encoding().bit() != 0);
+        (self, headers)
     }
 
     /// Server: adds `topspin-encoding` to the response headers when responses are compressed.

@@ -167,6 +167,23 @@ impl<T> Request<T> {
         self.ctx.as_ref().map(|c| c.conn.protocol)
     }
 
+    /// Server: the encoding the request's messages came in (`topspin-encoding` on the native
+    /// face, `grpc-encoding` on the gRPC face); `None` when they came uncompressed (and on a
+    /// client's request).
+    ///
+    /// ```
+    /// use topspin::Request;
+    /// assert_eq!(Request::new(()).encoding(), None);
+    /// ```
+    pub fn encoding(&self) -> Option<crate::Encoding> {
+        let ctx = self.ctx.as_ref()?;
+        ctx.encoding.or_else(|| {
+            crate::compression::encoding_of(&self.metadata)
+                .ok()
+                .flatten()
+        })
+    }
+
     /// Server: the full method name, e.g. `/kv.Store/Get`.
     pub fn method(&self) -> Option<&str> {
         self.ctx.as_ref().map(|c| &*c.method)
@@ -288,6 +305,9 @@ where
 #[derive(Clone, Debug)]
 pub(crate) struct ServerContext {
     pub(crate) deadline: Option<Instant>,
+    /// The request's encoding when the face read it out of the metadata (gRPC); the native
+    /// face leaves `topspin-encoding` in the metadata, where [`Request::encoding`] finds it.
+    pub(crate) encoding: Option<crate::Encoding>,
     pub(crate) method: bytestring::ByteString,
     pub(crate) cancel: Cancellation,
     /// What every call of its connection shares (one reference count per call, and a small
@@ -405,6 +425,8 @@ pub struct Response<T> {
     message: T,
     metadata: Metadata,
     trailers: Metadata,
+    /// Server: the compression of this call's response messages, when the handler chose it.
+    compression: Option<Option<Compression>>,
 }
 
 impl<T> Response<T> {
@@ -414,6 +436,7 @@ impl<T> Response<T> {
             message,
             metadata: Metadata::new(),
             trailers: Metadata::new(),
+            compression: None,
         }
     }
 
@@ -427,6 +450,27 @@ impl<T> Response<T> {
     pub fn with_trailers(mut self, trailers: Metadata) -> Response<T> {
         self.trailers = trailers;
         self
+    }
+
+    /// Server: compresses this call's response messages with `compression` (`None`: not at
+    /// all) instead of the server's [`Config::compression`](crate::Config::compression) — if
+    /// the client accepts that encoding (it says so in its request); otherwise they go
+    /// uncompressed. On every face: native (`topspin-encoding`) and gRPC (`grpc-encoding`).
+    ///
+    /// ```
+    /// use topspin::{Compression, Encoding, Response};
+    /// let r = Response::new(vec![0u8; 100_000]).with_compression(Some(Compression::new(Encoding::Gzip)));
+    /// let small = Response::new(vec![1u8]).with_compression(None); // not worth it
+    /// # let _ = (r, small);
+    /// ```
+    pub fn with_compression(mut self, compression: Option<Compression>) -> Response<T> {
+        self.compression = Some(compression);
+        self
+    }
+
+    /// The compression the handler chose, if it chose.
+    pub(crate) fn compression_choice(&self) -> Option<Option<Compression>> {
+        self.compression
     }
 
     /// The message.
@@ -468,6 +512,7 @@ impl<T> Response<T> {
             message: f(self.message),
             metadata: self.metadata,
             trailers: self.trailers,
+            compression: self.compression,
         }
     }
 
@@ -480,6 +525,7 @@ impl<T> Response<T> {
             message,
             metadata,
             trailers,
+            compression: None,
         }
     }
 }

@@ -289,3 +289,42 @@ async fn decompressed_requests_are_held_to_the_memory_budget() {
     assert_eq!(budget.used(), 0, "all given back");
     h.shutdown(std::time::Duration::from_secs(1)).await;
 }
+
+/// A handler chooses its call's response compression (`Response::with_compression`) and sees
+/// the request's (`Request::encoding`), whatever the server's default: gRPC's per-call
+/// compression, on the native face.
+#[tokio::test]
+async fn a_handler_chooses_its_response_compression_and_sees_the_requests() {
+    use topspin::Response;
+    const CHOOSES: &str = "/t.C/Chooses";
+    let b = builder(Probe::default())
+        .config(Config::default().with_compression(Some(Compression::new(Encoding::Zstd))))
+        .unary(CHOOSES, RawCodec, |req: Request<bytes::Bytes>| async move {
+            let came = req.encoding().map_or("none", |e| e.name());
+            let body = bytes::Bytes::from(format!("{came}:").repeat(400));
+            let choice = match came {
+                "gzip" => Some(Compression::new(Encoding::Gzip).with_threshold(0)),
+                _ => None,
+            };
+            Ok(Response::new(body).with_compression(choice))
+        });
+    let t = serve(b, Transport::Tcp).await;
+    // A gzip client: its request arrives gzip, and the handler answers in gzip although the
+    // server's default is zstd.
+    let ch = channel(&t, Some(Compression::new(Encoding::Gzip).with_threshold(0))).await;
+    let r = ch
+        .unary(RawCodec, CHOOSES, Request::new(body(4096)))
+        .await
+        .unwrap();
+    assert!(r.get_ref().starts_with(b"gzip:"), "{:?}", &r.get_ref()[..8]);
+    assert_eq!(encoding(r.metadata()), Some("gzip"));
+    // A zstd client: the handler chooses no compression for it.
+    let ch = channel(&t, Some(Compression::new(Encoding::Zstd).with_threshold(0))).await;
+    let r = ch
+        .unary(RawCodec, CHOOSES, Request::new(body(4096)))
+        .await
+        .unwrap();
+    assert!(r.get_ref().starts_with(b"zstd:"), "{:?}", &r.get_ref()[..8]);
+    assert_eq!(encoding(r.metadata()), None, "answered uncompressed");
+    t.stop().await;
+}

@@ -865,3 +865,59 @@ async fn trailers_of_a_stream_that_ends_in_an_error_reach_a_grpc_client() {
     assert_eq!(e.metadata().get("from-response").unwrap(), "r");
     s.stop().await;
 }
+
+/// On the gRPC face as on the native one: the handler sees the request's `grpc-encoding`
+/// (`Request::encoding`) and chooses its response's (`Response::with_compression`), over the
+/// server's default — the interop suite's per-call compression.
+#[tokio::test]
+async fn a_handler_chooses_its_grpc_response_compression() {
+    use tonic::codec::CompressionEncoding;
+    let s = start(
+        |b| {
+            b.config(Config::default().with_compression(Some(Compression::new(Encoding::Zstd))))
+                .unary(
+                    "/t.T/Chooses",
+                    Codec::default(),
+                    |req: Request<String>| async move {
+                        let came = req.encoding().map_or("none", |e| e.name()).to_owned();
+                        let choice = (came == "gzip")
+                            .then(|| Compression::new(Encoding::Gzip).with_threshold(0));
+                        Ok(Response::new(came).with_compression(choice))
+                    },
+                )
+        },
+        "tcp://127.0.0.1:0",
+    )
+    .await;
+    let mut g = s
+        .tonic()
+        .await
+        .send_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd);
+    let r = unary(
+        &mut g,
+        "/t.T/Chooses",
+        tonic::Request::new("x".repeat(2000)),
+    )
+    .await
+    .expect("call");
+    assert_eq!(r.metadata().get("grpc-encoding").unwrap(), "gzip");
+    assert_eq!(r.into_inner(), "gzip");
+    // Uncompressed request: the handler chooses none, though zstd is the server's default.
+    let mut g = s.tonic().await.accept_compressed(CompressionEncoding::Zstd);
+    let r = unary(
+        &mut g,
+        "/t.T/Chooses",
+        tonic::Request::new("x".repeat(2000)),
+    )
+    .await
+    .expect("call");
+    assert!(
+        r.metadata().get("grpc-encoding").is_none(),
+        "{:?}",
+        r.metadata()
+    );
+    assert_eq!(r.into_inner(), "none");
+    s.stop().await;
+}

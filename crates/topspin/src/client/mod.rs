@@ -104,6 +104,8 @@ fn pump<C: Codec, S>(
                 send: Some(c),
                 recv: None,
                 room: compression::Room::default(),
+                accepts: 0,
+                face_compresses: false,
             },
             tx,
             token,
@@ -612,6 +614,8 @@ fn decoder_for<C: Codec>(
             send: None,
             recv: Some(e),
             room,
+            accepts: 0,
+            face_compresses: false,
         }),
     })
 }

@@ -522,11 +522,15 @@ impl Face {
             Err(st) => return trailers_only(&mut respond, &st, true),
         };
         let negotiating = recv.is_some() || headers.contains_key("grpc-accept-encoding");
-        let send = wire::response_compression(headers, self.compression);
+        let accepts = wire::accepted_encodings(headers);
+        let send = self
+            .compression
+            .filter(|c| accepts & c.encoding().bit() != 0);
         let metadata = wire::metadata_from_headers(headers);
         let cancel = Cancellation::default();
         let ctx = ServerContext {
             deadline,
+            encoding: recv,
             method: bytestring::ByteString::from(method),
             cancel: cancel.clone(),
             conn: self.context.clone(),
@@ -536,6 +540,7 @@ impl Face {
             out: Out::Head(respond),
             send,
             recv,
+            accepts,
             negotiating,
             guard: CancelGuard {
                 cancel,
@@ -607,6 +612,8 @@ struct Call {
     out: Out,
     send: Option<Compression>,
     recv: Option<Encoding>,
+    /// The encodings the client accepts (`grpc-accept-encoding`, a bit per encoding).
+    accepts: u8,
     negotiating: bool,
     guard: CancelGuard,
 }
@@ -947,6 +954,11 @@ impl Call {
     fn headers(&mut self, md: &Metadata) -> bool {
         match std::mem::replace(&mut self.out, Out::Closed) {
             Out::Head(mut respond) => {
+                // The handler's own choice (`Response::with_compression`), if the client
+                // accepts it.
+                if let Some(choice) = wire::chosen_compression(md) {
+                    self.send = choice.filter(|c| self.accepts & c.encoding().bit() != 0);
+                }
                 let mut resp = http::Response::new(());
                 *resp.headers_mut() = wire::response_headers(md, self.send, self.negotiating);
                 match respond.send_response(resp, false) {

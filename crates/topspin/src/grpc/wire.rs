@@ -117,21 +117,30 @@ pub(crate) fn request_encoding(headers: &HeaderMap) -> Result<Option<Encoding>, 
     })
 }
 
-/// The server's compression for a call, if the client listed its encoding in
-/// `grpc-accept-encoding`.
-#[cfg(feature = "grpc")]
-pub(crate) fn response_compression(
-    headers: &HeaderMap,
-    ours: Option<Compression>,
-) -> Option<Compression> {
-    let c = ours?;
-    let accepted = headers
+/// The encodings a client's `grpc-accept-encoding` names (a bit per [`Encoding`]).
+pub(crate) fn accepted_encodings(headers: &HeaderMap) -> u8 {
+    headers
         .get_all("grpc-accept-encoding")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|n| n.trim() == c.encoding().name());
-    accepted.then_some(c)
+        .filter_map(|n| Encoding::from_name(n.trim()))
+        .fold(0, |bits, e| bits | e.bit())
+}
+
+/// The response compression a handler chose ([`crate::Response::with_compression`]), from
+/// the marker its codec put in the response headers (`topspin-encoding: NAME:THRESHOLD`, never
+/// sent on this face): `None` when it did not choose; `Some(None)` for none.
+pub(crate) fn chosen_compression(md: &topspin_proto::Metadata) -> Option<Option<Compression>> {
+    let marker = md.get_str(compression::ENCODING_KEY)?;
+    let (name, threshold) = marker.split_once(':').unwrap_or((marker, ""));
+    Some(Encoding::from_name(name.trim()).map(|e| {
+        let c = Compression::new(e);
+        match threshold.trim().parse::<u32>() {
+            Ok(t) => c.with_threshold(t),
+            Err(_) => c,
+        }
+    }))
 }
 
 /// Headers that are HTTP's or gRPC's, not the application's metadata: left out of the

@@ -273,6 +273,7 @@ impl ServerRole {
     fn ctx(&mut self, method: bytestring::ByteString, deadline: Option<Instant>) -> ServerContext {
         ServerContext {
             deadline,
+            encoding: None,
             method,
             cancel: self.cancel_pool.pop().unwrap_or_default(),
             conn: self.context.clone(),

@@ -272,7 +272,9 @@ fn reply<C: Codec>(
     fut.map(move |r| {
         Outcome::Reply(match r {
             Ok(r) => {
+                let choice = r.compression_choice();
                 let (m, h, t) = r.into_parts();
+                let (codec, h) = codec.respond_with(choice, h);
                 codec.encode_payload(m).map(|b| (b, codec.announce(h), t))
             }
             Err(s) => Err(s),
@@ -286,7 +288,10 @@ fn call_codec<C: Codec>(
     md: &Metadata,
     ctx: &ServerContext,
 ) -> Result<Compressed<C>, Status> {
-    Compressed::for_server_call(codec.clone(), md, ctx.conn.compression, || ctx.conn.room())
+    let mut c =
+        Compressed::for_server_call(codec.clone(), md, ctx.conn.compression, || ctx.conn.room())?;
+    c.face_compresses = ctx.conn.protocol == crate::Protocol::Grpc;
+    Ok(c)
 }
 
 async fn stream_out<C, S>(
@@ -302,7 +307,9 @@ where
         Ok(r) => r,
         Err(s) => return Outcome::Finished(Err(s)),
     };
+    let choice = resp.compression_choice();
     let (stream, headers, trailers) = resp.into_parts();
+    let (codec, headers) = codec.respond_with(choice, headers);
     // Headers go at once, so a client waiting for the stream to open is not held up until the
     // first message.
     io.headers(codec.announce(headers)).await;

@@ -141,7 +141,13 @@ func (s ClientStreamOf[Req, Resp]) CloseAndRecv() (*Resp, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.ClientStream.Recv(); err != io.EOF {
+	var err2 error
+	if w := s.ClientStream.w; w != nil { // an interceptor's wrapper sees the end
+		err2 = w.RecvMsg(any(new(Resp)).(proto.Message))
+	} else {
+		_, err2 = s.ClientStream.Recv()
+	}
+	if err := err2; err != io.EOF {
 		if err == nil {
 			return nil, &Status{Code: Internal, Message: "more than one response"}
 		}

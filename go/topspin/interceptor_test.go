@@ -443,3 +443,44 @@ func TestServerStreamInterceptors(t *testing.T) {
 		})
 	}
 }
+
+// TestUnaryInterceptorMisuse: an interceptor that passes on a request of another type, or
+// returns no response without an error, ends the call INTERNAL naming it; one that panics
+// ends it INTERNAL too.
+func TestUnaryInterceptorMisuse(t *testing.T) {
+	misuse := func(ctx context.Context, req any, info *topspin.UnaryServerInfo, h topspin.UnaryHandler) (any, error) {
+		switch string(req.([]byte)) {
+		case "swap":
+			return h(ctx, "not bytes")
+		case "nothing":
+			return nil, nil
+		case "panic":
+			panic("in an interceptor")
+		}
+		return h(ctx, req)
+	}
+	s := topspin.NewServer(topspin.UnaryInterceptor(misuse))
+	s.Handle("/t.Raw/Echo", topspin.UnaryRaw(func(_ context.Context, _ topspin.Metadata, req []byte) ([]byte, error) {
+		return req, nil
+	}), topspin.CodecRaw)
+	l, err := topspin.Listen("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	cc, err := topspin.Dial(ctx10(t), "tcp://"+l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	for req, want := range map[string]string{"swap": "passed string", "nothing": "returned <nil>", "panic": "panicked"} {
+		_, err := cc.InvokeRaw(ctx10(t), "/t.Raw/Echo", []byte(req), topspin.WithCodec(topspin.CodecRaw))
+		if st := topspin.StatusOf(err); st == nil || st.Code != topspin.Internal || !strings.Contains(st.Message, want) {
+			t.Fatalf("%s: %v", req, err)
+		}
+	}
+	if out, err := cc.InvokeRaw(ctx10(t), "/t.Raw/Echo", []byte("ok"), topspin.WithCodec(topspin.CodecRaw)); err != nil || string(out) != "ok" {
+		t.Fatal(out, err)
+	}
+}

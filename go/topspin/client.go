@@ -116,6 +116,9 @@ type ClientConn struct {
 	retryAt  time.Time
 	lastErr  error
 	closed   bool
+
+	unaryChain  UnaryClientInterceptor  // the interceptors as one (nil: none)
+	streamChain StreamClientInterceptor // (client_interceptor.go)
 }
 
 // Dial connects to target ("tcp://host:port", "unix:///path" or "host:port") and completes
@@ -129,6 +132,7 @@ func Dial(ctx context.Context, target string, opts ...Option) (*ClientConn, erro
 	for _, o := range opts {
 		o(&cc.opts)
 	}
+	cc.unaryChain, cc.streamChain = cc.opts.icpt.clientUnaryChain(), cc.opts.icpt.clientStreamChain()
 	if e := cc.opts.compress; e != "" && !wire.SupportedEncoding(e) {
 		return nil, fmt.Errorf("topspin: unknown compression %q (zstd, gzip)", e)
 	}
@@ -376,6 +380,7 @@ func Trailer(md *Metadata) CallOption { return func(o *callOptions) { o.trailer 
 
 // ClientStream is one call seen from the client: Send, CloseSend, Recv.
 type ClientStream struct {
+	w       ClientStreamer // a stream interceptor's wrapper: every method goes to it
 	s       stream
 	ctx     context.Context
 	stop    func() bool
@@ -486,8 +491,14 @@ func (cc *ClientConn) startCall(ctx context.Context, cs *ClientStream, method st
 }
 
 // NewStream starts a call of any kind; the caller sends with Send / SendMsg, ends its side
-// with CloseSend and reads with Recv / RecvMsg until io.EOF (OK) or a *Status error.
+// with CloseSend and reads with Recv / RecvMsg until io.EOF (OK) or a *Status error. The
+// client's stream interceptors open it (and may wrap it).
 func (cc *ClientConn) NewStream(ctx context.Context, method string, opts ...CallOption) (*ClientStream, error) {
+	return cc.openStream(ctx, &StreamDesc{ClientStreams: true, ServerStreams: true}, method, opts...)
+}
+
+// newStream is NewStream without the interceptors.
+func (cc *ClientConn) newStream(ctx context.Context, method string, opts ...CallOption) (*ClientStream, error) {
 	cs := &ClientStream{ctx: ctx}
 	cs.s.init(make(chan struct{}, 1))
 	for _, o := range opts {
@@ -516,7 +527,13 @@ func (cs *ClientStream) cancel(cause error) {
 }
 
 // CancelCall abandons the call: CANCEL CANCELLED goes to the server.
-func (cs *ClientStream) CancelCall() { cs.cancel(context.Canceled) }
+func (cs *ClientStream) CancelCall() {
+	if cs.w != nil {
+		cs.w.CancelCall()
+		return
+	}
+	cs.cancel(context.Canceled)
+}
 
 func (cs *ClientStream) send(msg []byte, last bool) error {
 	c := cs.s.c
@@ -609,10 +626,18 @@ func (cs *ClientStream) flushPending() error {
 // Send sends one message. msg must not be changed afterwards, even once the call is over
 // (a large one is written from the caller's memory, as with grpc-go's SendMsg). It
 // returns io.EOF when the call is over: Recv then tells its status.
-func (cs *ClientStream) Send(msg []byte) error { return cs.send(msg, false) }
+func (cs *ClientStream) Send(msg []byte) error {
+	if cs.w != nil {
+		return cs.w.Send(msg)
+	}
+	return cs.send(msg, false)
+}
 
 // SendMsg marshals m with protobuf and sends it.
 func (cs *ClientStream) SendMsg(m proto.Message) error {
+	if cs.w != nil {
+		return cs.w.SendMsg(m)
+	}
 	b, err := proto.Marshal(m)
 	if err != nil {
 		return &Status{Code: Internal, Message: "marshal: " + err.Error()}
@@ -622,6 +647,9 @@ func (cs *ClientStream) SendMsg(m proto.Message) error {
 
 // CloseSend says the client sends no more messages.
 func (cs *ClientStream) CloseSend() error {
+	if cs.w != nil {
+		return cs.w.CloseSend()
+	}
 	c := cs.s.c
 	c.mu.Lock()
 	err := c.eng.HalfClose(cs.s.id)
@@ -634,6 +662,9 @@ func (cs *ClientStream) CloseSend() error {
 
 // Recv returns the next message; io.EOF when the call ended with OK, else a *Status.
 func (cs *ClientStream) Recv() ([]byte, error) {
+	if cs.w != nil {
+		return cs.w.Recv()
+	}
 	c := cs.s.c
 	for {
 		c.mu.Lock()
@@ -692,6 +723,9 @@ func (cs *ClientStream) finish() {
 
 // RecvMsg receives the next message into m (protobuf).
 func (cs *ClientStream) RecvMsg(m proto.Message) error {
+	if cs.w != nil {
+		return cs.w.RecvMsg(m)
+	}
 	b, err := cs.Recv()
 	if err != nil {
 		return err
@@ -704,6 +738,9 @@ func (cs *ClientStream) RecvMsg(m proto.Message) error {
 
 // Header waits for the response headers (empty if the server sent none).
 func (cs *ClientStream) Header() (Metadata, error) {
+	if cs.w != nil {
+		return cs.w.Header()
+	}
 	c := cs.s.c
 	for {
 		c.mu.Lock()
@@ -730,6 +767,9 @@ func (cs *ClientStream) Header() (Metadata, error) {
 
 // Trailer is the trailers of the call, once Recv returned io.EOF or a status.
 func (cs *ClientStream) Trailer() Metadata {
+	if cs.w != nil {
+		return cs.w.Trailer()
+	}
 	c := cs.s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -746,7 +786,18 @@ var unaryPool = sync.Pool{New: func() any {
 // A large req is written from the caller's memory: do not change it afterwards (as with
 // grpc-go's SendMsg); a call that ended early (cancelled, deadline) may still be writing
 // it. Invoke and the generated clients marshal into a fresh buffer and have no such rule.
+// The client's unary interceptors see req as []byte and the reply as *[]byte.
 func (cc *ClientConn) InvokeRaw(ctx context.Context, method string, req []byte, opts ...CallOption) ([]byte, error) {
+	if cc.unaryChain != nil {
+		var out []byte
+		err := cc.unaryChain(ctx, method, req, &out, cc, invokeAny, opts...)
+		return out, err
+	}
+	return cc.invokeRaw(ctx, method, req, opts...)
+}
+
+// invokeRaw is InvokeRaw without the interceptors.
+func (cc *ClientConn) invokeRaw(ctx context.Context, method string, req []byte, opts ...CallOption) ([]byte, error) {
 	cs := unaryPool.Get().(*ClientStream)
 	cs.ctx = ctx
 	for _, o := range opts {
@@ -815,13 +866,22 @@ func (cc *ClientConn) invoke(cs *ClientStream, method string, req []byte) ([]byt
 	return resp, nil
 }
 
-// Invoke makes a unary call with protobuf messages.
+// Invoke makes a unary call with protobuf messages (through the client's unary
+// interceptors, which see req and resp).
 func (cc *ClientConn) Invoke(ctx context.Context, method string, req, resp proto.Message, opts ...CallOption) error {
+	if cc.unaryChain != nil {
+		return cc.unaryChain(ctx, method, req, resp, cc, invokeAny, opts...)
+	}
+	return cc.invokeProto(ctx, method, req, resp, opts...)
+}
+
+// invokeProto is Invoke without the interceptors.
+func (cc *ClientConn) invokeProto(ctx context.Context, method string, req, resp proto.Message, opts ...CallOption) error {
 	b, err := proto.Marshal(req)
 	if err != nil {
 		return &Status{Code: Internal, Message: "marshal: " + err.Error()}
 	}
-	out, err := cc.InvokeRaw(ctx, method, b, opts...)
+	out, err := cc.invokeRaw(ctx, method, b, opts...)
 	if err != nil {
 		return err
 	}

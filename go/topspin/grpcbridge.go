@@ -46,7 +46,7 @@ func (s *Server) bridge(_ any, gs grpc.ServerStream) error {
 	}
 	s.compressFor(ctx)
 	g := &grpcCall{gs: gs, ctx: ctx, budget: s.opts.memoryBudget()}
-	ss := &ServerStream{method: method, md: fromGRPCMetadata(in), g: g}
+	ss := &ServerStream{method: method, md: fromGRPCMetadata(in), g: g, srv: s, kind: entry.kind}
 	ss.deadline, ss.hasDL = ctx.Deadline()
 	s.grpcCalls.Add(1)
 	defer s.grpcCalls.Add(-1)
@@ -78,7 +78,7 @@ func callHandler(h Handler, ss *ServerStream) (err error) {
 			err = &Status{Code: Internal, Message: fmt.Sprint("handler panicked: ", r)}
 		}
 	}()
-	return h(ss)
+	return runHandler(h, ss)
 }
 
 // grpcCodec is the topspin codec of a gRPC call's content-type.

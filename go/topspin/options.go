@@ -28,6 +28,8 @@ type options struct {
 	maxConns     int
 	unixMode     uint32
 	grpcOff      bool // no gRPC face (grpcface.go)
+
+	icpt interceptorOptions // (interceptor.go)
 }
 
 // Defaults of the bounds (the Rust runtime's, topspin::Config; the idle timeout is on here).

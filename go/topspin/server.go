@@ -24,6 +24,7 @@ type Handler func(ss *ServerStream) error
 type handlerEntry struct {
 	codecs []uint8
 	h      Handler
+	kind   handlerKind
 }
 
 // Server serves calls on any number of listeners.
@@ -47,6 +48,9 @@ type Server struct {
 	sniffing  int          // connections whose first byte is awaited
 	grpcCalls atomic.Int64 // calls open on the gRPC face
 	health    *Health
+
+	unaryChain  UnaryServerInterceptor  // the interceptors as one (nil: none)
+	streamChain StreamServerInterceptor // (interceptor.go)
 }
 
 // NewServer makes a server; register methods with Handle (or generated Register functions)
@@ -58,6 +62,7 @@ func NewServer(opts ...Option) *Server {
 	for _, o := range opts {
 		o(&s.opts)
 	}
+	s.unaryChain, s.streamChain = s.opts.icpt.serverUnaryChain(), s.opts.icpt.serverStreamChain()
 	return s
 }
 
@@ -67,7 +72,7 @@ func (s *Server) Handle(method string, h Handler, codecs ...uint8) {
 	if len(codecs) == 0 {
 		codecs = []uint8{CodecProto}
 	}
-	s.handlers[method] = handlerEntry{codecs: codecs, h: h}
+	s.handlers[method] = handlerEntry{codecs: codecs, h: h, kind: kindOf(h)}
 }
 
 // Serve accepts connections on l until it is closed or the server stops.
@@ -250,6 +255,9 @@ func (s *Server) Stop() {
 type ServerStream struct {
 	s       stream
 	g       *grpcCall // the call's gRPC face (nil: native)
+	srv     *Server
+	kind    handlerKind
+	wrapped ServerStreamer // a stream interceptor's wrapper (nil: none)
 	method  string
 	md      Metadata
 	header  Metadata
@@ -351,7 +359,7 @@ func (s *Server) serverEvent(c *conn, ev *wire.Event) {
 			_ = c.eng.EndCall(ev.CallID, Unimplemented, fmt.Sprintf("codec %d not supported by %s", ev.Codec, ev.Method), nil)
 			return
 		}
-		ss := &ServerStream{method: ev.Method, md: ev.Metadata}
+		ss := &ServerStream{method: ev.Method, md: ev.Metadata, srv: s, kind: entry.kind}
 		if !s.negotiate(c, ev, ss) {
 			return
 		}
@@ -709,27 +717,40 @@ func (ss *ServerStream) recvOne() ([]byte, error) {
 	return msg, nil
 }
 
-// UnaryRaw adapts a function of one encoded request to one encoded response.
+// UnaryRaw adapts a function of one encoded request to one encoded response. The server's
+// unary interceptors see req and the response as []byte.
 func UnaryRaw(fn func(ctx context.Context, md Metadata, req []byte) ([]byte, error)) Handler {
-	return func(ss *ServerStream) error {
+	return adapter(func(ss *ServerStream) error {
 		req, err := ss.recvOne()
 		if err != nil {
 			return err
 		}
-		resp, err := fn(ss, ss.md, req)
+		var resp []byte
+		if ic := ss.unaryChain(); ic != nil {
+			resp, err = interceptUnary(ss, ic, req, func(ctx context.Context, r any) ([]byte, error) {
+				b, ok := r.([]byte)
+				if !ok {
+					return nil, wrongRequest(ss, r, b)
+				}
+				return fn(ctx, ss.md, b)
+			})
+		} else {
+			resp, err = fn(ss, ss.md, req)
+		}
 		if err != nil {
 			return err
 		}
 		return ss.send(resp, true)
-	}
+	}, kindUnary)
 }
 
-// Unary adapts a typed unary method (protobuf messages) to a Handler.
+// Unary adapts a typed unary method (protobuf messages) to a Handler. The server's unary
+// interceptors see the decoded request and the response.
 func Unary[Req any, PReq interface {
 	*Req
 	proto.Message
 }, Resp proto.Message](fn func(ctx context.Context, req PReq) (Resp, error)) Handler {
-	return func(ss *ServerStream) error {
+	return adapter(func(ss *ServerStream) error {
 		b, err := ss.recvOne()
 		if err != nil {
 			return err
@@ -738,7 +759,19 @@ func Unary[Req any, PReq interface {
 		if err := proto.Unmarshal(b, req); err != nil {
 			return &Status{Code: InvalidArgument, Message: "unmarshal: " + err.Error()}
 		}
-		resp, err := fn(ss, req)
+		var resp Resp
+		if ic := ss.unaryChain(); ic != nil {
+			resp, err = interceptUnary(ss, ic, req, func(ctx context.Context, r any) (Resp, error) {
+				q, ok := r.(PReq)
+				if !ok {
+					var zero Resp
+					return zero, wrongRequest(ss, r, q)
+				}
+				return fn(ctx, q)
+			})
+		} else {
+			resp, err = fn(ss, req)
+		}
 		if err != nil {
 			return err
 		}
@@ -747,7 +780,7 @@ func Unary[Req any, PReq interface {
 			return &Status{Code: Internal, Message: "marshal: " + err.Error()}
 		}
 		return ss.send(b, true)
-	}
+	}, kindUnary)
 }
 
 type ctxStreamKey struct{}

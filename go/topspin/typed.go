@@ -13,13 +13,14 @@ type Msg[T any] interface {
 	proto.Message
 }
 
-// ServerStreamOf is a typed view of a ServerStream (used by generated code).
+// ServerStreamOf is a typed view of a ServerStream (used by generated code). Its methods
+// go through a stream interceptor's wrapper when one was handed on (ServerStreamer).
 type ServerStreamOf[Req, Resp any] struct{ *ServerStream }
 
 // Recv returns the next request, or io.EOF once the client half-closed.
 func (s ServerStreamOf[Req, Resp]) Recv() (*Req, error) {
 	m := new(Req)
-	if err := s.RecvMsg(any(m).(proto.Message)); err != nil {
+	if err := s.stream().RecvMsg(any(m).(proto.Message)); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -27,44 +28,88 @@ func (s ServerStreamOf[Req, Resp]) Recv() (*Req, error) {
 
 // Send sends one response.
 func (s ServerStreamOf[Req, Resp]) Send(m *Resp) error {
-	return s.SendMsg(any(m).(proto.Message))
+	return s.stream().SendMsg(any(m).(proto.Message))
 }
 
-// ServerStreaming adapts a typed server-streaming method to a Handler.
-func ServerStreaming[Req any, PReq Msg[Req], Resp any](fn func(ctx context.Context, req PReq, stream ServerStreamOf[Req, Resp]) error) Handler {
-	return func(ss *ServerStream) error {
+// SendMsg sends one response (through the interceptors' wrapper, if any).
+func (s ServerStreamOf[Req, Resp]) SendMsg(m proto.Message) error { return s.stream().SendMsg(m) }
+
+// RecvMsg receives the next request into m (through the interceptors' wrapper, if any).
+func (s ServerStreamOf[Req, Resp]) RecvMsg(m proto.Message) error { return s.stream().RecvMsg(m) }
+
+// Context is the call's context (the interceptors' wrapper's, if any).
+func (s ServerStreamOf[Req, Resp]) Context() context.Context { return s.stream().Context() }
+
+// SetHeader adds response headers (through the interceptors' wrapper, if any).
+func (s ServerStreamOf[Req, Resp]) SetHeader(md Metadata) { s.stream().SetHeader(md) }
+
+// SetTrailer adds trailers (through the interceptors' wrapper, if any).
+func (s ServerStreamOf[Req, Resp]) SetTrailer(md Metadata) { s.stream().SetTrailer(md) }
+
+// recvRequest reads the single request of a server-streaming call into req.
+func recvRequest(ss *ServerStream, req proto.Message) error {
+	if ss.wrapped == nil {
 		b, err := ss.recvOne()
 		if err != nil {
 			return err
 		}
-		req := PReq(new(Req))
 		if err := proto.Unmarshal(b, req); err != nil {
 			return &Status{Code: InvalidArgument, Message: "unmarshal: " + err.Error()}
 		}
-		return fn(ss, req, ServerStreamOf[Req, Resp]{ss})
+		return nil
 	}
+	if err := ss.wrapped.RecvMsg(req); err != nil {
+		if err == io.EOF {
+			return &Status{Code: InvalidArgument, Message: "no request message"}
+		}
+		return err
+	}
+	if _, err := ss.Recv(); err != io.EOF {
+		if err == nil {
+			return &Status{Code: InvalidArgument, Message: "more than one request message for a server-streaming method"}
+		}
+		return err
+	}
+	return nil
+}
+
+// ServerStreaming adapts a typed server-streaming method to a Handler.
+func ServerStreaming[Req any, PReq Msg[Req], Resp any](fn func(ctx context.Context, req PReq, stream ServerStreamOf[Req, Resp]) error) Handler {
+	return adapter(func(ss *ServerStream) error {
+		req := PReq(new(Req))
+		if err := recvRequest(ss, req); err != nil {
+			return err
+		}
+		st := ServerStreamOf[Req, Resp]{ss}
+		return fn(st.Context(), req, st)
+	}, kindServerStream)
 }
 
 // ClientStreaming adapts a typed client-streaming method to a Handler.
 func ClientStreaming[Req, Resp any, PResp Msg[Resp]](fn func(ctx context.Context, stream ServerStreamOf[Req, Resp]) (PResp, error)) Handler {
-	return func(ss *ServerStream) error {
-		resp, err := fn(ss, ServerStreamOf[Req, Resp]{ss})
+	return adapter(func(ss *ServerStream) error {
+		st := ServerStreamOf[Req, Resp]{ss}
+		resp, err := fn(st.Context(), st)
 		if err != nil {
 			return err
+		}
+		if ss.wrapped != nil {
+			return ss.wrapped.SendMsg(resp)
 		}
 		b, err := proto.Marshal(resp)
 		if err != nil {
 			return &Status{Code: Internal, Message: "marshal: " + err.Error()}
 		}
 		return ss.send(b, true)
-	}
+	}, kindClientStream)
 }
 
 // BidiStreaming adapts a typed bidirectional method to a Handler.
 func BidiStreaming[Req, Resp any](fn func(ctx context.Context, stream ServerStreamOf[Req, Resp]) error) Handler {
-	return func(ss *ServerStream) error {
-		return fn(ss, ServerStreamOf[Req, Resp]{ss})
-	}
+	return adapter(func(ss *ServerStream) error {
+		st := ServerStreamOf[Req, Resp]{ss}
+		return fn(st.Context(), st)
+	}, kindBidi)
 }
 
 // ClientStreamOf is a typed view of a ClientStream (used by generated code).
@@ -96,7 +141,13 @@ func (s ClientStreamOf[Req, Resp]) CloseAndRecv() (*Resp, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.ClientStream.Recv(); err != io.EOF {
+	var err2 error
+	if w := s.ClientStream.w; w != nil { // an interceptor's wrapper sees the end
+		err2 = w.RecvMsg(any(new(Resp)).(proto.Message))
+	} else {
+		_, err2 = s.ClientStream.Recv()
+	}
+	if err := err2; err != io.EOF {
 		if err == nil {
 			return nil, &Status{Code: Internal, Message: "more than one response"}
 		}
@@ -108,11 +159,21 @@ func (s ClientStreamOf[Req, Resp]) CloseAndRecv() (*Resp, error) {
 // NewStreamOf starts a typed streaming call; with req non-nil it sends it and half-closes
 // (server streaming).
 func NewStreamOf[Req, Resp any](ctx context.Context, cc *ClientConn, method string, req *Req, opts ...CallOption) (ClientStreamOf[Req, Resp], error) {
-	cs, err := cc.NewStream(ctx, method, opts...)
+	desc := &StreamDesc{ClientStreams: req == nil, ServerStreams: true}
+	cs, err := cc.openStream(ctx, desc, method, opts...)
 	if err != nil {
 		return ClientStreamOf[Req, Resp]{}, err
 	}
 	s := ClientStreamOf[Req, Resp]{cs}
+	if req != nil && cs.w != nil {
+		if err := cs.w.SendMsg(any(req).(proto.Message)); err != nil && err != io.EOF {
+			return s, err
+		}
+		if err := cs.w.CloseSend(); err != nil {
+			return s, err
+		}
+		return s, nil
+	}
 	if req != nil {
 		b, err := proto.Marshal(any(req).(proto.Message))
 		if err != nil {

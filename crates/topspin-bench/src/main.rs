@@ -8,6 +8,7 @@
 //! after a warm-up whose first call is checked for correct content. It prints one table per
 //! workload and optionally writes JSON and PNG plots.
 
+mod compare;
 mod plots;
 mod report;
 
@@ -394,6 +395,7 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
                      [--separate-processes] [--bin-dir DIR]
        topspin-bench --callgrind [--bin-dir DIR]
        topspin-bench --syscalls [--systems ...] [--bin-dir DIR]
+       topspin-bench compare BEFORE.json AFTER.json [--threshold PCT]
 
   (default)    the full run: every workload and size of docs/benchmarks.md (~12 min)
   --quick      echo 20/20000/2000000, answer, blob 1 MiB, structs, throughput (1,64), burst,
@@ -405,6 +407,8 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
   --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight), answer
                and structs (client + server), from
                two valgrind runs of different lengths (needs valgrind)
+  compare      two --json reports row by row: each figure before, after, after/before and each
+               run's spread over its repetitions (compare --help)
   --separate-processes
                every system's server in a process of its own (a child of its peer process),
                its client in the peer process, over loopback TCP / a Unix socket — how services
@@ -469,6 +473,13 @@ fn load_avg() -> f64 {
 }
 
 fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if matches!(
+        argv.first().map(String::as_str),
+        Some("compare" | "--compare")
+    ) {
+        std::process::exit(compare::main(&argv[1..]));
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -1,15 +1,23 @@
 //! Aggregation (median of the repetitions' medians), ratios, tables and the JSON document.
 
 use crate::{Item, PEERS};
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 use topspin_bench_common::Outcome;
 
 /// The JSON document (its schema is described in docs/benchmarks.md).
-#[derive(Serialize)]
+///
+/// `Deserialize` (for `topspin-bench compare`) is `Deserialize<'static>`: the names are
+/// `&'static str`, so a report is read from a `&'static str` (the compare subcommand leaks the
+/// two files' text, once per process).
+#[derive(Serialize, Deserialize)]
+#[serde(bound(deserialize = "'de: 'static"))]
 pub(crate) struct Run {
     pub(crate) version: u32,
     pub(crate) started: String,
+    /// NaN when /proc/loadavg was unreadable (serialised as `null`).
+    #[serde(deserialize_with = "nan_if_null")]
     pub(crate) load_avg_start: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub(crate) load_avg_end: f64,
     pub(crate) noisy: bool,
     pub(crate) machine: Machine,
@@ -18,22 +26,27 @@ pub(crate) struct Run {
     pub(crate) records: Vec<Record>,
 }
 
+/// `f64::NAN` for a JSON `null` (how serde_json writes a NaN).
+fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Option::<f64>::deserialize(d).map(|v| v.unwrap_or(f64::NAN))
+}
+
 /// The thread layout of a run: placement of client and server, CPUs, runtimes.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Layout {
     /// `"separate processes"` or `"one process"` (per system below).
-    placement: &'static str,
+    pub(crate) placement: &'static str,
     /// The CPUs the peers may run on (`Cpus_allowed_list`, inherited from `taskset`).
-    cpus_allowed: String,
+    pub(crate) cpus_allowed: String,
     /// Online CPUs of the machine.
-    cpus_online: usize,
+    pub(crate) cpus_online: usize,
     /// True when the run is restricted to fewer CPUs than are online (e.g. `taskset -c 0`).
-    pinned: bool,
+    pub(crate) pinned: bool,
     systems: Vec<SystemLayout>,
 }
 
 /// One system's thread layout.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub(crate) struct SystemLayout {
     pub(crate) system: &'static str,
     /// Server in a process of its own.
@@ -107,15 +120,44 @@ impl Layout {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Machine {
-    cpus: usize,
-    model: String,
-    kernel: String,
+    pub(crate) cpus: usize,
+    pub(crate) model: String,
+    pub(crate) kernel: String,
+}
+
+/// Each repetition's own figure, in run order (the record's figure is their median): the run's
+/// noise. Empty in reports written before they were recorded, and for figures a point lacks.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Reps {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) median_us: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) p99_us: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) cpu_us_per_call: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) calls_per_s: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) allocs_per_call: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) bytes_alloc_per_call: Vec<f64>,
+}
+
+impl Reps {
+    fn is_empty(&self) -> bool {
+        self.median_us.is_empty()
+            && self.p99_us.is_empty()
+            && self.cpu_us_per_call.is_empty()
+            && self.calls_per_s.is_empty()
+            && self.allocs_per_call.is_empty()
+            && self.bytes_alloc_per_call.is_empty()
+    }
 }
 
 /// One system on one workload point.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Record {
     pub(crate) workload: &'static str,
     /// Only on `allocs` records: which call was counted (`echo` 20 B or `answer`).
@@ -137,10 +179,13 @@ pub(crate) struct Record {
     /// Measured calls over all repetitions.
     pub(crate) calls: u64,
     /// The system cannot run this workload (e.g. a blocking client and calls in flight).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) unsupported: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
+    /// Each repetition's figures (the median figures above are taken over these).
+    #[serde(default, skip_serializing_if = "Reps::is_empty")]
+    pub(crate) reps: Reps,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -166,7 +211,13 @@ impl Record {
         transport: &'static str,
         outs: &[Outcome],
     ) -> Record {
-        let m = |f: fn(&Outcome) -> Option<f64>| median(outs.iter().filter_map(f).collect());
+        let each = |f: fn(&Outcome) -> Option<f64>| -> Vec<f64> {
+            outs.iter()
+                .filter_map(f)
+                .filter(|x| x.is_finite())
+                .collect()
+        };
+        let m = |f: fn(&Outcome) -> Option<f64>| median(each(f));
         let error = outs.iter().find_map(|o| o.error.clone());
         let unsupported = outs.iter().all(|o| o.unsupported);
         Record {
@@ -192,10 +243,18 @@ impl Record {
             calls: outs.iter().map(|o| o.calls).sum(),
             unsupported,
             error,
+            reps: Reps {
+                median_us: each(|o| o.median_us),
+                p99_us: each(|o| o.p99_us),
+                cpu_us_per_call: each(|o| o.cpu_us_per_call),
+                calls_per_s: each(|o| o.calls_per_s),
+                allocs_per_call: each(|o| o.allocs_per_call),
+                bytes_alloc_per_call: each(|o| o.bytes_alloc_per_call),
+            },
         }
     }
 
-    fn same_point(&self, o: &Record) -> bool {
+    pub(crate) fn same_point(&self, o: &Record) -> bool {
         self.workload == o.workload
             && self.call == o.call
             && self.size == o.size
@@ -300,7 +359,7 @@ pub(crate) fn size_label(n: u64) -> String {
     }
 }
 
-fn us(v: Option<f64>) -> String {
+pub(crate) fn us(v: Option<f64>) -> String {
     match v {
         None => "—".into(),
         Some(x) if x >= 10_000.0 => format!("{:.2} ms", x / 1000.0),
@@ -310,11 +369,11 @@ fn us(v: Option<f64>) -> String {
     }
 }
 
-fn ratio(v: Option<f64>) -> String {
+pub(crate) fn ratio(v: Option<f64>) -> String {
     v.map_or("—".into(), |x| format!("{x:.2}×"))
 }
 
-fn rate(v: Option<f64>) -> String {
+pub(crate) fn rate(v: Option<f64>) -> String {
     match v {
         None => "—".into(),
         Some(x) if x >= 1e6 => format!("{:.2} M/s", x / 1e6),
@@ -323,7 +382,7 @@ fn rate(v: Option<f64>) -> String {
     }
 }
 
-fn title(r: &Record) -> String {
+pub(crate) fn title(r: &Record) -> String {
     match r.workload {
         "throughput" => format!(
             "throughput, 20 B echo, {} connection(s) × {} in flight",
@@ -423,7 +482,7 @@ pub(crate) fn print_tables(run: &Run, smoke: bool) {
     }
 }
 
-fn note(r: &Record) -> String {
+pub(crate) fn note(r: &Record) -> String {
     if let Some(e) = &r.error {
         format!("  FAILED: {e}")
     } else if r.unsupported {

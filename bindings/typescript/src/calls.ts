@@ -6,6 +6,7 @@
 import type { DescMethod } from "@bufbuild/protobuf";
 import { toMetadata, type CallOptions, type Channel, type ClientCall } from "./channel.js";
 import { Code, TopspinError } from "./status.js";
+import type { Metadata } from "./frame.js";
 import { applyInterceptors, onlyMessage, streamOf, type AnyFn, type InterceptorRequest, type InterceptorResponse, type MethodKind } from "./interceptor.js";
 
 /** One method: its name, kind, and how its messages become bytes and back. */
@@ -57,7 +58,7 @@ async function single<O>(call: ClientCall, m: MethodCodec<unknown, O>): Promise<
 }
 
 /** The response messages of a streaming call; stopping early cancels the call. */
-async function* responses<O>(call: ClientCall, m: MethodCodec<unknown, O>): AsyncGenerator<O> {
+async function* responses<O>(call: ClientCall, m: MethodCodec<unknown, O>, trailer: Metadata): AsyncGenerator<O> {
   try {
     for (;;) {
       const b = await call.receive();
@@ -68,6 +69,7 @@ async function* responses<O>(call: ClientCall, m: MethodCodec<unknown, O>): Asyn
   } finally {
     // The caller stopped reading early (break / return): cancel the call.
     if (!call.done) call.cancel(Code.CANCELLED, "the caller stopped reading the response stream");
+    trailer.push(...call.trailers);
   }
 }
 
@@ -75,41 +77,39 @@ async function* asAsync<T>(messages: AsyncIterable<T> | Iterable<T>): AsyncGener
   yield* messages;
 }
 
+/** The response's metadata: arrays filled in place as the call goes (a copy `{ ...res }` sees them too). */
+interface ResponseMetadata {
+  header: Metadata;
+  trailer: Metadata;
+}
+
 /** The innermost function of the chain: the call on the wire. */
 function transport<I, O>(channel: Channel, m: MethodCodec<I, O>, opts: CallOptions): AnyFn {
   return async (req) => {
+    const md: ResponseMetadata = { header: [], trailer: [] };
     // NO_SIGNAL is never aborted: not listened to (calls without a signal would pile listeners on it)
     const signal = req.signal === NO_SIGNAL ? undefined : req.signal;
-    const callOpts: CallOptions = { ...opts, headers: req.header, signal, timeoutMs: req.timeoutMs };
+    const onHeader = (h: Metadata): void => {
+      md.header.push(...h);
+      opts.onHeader?.(h);
+    };
+    const callOpts: CallOptions = { ...opts, headers: req.header, signal, timeoutMs: req.timeoutMs, onHeader };
     if (m.kind === "unary" || m.kind === "server_streaming") {
+      // the one request message is taken before the call starts (a bad stream starts nothing)
       const what = m.kind === "unary" ? "a unary request" : "a server-streaming request";
       const one = (req.stream ? await onlyMessage(req.message, what, Code.INVALID_ARGUMENT) : req.message) as I;
       const call = await channel.start(req.method, callOpts);
       await call.send(m.encode(one), true);
       if (m.kind === "unary") {
         const message = await single(call, m);
-        return { stream: false, message, method: req.method, kind: m.kind, header: call.headers, trailer: call.trailers };
+        md.trailer.push(...call.trailers);
+        return { stream: false, message, method: req.method, kind: m.kind, ...md };
       }
-      return streamResponse(req, call, m);
+      return { stream: true, message: responses(call, m, md.trailer), method: req.method, kind: m.kind, ...md };
     }
     const call = await channel.start(req.method, callOpts);
     void pumpRequests(call, m, (req.stream ? req.message : [req.message]) as AsyncIterable<I> | I[]);
-    return streamResponse(req, call, m);
-  };
-}
-
-function streamResponse<O>(req: InterceptorRequest, call: ClientCall, m: MethodCodec<unknown, O>): InterceptorResponse {
-  return {
-    stream: true,
-    message: responses(call, m),
-    method: req.method,
-    kind: req.kind,
-    get header() {
-      return call.headers;
-    },
-    get trailer() {
-      return call.trailers;
-    },
+    return { stream: true, message: responses(call, m, md.trailer), method: req.method, kind: m.kind, ...md };
   };
 }
 

@@ -53,12 +53,14 @@ export interface InterceptorResponseCommon {
   /** The call's kind. */
   readonly kind: MethodKind;
   /**
-   * Response headers. Client: those received. Server: the handler's `ctx.responseHeaders`, which
+   * Response headers. Client: those received, added to this array as they arrive (a stream's
+   * `next` resolves once the call started, before the server's headers). Server: the handler's `ctx.responseHeaders`, which
    * an interceptor may add to until the first response message is sent.
    */
   readonly header: Metadata;
   /**
-   * Trailers. Client: complete once the response (stream) has been read to its end. Server: the
+   * Trailers. Client: added to this array once the response (stream) has been read to its end
+   * (a failed call's are in its `TopspinError.metadata`). Server: the
    * handler's `ctx.responseTrailers`, which an interceptor may add to until the status is sent.
    */
   readonly trailer: Metadata;

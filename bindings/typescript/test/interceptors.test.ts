@@ -11,7 +11,9 @@ import { Server, connect, type ServiceImpl } from "../src/node/index.js";
 import { GetRequestSchema, PutRequestSchema, Store } from "../gen/kv/v1/kv_pb.js";
 import { kvStore } from "../examples/kvstore.js";
 import { failsWith, kvSuite } from "./suite.js";
-import { binary, startServer, stop } from "./procs.js";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { binary, run, startServer, stop } from "./procs.js";
 import { bidiRaw, collect, grpcClient, grpcError, unaryRaw } from "./grpc-helpers.js";
 import { REFUSAL_DETAILS, addHeader, all, countResponses, measure, requireToken, textOf, tracer, type Measured } from "./interceptor-helpers.js";
 
@@ -241,4 +243,21 @@ test("interceptors: a client chain against the Rust kvstore-server (every call k
     ch.close();
     await stop(proc);
   }
+});
+
+test("interceptors: the README's example runs and prints what it says", async () => {
+  const pkg = join(fileURLToPath(import.meta.url), "..", "..", "..");
+  const r = await run(process.execPath, [join(pkg, "dist", "examples", "interceptors.js")]);
+  assert.equal(r.code, 0, r.stderr);
+  const lines = r.stdout.trim().split("\n");
+  for (const want of [
+    /^server: \/kv\.v1\.Store\/Put OK in [\d.]+ ms$/,
+    /^server: \/kv\.v1\.Store\/GetMany OK after 2 messages in [\d.]+ ms$/,
+    /^server: \/kv\.v1\.Store\/Get UNAUTHENTICATED in [\d.]+ ms$/,
+    /^client: got a = 1$/,
+    /^client: UNAUTHENTICATED: who are you\?$/,
+  ]) {
+    assert.ok(lines.some((l) => want.test(l)), `${String(want)} in:\n${r.stdout}`);
+  }
+  assert.equal(lines.length, 6);
 });

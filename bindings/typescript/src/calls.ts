@@ -7,7 +7,7 @@ import type { DescMethod } from "@bufbuild/protobuf";
 import { toMetadata, type CallOptions, type Channel, type ClientCall } from "./channel.js";
 import { Code, TopspinError } from "./status.js";
 import type { Metadata } from "./frame.js";
-import { applyInterceptors, onlyMessage, streamOf, type AnyFn, type InterceptorRequest, type InterceptorResponse, type MethodKind } from "./interceptor.js";
+import { applyInterceptors, onlyMessage, streamOf, type AnyFn, type InterceptorRequest, type Interceptor, type InterceptorResponse, type MethodKind } from "./interceptor.js";
 
 /** One method: its name, kind, and how its messages become bytes and back. */
 export interface MethodCodec<I, O> {
@@ -18,6 +18,10 @@ export interface MethodCodec<I, O> {
   readonly descriptor?: DescMethod;
   encode(message: I): Uint8Array;
   decode(bytes: Uint8Array): O;
+  /** Turns each request message into what interceptors see (typed clients: `create`). */
+  prepare?(message: I): I;
+  /** Interceptors of this method's calls outside the channel's (a typed client's own). */
+  readonly interceptors?: readonly Interceptor[];
 }
 
 /** A method on raw bytes (no codec): for {@link unaryCall} and the others without generated code. */
@@ -73,8 +77,9 @@ async function* responses<O>(call: ClientCall, m: MethodCodec<unknown, O>, trail
   }
 }
 
-async function* asAsync<T>(messages: AsyncIterable<T> | Iterable<T>): AsyncGenerator<T> {
-  yield* messages;
+async function* asAsync<T>(messages: AsyncIterable<T> | Iterable<T>, prepare: ((m: T) => T) | undefined): AsyncGenerator<T> {
+  if (prepare === undefined) yield* messages;
+  else for await (const m of messages) yield prepare(m);
 }
 
 /** The response's metadata: arrays filled in place as the call goes (a copy `{ ...res }` sees them too). */
@@ -103,13 +108,13 @@ function transport<I, O>(channel: Channel, m: MethodCodec<I, O>, opts: CallOptio
       if (m.kind === "unary") {
         const message = await single(call, m);
         md.trailer.push(...call.trailers);
-        return { stream: false, message, method: req.method, kind: m.kind, ...md };
+        return { stream: false, message, method: req.method, kind: m.kind, descriptor: m.descriptor, ...md };
       }
-      return { stream: true, message: responses(call, m, md.trailer), method: req.method, kind: m.kind, ...md };
+      return { stream: true, message: responses(call, m, md.trailer), method: req.method, kind: m.kind, descriptor: m.descriptor, ...md };
     }
     const call = await channel.start(req.method, callOpts);
     void pumpRequests(call, m, (req.stream ? req.message : [req.message]) as AsyncIterable<I> | I[]);
-    return { stream: true, message: responses(call, m, md.trailer), method: req.method, kind: m.kind, ...md };
+    return { stream: true, message: responses(call, m, md.trailer), method: req.method, kind: m.kind, descriptor: m.descriptor, ...md };
   };
 }
 
@@ -120,32 +125,34 @@ function request(m: MethodCodec<unknown, unknown>, message: unknown, opts: CallO
 
 function invoke<I, O>(channel: Channel, m: MethodCodec<I, O>, message: unknown, opts: CallOptions): Promise<InterceptorResponse> {
   const inner = transport(channel, m, opts);
-  const fn = channel.interceptors.length === 0 ? inner : applyInterceptors(inner, channel.interceptors);
+  const own = m.interceptors ?? [];
+  const all = own.length === 0 ? channel.interceptors : [...own, ...channel.interceptors];
+  const fn = all.length === 0 ? inner : applyInterceptors(inner, all);
   return fn(request(m, message, opts));
 }
 
 /** A unary call. */
 export async function unaryCall<I, O>(channel: Channel, m: MethodCodec<I, O>, message: I, opts: CallOptions = {}): Promise<O> {
-  const res = await invoke(channel, m, message, opts);
+  const res = await invoke(channel, m, m.prepare ? m.prepare(message) : message, opts);
   return (res.stream ? await onlyMessage(res.message, "a unary response", Code.INTERNAL) : res.message) as O;
 }
 
 /** A server-streaming call: `for await` over the answers; stopping early cancels it. */
 export async function* serverStreamCall<I, O>(channel: Channel, m: MethodCodec<I, O>, message: I, opts: CallOptions = {}): AsyncGenerator<O> {
-  const res = await invoke(channel, m, streamOf(message), opts);
+  const res = await invoke(channel, m, streamOf(m.prepare ? m.prepare(message) : message), opts);
   if (res.stream) yield* res.message as AsyncIterable<O>;
   else yield res.message as O;
 }
 
 /** A client-streaming call from any (async) iterable. */
 export async function clientStreamCall<I, O>(channel: Channel, m: MethodCodec<I, O>, messages: AsyncIterable<I> | Iterable<I>, opts: CallOptions = {}): Promise<O> {
-  const res = await invoke(channel, m, asAsync(messages), opts);
+  const res = await invoke(channel, m, asAsync(messages, m.prepare?.bind(m)), opts);
   return (res.stream ? await onlyMessage(res.message, "a client-streaming response", Code.INTERNAL) : res.message) as O;
 }
 
 /** A bidi-streaming call: requests from any (async) iterable, `for await` over the answers. */
 export async function* bidiStreamCall<I, O>(channel: Channel, m: MethodCodec<I, O>, messages: AsyncIterable<I> | Iterable<I>, opts: CallOptions = {}): AsyncGenerator<O> {
-  const res = await invoke(channel, m, asAsync(messages), opts);
+  const res = await invoke(channel, m, asAsync(messages, m.prepare?.bind(m)), opts);
   if (res.stream) yield* res.message as AsyncIterable<O>;
   else yield res.message as O;
 }

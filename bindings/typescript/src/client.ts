@@ -8,6 +8,7 @@ import { create, fromBinary, toBinary, type DescMessage, type DescMethod, type D
 import type { CallOptions, Channel } from "./channel.js";
 import { bidiStreamCall, clientStreamCall, serverStreamCall, unaryCall, type MethodCodec } from "./calls.js";
 import { Code, TopspinError } from "./status.js";
+import type { Interceptor } from "./interceptor.js";
 
 /** The full method name of §5.2: `/package.Service/Method`. */
 export function methodPath(m: DescMethod): string {
@@ -39,26 +40,38 @@ function decode<D extends DescMessage>(schema: D, b: Uint8Array): Out<D> {
   }
 }
 
-/** The codec of a protobuf-es method: its messages are made (`create`) as they are encoded. */
-export function methodCodec(m: DescMethod): MethodCodec<Init<DescMessage>, Out<DescMessage>> {
+/**
+ * The codec of a protobuf-es method: request messages are made (`create`) before interceptors
+ * see them (as connect-es), responses decoded; `interceptors` run outside the channel's.
+ */
+export function methodCodec(m: DescMethod, interceptors?: readonly Interceptor[]): MethodCodec<Init<DescMessage>, Out<DescMessage>> {
   return {
     method: methodPath(m),
     kind: m.methodKind,
     descriptor: m,
+    // create() returns a message of the schema as it is (an interceptor may have passed an init object)
     encode: (v) => toBinary(m.input, create(m.input, v)),
     decode: (b) => decode(m.output, b),
+    prepare: (v) => create(m.input, v),
+    interceptors,
   };
 }
 
+/** Options of a typed client. */
+export interface ClientOptions {
+  /** Interceptors of this client's calls, outside (before) the channel's; the first outermost. */
+  interceptors?: Interceptor[];
+}
+
 /**
- * Creates a typed client for `service` on `channel`. Its calls go through the channel's
- * `interceptors`, which see request messages as the caller passed them (an init object or a
- * message) and response messages decoded.
+ * Creates a typed client for `service` on `channel`. Its calls go through `options.interceptors`
+ * and then the channel's, which see request messages made with `create` and response messages
+ * decoded.
  */
-export function createClient<S extends DescService>(service: S, channel: Channel): Client<S> {
+export function createClient<S extends DescService>(service: S, channel: Channel, options: ClientOptions = {}): Client<S> {
   const client: Record<string, unknown> = {};
   for (const m of service.methods) {
-    const codec = methodCodec(m);
+    const codec = methodCodec(m, options.interceptors);
     type Reqs = AsyncIterable<Init<DescMessage>> | Iterable<Init<DescMessage>>;
     switch (m.methodKind) {
       case "unary":

@@ -52,6 +52,8 @@ export interface InterceptorResponseCommon {
   readonly method: string;
   /** The call's kind. */
   readonly kind: MethodKind;
+  /** The method's protobuf-es descriptor, when the call has one. */
+  readonly descriptor: DescMethod | undefined;
   /**
    * Response headers. Client: those received, added to this array as they arrive (a stream's
    * `next` resolves once the call started, before the server's headers). Server: the handler's `ctx.responseHeaders`, which

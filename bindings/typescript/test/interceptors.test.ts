@@ -69,6 +69,48 @@ test("interceptors: client and server chains run first-outermost, on every call 
   });
 });
 
+/** Records request messages (and the response's descriptor name) as they pass. */
+function looker(seen: unknown[]): Interceptor {
+  return (next) => async (req) => {
+    let res;
+    if (!req.stream) {
+      seen.push(req.message);
+      res = await next(req);
+    } else {
+      const source = req.message;
+      const message = (async function* () {
+        for await (const m of source) yield (seen.push(m), m);
+      })();
+      res = await next({ ...req, message });
+    }
+    seen.push(res.descriptor?.name);
+    return res;
+  };
+}
+
+test("interceptors: a typed client's own run outside the channel's, and see created messages and the descriptor", async () => {
+  const log: string[] = [];
+  const seen: unknown[] = [];
+  await withServer([], async (addr) => {
+    const ch = connect(addr, { interceptors: [tracer("channel", log)] });
+    try {
+      const kv = createClient(Store, ch, { interceptors: [tracer("client", log), looker(seen)] });
+      await kv.put({ key: "a", value: "1" });
+      assert.deepEqual(log, ["client>", "channel>", "<channel", "<client"]);
+      await kv.apply([{ op: { case: "delete", value: { key: "a" } } }]);
+      const typeNames = seen.map((m) => (typeof m === "object" && m !== null && "$typeName" in m ? m.$typeName : m));
+      assert.deepEqual(typeNames.slice(0, 2), ["kv.v1.PutRequest", "Put"]);
+      assert.deepEqual(typeNames.slice(2).sort(), ["Apply", "kv.v1.Mutation"]); // the stream is read as the call goes
+      // another client on the same channel has only the channel's
+      log.length = 0;
+      await createClient(Store, ch).put({ key: "b", value: "2" });
+      assert.deepEqual(log, ["channel>", "<channel"]);
+    } finally {
+      ch.close();
+    }
+  });
+});
+
 test("interceptors: a server interceptor refuses before the handler; a client one before the call", async () => {
   const seen: Measured[] = [];
   await withServer([measure(seen), requireToken()], async (addr, runs) => {

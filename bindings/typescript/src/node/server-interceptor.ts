@@ -24,7 +24,7 @@ function inputOf(route: Route, req: InterceptorRequest): unknown {
 /** The innermost function of a call's chain: the route's handler. */
 function handlerFn(method: string, route: Route, ctx: HandlerContext): AnyFn {
   return async (req): Promise<InterceptorResponse> => {
-    const common = { method, kind: route.kind, header: ctx.responseHeaders, trailer: ctx.responseTrailers };
+    const common = { method, kind: route.kind, descriptor: route.descriptor, header: ctx.responseHeaders, trailer: ctx.responseTrailers };
     const out = route.handler(await inputOf(route, req), withHeaders(ctx, req.header));
     switch (route.kind) {
       case "unary":

@@ -10,6 +10,7 @@ import { AsyncQueue } from "./queue.js";
 import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, decodeMessage, encodeMessage, type Codecs, type Compression, type Decoder, type Encoder } from "./compression.js";
 import { Code, TopspinError } from "./status.js";
 import type { Dialer } from "./transport.js";
+import type { Interceptor } from "./interceptor.js";
 
 /** Per-call options, as in connect-es. */
 export interface CallOptions {
@@ -93,6 +94,12 @@ export interface ChannelOptions {
    * queued bytes stay at most the bound plus one message and its frame headers.
    */
   maxSendBuffer?: number;
+  /**
+   * Interceptors of every call made through the channel with the typed clients (`createClient`)
+   * and the raw call functions (`unaryCall`, …), the first outermost. `start` (the call handle)
+   * is not intercepted.
+   */
+  interceptors?: Interceptor[];
 }
 
 /** The default {@link ChannelOptions.maxSendBuffer}: 4 MiB. */
@@ -355,8 +362,11 @@ export class Channel {
   private nextAttempt = 0;
   private closedForGood = false;
   private readonly backoff: BackoffOptions;
+  /** The interceptors of the typed clients' and raw call functions' calls (the first outermost). */
+  readonly interceptors: readonly Interceptor[];
 
   constructor(private readonly options: ChannelOptions) {
+    this.interceptors = options.interceptors ?? [];
     this.backoff = { initialMs: 100, maxMs: 5000, multiplier: 1.6, jitter: 0.2, ...options.backoff };
   }
 

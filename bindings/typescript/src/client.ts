@@ -5,8 +5,10 @@
  * @module
  */
 import { create, fromBinary, toBinary, type DescMessage, type DescMethod, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
-import type { CallOptions, Channel, ClientCall } from "./channel.js";
+import type { CallOptions, Channel } from "./channel.js";
+import { bidiStreamCall, clientStreamCall, serverStreamCall, unaryCall, type MethodCodec } from "./calls.js";
 import { Code, TopspinError } from "./status.js";
+import type { Interceptor } from "./interceptor.js";
 
 /** The full method name of §5.2: `/package.Service/Method`. */
 export function methodPath(m: DescMethod): string {
@@ -30,10 +32,6 @@ export type ClientMethod<M> = M extends { methodKind: "unary"; input: infer I ex
 /** A typed client: one function per method of the service, named by its `localName`. */
 export type Client<S extends DescService> = { [K in keyof S["method"]]: ClientMethod<S["method"][K]> };
 
-function encode<D extends DescMessage>(schema: D, m: Init<D>): Uint8Array {
-  return toBinary(schema, create(schema, m));
-}
-
 function decode<D extends DescMessage>(schema: D, b: Uint8Array): Out<D> {
   try {
     return fromBinary(schema, b);
@@ -42,83 +40,51 @@ function decode<D extends DescMessage>(schema: D, b: Uint8Array): Out<D> {
   }
 }
 
-/** Sends every message of `requests`, then half-closes; cancels the call if the source throws. */
-async function pumpRequests<D extends DescMessage>(call: ClientCall, schema: D, requests: AsyncIterable<Init<D>> | Iterable<Init<D>>): Promise<void> {
-  try {
-    for await (const r of requests) {
-      if (call.done) return;
-      await call.send(encode(schema, r));
-    }
-    call.halfClose();
-  } catch (e) {
-    if (!call.done) call.cancel(Code.CANCELLED, `the request stream failed: ${String(e)}`);
-  }
+/**
+ * The codec of a protobuf-es method: request messages are made (`create`) before interceptors
+ * see them (as connect-es), responses decoded; `interceptors` run outside the channel's.
+ */
+export function methodCodec(m: DescMethod, interceptors?: readonly Interceptor[]): MethodCodec<Init<DescMessage>, Out<DescMessage>> {
+  return {
+    method: methodPath(m),
+    kind: m.methodKind,
+    descriptor: m,
+    // create() returns a message of the schema as it is (an interceptor may have passed an init object)
+    encode: (v) => toBinary(m.input, create(m.input, v)),
+    decode: (b) => decode(m.output, b),
+    prepare: (v) => create(m.input, v),
+    interceptors,
+  };
 }
 
-async function single<D extends DescMessage>(call: ClientCall, schema: D): Promise<Out<D>> {
-  const first = await call.receive();
-  if (first === undefined) {
-    await call.end();
-    throw new TopspinError(Code.INTERNAL, "the server answered without a message", call.trailers);
-  }
-  const extra = await call.receive();
-  if (extra !== undefined) {
-    call.cancel(Code.INTERNAL, "the server answered with more than one message");
-    throw new TopspinError(Code.INTERNAL, "the server answered with more than one message");
-  }
-  await call.end();
-  return decode(schema, first);
+/** Options of a typed client. */
+export interface ClientOptions {
+  /** Interceptors of this client's calls, outside (before) the channel's; the first outermost. */
+  interceptors?: Interceptor[];
 }
 
-async function* many<D extends DescMessage>(call: ClientCall, schema: D): AsyncGenerator<Out<D>> {
-  try {
-    for (;;) {
-      const m = await call.receive();
-      if (m === undefined) break;
-      yield decode(schema, m);
-    }
-    await call.end();
-  } finally {
-    // The caller stopped reading early (break / return): cancel the call.
-    if (!call.done) call.cancel(Code.CANCELLED, "the caller stopped reading the response stream");
-  }
-}
-
-/** Creates a typed client for `service` on `channel`. */
-export function createClient<S extends DescService>(service: S, channel: Channel): Client<S> {
+/**
+ * Creates a typed client for `service` on `channel`. Its calls go through `options.interceptors`
+ * and then the channel's, which see request messages made with `create` and response messages
+ * decoded.
+ */
+export function createClient<S extends DescService>(service: S, channel: Channel, options: ClientOptions = {}): Client<S> {
   const client: Record<string, unknown> = {};
   for (const m of service.methods) {
-    const path = methodPath(m);
+    const codec = methodCodec(m, options.interceptors);
+    type Reqs = AsyncIterable<Init<DescMessage>> | Iterable<Init<DescMessage>>;
     switch (m.methodKind) {
       case "unary":
-        client[m.localName] = async (req: Init<DescMessage>, opts?: CallOptions) => {
-          const call = await channel.start(path, opts);
-          await call.send(encode(m.input, req), true);
-          return single(call, m.output);
-        };
+        client[m.localName] = (req: Init<DescMessage>, opts?: CallOptions) => unaryCall(channel, codec, req, opts);
         break;
       case "server_streaming":
-        client[m.localName] = (req: Init<DescMessage>, opts?: CallOptions) =>
-          (async function* () {
-            const call = await channel.start(path, opts);
-            await call.send(encode(m.input, req), true);
-            yield* many(call, m.output);
-          })();
+        client[m.localName] = (req: Init<DescMessage>, opts?: CallOptions) => serverStreamCall(channel, codec, req, opts);
         break;
       case "client_streaming":
-        client[m.localName] = async (reqs: AsyncIterable<Init<DescMessage>>, opts?: CallOptions) => {
-          const call = await channel.start(path, opts);
-          void pumpRequests(call, m.input, reqs);
-          return single(call, m.output);
-        };
+        client[m.localName] = (reqs: Reqs, opts?: CallOptions) => clientStreamCall(channel, codec, reqs, opts);
         break;
       case "bidi_streaming":
-        client[m.localName] = (reqs: AsyncIterable<Init<DescMessage>>, opts?: CallOptions) =>
-          (async function* () {
-            const call = await channel.start(path, opts);
-            void pumpRequests(call, m.input, reqs);
-            yield* many(call, m.output);
-          })();
+        client[m.localName] = (reqs: Reqs, opts?: CallOptions) => bidiStreamCall(channel, codec, reqs, opts);
         break;
     }
   }

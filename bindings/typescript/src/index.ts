@@ -11,3 +11,5 @@ export * from "./queue.js";
 export * from "./transport.js";
 export * from "./channel.js";
 export * from "./client.js";
+export * from "./interceptor.js";
+export * from "./calls.js";

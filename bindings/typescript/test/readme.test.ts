@@ -18,3 +18,9 @@ test("README quotes examples/web-page.ts (the web page with bidi streaming) verb
   const page = readFileSync(join(pkg, "examples", "web-page.ts"), "utf8");
   assert.ok(readme.includes("```ts\n" + page + "```"), "README.md must contain examples/web-page.ts as a ts block");
 });
+
+test("README quotes examples/interceptors.ts verbatim", () => {
+  const readme = readFileSync(join(pkg, "README.md"), "utf8");
+  const ex = readFileSync(join(pkg, "examples", "interceptors.ts"), "utf8");
+  assert.ok(readme.includes("```ts\n" + ex + "```"), "README.md must contain examples/interceptors.ts as a ts block");
+});

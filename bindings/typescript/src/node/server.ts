@@ -9,7 +9,7 @@ import * as net from "node:net";
 import { createServer as createHttpServer, type IncomingMessage } from "node:http";
 import type { Duplex as NodeDuplex } from "node:stream";
 import { WebSocketServer, type WebSocket } from "ws";
-import { create, fromBinary, toBinary, type DescMessage, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import { create, fromBinary, toBinary, type DescMessage, type DescMethod, type DescService, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Connection, type Event, type Limits, type MemoryBudget } from "../connection.js";
 import { Driver } from "../driver.js";
 import { ErrorCode, type Metadata, type Settings } from "../frame.js";
@@ -29,6 +29,8 @@ import { Health, HealthService } from "./health.js";
 import { DescriptorIndex, REFLECTION_SERVICES, TopspinReflection, grpcReflectionV1Impl, grpcReflectionV1alphaImpl, grpcV1, grpcV1alpha, topspinReflectionImpl } from "./reflection.js";
 import { processMemoryBudget } from "../connection.js";
 import { DEFAULT_SETTINGS } from "../frame.js";
+import type { Interceptor, MethodKind } from "../interceptor.js";
+import { interceptRoute } from "./server-interceptor.js";
 
 /** What a handler knows about its call, and what it can set. */
 export interface HandlerContext {
@@ -46,8 +48,7 @@ export interface HandlerContext {
   readonly responseTrailers: Metadata;
 }
 
-/** The four kinds. */
-export type MethodKind = "unary" | "server_streaming" | "client_streaming" | "bidi_streaming";
+export type { MethodKind } from "../interceptor.js";
 
 /** A handler on raw request and response values (`decode`/`encode` turn bytes into them). */
 export interface Route {
@@ -55,6 +56,8 @@ export interface Route {
   decode: (b: Uint8Array) => unknown;
   encode: (v: unknown) => Uint8Array;
   handler: (input: unknown, ctx: HandlerContext) => unknown;
+  /** The method's descriptor, shown to interceptors (`server.service` sets it). */
+  descriptor?: DescMethod;
 }
 
 type In<D extends DescMessage> = MessageShape<D>;
@@ -137,6 +140,12 @@ export interface ServerOptions {
    * and bounds (`@grpc/grpc-js` does HTTP/2 and gRPC). `false`: native topspin only, no sniffing.
    */
   grpc?: boolean;
+  /**
+   * Interceptors of every call (the first outermost), on every face: native TCP/Unix, WebSocket
+   * and gRPC run the same wrapped handler, so the chain runs once per call. Registered routes
+   * (`route`, `service`, health, reflection) are wrapped as they are added.
+   */
+  interceptors?: Interceptor[];
 }
 
 /** The defaults of the server's bounds (the Rust server's `Config` defaults). */
@@ -284,6 +293,7 @@ export class Server {
 
   /** Adds a raw route for a full method name. */
   route(method: string, route: Route): this {
+    route = interceptRoute(method, route, this.options.interceptors);
     this.routes.set(method, route);
     this.face?.register(method, route);
     return this;
@@ -304,6 +314,7 @@ export class Server {
         decode: (b) => fromBinary(input, b),
         encode: (v) => toBinary(output, create(output, v as MessageInitShape<DescMessage>)),
         handler: h.bind(impl),
+        descriptor: m,
       });
     }
     return this;

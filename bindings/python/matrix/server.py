@@ -110,7 +110,10 @@ async def serve(addresses: list[str], tls: Optional[topspin.ServerTls]) -> None:
     for a in addresses:
         # The contract's one change to the defaults that applies here: WebSocket upgrades
         # from any origin (the Chromium client's page has an origin of its own).
-        s = topspin.Server(ws_allow_any_origin=True, tls=tls)
+        # TLS settings only where the address is TLS: the runtime refuses them on tcp:// and
+        # ws:// (they would be ignored there).
+        secure = a.startswith(("tls://", "wss://"))
+        s = topspin.Server(ws_allow_any_origin=True, tls=tls if secure else None)
         rpc.add_MatrixServicer_to_server(servicer, s)
         bound = await s.start_async(a)
         servers.append(s)

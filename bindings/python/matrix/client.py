@@ -4,8 +4,9 @@
 
 Runs the README's checks in order against the server at ADDR with the blocking client
 (`--mode sync`, checks_sync.py) or the asyncio client (`--mode asyncio`, checks_asyncio.py),
-printing `ok NAME` or `FAIL NAME: why` for each (tls:// and wss:// servers' certificates must
-chain to the CAs of --ca FILE, PEM, instead of the webpki roots); exits 0 when every check passed, else 1.
+printing `ok NAME` or `FAIL NAME: why` for each; exits 0 when every check passed, else 1.
+A tls:// or wss:// server's certificate must chain to the CAs of `--ca FILE` (PEM), trusted
+instead of the webpki roots.
 Each check has its own 5 s deadline, so the run ends within 60 s.
 """
 
@@ -84,7 +85,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("sync", "asyncio"), required=True)
     ap.add_argument("--target", required=True, metavar="ADDR")
-    ap.add_argument("--ca", metavar="FILE", help="CA certificates (PEM) of tls:// and wss:// servers")
+    ap.add_argument("--ca", metavar="FILE", help="CA certificates (PEM) of tls:// and wss://")
     a = ap.parse_args()
     ok = run_sync(a.target, a.ca) if a.mode == "sync" else asyncio.run(run_asyncio(a.target, a.ca))
     # Exit without waiting for anything a check that overran may have left blocked.

@@ -137,8 +137,8 @@ async def serve(addresses: list[str], tls: Optional[topspin.ServerTls]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--listen", action="append", required=True, metavar="ADDR")
-    ap.add_argument("--tls-cert", metavar="FILE", help="certificate chain (PEM) of tls:// and wss://")
-    ap.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    ap.add_argument("--tls-cert", metavar="FILE", help="certificate chain (PEM) for TLS")
+    ap.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
     a = ap.parse_args()
     if (a.tls_cert is None) != (a.tls_key is None):
         ap.error("--tls-cert and --tls-key go together")

@@ -11,7 +11,12 @@
 #   scripts/test-matrix.sh --allow-missing                 missing programs are skipped, not failures
 #
 # Clients: rust go node chromium python-sync python-asyncio (`python`: both Python modes).
-# Servers: rust go node python. Transports: tcp unix ws.
+# Servers: rust go node python. Transports: tcp unix ws tls wss.
+#
+# TLS: at start the runner makes a throw-away CA and a server certificate for 127.0.0.1 and
+# localhost (openssl, in a temporary directory removed at the end; without openssl the tls and
+# wss columns are left out, saying so). A server listening on tls:// or wss:// gets
+# `--tls-cert FILE --tls-key FILE`; a client in a tls or wss cell gets `--ca FILE`.
 #
 # The programs, at these paths (the runner says which is missing):
 #   rust    $MATRIX_RUST_BIN/matrix-{server,client}, else built here (cargo build -p matrix)
@@ -20,10 +25,13 @@
 #   node    node bindings/typescript/dist/matrix/{server,client}.js (npm run build when missing)
 #   chromium node bindings/typescript/dist/matrix/browser.js (the TS client in Chromium; ws only)
 #   python  bindings/python/.venv/bin/python bindings/python/matrix/{server,client}.py
-#           (client: --mode sync|asyncio; the venv comes from scripts/setup-python.sh)
+#           (client: --mode sync|asyncio; the venv comes from scripts/setup-python.sh;
+#           MATRIX_PYTHON names another interpreter, e.g. another checkout's venv)
 #
-# What each side has: rust, node, python tcp unix ws; go tcp unix; chromium ws (a server that
-# cannot listen on ws is started again without it). MATRIX_TRANSPORTS_<NAME> changes that, e.g.
+# What each side has: rust and python tcp unix ws tls wss; go tcp unix tls; node servers tcp unix
+# ws, node clients tcp unix ws wss (the Node runtime has no tls://, its server no TLS); chromium
+# ws (the browser would have to trust the throw-away CA for wss). A server that cannot listen on
+# ws or wss is started again without them. MATRIX_TRANSPORTS_<NAME> changes that, e.g.
 # MATRIX_TRANSPORTS_PYTHON_SYNC="tcp unix".
 #
 # Each cell has a hard timeout of MATRIX_CELL_TIMEOUT seconds (90); a server has
@@ -37,13 +45,14 @@ cd "$root"
 
 all_clients=(rust go node chromium python-sync python-asyncio)
 all_servers=(rust go node python)
-all_transports=(tcp unix ws)
+all_transports=(tcp unix ws tls wss)
 checks=(unary large server-stream quiet-stream client-stream bidi-open-then-send deadline cancel error-details compression)
 
 # The transports each side has (MATRIX_TRANSPORTS_<NAME>, e.g. MATRIX_TRANSPORTS_PYTHON_SYNC="tcp unix", overrides).
-declare -A server_has=([rust]="tcp unix ws" [go]="tcp unix" [node]="tcp unix ws" [python]="tcp unix ws")
-declare -A client_has=([rust]="tcp unix ws" [go]="tcp unix" [node]="tcp unix ws" [chromium]="ws"
-  [python-sync]="tcp unix ws" [python-asyncio]="tcp unix ws")
+declare -A server_has=([rust]="tcp unix ws tls wss" [go]="tcp unix tls" [node]="tcp unix ws"
+  [python]="tcp unix ws tls wss")
+declare -A client_has=([rust]="tcp unix ws tls wss" [go]="tcp unix tls" [node]="tcp unix ws wss"
+  [chromium]="ws" [python-sync]="tcp unix ws tls wss" [python-asyncio]="tcp unix ws tls wss")
 override_transports() {
   local -n table=$1
   local k var
@@ -108,6 +117,7 @@ mkdir -p "$logs"
 rm -f "$logs"/*.log
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/matrix.XXXXXX")
 
+
 selected() { # selected NAME LIST...
   local n=$1
   shift
@@ -126,6 +136,43 @@ uses() { # uses LANG: a client or server of this language is selected
 }
 
 step() { printf '\n== matrix: %s\n' "$*"; }
+
+# TLS: a throw-away CA and a server certificate (127.0.0.1, localhost), when tls or wss is selected.
+# openssl, not a generator of our own: on Debian it comes with ca-certificates (which depends on
+# it, and which the set-up scripts' https downloads need), so it is on every machine these
+# scripts run on, while rcgen (a Rust dev-dependency) would need a program of its own built first
+# and Go's crypto/x509 the Go tool, which a run without Go need not have.
+tls_dir="$tmp/tls"
+tls_note=""
+make_certificates() {
+  mkdir -p "$tls_dir"
+  local d=$tls_dir
+  {
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+      -subj /CN=topspin-matrix-ca -addext basicConstraints=critical,CA:TRUE \
+      -addext keyUsage=critical,keyCertSign,cRLSign -keyout "$d/ca.key" -out "$d/ca.pem" &&
+    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=localhost \
+      -keyout "$d/server.key" -out "$d/server.csr" &&
+    printf '%s\n' basicConstraints=critical,CA:FALSE keyUsage=critical,digitalSignature \
+      extendedKeyUsage=serverAuth subjectAltName=IP:127.0.0.1,DNS:localhost > "$d/server.ext" &&
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+      -days 2 -extfile "$d/server.ext" -out "$d/server.pem"
+  } > "$logs/certificates.log" 2>&1
+}
+if selected tls "${transports[@]}" || selected wss "${transports[@]}"; then
+  if ! command -v openssl > /dev/null; then
+    tls_note="no openssl on PATH: the tls and wss columns are left out"
+  elif ! make_certificates; then
+    tls_note="openssl could not make the certificates ($logs/certificates.log): the tls and wss columns are left out"
+  fi
+  if [ -n "$tls_note" ]; then
+    echo "matrix: $tls_note" >&2
+    kept=()
+    for t in "${transports[@]}"; do [ "$t" = tls ] || [ "$t" = wss ] || kept+=("$t"); done
+    transports=("${kept[@]}")
+    [ ${#transports[@]} -gt 0 ] || { echo "test-matrix.sh: no transport left" >&2; rm -rf "$tmp"; exit 2; }
+  fi
+fi
 
 # Why a language's programs are unusable ("" when they are): missing files, a failed build.
 declare -A unusable=() missing_lang=()
@@ -192,7 +239,7 @@ if uses node; then
   if ! have node; then mark_broken node "no node on PATH (scripts/setup-typescript.sh installs it)"; fi
 fi
 
-py=bindings/python/.venv/bin/python
+py=${MATRIX_PYTHON:-bindings/python/.venv/bin/python}
 if uses python; then
   if [ ! -x "$py" ]; then
     mark_broken python "$py is missing: run scripts/setup-python.sh"
@@ -290,8 +337,13 @@ start_server() {
       tcp) args+=(--listen tcp://127.0.0.1:0) ;;
       unix) args+=(--listen "unix://$tmp/$s.sock") ;;
       ws) args+=(--listen ws://127.0.0.1:0/) ;;
+      tls) args+=(--listen tls://127.0.0.1:0) ;;
+      wss) args+=(--listen wss://127.0.0.1:0/) ;;
     esac
   done
+  if selected tls "$@" || selected wss "$@"; then
+    args=(--tls-cert "$tls_dir/server.pem" --tls-key "$tls_dir/server.key" "${args[@]}")
+  fi
   local cmd
   server_cmd "$s"
   local so="$logs/server-$s.out.log" se="$logs/server-$s.err.log"
@@ -323,6 +375,8 @@ start_server() {
       tcp://*) addr[$s:tcp]=$a ;;
       unix:*) addr[$s:unix]=$a ;;
       ws://*) addr[$s:ws]=$a ;;
+      tls://*) addr[$s:tls]=$a ;;
+      wss://*) addr[$s:wss]=$a ;;
       *) echo "matrix: server $s printed an address of no known transport: $line" >&2 ;;
     esac
   done < <(grep '^listening ' "$so")
@@ -345,21 +399,21 @@ for s in "${servers[@]}"; do
   for t in "${transports[@]}"; do selected "$t" "${server_has[$s]}" && want+=("$t"); done
   [ ${#want[@]} -gt 0 ] || { server_note[$s]="no selected transport"; continue; }
   if ! start_server "$s" "${want[@]}"; then
-    if selected ws "${want[@]}"; then
-      # ws is tried where it may not be supported (Python): again without it.
-      echo "server $s: ${server_note[$s]}; trying again without ws" >&2
+    if selected ws "${want[@]}" || selected wss "${want[@]}"; then
+      # ws and wss are tried where they may not be supported (Python): again without them.
+      echo "server $s: ${server_note[$s]}; trying again without ws and wss" >&2
       first_note=${server_note[$s]}
       cp "$logs/server-$s.err.log" "$logs/server-$s.ws-attempt.err.log" 2>/dev/null || true
       unset "server_note[$s]"
       without=()
-      for t in "${want[@]}"; do [ "$t" = ws ] || without+=("$t"); done
+      for t in "${want[@]}"; do [ "$t" = ws ] || [ "$t" = wss ] || without+=("$t"); done
       if [ ${#without[@]} -eq 0 ] || ! start_server "$s" "${without[@]}"; then
         server_note[$s]=${server_note[$s]:-$first_note}
         echo "FAIL server $s: ${server_note[$s]}" >&2
         continue
       fi
-      server_note[$s]="no ws: $first_note"
-      echo "server $s: listening without ws (${server_note[$s]})" >&2
+      server_note[$s]="no ws/wss: $first_note"
+      echo "server $s: listening without ws and wss (${server_note[$s]})" >&2
     else
       echo "FAIL server $s: ${server_note[$s]}" >&2
     fi
@@ -373,6 +427,8 @@ fail_report="" skip_report=""
 run_cell() {
   local c=$1 s=$2 t=$3 a=${addr[$2:$3]} log="$logs/$1--$2--$3.log" rc=0 cmd
   client_cmd "$c"
+  # A TLS cell's client trusts the throw-away CA.
+  case "$t" in tls|wss) cmd+=(--ca "$tls_dir/ca.pem") ;; esac
   echo "\$ ${cmd[*]} --target $a" > "$log"
   timeout -k 5 "$cell_timeout" "${cmd[@]}" --target "$a" >> "$log" 2>&1 < /dev/null || rc=$?
   local fails=() skips=() missing=() name line
@@ -489,6 +545,7 @@ for s in "${servers[@]}"; do
   if [ -n "${server_note[$s]:-}" ]; then echo "server $s: ${server_note[$s]}"; fi
 done
 for l in "${!unusable[@]}"; do echo "$l: ${unusable[$l]}"; done
+if [ -n "$tls_note" ]; then echo "tls: $tls_note"; fi
 printf '\n%d failed cells, %d missing, %d skipped; logs in %s\n' "$failed_cells" "$missing_cells" "$skipped_cells" "$logs"
 [ "$failed_cells" -eq 0 ] || status=1
 if [ "$missing_cells" -gt 0 ] || [ ${#missing_lang[@]} -gt 0 ]; then

@@ -19,10 +19,11 @@ T = 5.0  # every call's own deadline, unless the check says otherwise
 
 
 class Checks:
-    def __init__(self, target: str, tag: Callable[[str], str]) -> None:
+    def __init__(self, target: str, tag: Callable[[str], str], ca: Optional[str] = None) -> None:
         self.target = target
         self.tag = tag
-        self.c = rpc.MatrixAsyncClient(topspin.AsyncChannel(target))
+        self.ca = ca  # the CAs (PEM file) a tls:// or wss:// server's certificate chains to
+        self.c = rpc.MatrixAsyncClient(topspin.AsyncChannel(target, ca_pem=ca))
 
     async def was_cancelled(self, t: str) -> None:
         """`WasCancelled(t)` turns true within 3 s (polled every 50 ms)."""
@@ -141,7 +142,7 @@ class Checks:
     async def compression(self) -> None:
         """One channel per algorithm: the API sets request compression per channel."""
         for algo in ("gzip", "zstd"):
-            async with topspin.AsyncChannel(self.target, compression=algo) as ch:
+            async with topspin.AsyncChannel(self.target, compression=algo, ca_pem=self.ca) as ch:
                 c = rpc.MatrixAsyncClient(ch)
                 r = await c.Unary(pb.Msg(payload=COMPRESSIBLE), timeout=T)
                 expect(r.payload == COMPRESSIBLE, f"{algo}: {len(r.payload)} bytes back")

@@ -40,10 +40,11 @@ def next_or_error(s: Iterator[Any]) -> object:
 
 
 class Checks:
-    def __init__(self, target: str, tag: Callable[[str], str]) -> None:
+    def __init__(self, target: str, tag: Callable[[str], str], ca: Optional[str] = None) -> None:
         self.target = target
         self.tag = tag
-        self.c = rpc.MatrixClient(topspin.Channel(target))
+        self.ca = ca  # the CAs (PEM file) a tls:// or wss:// server's certificate chains to
+        self.c = rpc.MatrixClient(topspin.Channel(target, ca_pem=ca))
 
     def was_cancelled(self, t: str) -> None:
         """`WasCancelled(t)` turns true within 3 s (polled every 50 ms)."""
@@ -158,7 +159,7 @@ class Checks:
     def compression(self) -> None:
         """One channel per algorithm: the API sets request compression per channel."""
         for algo in ("gzip", "zstd"):
-            with topspin.Channel(self.target, compression=algo) as ch:
+            with topspin.Channel(self.target, compression=algo, ca_pem=self.ca) as ch:
                 r = rpc.MatrixClient(ch).Unary(pb.Msg(payload=COMPRESSIBLE), timeout=T)
                 expect(r.payload == COMPRESSIBLE, f"{algo}: {len(r.payload)} bytes back")
 

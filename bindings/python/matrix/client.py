@@ -1,10 +1,12 @@
 """The Python clients of the cross-language matrix (testdata/matrix/README.md).
 
-    python matrix/client.py --mode sync|asyncio --target ADDR
+    python matrix/client.py --mode sync|asyncio [--ca FILE] --target ADDR
 
 Runs the README's checks in order against the server at ADDR with the blocking client
 (`--mode sync`, checks_sync.py) or the asyncio client (`--mode asyncio`, checks_asyncio.py),
 printing `ok NAME` or `FAIL NAME: why` for each; exits 0 when every check passed, else 1.
+A tls:// or wss:// server's certificate must chain to the CAs of `--ca FILE` (PEM), trusted
+instead of the webpki roots.
 Each check has its own 5 s deadline, so the run ends within 60 s.
 """
 
@@ -44,10 +46,10 @@ def on_alarm(signum: int, frame: Optional[FrameType]) -> None:
     raise CheckTimeout(f"no result within {common.CHECK_SECONDS:g} s")
 
 
-def run_sync(target: str) -> bool:
+def run_sync(target: str, ca: Optional[str]) -> bool:
     """The blocking client's checks, on the main thread; SIGALRM ends a check that overruns
     its deadline (a blocking call sees the signal and is cancelled)."""
-    checks = checks_sync.Checks(target, lambda c: common.tag("sync", c))
+    checks = checks_sync.Checks(target, lambda c: common.tag("sync", c), ca)
     signal.signal(signal.SIGALRM, on_alarm)
     passed = True
     for name in common.CHECKS:
@@ -63,9 +65,9 @@ def run_sync(target: str) -> bool:
     return passed
 
 
-async def run_asyncio(target: str) -> bool:
+async def run_asyncio(target: str, ca: Optional[str]) -> bool:
     """The asyncio client's checks, each under `asyncio.wait_for` with its deadline."""
-    checks = checks_asyncio.Checks(target, lambda c: common.tag("asyncio", c))
+    checks = checks_asyncio.Checks(target, lambda c: common.tag("asyncio", c), ca)
     passed = True
     for name in common.CHECKS:
         error: Optional[BaseException] = None
@@ -83,8 +85,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("sync", "asyncio"), required=True)
     ap.add_argument("--target", required=True, metavar="ADDR")
+    ap.add_argument("--ca", metavar="FILE", help="CA certificates (PEM) of tls:// and wss://")
     a = ap.parse_args()
-    ok = run_sync(a.target) if a.mode == "sync" else asyncio.run(run_asyncio(a.target))
+    ok = run_sync(a.target, a.ca) if a.mode == "sync" else asyncio.run(run_asyncio(a.target, a.ca))
     # Exit without waiting for anything a check that overran may have left blocked.
     sys.stdout.flush()
     sys.stderr.flush()

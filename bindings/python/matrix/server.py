@@ -1,9 +1,10 @@
 """The Python server of the cross-language matrix (testdata/matrix/README.md).
 
-    python matrix/server.py --listen tcp://127.0.0.1:0 --listen unix:///tmp/m.sock ...
+    python matrix/server.py [--tls-cert FILE --tls-key FILE] --listen tcp://127.0.0.1:0 ...
 
 Serves matrix.v1.Matrix (`async def` handlers, on this process's event loop) on every
-`--listen` address (tcp://, unix://, ws:// from pages of any origin), prints `listening ADDR`
+`--listen` address (tcp://, unix://, ws:// from pages of any origin, and with the certificate
+chain and key of --tls-cert/--tls-key, PEM files, tls:// and wss://), prints `listening ADDR`
 for each, and runs until SIGTERM (or SIGINT), then exits 0 within 2 s. Request compression:
 gzip and zstd are accepted, as the runtime does by default.
 """
@@ -103,13 +104,16 @@ class Matrix(rpc.MatrixAsyncServicer):
         return pb.Flag(value=request.tag in self.cancelled)
 
 
-async def serve(addresses: list[str]) -> None:
+async def serve(addresses: list[str], tls: Optional[topspin.ServerTls]) -> None:
     servicer = Matrix()
     servers = []
     for a in addresses:
         # The contract's one change to the defaults that applies here: WebSocket upgrades
         # from any origin (the Chromium client's page has an origin of its own).
-        s = topspin.Server(ws_allow_any_origin=True)
+        # TLS settings only where the address is TLS: the runtime refuses them on tcp:// and
+        # ws:// (they would be ignored there).
+        secure = a.startswith(("tls://", "wss://"))
+        s = topspin.Server(ws_allow_any_origin=True, tls=tls if secure else None)
         rpc.add_MatrixServicer_to_server(servicer, s)
         bound = await s.start_async(a)
         servers.append(s)
@@ -133,9 +137,14 @@ async def serve(addresses: list[str]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--listen", action="append", required=True, metavar="ADDR")
+    ap.add_argument("--tls-cert", metavar="FILE", help="certificate chain (PEM) for TLS")
+    ap.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
     a = ap.parse_args()
+    if (a.tls_cert is None) != (a.tls_key is None):
+        ap.error("--tls-cert and --tls-key go together")
+    tls = None if a.tls_cert is None else topspin.ServerTls(a.tls_cert, a.tls_key)
     try:
-        asyncio.run(serve(a.listen))
+        asyncio.run(serve(a.listen, tls))
     except RuntimeError as e:  # a bind that failed
         print(f"server: {e}", file=sys.stderr)
         return 2

@@ -69,8 +69,8 @@ func CheckNames() []string {
 // Run connects to target and runs every check in order, writing one line per check to out
 // ("ok NAME", "FAIL NAME: why" or "skip NAME: why"); tags are "<prefix>-<check>". It
 // reports whether no check failed. It returns within about a minute whatever the server
-// does.
-func Run(target, prefix string, out io.Writer) bool {
+// does. opts are the connection's options (WithTLS for a tls:// target).
+func Run(target, prefix string, out io.Writer, opts ...topspin.Option) bool {
 	if strings.HasPrefix(target, "ws://") || strings.HasPrefix(target, "wss://") {
 		for _, ch := range checks {
 			fmt.Fprintf(out, "skip %s: the Go runtime has no WebSocket transport\n", ch.name)
@@ -79,7 +79,7 @@ func Run(target, prefix string, out io.Writer) bool {
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), checkDeadline)
-	cc, err := topspin.Dial(ctx, target)
+	cc, err := topspin.Dial(ctx, target, opts...)
 	cancel()
 	if err != nil {
 		for _, ch := range checks {

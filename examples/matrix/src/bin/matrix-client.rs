@@ -1,6 +1,7 @@
 //! The Rust client of the cross-language matrix (`testdata/matrix/README.md`).
 //!
-//! Usage: `matrix-client --target ADDR` (`tcp://`, `unix://`, `ws://`). Runs the ten checks in
+//! Usage: `matrix-client [--ca FILE] --target ADDR` (`tcp://`, `unix://`, `ws://`, and `tls://`,
+//! `wss://` trusting the CA certificates of FILE, PEM, instead of the webpki roots). Runs the ten checks in
 //! order, one line each (`ok NAME` / `FAIL NAME: why`), and exits 0 when all passed, 1
 //! otherwise. Every check has its own deadline, so the run ends within 60 s.
 //!
@@ -20,9 +21,13 @@ use topspin::{Code, Compression, Encoding, Endpoint, Metadata, Request, Status};
 #[derive(Parser, Debug)]
 #[command(about = "The Rust client of the cross-language matrix (testdata/matrix)")]
 struct Args {
-    /// The server: tcp://HOST:PORT, unix:///PATH or ws://HOST:PORT/PATH.
+    /// The server: tcp://HOST:PORT, unix:///PATH, ws://HOST:PORT/PATH, tls://HOST:PORT or
+    /// wss://HOST:PORT/PATH.
     #[arg(long, value_name = "ADDR")]
     target: String,
+    /// The CA certificates (PEM) a tls:// or wss:// server's certificate must chain to.
+    #[arg(long, value_name = "FILE")]
+    ca: Option<String>,
 }
 
 /// A check's deadline unless it says otherwise.
@@ -337,7 +342,17 @@ where
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let client = match Endpoint::new(args.target.as_str()) {
+    let endpoint = Endpoint::new(args.target.as_str()).map(|e| match &args.ca {
+        None => e,
+        Some(ca) => match topspin::tls::ClientTls::ca_pem_file(ca) {
+            Ok(tls) => e.tls(tls),
+            Err(err) => {
+                eprintln!("matrix-client: --ca {ca}: {err}");
+                std::process::exit(2);
+            }
+        },
+    });
+    let client = match endpoint {
         Ok(e) => pb::MatrixClient::new(e.connect_lazy()),
         Err(e) => {
             eprintln!("matrix-client: bad target {}: {e}", args.target);

@@ -1,8 +1,9 @@
 //! The Rust server of the cross-language matrix (`testdata/matrix/README.md`).
 //!
-//! Usage: `matrix-server --listen ADDR [--listen ADDR]...` with `tcp://127.0.0.1:0`,
-//! `unix:///path` or `ws://127.0.0.1:0/` (WebSocket upgrades from any origin: the browser client
-//! comes from a page served elsewhere). Prints `listening ADDR` per listener, the port resolved,
+//! Usage: `matrix-server [--tls-cert FILE --tls-key FILE] --listen ADDR [--listen ADDR]...`
+//! with `tcp://127.0.0.1:0`, `unix:///path`, `ws://127.0.0.1:0/` (WebSocket upgrades from any
+//! origin: the browser client comes from a page served elsewhere), and with the certificate
+//! (PEM chain, PEM key) `tls://127.0.0.1:0` or `wss://127.0.0.1:0/`. Prints `listening ADDR` per listener, the port resolved,
 //! and serves until SIGTERM or Ctrl-C, then exits 0 within 2 s.
 
 use clap::Parser;
@@ -12,9 +13,16 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 #[command(about = "The Rust server of the cross-language matrix (testdata/matrix)")]
 struct Args {
-    /// An address to serve on: tcp://HOST:PORT, unix:///PATH or ws://HOST:PORT/PATH (repeatable).
+    /// An address to serve on: tcp://HOST:PORT, unix:///PATH, ws://HOST:PORT/PATH, and with
+    /// --tls-cert/--tls-key tls://HOST:PORT or wss://HOST:PORT/PATH (repeatable).
     #[arg(long = "listen", value_name = "ADDR", required = true)]
     listen: Vec<String>,
+    /// The server's certificate chain (PEM, leaf first), for tls:// and wss:// listeners.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<String>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<String>,
 }
 
 /// Calls in flight get this long after SIGTERM; the process is gone within 2 s whatever happens.
@@ -24,12 +32,27 @@ const GRACE: Duration = Duration::from_millis(1000);
 async fn main() {
     let args = Args::parse();
     let state = matrix::server::State::default();
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => match topspin::tls::ServerTls::from_pem_files(cert, key) {
+            Ok(tls) => Some(tls),
+            Err(e) => {
+                eprintln!("matrix-server: --tls-cert {cert} --tls-key {key}: {e}");
+                std::process::exit(1);
+            }
+        },
+        _ => None,
+    };
     let mut servers = Vec::new();
     for address in &args.listen {
         let ws = topspin::ws::WebSocketSettings::default().allow_any_origin();
-        let builder = topspin::Server::builder()
-            .websocket(ws)
-            .add_service(matrix::pb::MatrixServer::new(state.clone()));
+        let mut builder = topspin::Server::builder().websocket(ws);
+        // TLS settings only where the address is TLS: the runtime refuses them on a plain
+        // tcp:// or ws:// address (they would be ignored there).
+        let secure = address.starts_with("tls://") || address.starts_with("wss://");
+        if let (Some(tls), true) = (&tls, secure) {
+            builder = builder.tls(tls.clone());
+        }
+        let builder = builder.add_service(matrix::pb::MatrixServer::new(state.clone()));
         match builder.bind(address.as_str()).await {
             Ok(server) => servers.push(server),
             Err(e) => {

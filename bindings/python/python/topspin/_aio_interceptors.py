@@ -161,7 +161,7 @@ class _Started(AsyncResponseStream[Any]):
 
     async def __anext__(self) -> Any:
         if self._it is None:
-            self._it = (await self._task).__aiter__()
+            self._it = (await _through(self._task, self._made)).__aiter__()
         return await self._it.__anext__()
 
     def cancel(self) -> None:
@@ -229,7 +229,18 @@ AIO_KINDS = (
 )
 
 
-async def _finish_unary(out: Any, made: List[UnaryCall]) -> Tuple[Any, CallInfo]:
+async def _through(start: Awaitable[Any], made: List[Any]) -> Any:
+    """What the interceptors return; a cancelled caller cancels the call they started."""
+    try:
+        return await start
+    except asyncio.CancelledError:
+        for c in made:
+            c.cancel()
+        raise
+
+
+async def _finish_unary(start: Awaitable[Any], made: List[UnaryCall]) -> Tuple[Any, CallInfo]:
+    out = await _through(start, made)
     if isinstance(out, UnaryCall):
         resp = await out
         return resp, CallInfo(await out.initial_metadata(), await out.trailing_metadata())
@@ -259,7 +270,7 @@ async def unary_unary(m: Any, request: Any, timeout: Any, metadata: Any) -> Tupl
 
     name = "intercept_unary_unary"
     fn = chain(m._channel._interceptors, UnaryUnaryClientInterceptor, name, real)
-    return await _finish_unary(await fn(_details(m._method, timeout, metadata), request), made)
+    return await _finish_unary(fn(_details(m._method, timeout, metadata), request), made)
 
 
 async def stream_unary(m: Any, requests: Any, timeout: Any, metadata: Any) -> Tuple[Any, CallInfo]:
@@ -282,7 +293,7 @@ async def stream_unary(m: Any, requests: Any, timeout: Any, metadata: Any) -> Tu
 
     name = "intercept_stream_unary"
     fn = chain(m._channel._interceptors, StreamUnaryClientInterceptor, name, real)
-    return await _finish_unary(await fn(_details(m._method, timeout, metadata), requests), made)
+    return await _finish_unary(fn(_details(m._method, timeout, metadata), requests), made)
 
 
 def unary_stream(m: Any, request: Any, timeout: Any, metadata: Any) -> AsyncResponseStream[Any]:

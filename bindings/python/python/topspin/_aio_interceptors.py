@@ -61,7 +61,8 @@ class UnaryCall:
         return self._response
 
     async def _end(self) -> Tuple[Optional[BaseException], Any]:
-        await asyncio.wait([self._fut])
+        if not self._fut.done():  # wait without cancelling the call when the waiter is
+            await asyncio.wait([self._fut])
         if self._fut.cancelled():
             return asyncio.CancelledError(), None
         return self._fut.exception(), self._fut.result() if self._fut.exception() is None else None

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PKG, ROOT
+from conftest import KV_PROTO_DIR, PKG, ROOT
 
 
 def test_quick_start(tmp_path: Path) -> None:
@@ -36,3 +36,25 @@ def test_quick_start(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["red", "NOT_FOUND no key 'pear'", "64 answers"]
+
+
+def test_interceptors_example(tmp_path: Path) -> None:
+    text = (Path(PKG) / "README.md").read_text()
+    section = text.split("## Interceptors", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)
+    shells = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert len(code) == 1 and len(shells) == 1
+    from topspin.gen import generate
+
+    generate(["kv/v1/kv.proto"], [KV_PROTO_DIR], str(tmp_path / "gen_out"))
+    (tmp_path / "serve.py").write_text(code[0])
+    run, said = shells[0].split("#", 1)
+    assert shlex.split(run) == [".venv/bin/python", "serve.py"]
+    r = subprocess.run(
+        [sys.executable, "serve.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    # The README's comment, with any duration.
+    want = [re.escape(x).replace(r"1\.5", r"\d+\.\d") for x in said.strip().split(" / ")]
+    got = r.stdout.splitlines()
+    assert len(got) == len(want) and all(re.fullmatch(w, g) for w, g in zip(want, got)), got

@@ -14,6 +14,7 @@ from typing import (
     Iterable,
     Iterator,
     Optional,
+    Sequence,
     Tuple,
     Type,
     TypeVar,
@@ -62,8 +63,11 @@ class Channel:
     `server_name` the name to check the server's certificate against (default: the address's
     host). `max_message_size` bounds responses (default 64 MiB); `timeout` (seconds) applies
     to calls that set none; `compression` ("zstd" or "gzip") compresses requests and accepts
-    compressed responses.
+    compressed responses. `interceptors` (`topspin.UnaryUnaryClientInterceptor` and its
+    siblings; `topspin.aio.*` ones for `AsyncChannel`) see every call, the first outermost.
     """
+
+    _interceptors: Tuple[Any, ...] = ()
 
     def __init__(
         self,
@@ -76,8 +80,13 @@ class Channel:
         max_message_size: Optional[int] = None,
         timeout: Optional[float] = None,
         compression: Optional[str] = None,
+        interceptors: Optional[Sequence[Any]] = None,
     ) -> None:
         self.address = address
+        if interceptors:
+            from ._interceptors import check_interceptors
+
+            self._interceptors = check_interceptors(self, interceptors)
         self._ch: Optional[_native.Channel] = _native.Channel(
             address,
             ca_pem=_path(ca_pem),
@@ -140,6 +149,8 @@ class UnaryUnary(_Method[Req, Resp]):
     def __call__(
         self, request: Req, *, timeout: Optional[float] = None, metadata: Optional[Metadata] = None
     ) -> Resp:
+        if self._channel._interceptors:
+            return self.with_call(request, timeout=timeout, metadata=metadata)[0]
         data = self._channel.native.unary(
             self._method, request.SerializeToString(), timeout, metadata
         )
@@ -150,6 +161,10 @@ class UnaryUnary(_Method[Req, Resp]):
         self, request: Req, *, timeout: Optional[float] = None, metadata: Optional[Metadata] = None
     ) -> Tuple[Resp, CallInfo]:
         """The reply and its headers and trailers."""
+        if self._channel._interceptors:
+            from . import _interceptors
+
+            return _interceptors.unary_unary(self, request, timeout, metadata)
         raw = self._channel.native.unary(
             self._method, request.SerializeToString(), timeout, metadata, True
         )
@@ -197,6 +212,10 @@ class UnaryStream(_Method[Req, Resp]):
     def __call__(
         self, request: Req, *, timeout: Optional[float] = None, metadata: Optional[Metadata] = None
     ) -> ResponseStream[Resp]:
+        if self._channel._interceptors:
+            from . import _interceptors
+
+            return _interceptors.unary_stream(self, request, timeout, metadata)
         s = self._channel.native.server_streaming(
             self._method, request.SerializeToString(), timeout, metadata
         )
@@ -231,6 +250,10 @@ class StreamUnary(_Method[Req, Resp]):
         timeout: Optional[float] = None,
         metadata: Optional[Metadata] = None,
     ) -> Tuple[Resp, CallInfo]:
+        if self._channel._interceptors:
+            from . import _interceptors
+
+            return _interceptors.stream_unary(self, requests, timeout, metadata)
         sender, pending = self._channel.native.client_streaming(self._method, timeout, metadata)
         try:
             _pump_sync(sender, requests)
@@ -253,6 +276,10 @@ class StreamStream(_Method[Req, Resp]):
         timeout: Optional[float] = None,
         metadata: Optional[Metadata] = None,
     ) -> ResponseStream[Resp]:
+        if self._channel._interceptors:
+            from . import _interceptors
+
+            return _interceptors.stream_stream(self, requests, timeout, metadata)
         sender, stream = self._channel.native.streaming(self._method, timeout, metadata)
         t = threading.Thread(target=_pump_sync, args=(sender, requests), daemon=True)
         t.start()
@@ -286,6 +313,8 @@ class AsyncUnaryUnary(_Method[Req, Resp]):
     async def __call__(
         self, request: Req, *, timeout: Optional[float] = None, metadata: Optional[Metadata] = None
     ) -> Resp:
+        if self._channel._interceptors:
+            return (await self.with_call(request, timeout=timeout, metadata=metadata))[0]
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         h = self._channel.native.unary_async(
@@ -307,6 +336,10 @@ class AsyncUnaryUnary(_Method[Req, Resp]):
     async def with_call(
         self, request: Req, *, timeout: Optional[float] = None, metadata: Optional[Metadata] = None
     ) -> Tuple[Resp, CallInfo]:
+        if self._channel._interceptors:
+            from . import _aio_interceptors
+
+            return await _aio_interceptors.unary_unary(self, request, timeout, metadata)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         h = self._channel.native.unary_async(
@@ -368,6 +401,10 @@ class AsyncUnaryStream(_Method[Req, Resp]):
     def __call__(
         self, request: Req, *, timeout: Optional[float] = None, metadata: Optional[Metadata] = None
     ) -> AsyncResponseStream[Resp]:
+        if self._channel._interceptors:
+            from . import _aio_interceptors
+
+            return _aio_interceptors.unary_stream(self, request, timeout, metadata)
         s = self._channel.native.server_streaming(
             self._method, request.SerializeToString(), timeout, metadata
         )
@@ -423,6 +460,10 @@ class AsyncStreamUnary(_Method[Req, Resp]):
         timeout: Optional[float] = None,
         metadata: Optional[Metadata] = None,
     ) -> Tuple[Resp, CallInfo]:
+        if self._channel._interceptors:
+            from . import _aio_interceptors
+
+            return await _aio_interceptors.stream_unary(self, requests, timeout, metadata)
         sender, pending = self._channel.native.client_streaming(self._method, timeout, metadata)
         loop = asyncio.get_running_loop()
         pump = loop.create_task(_pump_async(sender, requests))
@@ -453,6 +494,10 @@ class AsyncStreamStream(_Method[Req, Resp]):
         timeout: Optional[float] = None,
         metadata: Optional[Metadata] = None,
     ) -> AsyncResponseStream[Resp]:
+        if self._channel._interceptors:
+            from . import _aio_interceptors
+
+            return _aio_interceptors.stream_stream(self, requests, timeout, metadata)
         sender, stream = self._channel.native.streaming(self._method, timeout, metadata)
         pump = asyncio.get_running_loop().create_task(_pump_async(sender, requests))
         return AsyncResponseStream(stream, self._decode, pump)

@@ -257,6 +257,9 @@ class Server:
     `ws_allow_any_origin=True` (any page: only for servers whose calls carry their own
     credentials) say otherwise; clients that send no `Origin` are always accepted.
 
+    `interceptors` (`topspin.ServerInterceptor`s, or `topspin.aio.ServerInterceptor`s: all of
+    one sort) see every call before its handler, the first outermost.
+
     `start(address)` serves from a thread of its own (its own asyncio loop for `async def`
     handlers; `def` handlers run on a thread pool of `max_workers`). Inside a running loop use
     `await start_async(address)`: the handlers then run on that loop.
@@ -271,7 +274,14 @@ class Server:
         tls: Optional[ServerTls] = None,
         ws_allow_origins: Optional[Sequence[str]] = None,
         ws_allow_any_origin: bool = False,
+        interceptors: Optional[Sequence[Any]] = None,
     ) -> None:
+        self._interceptors = tuple(interceptors or ())
+        self._interceptors_async = False
+        if self._interceptors:
+            from ._server_interceptors import check
+
+            self._interceptors_async = check(self._interceptors)
         self._ws_allow_origins = None if ws_allow_origins is None else list(ws_allow_origins)
         self._ws_allow_any_origin = ws_allow_any_origin
         self._methods: List[MethodHandler] = []
@@ -297,7 +307,11 @@ class Server:
 
     def _on_call(self, idx: int, call: _native.ServerCall) -> None:
         m = self._methods[idx]
-        if self._async[idx]:
+        if self._interceptors:
+            from ._server_interceptors import dispatch
+
+            dispatch(self, m, call)
+        elif self._async[idx]:
             assert self._loop is not None
             t = self._loop.create_task(_run_async(m, call, self._tasks))
             if not t.done():

@@ -22,12 +22,13 @@ root=$PWD
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-rust_parts=(rustfmt clippy cargo-test vectors bench-smoke fuzz-build)
+rust_parts=(rustfmt clippy features cargo-test vectors bench-smoke fuzz-build)
 all_parts=("${rust_parts[@]}" go python typescript matrix grpc grpcclient netns)
 describe() {
   case "$1" in
     rustfmt) echo "cargo fmt --check of the workspace" ;;
     clippy) echo "cargo clippy of the workspace, all targets, warnings are errors" ;;
+    features) echo "the runtime builds with each of its features alone (the workspace build unifies them; the benchmark's peers do not)" ;;
     cargo-test) echo "cargo test of the workspace (unit, integration, property, doc tests)" ;;
     vectors) echo "testdata/vectors are what their generator writes" ;;
     bench-smoke) echo "every benchmark system returns correct data (debug, shared and separate processes)" ;;
@@ -86,6 +87,7 @@ setup_of() {
     rustfmt) echo "setup.sh rustfmt" ;;
     # The benchmark's peers compile Cap'n Proto and Thrift schemas in their build scripts.
     clippy) echo "setup.sh clippy compilers" ;;
+    features) echo "setup.sh compilers" ;;
     cargo-test|bench-smoke) echo "setup.sh compilers" ;;
     fuzz-build) echo "setup.sh fuzz" ;;
     go) echo "setup-go.sh"; echo "setup-grpcurl.sh" ;;
@@ -113,6 +115,14 @@ part_rustfmt() {
 part_clippy() {
   setup_part clippy
   cargo clippy --workspace --all-targets --locked -- -D warnings
+}
+part_features() {
+  setup_part features
+  local f
+  for f in "" prost tls websocket grpc metrics otel; do
+    echo "cargo check -p topspin --no-default-features${f:+ --features $f}"
+    RUSTFLAGS="${RUSTFLAGS:-} -D warnings" cargo check -q --locked -p topspin --no-default-features ${f:+--features "$f"}
+  done
 }
 part_cargo_test() {
   setup_part cargo-test

@@ -118,6 +118,7 @@ pub(crate) fn request_encoding(headers: &HeaderMap) -> Result<Option<Encoding>, 
 }
 
 /// The encodings a client's `grpc-accept-encoding` names (a bit per [`Encoding`]).
+#[cfg(feature = "grpc")]
 pub(crate) fn accepted_encodings(headers: &HeaderMap) -> u8 {
     headers
         .get_all("grpc-accept-encoding")
@@ -131,6 +132,7 @@ pub(crate) fn accepted_encodings(headers: &HeaderMap) -> u8 {
 /// The response compression a handler chose ([`crate::Response::with_compression`]), from
 /// the marker its codec put in the response headers (`topspin-encoding: NAME:THRESHOLD`, never
 /// sent on this face): `None` when it did not choose; `Some(None)` for none.
+#[cfg(feature = "grpc")]
 pub(crate) fn chosen_compression(md: &topspin_proto::Metadata) -> Option<Option<Compression>> {
     let marker = md.get_str(compression::ENCODING_KEY)?;
     let (name, threshold) = marker.split_once(':').unwrap_or((marker, ""));

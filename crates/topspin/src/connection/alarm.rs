@@ -89,7 +89,10 @@ impl Ord for Entry {
     }
 }
 
-/// The alarm thread's heap and the condition it sleeps on.
+/// The alarm thread's heap and the condition it sleeps on. Bounded by what connections set,
+/// not by peers: a connection sets its alarm only when its next far deadline comes earlier
+/// than the one set (a handshake, a frame or write that starts to stall, keep-alive), so at
+/// most a few entries per connection wait at once, each popped when its time comes.
 struct Thread {
     heap: Mutex<BinaryHeap<Entry>>,
     moved: Condvar,

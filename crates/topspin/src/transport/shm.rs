@@ -890,6 +890,7 @@ pub(crate) fn fuzz_rounds(data: &[u8]) {
     let mut peer = Some(b);
     let waker = futures_util::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
+    // Fixed: two of the fuzzed ring's size, whatever the input (a read takes at most a ring).
     let mut buf = BytesMut::with_capacity(2 * MIN_RING);
     for round in data.chunks(12) {
         let (op, arg) = (round[0], &round[1..]);

@@ -89,10 +89,12 @@ impl Ord for Entry {
     }
 }
 
-/// The alarm thread's heap and the condition it sleeps on. Bounded by what connections set,
-/// not by peers: a connection sets its alarm only when its next far deadline comes earlier
-/// than the one set (a handshake, a frame or write that starts to stall, keep-alive), so at
-/// most a few entries per connection wait at once, each popped when its time comes.
+/// The alarm thread's heap and the condition it sleeps on. Bounded by time, not by what a peer
+/// sends: a connection adds an entry only when its next far deadline comes earlier than the one
+/// set, or after its alarm rang; a setting taken over stays until its own time (at most the
+/// longest far timeout, the idle hour). A peer that keeps half-sending frames makes its
+/// connection add one about every `frame_timeout` (30 s): ~120 entries of 24 bytes per
+/// connection at worst, popped as they come due; `max_connections` bounds the connections.
 struct Thread {
     heap: Mutex<BinaryHeap<Entry>>,
     moved: Condvar,

@@ -1,7 +1,7 @@
 //! The shared-memory transport (`shm://name`, Linux): the four call kinds, a 16 MiB message
 //! through a 2 MiB ring, many concurrent calls, peer death both ways (a child process killed
-//! with SIGKILL), and hostile peers that write garbage into the shared header or send an
-//! unsealed memfd — a connection error, never a crash.
+//! with SIGKILL), and hostile peers that write garbage into the shared header, answer badly,
+//! send no hello or never read — a connection error, never a crash.
 #![cfg(target_os = "linux")]
 
 mod common;
@@ -332,11 +332,75 @@ async fn a_killed_server_fails_calls_unavailable_and_the_mapping_goes() {
 
 // --- Hostile peers ------------------------------------------------------------------------
 
-/// A raw client: connects to `shm://name`'s socket and maps what the server sends.
+/// A raw client: connects to `shm://name`'s socket, sends the hello with a memfd of its own
+/// and maps it.
 struct RawClient {
     sock: UnixStream,
     map: *mut u8,
     len: usize,
+}
+
+/// A sealed memfd of `4096 + 2 × ring` bytes, mapped.
+fn rings(ring: usize) -> (OwnedFd, *mut u8, usize) {
+    let len = 4096 + 2 * ring;
+    let fd = rustix::fs::memfd_create(
+        "topspin-shm-test",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )
+    .unwrap();
+    rustix::fs::ftruncate(&fd, len as u64).unwrap();
+    use rustix::fs::SealFlags;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .unwrap();
+    // SAFETY: a fresh shared mapping of the memfd, which is `len` long and sealed.
+    let map = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            &fd,
+            0,
+        )
+    }
+    .expect("mmap")
+    .cast::<u8>();
+    (fd, map, len)
+}
+
+/// Sends `hello` with `fd` attached, as a client does.
+fn send_with(sock: &UnixStream, hello: &[u8; 16], fd: &OwnedFd) {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = rustix::net::SendAncillaryBuffer::new(&mut space);
+    let fds = [fd.as_fd()];
+    assert!(cmsg.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+    let n = rustix::net::sendmsg(
+        sock,
+        &[IoSlice::new(hello)],
+        &mut cmsg,
+        rustix::net::SendFlags::empty(),
+    )
+    .unwrap();
+    assert_eq!(n, 16);
+}
+
+/// Reads 16 bytes and reports whether a descriptor came with them.
+fn recv_with(sock: &UnixStream) -> ([u8; 16], bool) {
+    let mut got = [0u8; 16];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    let r = rustix::net::recvmsg(
+        sock,
+        &mut [std::io::IoSliceMut::new(&mut got)],
+        &mut cmsg,
+        rustix::net::RecvFlags::CMSG_CLOEXEC | rustix::net::RecvFlags::WAITALL,
+    )
+    .expect("recv");
+    assert_eq!(r.bytes, 16);
+    let passed = cmsg
+        .drain()
+        .any(|m| matches!(m, rustix::net::RecvAncillaryMessage::ScmRights(_)));
+    (got, passed)
 }
 
 impl RawClient {
@@ -345,42 +409,12 @@ impl RawClient {
         let sock = UnixStream::connect_addr(&addr).expect("connect");
         sock.set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
-        let mut hello = [0u8; 16];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut cmsg = rustix::net::RecvAncillaryBuffer::new(&mut space);
-        let r = rustix::net::recvmsg(
-            &sock,
-            &mut [std::io::IoSliceMut::new(&mut hello)],
-            &mut cmsg,
-            rustix::net::RecvFlags::CMSG_CLOEXEC,
-        )
-        .expect("hello");
-        assert_eq!(r.bytes, 16);
-        assert_eq!(&hello[..8], b"TSSHM\0\0\x01");
-        let ring = u32::from_le_bytes(hello[8..12].try_into().unwrap()) as usize;
-        let mut fd: Option<OwnedFd> = None;
-        for m in cmsg.drain() {
-            if let rustix::net::RecvAncillaryMessage::ScmRights(mut fds) = m {
-                fd = fds.next();
-            }
-        }
-        let fd = fd.expect("memfd");
-        // Sealed: a client cannot shrink the server's mapping under it.
-        assert!(rustix::fs::ftruncate(&fd, 4096).is_err());
-        let len = 4096 + 2 * ring;
-        // SAFETY: a fresh shared mapping of the memfd, which is `len` long and sealed.
-        let map = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::SHARED,
-                &fd,
-                0,
-            )
-        }
-        .expect("mmap")
-        .cast::<u8>();
+        let ring = 1 << 21;
+        let (fd, map, len) = rings(ring);
+        send_with(&sock, &hello(ring as u32), &fd);
+        let (answer, passed) = recv_with(&sock);
+        assert_eq!(answer, hello(ring as u32));
+        assert!(!passed, "a server passes no descriptor");
         RawClient { sock, map, len }
     }
 
@@ -475,30 +509,37 @@ async fn a_client_flooding_wake_bytes_does_not_hold_the_server() {
     within(10, server.stop()).await;
 }
 
-/// A fake server on `shm://name`: answers each connection with `hello` and `fd`, then does
-/// `then` with the socket and the mapping it made.
+/// A fake server on `shm://name`: takes one connection's hello and memfd, maps it, answers
+/// `answer` (nothing when `None`), then does `then` with the socket and the mapping.
 fn fake_server(
     name: &str,
-    hello: [u8; 16],
-    seal: bool,
+    answer: Option<[u8; 16]>,
     then: impl FnOnce(UnixStream, *mut u8) + Send + 'static,
 ) -> std::thread::JoinHandle<()> {
     let addr = SocketAddr::from_abstract_name(format!("topspin-shm:{name}")).unwrap();
     let l = UnixListener::bind_addr(&addr).expect("bind fake");
     std::thread::spawn(move || {
         let (s, _) = l.accept().expect("accept");
-        let ring = u32::from_le_bytes(hello[8..12].try_into().unwrap()) as usize;
-        let len = 4096 + 2 * ring.clamp(4096, 1 << 20);
-        let fd = rustix::fs::memfd_create(
-            "topspin-shm",
-            rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+        let mut hello = [0u8; 16];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut cmsg = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        rustix::net::recvmsg(
+            &s,
+            &mut [std::io::IoSliceMut::new(&mut hello)],
+            &mut cmsg,
+            rustix::net::RecvFlags::CMSG_CLOEXEC | rustix::net::RecvFlags::WAITALL,
         )
-        .unwrap();
-        rustix::fs::ftruncate(&fd, len as u64).unwrap();
-        if seal {
-            rustix::fs::fcntl_add_seals(&fd, rustix::fs::SealFlags::SHRINK).unwrap();
+        .expect("hello");
+        let mut fd: Option<OwnedFd> = None;
+        for m in cmsg.drain() {
+            if let rustix::net::RecvAncillaryMessage::ScmRights(mut fds) = m {
+                fd = fds.next();
+            }
         }
-        // SAFETY: a fresh shared mapping of the memfd we just sized.
+        let fd = fd.expect("the client's memfd");
+        let ring = u32::from_le_bytes(hello[8..12].try_into().unwrap()) as usize;
+        let len = 4096 + 2 * ring;
+        // SAFETY: a fresh shared mapping of the client's memfd, sealed and `len` long.
         let map = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
@@ -511,53 +552,105 @@ fn fake_server(
         }
         .unwrap()
         .cast::<u8>();
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut cmsg = rustix::net::SendAncillaryBuffer::new(&mut space);
-        let fds = [fd.as_fd()];
-        assert!(cmsg.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
-        rustix::net::sendmsg(
-            &s,
-            &[IoSlice::new(&hello)],
-            &mut cmsg,
-            rustix::net::SendFlags::empty(),
-        )
-        .unwrap();
+        if let Some(answer) = answer {
+            rustix::net::send(&s, &answer, rustix::net::SendFlags::empty()).unwrap();
+        }
         then(s, map);
     })
 }
 
 fn hello(ring: u32) -> [u8; 16] {
     let mut h = [0u8; 16];
-    h[..8].copy_from_slice(b"TSSHM\0\0\x01");
+    h[..8].copy_from_slice(b"TSSHM\0\0\x02");
     h[8..12].copy_from_slice(&ring.to_le_bytes());
     h
 }
 
 #[tokio::test]
-async fn a_server_sending_an_unsealed_memfd_or_a_bad_ring_size_is_refused() {
-    for (ring, seal, want) in [
-        (1 << 16, false, "sealed"),
-        (5000, true, "ring size"),
-        (1 << 30, true, "ring size"),
+async fn a_server_answering_another_version_or_ring_size_is_refused() {
+    let mut old = hello(1 << 21);
+    old[7] = 1;
+    for (answer, want) in [
+        (Some(old), "another version"),
+        (Some(hello(1 << 16)), "ring size"),
+        (
+            None,
+            "closed the connection during the shared-memory handshake",
+        ),
     ] {
-        let name = name("hostile-hello");
-        let t = fake_server(&name, hello(ring), seal, |s, _| {
-            std::thread::sleep(Duration::from_millis(500));
+        let name = name("hostile-answer");
+        let t = fake_server(&name, answer, |s, _| {
+            std::thread::sleep(Duration::from_millis(300));
             drop(s);
         });
         let e = within(10, Channel::connect(format!("shm://{name}")))
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::Unavailable);
-        assert!(e.message().contains(want), "{ring} {seal}: {e}");
+        assert!(e.message().contains(want), "{want}: {e}");
         t.join().unwrap();
     }
+}
+
+/// A client that connects and sends no hello holds only its socket, until the handshake
+/// timeout; clients that send theirs and never read the answer hold nothing of the server's
+/// (it passes no descriptor: before version 2 each such client kept the server's memfd in
+/// flight, charged to the server's user, until later clients failed with `ETOOMANYREFS`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_clients_are_cut_and_clients_that_never_read_hold_nothing() {
+    let name = name("silent");
+    let server = builder(Probe::default())
+        .config(topspin::Config::default().with_handshake_timeout(Duration::from_millis(300)))
+        .bind(format!("shm://{name}"))
+        .await
+        .expect("bind shm");
+    let handle = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    let n = name.clone();
+    let (silent_cut, quiet) = tokio::task::spawn_blocking(move || {
+        let addr = SocketAddr::from_abstract_name(format!("topspin-shm:{n}")).unwrap();
+        let silent = UnixStream::connect_addr(&addr).expect("connect");
+        silent
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        // 40 clients that send their hello and never read.
+        let quiet: Vec<_> = (0..40)
+            .map(|_| {
+                let s = UnixStream::connect_addr(&addr).expect("connect");
+                let (fd, map, len) = rings(1 << 16);
+                send_with(&s, &hello(1 << 16), &fd);
+                (s, fd, map as usize, len)
+            })
+            .collect();
+        let start = Instant::now();
+        let mut b = [0u8; 1];
+        let r = rustix::net::recv(&silent, &mut b, rustix::net::RecvFlags::empty());
+        (matches!(r, Ok((0, _))).then(|| start.elapsed()), quiet)
+    })
+    .await
+    .unwrap();
+    let took = silent_cut.expect("the silent client was closed, not timed out");
+    assert!(took < Duration::from_millis(1300), "cut after {took:?}");
+    // A later client connects and is served, the others still connected.
+    let ch = within(10, Channel::connect(format!("shm://{name}")))
+        .await
+        .expect("a later client connects");
+    assert_eq!(unary(&ch, UNARY, "later").await.unwrap(), "later");
+    for (s, _, map, len) in &quiet {
+        let (answer, passed) = recv_with(s);
+        assert_eq!(answer, hello(1 << 16));
+        assert!(!passed, "the server passed a descriptor");
+        // SAFETY: the mapping made in `rings`, unmapped once.
+        let _ = unsafe { rustix::mm::munmap(*map as *mut std::ffi::c_void, *len) };
+    }
+    drop(ch);
+    handle.shutdown(Duration::from_secs(1)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_writing_a_garbage_head_fails_the_connection_not_the_process() {
     let name = name("hostile-server");
-    let t = fake_server(&name, hello(1 << 16), true, |s, map| {
+    let t = fake_server(&name, Some(hello(1 << 21)), |s, map| {
         // The server → client head (offset 1024) claims 2^40 bytes; wake the client.
         // SAFETY: inside the mapped header.
         unsafe {
@@ -621,8 +714,8 @@ async fn other_local_users_are_refused_unless_allowed() {
         let handle = server.shutdown_handle();
         tokio::spawn(server.serve());
         // Connects to the abstract socket and prints how many bytes came before the server
-        // closed or 2 s passed (a shm:// server sends its 16-byte hello at once, a native one
-        // its preface).
+        // closed or 2 s passed (a shm:// server waits for the client's hello, a native one
+        // sends its preface).
         let script = format!(
             "import socket\n\
              s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n\
@@ -639,9 +732,13 @@ async fn other_local_users_are_refused_unless_allowed() {
             .unwrap()
             .expect("python3 ran");
         let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        // Refused: closed before a byte. Allowed: the shm hello (16 bytes) or the native
+        // Refused: closed before a byte. Allowed: kept open for the shm hello, or the native
         // server's preface and settings.
-        let served = said == "16 data" || (scheme == "unix" && said.ends_with(" data"));
+        let served = if scheme == "shm" {
+            said == "0 open"
+        } else {
+            said.ends_with(" data")
+        };
         assert_eq!(
             (said == "0 eof", served),
             (!allowed, allowed),

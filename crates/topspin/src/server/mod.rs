@@ -692,8 +692,13 @@ impl Server {
                                         conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
                                     }
                                     #[cfg(any(target_os = "linux", target_os = "android"))]
-                                    Accepted::Plain(crate::transport::Accepted::Shm(transport)) => {
-                                        conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
+                                    Accepted::Plain(crate::transport::Accepted::Shm(pending)) => {
+                                        let (registry, config, signal) = (registry.clone(), config.clone(), signal.clone());
+                                        conns.spawn(async move {
+                                            if let Some(t) = shm_handshake(pending, &config).await {
+                                                serve_connection(t, registry, config, &signal).await;
+                                            }
+                                        });
                                     }
                                     #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
                                     Accepted::Layered(faces, tcp, addr) => {
@@ -706,8 +711,13 @@ impl Server {
                                         refusals.spawn(refuse(transport, config.clone()));
                                     }
                                     #[cfg(any(target_os = "linux", target_os = "android"))]
-                                    Accepted::Plain(crate::transport::Accepted::Shm(transport)) => {
-                                        refusals.spawn(refuse(transport, config.clone()));
+                                    Accepted::Plain(crate::transport::Accepted::Shm(pending)) => {
+                                        let config = config.clone();
+                                        refusals.spawn(async move {
+                                            if let Some(t) = shm_handshake(pending, &config).await {
+                                                refuse(t, config).await;
+                                            }
+                                        });
                                     }
                                     // A plain port's native client is told why, as without
                                     // the gRPC face.
@@ -813,6 +823,26 @@ fn serve_connection<T: crate::transport::Transport>(
         signal.begin(grace);
         serve.await;
     })
+}
+
+/// A `shm://` client's hello, within the handshake timeout; `None` (logged) when it does
+/// not come or is refused.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+async fn shm_handshake(
+    pending: crate::transport::shm::PendingShm,
+    config: &Config,
+) -> Option<crate::transport::shm::ShmTransport> {
+    match tokio::time::timeout(config.handshake_timeout(), pending.handshake()).await {
+        Ok(Ok(t)) => Some(t),
+        Ok(Err(e)) => {
+            tracing::debug!("a shm:// handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("a shm:// client sent no hello within the handshake timeout");
+            None
+        }
+    }
 }
 
 /// Tells a connection over `Config::max_connections` why it is refused, then closes it: it

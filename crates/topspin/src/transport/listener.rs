@@ -32,9 +32,10 @@ pub(crate) enum Listener {
 pub(crate) enum Accepted {
     /// TCP or Unix socket.
     Socket(SocketTransport),
-    /// Shared memory, its handshake done.
+    /// Shared memory, its rings charged, its handshake (the client's hello) still to come:
+    /// done on the connection's own task, within the handshake timeout.
     #[cfg(any(target_os = "linux", target_os = "android"))]
-    Shm(super::shm::ShmTransport),
+    Shm(super::shm::PendingShm),
 }
 
 /// The (device, inode) of the file at `p`.
@@ -255,13 +256,14 @@ impl Listener {
                     .map(Accepted::Socket)
             }
             #[cfg(any(target_os = "linux", target_os = "android"))]
-            Listener::Shm(l, name, users, budget) => {
-                // Checked before the hello: a refused client never gets the memfd.
+            Listener::Shm(l, _, users, budget) => {
+                // Checked before anything is read: a refused client's hello (and its memfd)
+                // is dropped with the socket.
                 let s = l.accept().await?.0;
                 users
                     .check(&s, "client")
                     .and_then(|()| s.into_std())
-                    .and_then(|s| super::shm::ShmTransport::accept(s, name, budget))
+                    .and_then(|s| super::shm::PendingShm::new(s, budget))
                     .map(Accepted::Shm)
             }
             #[cfg(not(any(target_os = "linux", target_os = "android")))]

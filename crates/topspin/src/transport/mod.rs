@@ -102,7 +102,7 @@ pub struct PeerCredentials {
 /// namespace can reach — and the first to bind a name receives every client's calls.
 ///
 /// A server accepts a connection from these users only (checked with `SO_PEERCRED` before
-/// anything is read or sent, so a refused `shm://` client never gets a shared-memory hello);
+/// anything is read or sent, so a refused `shm://` client's hello and memfd are never looked at);
 /// a `shm://` client connects only to a server run by them. Default: this process's own user.
 ///
 /// ```

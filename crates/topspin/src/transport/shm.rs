@@ -3,14 +3,20 @@
 //! and wake-up channel. `docs/protocol.md` (§ "Shared memory") is the normative description;
 //! this file follows it.
 //!
-//! - **Handshake.** The server listens on the abstract Unix socket `topspin-shm:<name>`. For
-//!   every connection it creates a memfd of `4096 + 2 × ring` bytes, seals its size
-//!   (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`: the client cannot truncate it under the
-//!   server, which would make the server's accesses fault with SIGBUS), maps it and sends the
-//!   16-byte hello (magic, ring size) with the memfd attached (`SCM_RIGHTS`). The client checks
-//!   the magic, the ring size (a power of two in [`MIN_RING`, `MAX_RING`]), that the memfd is
-//!   sealed against shrinking and large enough, and maps it. The topspin protocol then runs
-//!   over the two rings exactly as over a socket.
+//! - **Handshake** (version 2). The server listens on the abstract Unix socket
+//!   `topspin-shm:<name>`. The client creates a memfd of `4096 + 2 × ring` bytes, seals it
+//!   (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`: neither side can truncate it under the other,
+//!   which would make the other's accesses fault with SIGBUS), maps it and sends the 16-byte
+//!   hello (magic, ring size) with the memfd attached (`SCM_RIGHTS`). The server charges the
+//!   largest rings to its memory budget at accept (or refuses), then, within the handshake
+//!   timeout, checks the magic, the ring size (a power of two in [`MIN_RING`, `RING`]), that the
+//!   memfd is sealed against shrinking and further seals and large enough, maps it and answers
+//!   with the same 16 bytes and no descriptor. The client checks the answer. The topspin
+//!   protocol then runs over the two rings exactly as over a socket. *Why the client passes
+//!   the memfd:* a descriptor in flight is charged to its sender's user until the receiver
+//!   reads it; a server that passed one to every client would let clients that never read
+//!   fill its user's limit (`ETOOMANYREFS` for everyone after). Passed this way, what a client
+//!   leaves in flight is its own.
 //! - **Rings.** Each direction has a `head` (bytes ever written, written by the producer only)
 //!   and a `tail` (bytes ever read, written by the consumer only), 64-bit and free-running;
 //!   bytes live at `index mod ring`. Each side keeps its own index privately and never reads
@@ -56,18 +62,18 @@ use tokio::io::Interest;
 
 /// The abstract socket name of `shm://<name>` is this prefix followed by the name.
 pub(crate) const SOCKET_PREFIX: &str = "topspin-shm:";
-/// The first 8 bytes of the server's hello (version 1).
-const MAGIC: [u8; 8] = *b"TSSHM\0\0\x01";
-/// The hello: magic, ring size (u32 little-endian), 4 reserved bytes (zero).
+/// The first 8 bytes of the client's hello and of the server's answer (version 2).
+const MAGIC: [u8; 8] = *b"TSSHM\0\0\x02";
+/// The hello and the answer: magic, ring size (u32 little-endian), 4 reserved bytes (zero).
 const HELLO_LEN: usize = 16;
-/// The ring size a server uses for each direction. Fixed by the server; a client can neither
-/// choose nor raise it. 2 MiB: a 2 MB message then crosses in about one ring (measured: echo
-/// 2 MB took 1.25× as long with 1 MiB rings, about the same with 4 MiB), at 4 MiB of memory per
-/// connection once the rings have gone round (pages are allocated as first touched).
+/// The ring size a client asks for in each direction. 2 MiB: a 2 MB message then crosses in
+/// about one ring (measured: echo 2 MB took 1.25× as long with 1 MiB rings, about the same with
+/// 4 MiB), at 4 MiB of memory per connection once the rings have gone round (pages are
+/// allocated as first touched). It is also the largest ring a server accepts: a client cannot
+/// make a server map or charge more.
 pub(crate) const RING: usize = 1 << 21;
-/// The smallest and largest ring sizes a client accepts from a server.
+/// The smallest ring a server accepts.
 const MIN_RING: usize = 4096;
-const MAX_RING: usize = 1 << 28;
 /// The header in front of the two rings (one page).
 const HEADER: usize = 4096;
 /// The direction blocks in the header: client → server, server → client.
@@ -343,128 +349,29 @@ impl ShmTransport {
         })
     }
 
-    /// The server side of the handshake on an accepted socket: create, seal and map the
-    /// memfd, send the hello with it. Only non-blocking system calls.
-    /// The memfd is named `topspin-shm:<name>` (shown in `/proc/PID/maps` of both processes).
-    /// The rings' bytes are charged to `budget` first: a connection it has no room for is
-    /// refused (the client never gets a memfd).
-    pub(crate) fn accept(
-        sock: UnixStream,
-        name: &str,
-        budget: &std::sync::Arc<topspin_proto::MemoryBudget>,
-    ) -> io::Result<ShmTransport> {
-        Self::accept_with_ring(sock, RING, name, budget)
-    }
-
-    fn accept_with_ring(
-        sock: UnixStream,
-        ring: usize,
-        name: &str,
-        budget: &std::sync::Arc<topspin_proto::MemoryBudget>,
-    ) -> io::Result<ShmTransport> {
-        use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
-        use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-        let len = HEADER + 2 * ring;
-        if !budget.try_reserve(len) {
-            return Err(io::Error::new(
-                io::ErrorKind::OutOfMemory,
-                format!(
-                    "shm:// connection refused: the memory budget ({} bytes) has no room for its rings ({len} bytes)",
-                    budget.limit()
-                ),
-            ));
-        }
-        let charge = Charge {
-            budget: budget.clone(),
-            bytes: len,
-        };
-        // memfd names are at most 249 bytes; a longer endpoint name is cut (on a char edge).
-        let mut label = format!("topspin-shm:{name}");
-        if label.len() > 249 {
-            let mut cut = 249;
-            while !label.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            label.truncate(cut);
-        }
-        let fd = memfd_create(
-            label.as_str(),
-            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-        )?;
-        ftruncate(&fd, len as u64)?;
-        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-        let map = Mapping::new(&fd, len)?;
-        let mut hello = [0u8; HELLO_LEN];
-        hello[..8].copy_from_slice(&MAGIC);
-        hello[8..12].copy_from_slice(&(ring as u32).to_le_bytes());
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut cmsg = SendAncillaryBuffer::new(&mut space);
-        let fds = [fd.as_fd()];
-        if !cmsg.push(SendAncillaryMessage::ScmRights(&fds)) {
-            return Err(io::Error::other("SCM_RIGHTS buffer too small"));
-        }
-        let sent = sendmsg(
-            &sock,
-            &[IoSlice::new(&hello)],
-            &mut cmsg,
-            SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
-        )?;
-        if sent != HELLO_LEN {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "shared-memory hello not sent whole",
-            ));
-        }
-        let mut t = ShmTransport::new(map, ring, true, sock)?;
-        t.owned = Some((fd, charge));
-        Ok(t)
-    }
-
-    /// The client side: connect to `shm://name`'s socket, receive and check the hello and the
-    /// memfd, map it. The caller bounds the time (handshake timeout).
+    /// The client side: connect to `shm://name`'s socket, check who serves it, create, seal
+    /// and map the memfd, send the hello with it, and wait for the server's answer. The caller
+    /// bounds the time (handshake timeout).
     pub(crate) async fn connect(name: &str, users: &crate::LocalUsers) -> io::Result<ShmTransport> {
         let sock = super::socket::connect_abstract(&socket_name(name))?.into_std()?;
         // Whoever bound the name first gets the calls: only a server of an allowed user.
         users.check(&sock, "server")?;
+        let (fd, map) = create_rings(name, RING)?;
+        send_hello_with(&sock, RING, Some(&fd))?;
+        // Ours is not needed past the mapping: the server punches the pages out at the end.
+        drop(fd);
         let sock = register(sock)?;
-        let mut hello = [0u8; HELLO_LEN];
-        let mut got = 0;
-        let mut memfd: Option<OwnedFd> = None;
-        while got < HELLO_LEN {
-            let mut guard = sock.readable().await?;
-            match guard.try_io(|s| recv_hello(s.get_ref(), &mut hello[got..], &mut memfd)) {
-                Ok(Ok(0)) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the server closed the connection during the shared-memory handshake",
-                    ))
-                }
-                Ok(Ok(n)) => got += n,
-                Ok(Err(e)) => return Err(e),
-                Err(_would_block) => {}
-            }
-        }
-        if hello[..8] != MAGIC {
+        let (answer, passed) = read_hello(&sock, "the server").await?;
+        drop(passed); // a server passes none; one that does has it closed
+        if answer[..8] != MAGIC {
             return Err(corrupt(
-                "bad hello (not a topspin shm:// server, or another version)",
+                "bad answer (not a topspin shm:// server, or another version)",
             ));
         }
-        let ring = u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]) as usize;
-        if !ring.is_power_of_two() || !(MIN_RING..=MAX_RING).contains(&ring) {
-            return Err(corrupt("ring size not a power of two in 4 KiB..=256 MiB"));
+        if ring_of(&answer) != RING {
+            return Err(corrupt("the server answered another ring size"));
         }
-        let fd = memfd.ok_or_else(|| corrupt("hello without the shared-memory descriptor"))?;
-        let len = HEADER + 2 * ring;
-        let seals = rustix::fs::fcntl_get_seals(&fd)
-            .map_err(|_| corrupt("the shared descriptor is not a sealable memfd"))?;
-        if !seals.contains(rustix::fs::SealFlags::SHRINK) {
-            return Err(corrupt("the shared memfd is not sealed against shrinking"));
-        }
-        if rustix::fs::fstat(&fd)?.st_size < len as i64 {
-            return Err(corrupt("the shared memfd is smaller than its rings"));
-        }
-        let map = Mapping::new(&fd, len)?;
-        ShmTransport::new(map, ring, false, sock.into_inner())
+        ShmTransport::new(map, RING, false, sock.into_inner())
     }
 
     #[inline]
@@ -728,6 +635,225 @@ fn yield_turn<T>(cx: &mut Context<'_>) -> Poll<T> {
     Poll::Pending
 }
 
+/// A server's connection between accept and the client's hello: the rings' largest charge is
+/// already taken from the memory budget (a connection without room is refused at accept, before
+/// anything is read).
+#[derive(Debug)]
+pub(crate) struct PendingShm {
+    sock: UnixStream,
+    charge: Charge,
+    max_ring: usize,
+}
+
+impl PendingShm {
+    /// Charges the largest rings a client may ask for ([`RING`]) to `budget`, or refuses.
+    pub(crate) fn new(
+        sock: UnixStream,
+        budget: &std::sync::Arc<topspin_proto::MemoryBudget>,
+    ) -> io::Result<PendingShm> {
+        Self::with_max_ring(sock, budget, RING)
+    }
+
+    fn with_max_ring(
+        sock: UnixStream,
+        budget: &std::sync::Arc<topspin_proto::MemoryBudget>,
+        max_ring: usize,
+    ) -> io::Result<PendingShm> {
+        let len = HEADER + 2 * max_ring;
+        if !budget.try_reserve(len) {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!(
+                    "shm:// connection refused: the memory budget ({} bytes) has no room for its rings ({len} bytes)",
+                    budget.limit()
+                ),
+            ));
+        }
+        let charge = Charge {
+            budget: budget.clone(),
+            bytes: len,
+        };
+        Ok(PendingShm {
+            sock,
+            charge,
+            max_ring,
+        })
+    }
+
+    /// The server side of the handshake: read the client's hello and memfd, check and map it,
+    /// answer. The caller bounds the time (handshake timeout): a client that sends no hello
+    /// holds nothing but its socket until then. The server never passes a descriptor, so
+    /// nothing of its own is ever in flight to a client that does not read.
+    pub(crate) async fn handshake(self) -> io::Result<ShmTransport> {
+        let PendingShm {
+            sock,
+            charge,
+            max_ring,
+        } = self;
+        sock.set_nonblocking(true)?;
+        let sock = register(sock)?;
+        let (hello, memfd) = read_hello(&sock, "the client").await?;
+        Self::finish(sock.into_inner(), charge, max_ring, &hello, memfd)
+    }
+
+    fn finish(
+        sock: UnixStream,
+        mut charge: Charge,
+        max_ring: usize,
+        hello: &[u8; HELLO_LEN],
+        memfd: Option<OwnedFd>,
+    ) -> io::Result<ShmTransport> {
+        if hello[..8] != MAGIC {
+            return Err(corrupt(
+                "bad hello (not a topspin shm:// client, or another version)",
+            ));
+        }
+        let ring = ring_of(hello);
+        if !ring.is_power_of_two() || !(MIN_RING..=max_ring).contains(&ring) {
+            return Err(corrupt(&format!(
+                "ring size not a power of two in {MIN_RING}..={max_ring}"
+            )));
+        }
+        let fd = memfd.ok_or_else(|| corrupt("hello without the shared-memory descriptor"))?;
+        let len = HEADER + 2 * ring;
+        let seals = rustix::fs::fcntl_get_seals(&fd)
+            .map_err(|_| corrupt("the shared descriptor is not a sealable memfd"))?;
+        use rustix::fs::SealFlags;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::SEAL) {
+            return Err(corrupt(
+                "the shared memfd is not sealed against shrinking and further seals",
+            ));
+        }
+        if rustix::fs::fstat(&fd)?.st_size < len as i64 {
+            return Err(corrupt("the shared memfd is smaller than its rings"));
+        }
+        let map = Mapping::new(&fd, len)?;
+        // Give back what smaller rings do not use.
+        charge.budget.release(charge.bytes - len);
+        charge.bytes = len;
+        send_hello_with(&sock, ring, None)?;
+        let mut t = ShmTransport::new(map, ring, true, sock)?;
+        t.owned = Some((fd, charge));
+        Ok(t)
+    }
+}
+
+/// The ring size field of a hello or answer.
+fn ring_of(hello: &[u8; HELLO_LEN]) -> usize {
+    u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]) as usize
+}
+
+/// Creates, sizes, seals (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`: the server cannot
+/// truncate it under the client, nor the client under the server) and maps the memfd of a
+/// connection. Named `topspin-shm:<name>` (shown in `/proc/PID/maps` of both processes).
+fn create_rings(name: &str, ring: usize) -> io::Result<(OwnedFd, Mapping)> {
+    use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+    let len = HEADER + 2 * ring;
+    // memfd names are at most 249 bytes; a longer endpoint name is cut (on a char edge).
+    let mut label = format!("topspin-shm:{name}");
+    if label.len() > 249 {
+        let mut cut = 249;
+        while !label.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        label.truncate(cut);
+    }
+    let fd = memfd_create(
+        label.as_str(),
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
+    ftruncate(&fd, len as u64)?;
+    fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+    let map = Mapping::new(&fd, len)?;
+    Ok((fd, map))
+}
+
+/// Sends a 16-byte hello (client, with `fd`) or answer (server, no descriptor). On a fresh
+/// socket 16 bytes do not block.
+fn send_hello_with(sock: &UnixStream, ring: usize, fd: Option<&OwnedFd>) -> io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut hello = [0u8; HELLO_LEN];
+    hello[..8].copy_from_slice(&MAGIC);
+    hello[8..12].copy_from_slice(&(ring as u32).to_le_bytes());
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = SendAncillaryBuffer::new(&mut space);
+    let fds;
+    if let Some(fd) = fd {
+        fds = [fd.as_fd()];
+        if !cmsg.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(io::Error::other("SCM_RIGHTS buffer too small"));
+        }
+    }
+    let sent = sendmsg(
+        sock,
+        &[IoSlice::new(&hello)],
+        &mut cmsg,
+        SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+    )?;
+    if sent != HELLO_LEN {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "shared-memory hello not sent whole",
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a 16-byte hello or answer, and the first descriptor that comes with it (any others
+/// are closed). `who` names the peer in the error for an early close.
+async fn read_hello(
+    sock: &AsyncFd<UnixStream>,
+    who: &str,
+) -> io::Result<([u8; HELLO_LEN], Option<OwnedFd>)> {
+    let mut hello = [0u8; HELLO_LEN];
+    let mut got = 0;
+    let mut memfd: Option<OwnedFd> = None;
+    while got < HELLO_LEN {
+        let mut guard = sock.readable().await?;
+        match guard.try_io(|s| recv_hello(s.get_ref(), &mut hello[got..], &mut memfd)) {
+            Ok(Ok(0)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{who} closed the connection during the shared-memory handshake"),
+                ))
+            }
+            Ok(Ok(n)) => got += n,
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => {}
+        }
+    }
+    Ok((hello, memfd))
+}
+
+/// Both sides' handshake over a socket pair, in place (the hello is already there when the
+/// server reads): `a` serves, `b` is the client, with rings of `ring` bytes. Returns the
+/// server, the client's socket (the answer read) and the client's mapping.
+#[cfg(any(test, fuzzing))]
+fn handshake_pair(
+    a: UnixStream,
+    b: UnixStream,
+    ring: usize,
+    budget: &std::sync::Arc<topspin_proto::MemoryBudget>,
+) -> io::Result<(ShmTransport, UnixStream, Mapping)> {
+    let (fd, map) = create_rings("unit", ring)?;
+    send_hello_with(&b, ring, Some(&fd))?;
+    let pending = PendingShm::with_max_ring(a, budget, ring)?;
+    pending.sock.set_nonblocking(true)?;
+    let mut hello = [0u8; HELLO_LEN];
+    let mut memfd = None;
+    if recv_hello(&pending.sock, &mut hello, &mut memfd)? != HELLO_LEN {
+        return Err(corrupt("short hello"));
+    }
+    let server = PendingShm::finish(pending.sock, pending.charge, ring, &hello, memfd)?;
+    b.set_nonblocking(true)?;
+    let mut answer = [0u8; HELLO_LEN];
+    let mut passed = None;
+    if recv_hello(&b, &mut answer, &mut passed)? != HELLO_LEN || passed.is_some() {
+        return Err(corrupt("bad answer"));
+    }
+    Ok((server, b, map))
+}
+
 /// One `recvmsg` of the hello: bytes into `buf`, a descriptor (the first one only; any
 /// others are closed) into `memfd`.
 fn recv_hello(s: &UnixStream, buf: &mut [u8], memfd: &mut Option<OwnedFd>) -> io::Result<usize> {
@@ -884,7 +1010,7 @@ pub(crate) fn fuzz_rounds(data: &[u8]) {
         return;
     };
     let budget = topspin_proto::MemoryBudget::unlimited();
-    let Ok(mut server) = ShmTransport::accept_with_ring(a, MIN_RING, "fuzz", &budget) else {
+    let Ok((mut server, b, _client_map)) = handshake_pair(a, b, MIN_RING, &budget) else {
         return;
     };
     let mut peer = Some(b);
@@ -950,19 +1076,8 @@ mod tests {
     fn pair(ring: usize) -> (ShmTransport, ShmTransport) {
         let (a, b) = UnixStream::pair().unwrap();
         let budget = topspin_proto::MemoryBudget::unlimited();
-        let server = ShmTransport::accept_with_ring(a, ring, "unit", &budget).unwrap();
-        let client = futures_util::FutureExt::now_or_never(async {
-            // connect() dials by name; here the hello is read the same way from `b`.
-            let mut hello = [0u8; HELLO_LEN];
-            let mut memfd = None;
-            b.set_nonblocking(true).unwrap();
-            let n = recv_hello(&b, &mut hello, &mut memfd).unwrap();
-            assert_eq!(n, HELLO_LEN);
-            let fd = memfd.unwrap();
-            let map = Mapping::new(&fd, HEADER + 2 * ring).unwrap();
-            ShmTransport::new(map, ring, false, b).unwrap()
-        })
-        .unwrap();
+        let (server, b, map) = handshake_pair(a, b, ring, &budget).unwrap();
+        let client = ShmTransport::new(map, ring, false, b).unwrap();
         (server, client)
     }
 
@@ -1030,8 +1145,8 @@ mod tests {
 
     #[test]
     fn the_rings_are_charged_to_the_budget_and_given_back() {
-        let budget = topspin_proto::MemoryBudget::new(3 * (HEADER + 2 * 4096));
-        let (a, _b) = UnixStream::pair().unwrap();
+        let one = HEADER + 2 * 4096;
+        let budget = topspin_proto::MemoryBudget::new(3 * one);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -1040,18 +1155,92 @@ mod tests {
         let mut kept = Vec::new();
         for _ in 0..3 {
             let (a, b) = UnixStream::pair().unwrap();
-            kept.push((
-                ShmTransport::accept_with_ring(a, 4096, "unit", &budget).unwrap(),
-                b,
-            ));
+            kept.push(handshake_pair(a, b, 4096, &budget).unwrap());
         }
-        assert_eq!(budget.used(), 3 * (HEADER + 2 * 4096));
-        let e = ShmTransport::accept_with_ring(a, 4096, "unit", &budget).unwrap_err();
+        assert_eq!(budget.used(), 3 * one);
+        // Refused at accept, before anything is read.
+        let (a, _b) = UnixStream::pair().unwrap();
+        let e = PendingShm::with_max_ring(a, &budget, 4096).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::OutOfMemory);
         kept.pop();
-        assert_eq!(budget.used(), 2 * (HEADER + 2 * 4096));
+        assert_eq!(budget.used(), 2 * one);
         drop(kept);
         assert_eq!(budget.used(), 0);
+        // A pending connection holds the largest rings; smaller ones give the rest back.
+        let budget = topspin_proto::MemoryBudget::new(HEADER + 2 * RING);
+        let (a, b) = UnixStream::pair().unwrap();
+        let (fd, _map) = create_rings("unit", 4096).unwrap();
+        send_hello_with(&b, 4096, Some(&fd)).unwrap();
+        let p = PendingShm::new(a, &budget).unwrap();
+        assert_eq!(budget.used(), HEADER + 2 * RING);
+        let t = rt.block_on(p.handshake()).unwrap();
+        assert_eq!(budget.used(), one);
+        drop(t);
+        assert_eq!(budget.used(), 0);
+    }
+
+    /// What a hostile client can send as its hello: each is refused with a reason, and the
+    /// charge is given back.
+    #[test]
+    fn a_bad_client_hello_is_refused() {
+        use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _g = rt.enter();
+        let budget = topspin_proto::MemoryBudget::new(HEADER + 2 * RING);
+        let memfd = |len: u64, seals: SealFlags| {
+            let fd = memfd_create("unit", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+            ftruncate(&fd, len).unwrap();
+            if !seals.is_empty() {
+                fcntl_add_seals(&fd, seals).unwrap();
+            }
+            fd
+        };
+        let sealed = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+        let full = (HEADER + 2 * 4096) as u64;
+        let mut wrong_magic = [0u8; HELLO_LEN];
+        wrong_magic[..8].copy_from_slice(b"TSSHM\0\0\x01");
+        let cases: Vec<(&str, Option<OwnedFd>, usize, bool)> = vec![
+            ("another version", Some(memfd(full, sealed)), 4096, true),
+            ("power of two", Some(memfd(full, sealed)), 5000, false),
+            (
+                "power of two",
+                Some(memfd(HEADER as u64 + 4 * RING as u64, sealed)),
+                2 * RING,
+                false,
+            ),
+            ("power of two", Some(memfd(full, sealed)), 2048, false),
+            ("without the shared-memory descriptor", None, 4096, false),
+            (
+                "not sealed",
+                Some(memfd(full, SealFlags::empty())),
+                4096,
+                false,
+            ),
+            (
+                "not sealed",
+                Some(memfd(full, SealFlags::SHRINK)),
+                4096,
+                false,
+            ),
+            ("smaller", Some(memfd(full - 1, sealed)), 4096, false),
+        ];
+        for (want, fd, ring, old) in cases {
+            let (a, b) = UnixStream::pair().unwrap();
+            let mut hello = [0u8; HELLO_LEN];
+            hello[..8].copy_from_slice(if old { &wrong_magic[..8] } else { &MAGIC });
+            hello[8..12].copy_from_slice(&(ring as u32).to_le_bytes());
+            let p = PendingShm::new(a, &budget).unwrap();
+            let e = PendingShm::finish(p.sock, p.charge, RING, &hello, fd).unwrap_err();
+            assert!(e.to_string().contains(want), "{want}: {e}");
+            assert_eq!(budget.used(), 0, "{want}: the charge is given back");
+            // Nothing was answered: the connection just ends.
+            let mut buf = [0u8; 16];
+            let r = rustix::net::recv(&b, &mut buf, rustix::net::RecvFlags::DONTWAIT);
+            assert!(matches!(r, Ok((0, _))), "{want}: {r:?}");
+        }
     }
 
     #[test]

@@ -95,6 +95,10 @@ impl pb::Matrix for State {
         if let Some(v) = req.metadata().get("x-echo-bin") {
             headers = headers.entry("x-echo-bin", v).map_err(metadata_error)?;
         }
+        // The trace the call's span belongs to: the client's, when it sent `traceparent`.
+        if let Some(id) = crate::trace_id(&tracing::Span::current()) {
+            headers = headers.text("x-trace-id", &id).map_err(metadata_error)?;
+        }
         Ok(Response::new(req.into_inner())
             .with_metadata(headers.build())
             .with_trailers(trailers.build()))

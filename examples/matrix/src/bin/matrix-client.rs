@@ -323,6 +323,24 @@ async fn compression(cx: &Ctx) -> Outcome {
     Ok(())
 }
 
+/// A root span of the client's own; the call inside it goes through topspin's OpenTelemetry
+/// instrumentation, which sends the trace context; the server answers with the trace id it saw.
+async fn trace(cx: &Ctx) -> Outcome {
+    use tracing::Instrument;
+    let root = tracing::info_span!("matrix trace check");
+    let want = matrix::trace_id(&root).ok_or("the root span has no OpenTelemetry context")?;
+    let reply = cx
+        .client
+        .unary(cx.req(msg(Bytes::from_static(b"trace"))))
+        .instrument(root)
+        .await
+        .map_err(|s| show(&s))?;
+    let got = reply.metadata().get_str("x-trace-id").map(str::to_owned);
+    expect(got.as_deref() == Some(want.as_str()), || {
+        format!("x-trace-id {got:?}, the root span's trace {want}")
+    })
+}
+
 /// Runs one check under its deadline and prints its line.
 async fn run<'a, F>(name: &str, budget: Duration, check: F) -> bool
 where
@@ -342,6 +360,7 @@ where
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    matrix::install_tracing();
     let endpoint = Endpoint::new(args.target.as_str()).map(|e| match &args.ca {
         None => e,
         Some(ca) => match topspin::tls::ClientTls::ca_pem_file(ca) {
@@ -374,5 +393,6 @@ async fn main() {
     all &= run("cancel", CHECK, cancel(&cx)).await;
     all &= run("error-details", CHECK, error_details(&cx)).await;
     all &= run("compression", CHECK, compression(&cx)).await;
+    all &= run("trace", CHECK, trace(&cx)).await;
     std::process::exit(if all { 0 } else { 1 });
 }

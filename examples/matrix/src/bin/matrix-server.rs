@@ -31,6 +31,7 @@ const GRACE: Duration = Duration::from_millis(1000);
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    matrix::install_tracing();
     let state = matrix::server::State::default();
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => match topspin::tls::ServerTls::from_pem_files(cert, key) {

@@ -154,17 +154,17 @@ func (s *spy) Unary(ctx context.Context, req *matrixpb.Msg) (*matrixpb.Msg, erro
 	return s.Service.Unary(ctx, req)
 }
 
-func (s *spy) ServerStream(ctx context.Context, req *matrixpb.StreamReq, stream topspin.ServerStreamOf[matrixpb.StreamReq, matrixpb.Msg]) error {
+func (s *spy) ServerStream(ctx context.Context, req *matrixpb.StreamReq, stream topspin.ServerStreamingServer[matrixpb.Msg]) error {
 	s.note(ctx)
 	return s.Service.ServerStream(ctx, req, stream)
 }
 
-func (s *spy) ClientStream(ctx context.Context, stream topspin.ServerStreamOf[matrixpb.Msg, matrixpb.Summary]) (*matrixpb.Summary, error) {
+func (s *spy) ClientStream(ctx context.Context, stream topspin.ClientStreamingServer[matrixpb.Msg, matrixpb.Summary]) (*matrixpb.Summary, error) {
 	s.note(ctx)
 	return s.Service.ClientStream(ctx, stream)
 }
 
-func (s *spy) Bidi(ctx context.Context, stream topspin.ServerStreamOf[matrixpb.Msg, matrixpb.Msg]) error {
+func (s *spy) Bidi(ctx context.Context, stream topspin.BidiStreamingServer[matrixpb.Msg, matrixpb.Msg]) error {
 	s.note(ctx)
 	return s.Service.Bidi(ctx, stream)
 }

@@ -95,7 +95,7 @@ func (c *client) quietStream() error {
 	ctx, cancel := callCtx()
 	defer cancel()
 	tag := c.tag("quiet-stream")
-	stream, err := within(2*time.Second, "ServerStream(hold)", func() (topspin.ClientStreamOf[matrixpb.StreamReq, matrixpb.Msg], error) {
+	stream, err := within(2*time.Second, "ServerStream(hold)", func() (topspin.ServerStreamingClient[matrixpb.Msg], error) {
 		return c.mc.ServerStream(ctx, &matrixpb.StreamReq{Hold: true, Tag: tag})
 	})
 	if err != nil {
@@ -137,7 +137,7 @@ func (c *client) clientStream() error {
 func (c *client) bidiOpenThenSend() error {
 	ctx, cancel := callCtx()
 	defer cancel()
-	stream, err := within(2*time.Second, "Bidi (before any send)", func() (topspin.ClientStreamOf[matrixpb.Msg, matrixpb.Msg], error) {
+	stream, err := within(2*time.Second, "Bidi (before any send)", func() (topspin.BidiStreamingClient[matrixpb.Msg, matrixpb.Msg], error) {
 		return c.mc.Bidi(ctx)
 	})
 	if err != nil {

@@ -68,7 +68,7 @@ func (s *Service) Unary(ctx context.Context, req *matrixpb.Msg) (*matrixpb.Msg, 
 
 // ServerStream sends count messages of size bytes of 'a'; with hold, nothing until the call
 // ends, recording its tag.
-func (s *Service) ServerStream(ctx context.Context, req *matrixpb.StreamReq, stream topspin.ServerStreamOf[matrixpb.StreamReq, matrixpb.Msg]) error {
+func (s *Service) ServerStream(ctx context.Context, req *matrixpb.StreamReq, stream topspin.ServerStreamingServer[matrixpb.Msg]) error {
 	if req.Hold {
 		<-ctx.Done()
 		s.record(req.Tag)
@@ -84,7 +84,7 @@ func (s *Service) ServerStream(ctx context.Context, req *matrixpb.StreamReq, str
 }
 
 // ClientStream counts the messages and their payload bytes.
-func (s *Service) ClientStream(ctx context.Context, stream topspin.ServerStreamOf[matrixpb.Msg, matrixpb.Summary]) (*matrixpb.Summary, error) {
+func (s *Service) ClientStream(ctx context.Context, stream topspin.ClientStreamingServer[matrixpb.Msg, matrixpb.Summary]) (*matrixpb.Summary, error) {
 	sum := &matrixpb.Summary{}
 	for {
 		m, err := stream.Recv()
@@ -100,7 +100,7 @@ func (s *Service) ClientStream(ctx context.Context, stream topspin.ServerStreamO
 }
 
 // Bidi echoes every message as it arrives (nothing, headers included, goes before the first).
-func (s *Service) Bidi(ctx context.Context, stream topspin.ServerStreamOf[matrixpb.Msg, matrixpb.Msg]) error {
+func (s *Service) Bidi(ctx context.Context, stream topspin.BidiStreamingServer[matrixpb.Msg, matrixpb.Msg]) error {
 	for {
 		m, err := stream.Recv()
 		if err == io.EOF {

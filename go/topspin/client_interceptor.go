@@ -22,9 +22,9 @@ type UnaryInvoker func(ctx context.Context, method string, req, reply any, cc *C
 // it returns is the call's.
 type UnaryClientInterceptor func(ctx context.Context, method string, req, reply any, cc *ClientConn, invoker UnaryInvoker, opts ...CallOption) error
 
-// StreamDesc describes a streaming call to a client interceptor. NewStream cannot tell the
-// kind: ClientStreams and ServerStreams are both true unless the call is a generated
-// client's server-streaming one (ServerStreams only).
+// StreamDesc describes a streaming call to a client interceptor. The generated clients'
+// streams say their kind (server streaming: ServerStreams only; client streaming:
+// ClientStreams only; bidirectional: both); NewStream cannot tell it and says both.
 type StreamDesc struct {
 	StreamName    string // the method's name, after the last '/'
 	ClientStreams bool

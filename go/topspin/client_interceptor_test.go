@@ -148,7 +148,7 @@ func testClientStreamInterceptors(t *testing.T, cc *topspin.ClientConn, tr *trac
 	if sum, err := apply.CloseAndRecv(); err != nil || sum.Puts != 2 {
 		t.Fatal(sum, err)
 	}
-	expectTrace(t, tr, "open /kv.v1.Store/Apply Apply client=true server=true", "stream end sent=2 recv=1 OK")
+	expectTrace(t, tr, "open /kv.v1.Store/Apply Apply client=true server=false", "stream end sent=2 recv=1 OK")
 
 	watch, err := kv.Watch(ctx, &kvpb.WatchRequest{IncludeExisting: true})
 	if err != nil {
@@ -179,7 +179,7 @@ func testClientStreamInterceptors(t *testing.T, cc *topspin.ClientConn, tr *trac
 	if _, err := apply.CloseAndRecv(); topspin.CodeOf(err) != topspin.PermissionDenied {
 		t.Fatal(err)
 	}
-	expectTrace(t, tr, "open /kv.v1.Store/Apply Apply client=true server=true", "stream end sent=1 recv=0 PERMISSION_DENIED")
+	expectTrace(t, tr, "open /kv.v1.Store/Apply Apply client=true server=false", "stream end sent=1 recv=0 PERMISSION_DENIED")
 
 	// NewStream returns the wrapped stream.
 	cs, err := cc.NewStream(ctx, "/kv.v1.Store/GetMany")

@@ -1,8 +1,11 @@
 package topspin
 
 import (
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -33,6 +36,10 @@ type conn struct {
 	wbufs   net.Buffers // reused list of slices to write
 	wtmp    net.Buffers // WriteTo consumes it; a field so that it does not escape
 	spare   []byte      // the small-frame buffer, back from the last write
+
+	writeTimeout time.Duration // 0: none (WithWriteTimeout)
+	writeBy      time.Time     // the socket's write deadline (writer only)
+	isTLS        bool          // a TLS write cannot go on after its deadline passed
 
 	// drained is closed (and cleared) once the unsent output is back under maxSend;
 	// senders (and a server's reader) that find it over wait for it.
@@ -74,7 +81,9 @@ func newConn(nc net.Conn, role wire.Role, o *options) (*conn, error) {
 	eng.SetMemoryBudget(o.memoryBudget())
 	c := &conn{nc: nc, eng: eng, wake: make(chan struct{}, 1), done: make(chan struct{}),
 		established: make(chan struct{}), streams: make(map[uint32]*stream),
-		slot: make(chan struct{}), maxSend: o.maxSend, timers: timers{frame: o.frameTimeout}}
+		slot: make(chan struct{}), maxSend: o.maxSend, timers: timers{frame: o.frameTimeout},
+		writeTimeout: o.writeTimeout}
+	_, c.isTLS = nc.(*tls.Conn)
 	if role == wire.Server {
 		c.timers.handshake, c.timers.idle = o.handshake, o.idleTimeout
 		c.timers.kaInterval, c.timers.kaTimeout = o.kaInterval, o.kaTimeout
@@ -141,7 +150,7 @@ func (c *conn) flushLocked() {
 		}
 		c.mu.Unlock()
 		c.wtmp = c.wbufs
-		_, err := c.wtmp.WriteTo(c.nc)
+		err := c.write()
 		clear(c.wbufs)
 		c.mu.Lock()
 		c.writingN = 0
@@ -159,6 +168,61 @@ func (c *conn) flushLocked() {
 			c.startHeld()
 		}
 	}
+}
+
+// tlsWriteChunk is the most a TLS connection writes at once under the write timeout: a
+// timed-out TLS write cannot go on, so a peer must take this much within the timeout.
+const tlsWriteChunk = 256 << 10
+
+// write writes c.wtmp (by the writing goroutine, without mu), bounded by the write
+// timeout. The socket's write deadline is moved only when less than the timeout remains
+// (to 1.25 × the timeout ahead: one change per quarter timeout of writing at most, not one
+// per write); a write that reaches it having moved some bytes goes on with a fresh one, one
+// that moved none has waited at least the timeout for a peer taking nothing, and the
+// connection closes. So a peer that takes nothing is closed after 1 to 2.25 × the timeout.
+func (c *conn) write() error {
+	wt := c.writeTimeout
+	if wt <= 0 {
+		_, err := c.wtmp.WriteTo(c.nc)
+		return err
+	}
+	if c.isTLS {
+		for _, b := range c.wtmp {
+			for len(b) > 0 {
+				n := min(len(b), tlsWriteChunk)
+				c.armWrite(wt)
+				if _, err := c.nc.Write(b[:n]); err != nil {
+					return c.writeErr(err)
+				}
+				b = b[n:]
+			}
+		}
+		return nil
+	}
+	for {
+		c.armWrite(wt)
+		n, err := c.wtmp.WriteTo(c.nc)
+		if err == nil || n == 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return c.writeErr(err)
+		}
+		c.writeBy = time.Time{} // bytes moved before the deadline: a fresh one for the rest
+	}
+}
+
+// armWrite makes sure the socket's write deadline is at least wt ahead.
+func (c *conn) armWrite(wt time.Duration) {
+	if now := time.Now(); c.writeBy.Sub(now) < wt {
+		c.writeBy = now.Add(wt + wt/4)
+		_ = c.nc.SetWriteDeadline(c.writeBy)
+	}
+}
+
+// writeErr names the write timeout in the error of a write that reached it.
+func (c *conn) writeErr(err error) error {
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("write timeout: the peer took none of our bytes for %v", c.writeTimeout)
+	}
+	return err
 }
 
 // unsentLocked is the bytes produced for the peer and not yet written (under mu).

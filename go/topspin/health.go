@@ -162,7 +162,7 @@ func (h *Health) list(context.Context, *healthpb.HealthListRequest) (*healthpb.H
 	return resp, nil
 }
 
-func (h *Health) watch(ctx context.Context, req *healthpb.HealthCheckRequest, stream ServerStreamOf[healthpb.HealthCheckRequest, healthpb.HealthCheckResponse]) error {
+func (h *Health) watch(ctx context.Context, req *healthpb.HealthCheckRequest, stream ServerStreamingServer[healthpb.HealthCheckResponse]) error {
 	svc := req.GetService()
 	ch := make(chan HealthStatus, 1)
 	h.mu.Lock()

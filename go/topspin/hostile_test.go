@@ -477,3 +477,31 @@ func TestAPeerThatNeverAnswersPingsIsClosed(t *testing.T) {
 	done()
 	h.after(t)
 }
+
+// Write timeout: a client that sends calls for 1 MiB answers and never reads fills the
+// socket; once it has taken nothing for the write timeout the server closes the connection
+// and ends its calls, while the well-behaved client is served throughout. (Without the
+// bound, WithWriteTimeout(0), the connection and its calls stay for ever.)
+func TestAClientThatNeverReadsIsClosedAfterTheWriteTimeout(t *testing.T) {
+	const wt = 300 * time.Millisecond
+	h := startHostile(t, topspin.WithWriteTimeout(wt))
+	done := h.probe(t)
+	var b []byte
+	for id := uint32(1); id < 2*40; id += 2 { // 40 MiB of answers: more than loopback buffers
+		b = callFrame(b, id, "/h.S/Big")
+		b = wire.Append(b, &wire.Frame{Type: wire.TypeMessage, Flags: wire.FlagEndStream, CallID: id, Chunk: []byte("x")})
+	}
+	b = callFrame(b, 81, "/h.S/Sink") // a call left open: its handler waits for requests
+	nc := h.attacker(t, b)
+	g := h.settle(t, "the socket full", func(g topspin.Gauges) bool { return g.UnsentBytes > 0 && g.Connections == 2 })
+	start := time.Now()
+	h.settle(t, "the never-reading connection closed", func(g topspin.Gauges) bool { return g.Connections == 1 })
+	took := time.Since(start)
+	t.Logf("never-reading client: %+v when full; closed %v later (write timeout %v)", g, took.Round(time.Millisecond), wt)
+	if took > 4*wt+time.Second {
+		t.Errorf("closed %v after the socket filled, write timeout %v", took, wt)
+	}
+	done()
+	_ = nc.Close()
+	h.after(t)
+}

@@ -24,6 +24,7 @@ type options struct {
 	budget       *wire.MemoryBudget // nil: wire.ProcessMemoryBudget()
 	maxSend      int
 	frameTimeout time.Duration
+	writeTimeout time.Duration
 	idleTimeout  time.Duration
 	maxConns     int
 	unixMode     uint32
@@ -37,6 +38,7 @@ const (
 	DefaultMaxSendBuffer    = 4 << 20
 	DefaultHandshakeTimeout = 10 * time.Second
 	DefaultFrameTimeout     = 30 * time.Second
+	DefaultWriteTimeout     = 60 * time.Second
 	DefaultIdleTimeout      = time.Hour
 	DefaultKeepaliveTimeout = 20 * time.Second
 	DefaultMaxConnections   = 10_000
@@ -47,7 +49,7 @@ func defaultOptions() options {
 	return options{settings: wire.DefaultSettings(), limits: wire.DefaultLimits(),
 		backoffBase: 100 * time.Millisecond, backoffMax: 5 * time.Second,
 		handshake: DefaultHandshakeTimeout, kaTimeout: DefaultKeepaliveTimeout,
-		maxSend: DefaultMaxSendBuffer, frameTimeout: DefaultFrameTimeout,
+		maxSend: DefaultMaxSendBuffer, frameTimeout: DefaultFrameTimeout, writeTimeout: DefaultWriteTimeout,
 		idleTimeout: DefaultIdleTimeout, maxConns: DefaultMaxConnections, unixMode: DefaultUnixSocketMode}
 }
 
@@ -76,6 +78,14 @@ func WithMaxSendBuffer(n int) Option { return func(o *options) { o.maxSend = max
 // (default 30 s; 0: no bound): a peer that sends half a frame and stalls is disconnected
 // with ERROR TIMEOUT.
 func WithFrameTimeout(d time.Duration) Option { return func(o *options) { o.frameTimeout = d } }
+
+// WithWriteTimeout closes a connection whose peer takes none of the bytes waiting for it
+// for d (default DefaultWriteTimeout, 60 s, as the Rust runtime's write_timeout; 0: never):
+// a peer that stopped reading (a hung process, or one holding the send buffer and its
+// calls), which keep-alive, off by default, would not be on to tell. The connection's calls
+// end as on any connection loss (a server's handlers see their context done; a client's
+// calls fail UNAVAILABLE naming the write timeout). Native connections, server and client.
+func WithWriteTimeout(d time.Duration) Option { return func(o *options) { o.writeTimeout = max(d, 0) } }
 
 // WithIdleTimeout makes a server send GOAWAY (NO_ERROR, "idle timeout") and close a
 // connection that has had no open call for d (default 1 h; 0: never).

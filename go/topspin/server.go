@@ -525,6 +525,10 @@ func (ss *ServerStream) Context() context.Context { return ss }
 // Method is the full method name, "/package.Service/Method".
 func (ss *ServerStream) Method() string { return ss.method }
 
+// IsGRPC reports whether the call came through the server's gRPC face (a gRPC client on
+// HTTP/2) rather than the native protocol.
+func (ss *ServerStream) IsGRPC() bool { return ss.g != nil }
+
 // Metadata is the request metadata.
 func (ss *ServerStream) Metadata() Metadata { return ss.md }
 

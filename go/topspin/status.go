@@ -103,6 +103,12 @@ func WithOutgoingMetadata(ctx context.Context, md Metadata) context.Context {
 	return context.WithValue(ctx, mdKey{}, append(old[:len(old):len(old)], md...))
 }
 
+// ReplaceOutgoingMetadata returns a context whose calls send md as request metadata,
+// replacing any set on ctx before (as grpc-go's metadata.NewOutgoingContext).
+func ReplaceOutgoingMetadata(ctx context.Context, md Metadata) context.Context {
+	return context.WithValue(ctx, mdKey{}, md[:len(md):len(md)])
+}
+
 // OutgoingMetadata is the request metadata set on ctx by WithOutgoingMetadata.
 func OutgoingMetadata(ctx context.Context) Metadata {
 	md, _ := ctx.Value(mdKey{}).(Metadata)

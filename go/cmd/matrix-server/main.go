@@ -2,7 +2,8 @@
 // (testdata/matrix/README.md): it serves matrix.v1.Matrix on every --listen address
 // (tcp://host:port, unix:///path, and with --tls-cert FILE --tls-key FILE tls://host:port;
 // the Go runtime has no WebSocket), prints "listening ADDR" for each with its real address,
-// and runs until SIGTERM (then stops gracefully, exit 0).
+// and runs until SIGTERM (then stops gracefully, exit 0). Its calls are traced with
+// OpenTelemetry (the trace check: Unary answers the header x-trace-id).
 package main
 
 import (
@@ -72,7 +73,7 @@ func serve(addrs []string, sig <-chan os.Signal, opts ...topspin.Option) int {
 		}
 		listeners = append(listeners, l)
 	}
-	srv := topspin.NewServer()
+	srv := topspin.NewServer(matrix.ServerOptions()...) // with OpenTelemetry, for the trace check
 	matrixpb.RegisterMatrixServer(srv, matrix.NewService())
 	out := bufio.NewWriter(os.Stdout)
 	for i, l := range listeners {

@@ -235,17 +235,23 @@ func generateClient(g *protogen.GeneratedFile, s *protogen.Service, ctx string, 
 		name := fmt.Sprintf("%q", "/"+full+"/"+string(m.Desc.Name()))
 		in, out := g.QualifiedGoIdent(m.Input.GoIdent), g.QualifiedGoIdent(m.Output.GoIdent)
 		writeComments(g, m.Comments.Leading)
-		stream := ts("ClientStreamOf") + "[" + in + ", " + out + "]"
+		both := "[" + in + ", " + out + "]"
 		switch {
 		case !m.Desc.IsStreamingClient() && !m.Desc.IsStreamingServer():
 			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (*", out, ", error) {")
-			g.P("return ", ts("InvokeOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
+			g.P("return ", ts("InvokeOf"), both, "(ctx, c.cc, ", name, ", req, opts...)")
 		case !m.Desc.IsStreamingClient():
-			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
-			g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", req, opts...)")
+			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", req *", in, ", opts ...", ts("CallOption"), ") (",
+				ts("ServerStreamingClient"), "[", out, "], error) {")
+			g.P("return ", ts("NewServerStreamingClient"), both, "(ctx, c.cc, ", name, ", req, opts...)")
+		case !m.Desc.IsStreamingServer():
+			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", opts ...", ts("CallOption"), ") (",
+				ts("ClientStreamingClient"), both, ", error) {")
+			g.P("return ", ts("NewClientStreamingClient"), both, "(ctx, c.cc, ", name, ", opts...)")
 		default:
-			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", opts ...", ts("CallOption"), ") (", stream, ", error) {")
-			g.P("return ", ts("NewStreamOf"), "[", in, ", ", out, "](ctx, c.cc, ", name, ", nil, opts...)")
+			g.P("func (c *", cl, ") ", m.GoName, "(ctx ", ctx, ", opts ...", ts("CallOption"), ") (",
+				ts("BidiStreamingClient"), both, ", error) {")
+			g.P("return ", ts("NewBidiStreamingClient"), both, "(ctx, c.cc, ", name, ", opts...)")
 		}
 		g.P("}")
 		g.P()
@@ -254,16 +260,16 @@ func generateClient(g *protogen.GeneratedFile, s *protogen.Service, ctx string, 
 
 func signature(g *protogen.GeneratedFile, m *protogen.Method, ctx string, ts func(string) string) string {
 	in, out := g.QualifiedGoIdent(m.Input.GoIdent), g.QualifiedGoIdent(m.Output.GoIdent)
-	stream := ts("ServerStreamOf") + "[" + in + ", " + out + "]"
+	both := "[" + in + ", " + out + "]"
 	switch {
 	case !m.Desc.IsStreamingClient() && !m.Desc.IsStreamingServer():
 		return "(ctx " + ctx + ", req *" + in + ") (*" + out + ", error)"
 	case !m.Desc.IsStreamingClient():
-		return "(ctx " + ctx + ", req *" + in + ", stream " + stream + ") error"
+		return "(ctx " + ctx + ", req *" + in + ", stream " + ts("ServerStreamingServer") + "[" + out + "]) error"
 	case !m.Desc.IsStreamingServer():
-		return "(ctx " + ctx + ", stream " + stream + ") (*" + out + ", error)"
+		return "(ctx " + ctx + ", stream " + ts("ClientStreamingServer") + both + ") (*" + out + ", error)"
 	}
-	return "(ctx " + ctx + ", stream " + stream + ") error"
+	return "(ctx " + ctx + ", stream " + ts("BidiStreamingServer") + both + ") error"
 }
 
 func writeComments(g *protogen.GeneratedFile, c protogen.Comments) {

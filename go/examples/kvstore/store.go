@@ -103,7 +103,7 @@ func (s *Store) Delete(_ context.Context, req *kvpb.DeleteRequest) (*kvpb.Delete
 }
 
 // Watch implements kvpb.StoreServer.
-func (s *Store) Watch(ctx context.Context, req *kvpb.WatchRequest, stream topspin.ServerStreamOf[kvpb.WatchRequest, kvpb.Event]) error {
+func (s *Store) Watch(ctx context.Context, req *kvpb.WatchRequest, stream topspin.ServerStreamingServer[kvpb.Event]) error {
 	w := &watcher{prefix: req.GetPrefix(), events: make(chan *kvpb.Event, 1024)}
 	s.mu.Lock()
 	var existing []*kvpb.Entry
@@ -143,7 +143,7 @@ func (s *Store) Watch(ctx context.Context, req *kvpb.WatchRequest, stream topspi
 }
 
 // Apply implements kvpb.StoreServer.
-func (s *Store) Apply(_ context.Context, stream topspin.ServerStreamOf[kvpb.Mutation, kvpb.ApplySummary]) (*kvpb.ApplySummary, error) {
+func (s *Store) Apply(_ context.Context, stream topspin.ClientStreamingServer[kvpb.Mutation, kvpb.ApplySummary]) (*kvpb.ApplySummary, error) {
 	sum := &kvpb.ApplySummary{}
 	for {
 		m, err := stream.Recv()
@@ -170,7 +170,7 @@ func (s *Store) Apply(_ context.Context, stream topspin.ServerStreamOf[kvpb.Muta
 }
 
 // GetMany implements kvpb.StoreServer.
-func (s *Store) GetMany(ctx context.Context, stream topspin.ServerStreamOf[kvpb.GetRequest, kvpb.Entry]) error {
+func (s *Store) GetMany(ctx context.Context, stream topspin.BidiStreamingServer[kvpb.GetRequest, kvpb.Entry]) error {
 	for {
 		req, err := stream.Recv()
 		if err == io.EOF {

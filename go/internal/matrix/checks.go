@@ -9,6 +9,9 @@ import (
 
 	"github.com/topspin-rpc/topspin/go/internal/matrixpb"
 	"github.com/topspin-rpc/topspin/go/topspin"
+	"github.com/topspin-rpc/topspin/go/topspinotel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // callCtx is a check's context: its 5 s deadline.
@@ -92,7 +95,7 @@ func (c *client) quietStream() error {
 	ctx, cancel := callCtx()
 	defer cancel()
 	tag := c.tag("quiet-stream")
-	stream, err := within(2*time.Second, "ServerStream(hold)", func() (topspin.ClientStreamOf[matrixpb.StreamReq, matrixpb.Msg], error) {
+	stream, err := within(2*time.Second, "ServerStream(hold)", func() (topspin.ServerStreamingClient[matrixpb.Msg], error) {
 		return c.mc.ServerStream(ctx, &matrixpb.StreamReq{Hold: true, Tag: tag})
 	})
 	if err != nil {
@@ -134,7 +137,7 @@ func (c *client) clientStream() error {
 func (c *client) bidiOpenThenSend() error {
 	ctx, cancel := callCtx()
 	defer cancel()
-	stream, err := within(2*time.Second, "Bidi (before any send)", func() (topspin.ClientStreamOf[matrixpb.Msg, matrixpb.Msg], error) {
+	stream, err := within(2*time.Second, "Bidi (before any send)", func() (topspin.BidiStreamingClient[matrixpb.Msg, matrixpb.Msg], error) {
 		return c.mc.Bidi(ctx)
 	})
 	if err != nil {
@@ -227,6 +230,42 @@ func (c *client) compression() error {
 		if !bytes.Equal(resp.Payload, payload) {
 			return fmt.Errorf("%s: %d bytes back, not the %d sent", enc, len(resp.Payload), len(payload))
 		}
+	}
+	return nil
+}
+
+// trace: a root span from an SDK tracer provider, current while Unary("trace") goes through
+// the client's OpenTelemetry instrumentation (topspinotel, W3C propagator) on a connection
+// of its own; the server's x-trace-id header must be the root's trace id.
+func (c *client) trace() error {
+	ctx, cancel := callCtx()
+	defer cancel()
+	tp := sdktrace.NewTracerProvider()
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	opts := append(topspinotel.DialOptions(topspinotel.WithTracerProvider(tp),
+		topspinotel.WithPropagators(propagation.TraceContext{})), c.opts...)
+	cc, err := topspin.Dial(ctx, c.target, opts...)
+	if err != nil {
+		return fmt.Errorf("dial: %w", err)
+	}
+	defer cc.Close()
+	ctx, root := tp.Tracer("matrix-client").Start(ctx, "trace")
+	var header topspin.Metadata
+	resp, err := matrixpb.NewMatrixClient(cc).Unary(ctx, &matrixpb.Msg{Payload: []byte("trace")}, topspin.Header(&header))
+	root.End()
+	if err != nil {
+		return err
+	}
+	if string(resp.Payload) != "trace" {
+		return fmt.Errorf("payload %q, want %q", resp.Payload, "trace")
+	}
+	want := root.SpanContext().TraceID().String()
+	got, ok := header.Get("x-trace-id")
+	if !ok {
+		return fmt.Errorf("no x-trace-id header (the root's trace id is %s): the server made no span continuing it", want)
+	}
+	if got != want {
+		return fmt.Errorf("x-trace-id %q, want the root span's trace id %s", got, want)
 	}
 	return nil
 }

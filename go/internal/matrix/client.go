@@ -33,6 +33,8 @@ type client struct {
 	cc     *topspin.ClientConn
 	mc     *matrixpb.MatrixClient
 	prefix string // "<client>-<pid>"
+	target string
+	opts   []topspin.Option // the connection's (TLS): the trace check dials its own
 }
 
 func (c *client) tag(check string) string { return c.prefix + "-" + check }
@@ -55,6 +57,7 @@ var checks = []check{
 	{"cancel", (*client).cancel},
 	{"error-details", (*client).errorDetails},
 	{"compression", (*client).compression},
+	{"trace", (*client).trace},
 }
 
 // CheckNames are the names of the checks, in the order Run runs them.
@@ -88,7 +91,7 @@ func Run(target, prefix string, out io.Writer, opts ...topspin.Option) bool {
 		return false
 	}
 	defer cc.Close()
-	c := &client{cc: cc, mc: matrixpb.NewMatrixClient(cc), prefix: prefix}
+	c := &client{cc: cc, mc: matrixpb.NewMatrixClient(cc), prefix: prefix, target: target, opts: opts}
 	passed := true
 	for _, ch := range checks {
 		guard := min(checkGuard, runBudget-time.Since(start))

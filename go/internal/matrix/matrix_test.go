@@ -18,6 +18,10 @@ import (
 
 // serve starts a server of impl on network ("tcp" or "unix") and returns its target.
 func serve(t *testing.T, network string, impl matrixpb.MatrixServer) string {
+	return serveWith(t, network, impl, matrix.ServerOptions()...)
+}
+
+func serveWith(t *testing.T, network string, impl matrixpb.MatrixServer, opts ...topspin.Option) string {
 	t.Helper()
 	target := "tcp://127.0.0.1:0"
 	if network == "unix" {
@@ -32,7 +36,7 @@ func serve(t *testing.T, network string, impl matrixpb.MatrixServer) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := topspin.NewServer()
+	srv := topspin.NewServer(opts...)
 	matrixpb.RegisterMatrixServer(srv, impl)
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(srv.Stop)
@@ -123,6 +127,22 @@ func TestChecksFailAgainstABrokenServer(t *testing.T) {
 	}
 	if !strings.Contains(lines[0], "x-echo") {
 		t.Errorf("the unary check does not name the missing header: %q", lines[0])
+	}
+}
+
+// The trace check passes only when the server's instrumentation continued the client's
+// trace: without it the Unary handler has no span and sends no x-trace-id.
+func TestTraceCheckNeedsTheServersInstrumentation(t *testing.T) {
+	target := serveWith(t, "tcp", matrix.NewService()) // no OpenTelemetry
+	var out bytes.Buffer
+	if matrix.Run(target, "go-test-untraced", &out) {
+		t.Fatalf("every check passed against an untraced server:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "\nok compression\nFAIL trace: no x-trace-id header") {
+		t.Errorf("want only the trace check failing, naming the header:\n%s", out.String())
+	}
+	if strings.Count(out.String(), "FAIL") != 1 {
+		t.Errorf("more than the trace check failed:\n%s", out.String())
 	}
 }
 

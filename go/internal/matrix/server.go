@@ -12,7 +12,20 @@ import (
 
 	"github.com/topspin-rpc/topspin/go/internal/matrixpb"
 	"github.com/topspin-rpc/topspin/go/topspin"
+	"github.com/topspin-rpc/topspin/go/topspinotel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
+
+// ServerOptions are the options a matrix server runs with (besides TLS): the OpenTelemetry
+// instrumentation (topspinotel) with an SDK tracer provider (no exporter) and the W3C
+// trace-context propagator, so that the server's spans continue the client's trace (the
+// README's "Tracing").
+func ServerOptions() []topspin.Option {
+	return topspinotel.ServerOptions(topspinotel.WithTracerProvider(sdktrace.NewTracerProvider()),
+		topspinotel.WithPropagators(propagation.TraceContext{}))
+}
 
 // Service implements matrix.v1.Matrix as matrix.proto describes it. It records the tags of
 // the calls it saw cancelled (or past their deadline) for WasCancelled.
@@ -35,7 +48,8 @@ func (s *Service) record(tag string) {
 }
 
 // Unary echoes the payload; x-echo comes back as the header x-echo and the trailer x-echo-t,
-// x-echo-bin as the header x-echo-bin.
+// x-echo-bin as the header x-echo-bin, and the trace id of the call's span (the
+// instrumentation's, in ctx) as the header x-trace-id, when there is one.
 func (s *Service) Unary(ctx context.Context, req *matrixpb.Msg) (*matrixpb.Msg, error) {
 	ss := topspin.ServerStreamFrom(ctx)
 	md := ss.Metadata()
@@ -46,12 +60,15 @@ func (s *Service) Unary(ctx context.Context, req *matrixpb.Msg) (*matrixpb.Msg, 
 	if v, ok := md.Get("x-echo-bin"); ok {
 		ss.SetHeader(topspin.MD("x-echo-bin", v))
 	}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		ss.SetHeader(topspin.MD("x-trace-id", sc.TraceID().String()))
+	}
 	return &matrixpb.Msg{Payload: req.Payload}, nil
 }
 
 // ServerStream sends count messages of size bytes of 'a'; with hold, nothing until the call
 // ends, recording its tag.
-func (s *Service) ServerStream(ctx context.Context, req *matrixpb.StreamReq, stream topspin.ServerStreamOf[matrixpb.StreamReq, matrixpb.Msg]) error {
+func (s *Service) ServerStream(ctx context.Context, req *matrixpb.StreamReq, stream topspin.ServerStreamingServer[matrixpb.Msg]) error {
 	if req.Hold {
 		<-ctx.Done()
 		s.record(req.Tag)
@@ -67,7 +84,7 @@ func (s *Service) ServerStream(ctx context.Context, req *matrixpb.StreamReq, str
 }
 
 // ClientStream counts the messages and their payload bytes.
-func (s *Service) ClientStream(ctx context.Context, stream topspin.ServerStreamOf[matrixpb.Msg, matrixpb.Summary]) (*matrixpb.Summary, error) {
+func (s *Service) ClientStream(ctx context.Context, stream topspin.ClientStreamingServer[matrixpb.Msg, matrixpb.Summary]) (*matrixpb.Summary, error) {
 	sum := &matrixpb.Summary{}
 	for {
 		m, err := stream.Recv()
@@ -83,7 +100,7 @@ func (s *Service) ClientStream(ctx context.Context, stream topspin.ServerStreamO
 }
 
 // Bidi echoes every message as it arrives (nothing, headers included, goes before the first).
-func (s *Service) Bidi(ctx context.Context, stream topspin.ServerStreamOf[matrixpb.Msg, matrixpb.Msg]) error {
+func (s *Service) Bidi(ctx context.Context, stream topspin.BidiStreamingServer[matrixpb.Msg, matrixpb.Msg]) error {
 	for {
 		m, err := stream.Recv()
 		if err == io.EOF {

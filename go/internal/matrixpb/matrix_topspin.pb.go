@@ -81,13 +81,13 @@ type MatrixServer interface {
 	// Sends `count` messages, each `size` bytes of 0x61 ('a'), then ends OK. With `hold`, sends
 	// nothing and ends only when the call is cancelled (a quiet stream); the cancellation is
 	// recorded under `tag` (see WasCancelled).
-	ServerStream(ctx context.Context, req *StreamReq, stream topspin.ServerStreamOf[StreamReq, Msg]) error
+	ServerStream(ctx context.Context, req *StreamReq, stream topspin.ServerStreamingServer[Msg]) error
 	// Counts the messages and their payload bytes; answers once the client ends its stream.
-	ClientStream(ctx context.Context, stream topspin.ServerStreamOf[Msg, Summary]) (*Summary, error)
+	ClientStream(ctx context.Context, stream topspin.ClientStreamingServer[Msg, Summary]) (*Summary, error)
 	// Answers each message with the same payload as soon as it arrives; ends OK when the client
 	// ends its stream. It sends nothing (headers included, in implementations that may wait)
 	// before the first request message.
-	Bidi(ctx context.Context, stream topspin.ServerStreamOf[Msg, Msg]) error
+	Bidi(ctx context.Context, stream topspin.BidiStreamingServer[Msg, Msg]) error
 	// Fails with `code`, `message` and `details` (the bytes of a google.rpc.Status, carried in
 	// `grpc-status-details-bin` / the status's details) as asked.
 	Fail(ctx context.Context, req *FailReq) (*Msg, error)
@@ -107,17 +107,17 @@ func (UnimplementedMatrixServer) Unary(ctx context.Context, req *Msg) (*Msg, err
 }
 
 // ServerStream answers UNIMPLEMENTED.
-func (UnimplementedMatrixServer) ServerStream(ctx context.Context, req *StreamReq, stream topspin.ServerStreamOf[StreamReq, Msg]) error {
+func (UnimplementedMatrixServer) ServerStream(ctx context.Context, req *StreamReq, stream topspin.ServerStreamingServer[Msg]) error {
 	return topspin.Errorf(topspin.Unimplemented, "method ServerStream not implemented")
 }
 
 // ClientStream answers UNIMPLEMENTED.
-func (UnimplementedMatrixServer) ClientStream(ctx context.Context, stream topspin.ServerStreamOf[Msg, Summary]) (*Summary, error) {
+func (UnimplementedMatrixServer) ClientStream(ctx context.Context, stream topspin.ClientStreamingServer[Msg, Summary]) (*Summary, error) {
 	return nil, topspin.Errorf(topspin.Unimplemented, "method ClientStream not implemented")
 }
 
 // Bidi answers UNIMPLEMENTED.
-func (UnimplementedMatrixServer) Bidi(ctx context.Context, stream topspin.ServerStreamOf[Msg, Msg]) error {
+func (UnimplementedMatrixServer) Bidi(ctx context.Context, stream topspin.BidiStreamingServer[Msg, Msg]) error {
 	return topspin.Errorf(topspin.Unimplemented, "method Bidi not implemented")
 }
 
@@ -165,20 +165,20 @@ func (c *MatrixClient) Unary(ctx context.Context, req *Msg, opts ...topspin.Call
 // Sends `count` messages, each `size` bytes of 0x61 ('a'), then ends OK. With `hold`, sends
 // nothing and ends only when the call is cancelled (a quiet stream); the cancellation is
 // recorded under `tag` (see WasCancelled).
-func (c *MatrixClient) ServerStream(ctx context.Context, req *StreamReq, opts ...topspin.CallOption) (topspin.ClientStreamOf[StreamReq, Msg], error) {
-	return topspin.NewStreamOf[StreamReq, Msg](ctx, c.cc, "/matrix.v1.Matrix/ServerStream", req, opts...)
+func (c *MatrixClient) ServerStream(ctx context.Context, req *StreamReq, opts ...topspin.CallOption) (topspin.ServerStreamingClient[Msg], error) {
+	return topspin.NewServerStreamingClient[StreamReq, Msg](ctx, c.cc, "/matrix.v1.Matrix/ServerStream", req, opts...)
 }
 
 // Counts the messages and their payload bytes; answers once the client ends its stream.
-func (c *MatrixClient) ClientStream(ctx context.Context, opts ...topspin.CallOption) (topspin.ClientStreamOf[Msg, Summary], error) {
-	return topspin.NewStreamOf[Msg, Summary](ctx, c.cc, "/matrix.v1.Matrix/ClientStream", nil, opts...)
+func (c *MatrixClient) ClientStream(ctx context.Context, opts ...topspin.CallOption) (topspin.ClientStreamingClient[Msg, Summary], error) {
+	return topspin.NewClientStreamingClient[Msg, Summary](ctx, c.cc, "/matrix.v1.Matrix/ClientStream", opts...)
 }
 
 // Answers each message with the same payload as soon as it arrives; ends OK when the client
 // ends its stream. It sends nothing (headers included, in implementations that may wait)
 // before the first request message.
-func (c *MatrixClient) Bidi(ctx context.Context, opts ...topspin.CallOption) (topspin.ClientStreamOf[Msg, Msg], error) {
-	return topspin.NewStreamOf[Msg, Msg](ctx, c.cc, "/matrix.v1.Matrix/Bidi", nil, opts...)
+func (c *MatrixClient) Bidi(ctx context.Context, opts ...topspin.CallOption) (topspin.BidiStreamingClient[Msg, Msg], error) {
+	return topspin.NewBidiStreamingClient[Msg, Msg](ctx, c.cc, "/matrix.v1.Matrix/Bidi", opts...)
 }
 
 // Fails with `code`, `message` and `details` (the bytes of a google.rpc.Status, carried in

@@ -91,11 +91,11 @@ type StoreServer interface {
 	Delete(ctx context.Context, req *DeleteRequest) (*DeleteResponse, error)
 	// Streams the changes to the keys under a prefix, optionally starting with their current
 	// values, until the client hangs up.
-	Watch(ctx context.Context, req *WatchRequest, stream topspin.ServerStreamOf[WatchRequest, Event]) error
+	Watch(ctx context.Context, req *WatchRequest, stream topspin.ServerStreamingServer[Event]) error
 	// Applies a stream of writes; answers with how many were applied.
-	Apply(ctx context.Context, stream topspin.ServerStreamOf[Mutation, ApplySummary]) (*ApplySummary, error)
+	Apply(ctx context.Context, stream topspin.ClientStreamingServer[Mutation, ApplySummary]) (*ApplySummary, error)
 	// Answers every key sent with its entry, as they come.
-	GetMany(ctx context.Context, stream topspin.ServerStreamOf[GetRequest, Entry]) error
+	GetMany(ctx context.Context, stream topspin.BidiStreamingServer[GetRequest, Entry]) error
 }
 
 // UnimplementedStoreServer answers UNIMPLEMENTED for every method.
@@ -117,17 +117,17 @@ func (UnimplementedStoreServer) Delete(ctx context.Context, req *DeleteRequest) 
 }
 
 // Watch answers UNIMPLEMENTED.
-func (UnimplementedStoreServer) Watch(ctx context.Context, req *WatchRequest, stream topspin.ServerStreamOf[WatchRequest, Event]) error {
+func (UnimplementedStoreServer) Watch(ctx context.Context, req *WatchRequest, stream topspin.ServerStreamingServer[Event]) error {
 	return topspin.Errorf(topspin.Unimplemented, "method Watch not implemented")
 }
 
 // Apply answers UNIMPLEMENTED.
-func (UnimplementedStoreServer) Apply(ctx context.Context, stream topspin.ServerStreamOf[Mutation, ApplySummary]) (*ApplySummary, error) {
+func (UnimplementedStoreServer) Apply(ctx context.Context, stream topspin.ClientStreamingServer[Mutation, ApplySummary]) (*ApplySummary, error) {
 	return nil, topspin.Errorf(topspin.Unimplemented, "method Apply not implemented")
 }
 
 // GetMany answers UNIMPLEMENTED.
-func (UnimplementedStoreServer) GetMany(ctx context.Context, stream topspin.ServerStreamOf[GetRequest, Entry]) error {
+func (UnimplementedStoreServer) GetMany(ctx context.Context, stream topspin.BidiStreamingServer[GetRequest, Entry]) error {
 	return topspin.Errorf(topspin.Unimplemented, "method GetMany not implemented")
 }
 
@@ -167,16 +167,16 @@ func (c *StoreClient) Delete(ctx context.Context, req *DeleteRequest, opts ...to
 
 // Streams the changes to the keys under a prefix, optionally starting with their current
 // values, until the client hangs up.
-func (c *StoreClient) Watch(ctx context.Context, req *WatchRequest, opts ...topspin.CallOption) (topspin.ClientStreamOf[WatchRequest, Event], error) {
-	return topspin.NewStreamOf[WatchRequest, Event](ctx, c.cc, "/kv.v1.Store/Watch", req, opts...)
+func (c *StoreClient) Watch(ctx context.Context, req *WatchRequest, opts ...topspin.CallOption) (topspin.ServerStreamingClient[Event], error) {
+	return topspin.NewServerStreamingClient[WatchRequest, Event](ctx, c.cc, "/kv.v1.Store/Watch", req, opts...)
 }
 
 // Applies a stream of writes; answers with how many were applied.
-func (c *StoreClient) Apply(ctx context.Context, opts ...topspin.CallOption) (topspin.ClientStreamOf[Mutation, ApplySummary], error) {
-	return topspin.NewStreamOf[Mutation, ApplySummary](ctx, c.cc, "/kv.v1.Store/Apply", nil, opts...)
+func (c *StoreClient) Apply(ctx context.Context, opts ...topspin.CallOption) (topspin.ClientStreamingClient[Mutation, ApplySummary], error) {
+	return topspin.NewClientStreamingClient[Mutation, ApplySummary](ctx, c.cc, "/kv.v1.Store/Apply", opts...)
 }
 
 // Answers every key sent with its entry, as they come.
-func (c *StoreClient) GetMany(ctx context.Context, opts ...topspin.CallOption) (topspin.ClientStreamOf[GetRequest, Entry], error) {
-	return topspin.NewStreamOf[GetRequest, Entry](ctx, c.cc, "/kv.v1.Store/GetMany", nil, opts...)
+func (c *StoreClient) GetMany(ctx context.Context, opts ...topspin.CallOption) (topspin.BidiStreamingClient[GetRequest, Entry], error) {
+	return topspin.NewBidiStreamingClient[GetRequest, Entry](ctx, c.cc, "/kv.v1.Store/GetMany", opts...)
 }

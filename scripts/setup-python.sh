@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 VENV=bindings/python/.venv
 PY=${PYTHON:-python3}
-want=(maturin pytest mypy ruff protobuf grpcio grpcio-tools types-protobuf cryptography)
+want=(maturin pytest mypy ruff protobuf grpcio grpcio-tools types-protobuf cryptography
+  opentelemetry-api opentelemetry-sdk mypy-protobuf)
 
 check_venv "$VENV" "$PY" "${want[@]}"
 

@@ -426,8 +426,7 @@ def _unary_async(t: _Telemetry, behavior: Callable[..., Any], method: str) -> Ca
 def _stream_sync(t: _Telemetry, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
     # The span is current only while the handler's code runs (between its messages the
     # thread sends them), so a stream left unfinished leaves no context attached. No local
-    # keeps the exception: a cycle through this frame would keep the call's request stream
-    # alive, which holds back the call's end.
+    # keeps the exception (a cycle through this frame would keep the call's objects alive).
     def run(request: Any, context: ServicerContext) -> Iterator[Any]:
         call = _start_server(t, method, context)
         it: Optional[Iterator[Any]] = None

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up the Python binding's venv (bindings/python/.venv): the build tool (maturin), the test
-# and lint tools, protobuf, and grpcio + grpcio-tools (only for the benchmark's grpcio peer),
+# and lint tools, protobuf, mypy-protobuf (the generated stubs), OpenTelemetry's API and SDK
+# (topspin.otel and its tests), and grpcio + grpcio-tools (only for the benchmark's grpcio peer),
 # then builds and installs the `topspin` extension into it (cargo rebuilds only what changed).
 # Idempotent: says what it will install, and installs nothing that is there.
 #
@@ -12,7 +13,8 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 VENV=bindings/python/.venv
 PY=${PYTHON:-python3}
-want=(maturin pytest mypy ruff protobuf grpcio grpcio-tools types-protobuf cryptography)
+want=(maturin pytest mypy ruff protobuf grpcio grpcio-tools types-protobuf cryptography
+  opentelemetry-api opentelemetry-sdk mypy-protobuf)
 
 check_venv "$VENV" "$PY" "${want[@]}"
 

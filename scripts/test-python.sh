@@ -34,7 +34,8 @@ $PY -m ruff check python tests examples bench matrix
 $PY -m ruff format --check python tests examples bench matrix
 step "mypy (package, generated code, example, tests)"
 MYPYPATH=tests/gen_out:bench/gen_out:examples:tests $PY -m mypy python/topspin examples tests/gen_out bench tests/typed_use.py \
-  tests/test_tls.py tests/test_config.py tests/test_stream_trailers.py tests/test_interceptors.py
+  tests/test_tls.py tests/test_config.py tests/test_stream_trailers.py tests/test_interceptors.py \
+  tests/test_otel.py tests/test_typing.py
 step "pytest"
 $PY -m pytest -q tests
 step "pytest: the lifecycle tests (Ctrl-C, SIGINT) with SIGINT ignored, as in a background job"

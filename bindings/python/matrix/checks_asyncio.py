@@ -11,9 +11,21 @@ from typing import Any, AsyncIterator, Callable, Coroutine, Optional
 
 import matrix_pb2 as pb
 import matrix_topspin as rpc
-from common import COMPRESSIBLE, DETAILS, ECHO_BIN, LARGE, Failed, expect, first, one_line
+from common import (
+    COMPRESSIBLE,
+    DETAILS,
+    ECHO_BIN,
+    LARGE,
+    Failed,
+    expect,
+    first,
+    one_line,
+    trace_id_hex,
+)
+from opentelemetry import trace as otel_trace
 
 import topspin
+import topspin.otel
 
 T = 5.0  # every call's own deadline, unless the check says otherwise
 
@@ -23,7 +35,8 @@ class Checks:
         self.target = target
         self.tag = tag
         self.ca = ca  # the CAs (PEM file) a tls:// or wss:// server's certificate chains to
-        self.c = rpc.MatrixAsyncClient(topspin.AsyncChannel(target, ca_pem=ca))
+        self.channel = topspin.AsyncChannel(target, ca_pem=ca)
+        self.c = rpc.MatrixAsyncClient(self.channel)
 
     async def was_cancelled(self, t: str) -> None:
         """`WasCancelled(t)` turns true within 3 s (polled every 50 ms)."""
@@ -146,6 +159,20 @@ class Checks:
                 c = rpc.MatrixAsyncClient(ch)
                 r = await c.Unary(pb.Msg(payload=COMPRESSIBLE), timeout=T)
                 expect(r.payload == COMPRESSIBLE, f"{algo}: {len(r.payload)} bytes back")
+
+    async def trace(self) -> None:
+        """A root span of the global (SDK) tracer provider; with it current, `Unary` through
+        topspin.otel's asyncio client interceptor, which sends its trace context."""
+        interceptors = topspin.otel.aio_client_interceptors()
+        traced = rpc.MatrixAsyncClient(topspin.intercept_channel(self.channel, *interceptors))
+        with otel_trace.get_tracer("matrix-client").start_as_current_span("trace") as root:
+            want = root.get_span_context()
+            expect(want.is_valid, "no SDK tracer provider: the root span is not recording")
+            r, info = await traced.Unary.with_call(pb.Msg(payload=b"trace"), timeout=T)
+        expect(r.payload == b"trace", f"payload {r.payload!r}")
+        got = first(info.headers, "x-trace-id")
+        want_hex = trace_id_hex(want.trace_id)
+        expect(got == want_hex, f"x-trace-id {got!r}, the root span's trace is {want_hex}")
 
 
 def check(checks: Checks, name: str) -> Callable[[], Coroutine[Any, Any, None]]:

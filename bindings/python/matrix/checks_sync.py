@@ -24,9 +24,12 @@ from common import (
     expect,
     first,
     one_line,
+    trace_id_hex,
 )
+from opentelemetry import trace as otel_trace
 
 import topspin
+import topspin.otel
 
 T = 5.0  # every call's own deadline, unless the check says otherwise
 
@@ -44,7 +47,8 @@ class Checks:
         self.target = target
         self.tag = tag
         self.ca = ca  # the CAs (PEM file) a tls:// or wss:// server's certificate chains to
-        self.c = rpc.MatrixClient(topspin.Channel(target, ca_pem=ca))
+        self.channel = topspin.Channel(target, ca_pem=ca)
+        self.c = rpc.MatrixClient(self.channel)
 
     def was_cancelled(self, t: str) -> None:
         """`WasCancelled(t)` turns true within 3 s (polled every 50 ms)."""
@@ -162,6 +166,21 @@ class Checks:
             with topspin.Channel(self.target, compression=algo, ca_pem=self.ca) as ch:
                 r = rpc.MatrixClient(ch).Unary(pb.Msg(payload=COMPRESSIBLE), timeout=T)
                 expect(r.payload == COMPRESSIBLE, f"{algo}: {len(r.payload)} bytes back")
+
+    def trace(self) -> None:
+        """A root span of the global (SDK) tracer provider; with it current, `Unary` through
+        topspin.otel's client interceptor, which sends its trace context."""
+        traced = rpc.MatrixClient(
+            topspin.intercept_channel(self.channel, topspin.otel.client_interceptor())
+        )
+        with otel_trace.get_tracer("matrix-client").start_as_current_span("trace") as root:
+            want = root.get_span_context()
+            expect(want.is_valid, "no SDK tracer provider: the root span is not recording")
+            r, info = traced.Unary.with_call(pb.Msg(payload=b"trace"), timeout=T)
+        expect(r.payload == b"trace", f"payload {r.payload!r}")
+        got = first(info.headers, "x-trace-id")
+        want_hex = trace_id_hex(want.trace_id)
+        expect(got == want_hex, f"x-trace-id {got!r}, the root span's trace is {want_hex}")
 
 
 def check(checks: Checks, name: str) -> Callable[[], Any]:

@@ -87,6 +87,7 @@ def main() -> int:
     ap.add_argument("--target", required=True, metavar="ADDR")
     ap.add_argument("--ca", metavar="FILE", help="CA certificates (PEM) of tls:// and wss://")
     a = ap.parse_args()
+    common.setup_tracing()  # for the `trace` check
     ok = run_sync(a.target, a.ca) if a.mode == "sync" else asyncio.run(run_asyncio(a.target, a.ca))
     # Exit without waiting for anything a check that overran may have left blocked.
     sys.stdout.flush()

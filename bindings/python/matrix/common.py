@@ -29,12 +29,30 @@ CHECKS = (
     "cancel",
     "error-details",
     "compression",
+    "trace",
 )
 CHECK_SECONDS = 5.0  # each check's own deadline
 ECHO_BIN = b"\x00\x01\xff"
 LARGE = bytes(i % 251 for i in range(300 * 1024))
 DETAILS = bytes.fromhex("080512046e6f7065")  # google.rpc.Status{code: 5, message: "nope"}
 COMPRESSIBLE = b"a" * (64 * 1024)
+
+
+def setup_tracing() -> None:
+    """The OpenTelemetry of the `trace` check, on both sides: an SDK tracer provider (no
+    exporter: the spans are only carried) and the W3C trace-context propagator, made global
+    (topspin.otel's interceptors use the global ones)."""
+    from opentelemetry import propagate, trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    trace.set_tracer_provider(TracerProvider())
+    propagate.set_global_textmap(TraceContextTextMapPropagator())
+
+
+def trace_id_hex(trace_id: int) -> str:
+    """A trace id as W3C writes it (32 lowercase hex digits)."""
+    return format(trace_id, "032x")
 
 
 def load_generated() -> None:

@@ -6,7 +6,9 @@ Serves matrix.v1.Matrix (`async def` handlers, on this process's event loop) on 
 `--listen` address (tcp://, unix://, ws:// from pages of any origin, and with the certificate
 chain and key of --tls-cert/--tls-key, PEM files, tls:// and wss://), prints `listening ADDR`
 for each, and runs until SIGTERM (or SIGINT), then exits 0 within 2 s. Request compression:
-gzip and zstd are accepted, as the runtime does by default.
+gzip and zstd are accepted, as the runtime does by default. OpenTelemetry: the server
+interceptor of `topspin.otel`, with an SDK tracer provider and the W3C propagator; `Unary`
+answers with the header `x-trace-id`, the trace id of its call's span.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import threading
 from typing import AsyncIterator, Optional, Set
 
 import common
+from opentelemetry import trace
 
 import topspin
+import topspin.otel
 
 common.load_generated()
 import matrix_pb2 as pb  # noqa: E402
@@ -64,6 +68,11 @@ class Matrix(rpc.MatrixAsyncServicer):
             context.set_trailing_metadata([("x-echo-t", echo)])
         if echo_bin is not None:
             context.set_initial_metadata([("x-echo-bin", echo_bin)])
+        # The `trace` check: the trace of the span the instrumentation made current (it
+        # continues the client's when the request carried its `traceparent`).
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            context.set_initial_metadata([("x-trace-id", common.trace_id_hex(span.trace_id))])
         return pb.Msg(payload=request.payload)
 
     async def ServerStream(
@@ -113,7 +122,11 @@ async def serve(addresses: list[str], tls: Optional[topspin.ServerTls]) -> None:
         # TLS settings only where the address is TLS: the runtime refuses them on tcp:// and
         # ws:// (they would be ignored there).
         secure = a.startswith(("tls://", "wss://"))
-        s = topspin.Server(ws_allow_any_origin=True, tls=tls if secure else None)
+        s = topspin.Server(
+            ws_allow_any_origin=True,
+            tls=tls if secure else None,
+            interceptors=[topspin.otel.server_interceptor()],
+        )
         rpc.add_MatrixServicer_to_server(servicer, s)
         bound = await s.start_async(a)
         servers.append(s)
@@ -143,6 +156,7 @@ def main() -> int:
     if (a.tls_cert is None) != (a.tls_key is None):
         ap.error("--tls-cert and --tls-key go together")
     tls = None if a.tls_cert is None else topspin.ServerTls(a.tls_cert, a.tls_key)
+    common.setup_tracing()
     try:
         asyncio.run(serve(a.listen, tls))
     except RuntimeError as e:  # a bind that failed

@@ -34,6 +34,7 @@ CHECKS = [
     "cancel",
     "error-details",
     "compression",
+    "trace",
 ]
 
 
@@ -184,3 +185,31 @@ def test_compression_check_sends_gzip_then_zstd() -> None:
     finally:
         server.stop(1)
     assert seen == ["gzip", "zstd", "gzip", "zstd"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_trace_check_fails_against_a_server_without_instrumentation(mode: str) -> None:
+    """The `trace` check passes only when the server continued the client's trace: against
+    the matrix servicer on a server without topspin.otel it fails (and every other passes)."""
+    sys.path.insert(0, MATRIX)
+    try:
+        matrix_server = importlib.import_module("server")
+    finally:
+        sys.path.remove(MATRIX)
+    server = topspin.Server()
+    matrix_server.rpc.add_MatrixServicer_to_server(matrix_server.Matrix(), server)
+    address = server.start("tcp://127.0.0.1:0")
+    try:
+        r = subprocess.run(
+            [sys.executable, os.path.join(MATRIX, "client.py"), "--mode", mode]
+            + ["--target", address],
+            capture_output=True,
+            text=True,
+            timeout=70,
+        )
+    finally:
+        server.stop(1)
+    lines = r.stdout.splitlines()
+    assert lines[:-1] == [f"ok {c}" for c in CHECKS[:-1]], r.stdout + r.stderr
+    assert lines[-1].startswith("FAIL trace: x-trace-id None"), r.stdout + r.stderr
+    assert r.returncode == 1

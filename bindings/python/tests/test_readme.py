@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import KV_PROTO_DIR, PKG, ROOT
 
 
@@ -58,3 +59,23 @@ def test_interceptors_example(tmp_path: Path) -> None:
     want = [re.escape(x).replace(r"1\.5", r"\d+\.\d") for x in said.strip().split(" / ")]
     got = r.stdout.splitlines()
     assert len(got) == len(want) and all(re.fullmatch(w, g) for w, g in zip(want, got)), got
+
+
+def test_opentelemetry_example(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    text = (Path(PKG) / "README.md").read_text()
+    section = text.split("## OpenTelemetry", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)
+    shells = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert len(code) == 1 and len(shells) == 1
+    from topspin.gen import generate
+
+    generate(["kv/v1/kv.proto"], [KV_PROTO_DIR], str(tmp_path / "gen_out"))
+    (tmp_path / "traced.py").write_text(code[0])
+    run, said = shells[0].split("#", 1)
+    assert shlex.split(run) == [".venv/bin/python", "traced.py"]
+    r = subprocess.run(
+        [sys.executable, "traced.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == said.strip().split(" / ")

@@ -4,6 +4,7 @@ and Python clients against them, every call kind, TCP and Unix sockets."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -370,3 +371,64 @@ def test_websocket_origins(options: dict[str, Any], accepted: list[str]) -> None
             assert ws_upgrade_status(address, origin) == want, origin
     finally:
         server.stop(1)
+
+
+class CycleFail(kv_topspin.StoreServicer):
+    """Streaming handlers whose error is kept in a reference cycle (`e` is a local of the
+    frame its traceback holds): common, and then only the garbage collector frees it."""
+
+    def Watch(
+        self, request: kv_pb2.WatchRequest, context: topspin.ServicerContext
+    ) -> Iterator[kv_pb2.Event]:
+        e = topspin.StatusError(topspin.Code.NOT_FOUND, "watch")
+        yield kv_pb2.Event(deleted="x")
+        raise e
+
+    def GetMany(
+        self, request: Iterator[kv_pb2.GetRequest], context: topspin.ServicerContext
+    ) -> Iterator[kv_pb2.Entry]:
+        for r in request:
+            e = topspin.StatusError(topspin.Code.NOT_FOUND, r.key)
+            raise e
+        yield kv_pb2.Entry()
+
+
+class AsyncCycleFail(kv_topspin.StoreAsyncServicer):
+    async def Watch(
+        self, request: kv_pb2.WatchRequest, context: topspin.ServicerContext
+    ) -> AsyncIterator[kv_pb2.Event]:
+        e = topspin.StatusError(topspin.Code.NOT_FOUND, "watch")
+        yield kv_pb2.Event(deleted="x")
+        raise e
+
+    async def GetMany(
+        self, request: AsyncIterator[kv_pb2.GetRequest], context: topspin.ServicerContext
+    ) -> AsyncIterator[kv_pb2.Entry]:
+        async for r in request:
+            e = topspin.StatusError(topspin.Code.NOT_FOUND, r.key)
+            raise e
+        yield kv_pb2.Entry()
+
+
+@pytest.mark.parametrize("servicer", [CycleFail, AsyncCycleFail])
+def test_stream_error_kept_alive_still_ends_the_call(servicer: Any) -> None:
+    """The status of a failed stream reaches the client at once even while the handler's
+    exception (and through its traceback the server's frame, with the response sender) is
+    still alive: the sender is closed when the handler is done."""
+    gc.disable()  # the cycle must not be collected by chance
+    server = topspin.Server()
+    kv_topspin.add_StoreServicer_to_server(servicer(), server)
+    try:
+        store = kv_topspin.StoreClient(topspin.Channel(server.start("tcp://127.0.0.1:0")))
+        for call in (
+            lambda: list(store.Watch(kv_pb2.WatchRequest(), timeout=3)),
+            lambda: list(store.GetMany(iter([kv_pb2.GetRequest(key="k")]), timeout=3)),
+        ):
+            t0 = time.monotonic()
+            with pytest.raises(topspin.StatusError) as e:
+                call()
+            assert e.value.code == topspin.Code.NOT_FOUND, e.value
+            assert time.monotonic() - t0 < 1.0
+    finally:
+        gc.enable()
+        server.stop(grace=1)

@@ -324,3 +324,8 @@ def stream_stream(m: Any, requests: Any, timeout: Any, metadata: Any) -> AsyncRe
     name = "intercept_stream_stream"
     fn = chain(m._channel._interceptors, StreamStreamClientInterceptor, name, real)
     return _Started(fn(_details(m._method, timeout, metadata), requests), made)
+
+
+def stream_error(call: StreamCall) -> Optional[BaseException]:
+    """How a finished streaming call ended: None (OK) or its error (for done callbacks)."""
+    return call._done.result() if call._done.done() else None

@@ -127,6 +127,7 @@ class _AsyncRequests:
 
 def _run_sync(m: MethodHandler, call: _native.ServerCall) -> None:
     ctx = ServicerContext(call, m.name)
+    sender: Optional[_native.Sender] = None
     try:
         decode = m.request_type.FromString
         if m.kind in ("unary", "server_streaming"):
@@ -148,12 +149,18 @@ def _run_sync(m: MethodHandler, call: _native.ServerCall) -> None:
             call.finish_ok(None, ctx._trailers, ctx._headers)
     except BaseException as e:  # noqa: BLE001 - a handler's failure ends only its call
         _fail(call, e, ctx)
+    finally:
+        # The response stream ends only when every sender is gone; the handler's exception
+        # may keep this frame (so `sender`) alive through its traceback, in a cycle.
+        if sender is not None:
+            sender.close()
 
 
 async def _run_async(
     m: MethodHandler, call: _native.ServerCall, tasks: Dict[int, "asyncio.Task[None]"]
 ) -> None:
     ctx = ServicerContext(call, m.name)
+    sender: Optional[_native.Sender] = None
     try:
         decode = m.request_type.FromString
         if m.kind in ("unary", "server_streaming"):
@@ -180,6 +187,8 @@ async def _run_async(
         _fail(call, e, ctx)
     finally:
         tasks.pop(call.id, None)
+        if sender is not None:  # (as in _run_sync)
+            sender.close()
 
 
 class _DaemonPool:

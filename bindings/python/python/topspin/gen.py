@@ -4,13 +4,19 @@ The .proto files are parsed by the Rust side (protox). For each file `a/b/x.prot
 `a/b/x_pb2.py` (ordinary google `protobuf` messages, built from the descriptor exactly as
 protoc's Python output does), `a/b/x_pb2.pyi` (types of the messages) and, when the file has
 services, `a/b/x_topspin.py` (typed clients, servicer base classes, `add_*_to_server`).
+
+The `.pyi` stubs are mypy-protobuf's when it is installed (`pip install topspin[typing]`; its
+protoc plugin is given the request protoc would send it), else a simpler set of this module's
+own (`--pyi builtin` asks for those, `--pyi mypy-protobuf` insists on mypy-protobuf's).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import keyword
 import os
+import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
@@ -332,15 +338,62 @@ def gen_services(t: _Types, f: descriptor_pb2.FileDescriptorProto) -> Optional[s
     return "\n".join(out) + "\n"
 
 
+PYI_KINDS = ("auto", "mypy-protobuf", "builtin")
+
+
+def have_mypy_protobuf() -> bool:
+    """Whether mypy-protobuf is installed (in this interpreter's environment)."""
+    return importlib.util.find_spec("mypy_protobuf") is not None
+
+
+def mypy_protobuf_stubs(
+    fds: descriptor_pb2.FileDescriptorSet, names: Sequence[str]
+) -> Dict[str, str]:
+    """mypy-protobuf's `_pb2.pyi` of the files `names` ({path: text}): its protoc plugin
+    (`protoc-gen-mypy`), run with this interpreter, given the request protoc would send."""
+    from google.protobuf.compiler import plugin_pb2
+
+    req = plugin_pb2.CodeGeneratorRequest(parameter="quiet")
+    req.file_to_generate.extend(names)
+    req.proto_file.extend(fds.file)  # dependencies first, as protoc orders them
+    r = subprocess.run(
+        [sys.executable, "-c", "from mypy_protobuf.main import main; main()"],
+        input=req.SerializeToString(),
+        capture_output=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        raise ValueError(f"mypy-protobuf failed: {r.stderr.decode(errors='replace').strip()}")
+    resp = plugin_pb2.CodeGeneratorResponse.FromString(r.stdout)
+    if resp.error:
+        raise ValueError(f"mypy-protobuf: {resp.error}")
+    return {f.name: f.content for f in resp.file}
+
+
 def generate(
-    protos: Sequence[str], includes: Sequence[str], out_dir: str, *, init_files: bool = True
+    protos: Sequence[str],
+    includes: Sequence[str],
+    out_dir: str,
+    *,
+    init_files: bool = True,
+    pyi: str = "auto",
 ) -> List[str]:
     """Generates code for `protos` (paths under `includes`) into `out_dir`; returns the
-    files written. The function for build scripts."""
+    files written. The function for build scripts. `pyi`: whose `_pb2.pyi` stubs, "auto"
+    (mypy-protobuf's if it is installed, else the built-in ones), "mypy-protobuf" or
+    "builtin"."""
+    if pyi not in PYI_KINDS:
+        raise ValueError(f"pyi must be one of {', '.join(PYI_KINDS)}, not {pyi!r}")
+    if pyi == "mypy-protobuf" and not have_mypy_protobuf():
+        raise ValueError("mypy-protobuf is not installed (pip install topspin[typing])")
     raw = _native.parse_protos(list(protos), list(includes))
     fds = descriptor_pb2.FileDescriptorSet.FromString(raw)
     types = _Types(fds)
     written: List[str] = []
+    ours = [f for f in fds.file if not f.name.startswith("google/protobuf/")]
+    stubs: Optional[Dict[str, str]] = None
+    if pyi == "mypy-protobuf" or (pyi == "auto" and have_mypy_protobuf()):
+        stubs = mypy_protobuf_stubs(fds, [f.name for f in ours])
 
     def write(rel: str, text: str) -> None:
         path = os.path.join(out_dir, rel)
@@ -357,12 +410,13 @@ def generate(
                     written.append(init)
                 d = os.path.dirname(d)
 
-    for f in fds.file:
-        if f.name.startswith("google/protobuf/"):
-            continue  # shipped with the protobuf package
+    for f in ours:  # (google/protobuf/*.proto: shipped with the protobuf package)
         base = f.name[: -len(".proto")]
         write(base + "_pb2.py", gen_pb2(f))
-        write(base + "_pb2.pyi", gen_pyi(types, f))
+        if stubs is None:
+            write(base + "_pb2.pyi", gen_pyi(types, f))
+        else:
+            write(base + "_pb2.pyi", stubs[module_of(f.name).replace(".", "/") + ".pyi"])
         svc = gen_services(types, f)
         if svc is not None:
             write(base + "_topspin.py", svc)
@@ -374,9 +428,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("protos", nargs="+", help=".proto files")
     p.add_argument("-I", "--include", action="append", default=[], help="import directory")
     p.add_argument("-o", "--out", required=True, help="output directory")
+    p.add_argument(
+        "--pyi",
+        choices=PYI_KINDS,
+        default="auto",
+        help="whose _pb2.pyi stubs: mypy-protobuf's when installed (auto, the default), "
+        "mypy-protobuf's or else fail, or the built-in ones",
+    )
     a = p.parse_args(argv)
     try:
-        files = generate(a.protos, a.include, a.out)
+        files = generate(a.protos, a.include, a.out, pyi=a.pyi)
     except ValueError as e:
         print(f"topspin.gen: {e}", file=sys.stderr)
         return 1

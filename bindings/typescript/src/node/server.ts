@@ -121,6 +121,12 @@ export interface ServerOptions {
    */
   idleTimeoutMs?: number;
   /**
+   * A connection whose peer takes none of the bytes waiting for it for this long (a client that
+   * stopped reading) is closed at once, its calls cancelled and its unsent bytes dropped (the
+   * Rust server's `write_timeout`; default 60 000 ms, 0: none). Native TCP, Unix and `ws://`.
+   */
+  writeTimeoutMs?: number;
+  /**
    * Keep-alive: after `intervalMs` of silence (at least 100) the server sends a PING; when
    * nothing arrives within `timeoutMs` (default 20 000) after it, the connection is closed with
    * ERROR `TIMEOUT`. Off by default.
@@ -153,6 +159,7 @@ export const SERVER_DEFAULTS = Object.freeze({
   handshakeTimeoutMs: 10_000,
   frameTimeoutMs: 30_000,
   idleTimeoutMs: 3_600_000,
+  writeTimeoutMs: 60_000,
   maxConnections: 10_000,
   maxSendBuffer: 4 << 20,
   unixSocketMode: 0o660,
@@ -210,7 +217,7 @@ function webSocketDuplex(ws: WebSocket): Duplex {
       if (ws.readyState === ws.OPEN) sendAsMessages(chunks, (m) => ws.send(m, { binary: true }));
     },
     () => ws.close(1000),
-    { pending: () => ws.bufferedAmount, pause: () => ws.pause(), resume: () => ws.resume() },
+    { pending: () => ws.bufferedAmount, pause: () => ws.pause(), resume: () => ws.resume(), abort: () => ws.terminate() },
   );
   let why = "the peer closed the connection";
   ws.on("message", (data, isBinary) => {
@@ -283,6 +290,7 @@ export class Server {
       handshakeMs: options.handshakeTimeoutMs ?? SERVER_DEFAULTS.handshakeTimeoutMs,
       frameMs: options.frameTimeoutMs ?? SERVER_DEFAULTS.frameTimeoutMs,
       idleMs: options.idleTimeoutMs ?? SERVER_DEFAULTS.idleTimeoutMs,
+      writeMs: options.writeTimeoutMs ?? SERVER_DEFAULTS.writeTimeoutMs,
       keepalive: ka === undefined ? undefined : { intervalMs: Math.max(MIN_KEEPALIVE_INTERVAL_MS, ka.intervalMs), timeoutMs: ka.timeoutMs ?? 20_000 },
     };
     this.maxConnections = options.maxConnections ?? SERVER_DEFAULTS.maxConnections;
@@ -543,6 +551,7 @@ export class Server {
     }, acceptedAt);
     entry.live = live;
     entry.driver.onRead = () => live.onRead();
+    entry.driver.onWrite = () => live.onWrite();
     return entry;
   }
 

@@ -5,6 +5,9 @@ import { Channel } from "../src/channel.js";
 import { webSocketDialer } from "../src/transport.js";
 import { webCodecs } from "../src/compression.js";
 import { runChecks } from "./checks.js";
+import { otelClientInterceptor } from "../src/otel.js";
+import { setUpTracing } from "./tracing.js";
+import { StackContextManager } from "./stack-context.js";
 
 declare global {
   interface Window {
@@ -29,7 +32,10 @@ async function emit(line: string): Promise<void> {
 async function main(): Promise<void> {
   const target_ = document.getElementById("target");
   if (target_) target_.textContent = target;
-  const channel = new Channel({ dial: webSocketDialer(target), codecs: webCodecs });
+  // the `trace` check: a browser has no async context; a synchronous stack is enough because the
+  // interceptor reads the active context when the call is made (matrix/stack-context.ts)
+  setUpTracing(new StackContextManager());
+  const channel = new Channel({ dial: webSocketDialer(target), codecs: webCodecs, interceptors: [otelClientInterceptor()] });
   let passed = false;
   let error = "";
   try {

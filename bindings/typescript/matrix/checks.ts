@@ -3,6 +3,7 @@
 // (matrix/browser-page.ts: ws) run this same module. Each check prints `ok NAME`,
 // `FAIL NAME: why` or `skip NAME: why` through `emit`, and has its own deadline.
 import { create, toBinary, fromBinary } from "@bufbuild/protobuf";
+import { context, isSpanContextValid, trace } from "@opentelemetry/api";
 import type { Channel } from "../src/channel.js";
 import { createClient, methodPath, type Client } from "../src/client.js";
 import type { Codecs, Compression } from "../src/compression.js";
@@ -247,6 +248,32 @@ async function compression(ctx: Ctx): Promise<Outcome> {
   return undefined;
 }
 
+/**
+ * A root span from the global tracer provider (the program registered an SDK one: matrix/tracing.ts)
+ * and, with it current, `Unary("trace")` through the channel's OpenTelemetry interceptor: the
+ * server's `x-trace-id` must be the root's trace id.
+ */
+async function traceCheck(ctx: Ctx): Promise<Outcome> {
+  const root = trace.getTracer("topspin-matrix").startSpan("matrix-trace");
+  const want = root.spanContext();
+  expect(isSpanContextValid(want), "the root span has no valid context (no OpenTelemetry SDK tracer provider registered)");
+  let headers: Metadata = [];
+  let r;
+  try {
+    // the call starts inside `with`: the interceptor reads the active context before any await
+    r = await context.with(trace.setSpan(context.active(), root), () =>
+      ctx.client.unary({ payload: new TextEncoder().encode("trace") }, { timeoutMs: CALL_MS, onHeader: (h) => (headers = h) }),
+    );
+  } finally {
+    root.end();
+  }
+  expect(new TextDecoder().decode(r.payload) === "trace", `payload ${hex(r.payload)}`);
+  const got = metaValue(headers, "x-trace-id");
+  expect(got !== undefined, `no x-trace-id header: the server saw no trace context (root trace ${want.traceId})`);
+  expect(got === want.traceId, `x-trace-id ${String(got)}, root trace ${want.traceId}`);
+  return undefined;
+}
+
 /** The checks, in the README's order. */
 export const CHECKS: readonly Check[] = [
   { name: "unary", run: unary },
@@ -259,6 +286,7 @@ export const CHECKS: readonly Check[] = [
   { name: "cancel", run: cancel },
   { name: "error-details", run: errorDetails },
   { name: "compression", run: compression },
+  { name: "trace", run: traceCheck },
 ];
 
 /** Runs one check under its deadline; resolves with its line. */

@@ -14,11 +14,15 @@ import { webSocketDialer, type WebSocketCtor } from "../src/transport.js";
 import { connect } from "../src/node/net.js";
 import { nodeCodecs } from "../src/node/gzip.js";
 import { runChecks } from "./checks.js";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { otelClientInterceptor } from "../src/otel.js";
+import { setUpTracing } from "./tracing.js";
 import { clientArgs } from "./args.js";
 
-/** A channel to `target`; a `wss://` one trusting only the CAs of `caFile` when given. */
+/** A channel to `target` through the OpenTelemetry interceptor; a `wss://` one trusting only the CAs of `caFile` when given. */
 function channelTo(target: string, caFile: string | undefined): Channel {
-  if (caFile === undefined) return connect(target, { codecs: nodeCodecs });
+  const interceptors = [otelClientInterceptor()];
+  if (caFile === undefined) return connect(target, { codecs: nodeCodecs, interceptors });
   if (!target.startsWith("wss://")) throw new Error(`--ca is for wss:// targets (the Node runtime has no tls://), not ${target}`);
   const ca = readFileSync(caFile);
   class TrustingWebSocket extends WebSocket {
@@ -26,13 +30,15 @@ function channelTo(target: string, caFile: string | undefined): Channel {
       super(url, protocols, { ca });
     }
   }
-  return new Channel({ codecs: nodeCodecs, dial: webSocketDialer(target, TrustingWebSocket as unknown as WebSocketCtor) });
+  return new Channel({ codecs: nodeCodecs, interceptors, dial: webSocketDialer(target, TrustingWebSocket as unknown as WebSocketCtor) });
 }
 
 /** The run's bound (README: every client ends within 60 s). */
 const RUN_DEADLINE_MS = 58_000;
 
 async function main(): Promise<number> {
+  // the `trace` check: an SDK tracer provider, the W3C propagator, async context across awaits
+  setUpTracing(new AsyncLocalStorageContextManager());
   let channel: Channel;
   try {
     const { target, ca } = clientArgs(process.argv.slice(2));

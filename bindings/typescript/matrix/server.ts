@@ -8,6 +8,9 @@ import { Server } from "../src/node/server.js";
 import { nodeCodecs } from "../src/node/gzip.js";
 import { Matrix } from "../gen/matrix_pb.js";
 import { CancelledTags, matrixImpl } from "./service.js";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { otelServerInterceptor } from "../src/otel.js";
+import { setUpTracing } from "./tracing.js";
 
 /** The `--listen` addresses of `argv`. */
 function listenArgs(argv: string[]): string[] {
@@ -30,7 +33,10 @@ async function main(): Promise<void> {
     process.stderr.write(`${e instanceof Error ? e.message : String(e)}\n`);
     process.exit(2);
   }
-  const server = new Server({ webSocket: { allowedOrigins: "*" }, codecs: nodeCodecs }).service(Matrix, matrixImpl(new CancelledTags()));
+  // OpenTelemetry (the `trace` check): an SDK tracer provider, the W3C propagator, and the
+  // server interceptor, which runs each handler in its call's span (Unary answers x-trace-id)
+  setUpTracing(new AsyncLocalStorageContextManager());
+  const server = new Server({ webSocket: { allowedOrigins: "*" }, codecs: nodeCodecs, interceptors: [otelServerInterceptor()] }).service(Matrix, matrixImpl(new CancelledTags()));
   let stopping = false;
   const stop = (): void => {
     if (stopping) return;

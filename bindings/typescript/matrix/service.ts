@@ -1,6 +1,7 @@
 // The Node implementation of matrix.v1.Matrix (testdata/matrix/matrix.proto), served by
 // matrix/server.ts: echoes with metadata, streams, a held stream, failures as asked, sleeps that
 // end on the call's signal, and the table of tags whose calls were seen cancelled.
+import { context, isSpanContextValid, trace } from "@opentelemetry/api";
 import type { Metadata } from "../src/frame.js";
 import { TopspinError } from "../src/status.js";
 import type { HandlerContext, ServiceImpl } from "../src/node/server.js";
@@ -55,6 +56,9 @@ export function matrixImpl(tags: CancelledTags): ServiceImpl<typeof Matrix> {
   return {
     unary(req, ctx) {
       echoMetadata(ctx);
+      // the trace of the span the OpenTelemetry interceptor made current for the call, if any
+      const span = trace.getSpan(context.active())?.spanContext();
+      if (span !== undefined && isSpanContextValid(span)) ctx.responseHeaders.push({ key: "x-trace-id", value: span.traceId });
       return { payload: req.payload };
     },
     async *serverStream(req, ctx) {

@@ -21,6 +21,10 @@ export class Driver {
   reads = 0;
   /** Called after each read was handed to the engine, with its length (a server's timers). */
   onRead: ((bytes: number) => void) | null = null;
+  /** Called after bytes were handed to the stream (a server's write timer). */
+  onWrite: (() => void) | null = null;
+  /** Bytes handed to the stream so far. */
+  private written = 0;
 
   /**
    * @param maxPending The bound on output produced and not yet written to the network (§7,
@@ -89,7 +93,11 @@ export class Driver {
   /** Writes what the engine queued now (and closes the stream once the engine is closed). */
   flush(): void {
     const out = this.engine.takeOutput();
-    if (out.length > 0 && !this.ioClosed) this.io.write(out);
+    if (out.length > 0 && !this.ioClosed) {
+      for (const c of out) this.written += c.length;
+      this.io.write(out);
+      this.onWrite?.();
+    }
     if (this.engine.closed && !this.ioClosed) {
       this.ioClosed = true;
       this.io.close();
@@ -107,6 +115,28 @@ export class Driver {
     this.ioClosed = true;
     this.io.close();
     this.wakeRoom();
+  }
+
+  /**
+   * Closes the stream at once, dropping what it has not sent (`Duplex.abort`): for a peer that
+   * takes none of our bytes, whose stream would never finish a graceful close.
+   */
+  abortIo(): void {
+    if (this.ioClosed) return;
+    this.ioClosed = true;
+    if (this.io.abort) this.io.abort();
+    else this.io.close();
+    this.wakeRoom();
+  }
+
+  /** Bytes handed to the stream and not yet taken by the network (0 when the stream cannot tell). */
+  get unsent(): number {
+    return this.ioClosed ? 0 : (this.io.pending?.() ?? 0);
+  }
+
+  /** Bytes the network has taken so far (handed to the stream, less what it still holds). */
+  get taken(): number {
+    return this.written - this.unsent;
   }
 
   /** Whether reading is stopped because the output is full (the peer does not read). */

@@ -24,6 +24,8 @@ export interface Duplex {
   resume?(): void;
   /** Calls `f` once, the next time the transport's output buffer drained (transports without such an event leave it out). */
   onDrain?(f: () => void): void;
+  /** Closes at once, dropping what is not sent (a peer that does not read); absent: {@link Duplex.close}. */
+  abort?(): void;
 }
 
 /** What a transport can say about its output and do about its input (optional parts of a {@link Duplex}). */
@@ -36,6 +38,8 @@ export interface FlowControl {
   resume: () => void;
   /** Calls `f` once, the next time the output buffer drained (absent: the user polls `pending`). */
   onDrain?: (f: () => void) => void;
+  /** Closes at once, dropping what is not sent (absent: the close function). */
+  abort?: () => void;
 }
 
 /**
@@ -66,6 +70,10 @@ export class HeldDuplex implements Duplex {
   }
   onDrain(f: () => void): void {
     this.flow?.onDrain?.(f);
+  }
+  abort(): void {
+    if (this.flow?.abort) this.flow.abort();
+    else this.closeImpl();
   }
 
   write(chunks: Uint8Array[]): void {

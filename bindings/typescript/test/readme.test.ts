@@ -24,3 +24,9 @@ test("README quotes examples/interceptors.ts verbatim", () => {
   const ex = readFileSync(join(pkg, "examples", "interceptors.ts"), "utf8");
   assert.ok(readme.includes("```ts\n" + ex + "```"), "README.md must contain examples/interceptors.ts as a ts block");
 });
+
+test("README quotes examples/otel.ts verbatim", () => {
+  const readme = readFileSync(join(pkg, "README.md"), "utf8");
+  const ex = readFileSync(join(pkg, "examples", "otel.ts"), "utf8");
+  assert.ok(readme.includes("```ts\n" + ex + "```"), "README.md must contain examples/otel.ts as a ts block");
+});

@@ -1,7 +1,7 @@
 /**
  * The connection-level timers of a server connection (protocol.md §2, §9; the Rust server's
- * `connection/liveness.rs`): the handshake, a frame that started and stalls, idleness and
- * keep-alive. One timer per connection, set for the earliest of them and set again when it
+ * `connection/liveness.rs`): the handshake, a frame that started and stalls, output the peer does
+ * not take, idleness and keep-alive. One timer per connection, set for the earliest of them and set again when it
  * fires; a read costs a clock reading and a comparison.
  * @module
  */
@@ -17,6 +17,11 @@ export interface LivenessBounds {
   frameMs: number;
   /** A connection without calls for this long gets a GOAWAY and is closed. */
   idleMs: number;
+  /**
+   * A connection whose stream takes none of the bytes waiting for it for this long is closed at
+   * once (its calls cancelled, its unsent bytes dropped): the Rust server's `write_timeout`.
+   */
+  writeMs: number;
   /** PINGs after silence; an unanswered one closes the connection. */
   keepalive: KeepaliveOptions | undefined;
 }
@@ -33,6 +38,12 @@ export class Liveness {
   private timer: ReturnType<typeof setTimeout> | undefined;
   private timerAt = Infinity;
   private stopped = false;
+  /** Since when bytes wait and the stream took none of them (0: none wait, as last seen). */
+  private stallSince = 0;
+  /** `driver.taken` when last looked at. */
+  private takenAt = 0;
+  /** When to look at the output again (while bytes wait). */
+  private stallCheckAt = Infinity;
 
   /**
    * @param idle Whether the connection has no call open.
@@ -62,6 +73,25 @@ export class Liveness {
     }
   }
 
+  /**
+   * Bytes were handed to the stream (the driver's `onWrite`): if they wait, the write timer
+   * starts. A stream cannot say when it takes part of them, so while bytes wait the output is
+   * looked at every quarter of the timeout (at most every second): taken bytes start it again,
+   * none waiting stops it.
+   */
+  onWrite(): void {
+    if (this.stallSince > 0 || this.bounds.writeMs <= 0 || this.driver.unsent === 0) return;
+    const now = Date.now();
+    this.stallSince = now;
+    this.takenAt = this.driver.taken;
+    this.stallCheckAt = now + this.pollMs();
+    this.arm();
+  }
+
+  private pollMs(): number {
+    return Math.max(10, Math.min(1000, this.bounds.writeMs / 4));
+  }
+
   /** A call ended: the idle time counts from now. */
   callEnded(): void {
     this.lastActive = Date.now();
@@ -82,6 +112,7 @@ export class Liveness {
     let t = Infinity;
     if (!engine.established && b.handshakeMs > 0) t = Math.min(t, this.started + b.handshakeMs);
     if (this.partialSince > 0 && b.frameMs > 0) t = Math.min(t, this.partialSince + b.frameMs);
+    if (this.stallSince > 0) t = Math.min(t, this.stallCheckAt);
     if (b.keepalive !== undefined) {
       t = Math.min(t, this.pingSent > 0 ? this.pingSent + (b.keepalive.timeoutMs ?? 20_000) : this.lastActive + b.keepalive.intervalMs);
     }
@@ -124,6 +155,22 @@ export class Liveness {
       // send buffer bounds that; the frame's time starts again once we read.
       if (this.driver.readsPaused) this.partialSince = now;
       else return timeout(`a frame stayed incomplete for ${b.frameMs} ms (frame_timeout)`);
+    }
+    if (this.stallSince > 0 && now >= this.stallCheckAt) {
+      const d = this.driver;
+      if (d.unsent === 0) this.stallSince = 0;
+      else if (d.taken > this.takenAt) {
+        this.stallSince = now; // some were taken: the time starts again
+        this.takenAt = d.taken;
+      } else if (now >= this.stallSince + b.writeMs) {
+        // The peer reads nothing: an ERROR would not reach it, and a graceful close would wait
+        // for bytes it never takes. Its calls are cancelled, what they held given back.
+        engine.abort(ErrorCode.TIMEOUT, `the peer took none of our bytes for ${b.writeMs} ms (write_timeout)`);
+        d.abortIo();
+        d.pump();
+        return true;
+      }
+      this.stallCheckAt = this.stallSince > 0 ? Math.min(this.stallSince + b.writeMs, now + this.pollMs()) : Infinity;
     }
     const ka = b.keepalive;
     if (ka !== undefined) {

@@ -53,6 +53,7 @@ export function socketDuplex(socket: net.Socket): Duplex {
       pause: () => socket.pause(),
       resume: () => socket.resume(),
       onDrain: (f) => (drained = f),
+      abort: () => socket.destroy(),
     },
   );
   let why = "the peer closed the connection";

@@ -121,6 +121,12 @@ export interface ServerOptions {
    */
   idleTimeoutMs?: number;
   /**
+   * A connection whose peer takes none of the bytes waiting for it for this long (a client that
+   * stopped reading) is closed at once, its calls cancelled and its unsent bytes dropped (the
+   * Rust server's `write_timeout`; default 60 000 ms, 0: none). Native TCP, Unix and `ws://`.
+   */
+  writeTimeoutMs?: number;
+  /**
    * Keep-alive: after `intervalMs` of silence (at least 100) the server sends a PING; when
    * nothing arrives within `timeoutMs` (default 20 000) after it, the connection is closed with
    * ERROR `TIMEOUT`. Off by default.
@@ -153,6 +159,7 @@ export const SERVER_DEFAULTS = Object.freeze({
   handshakeTimeoutMs: 10_000,
   frameTimeoutMs: 30_000,
   idleTimeoutMs: 3_600_000,
+  writeTimeoutMs: 60_000,
   maxConnections: 10_000,
   maxSendBuffer: 4 << 20,
   unixSocketMode: 0o660,
@@ -210,7 +217,7 @@ function webSocketDuplex(ws: WebSocket): Duplex {
       if (ws.readyState === ws.OPEN) sendAsMessages(chunks, (m) => ws.send(m, { binary: true }));
     },
     () => ws.close(1000),
-    { pending: () => ws.bufferedAmount, pause: () => ws.pause(), resume: () => ws.resume() },
+    { pending: () => ws.bufferedAmount, pause: () => ws.pause(), resume: () => ws.resume(), abort: () => ws.terminate() },
   );
   let why = "the peer closed the connection";
   ws.on("message", (data, isBinary) => {
@@ -224,6 +231,101 @@ function webSocketDuplex(ws: WebSocket): Duplex {
   ws.on("error", (e) => (why = e.message));
   ws.on("close", (code, reason) => d.end(code === 1000 || code === 1005 ? why : `WebSocket closed (${code}${reason.length > 0 ? " " + reason.toString() : ""})`));
   return d;
+}
+
+/** What of a WebSocket message is held before it is charged to the memory budget (as Rust). */
+const WS_UNCHARGED = 64 * 1024;
+
+/**
+ * What the `ws` package holds of a message not yet complete: the bytes buffered and not parsed
+ * plus the fragments received (its receiver's `_bufferedBytes` and `_messageLength`, internal
+ * fields of ws 8; when absent, the bytes read since the last complete frame, at most one read
+ * more than held).
+ */
+function wsHeld(ws: WebSocket, sinceComplete: number): number {
+  const r = (ws as unknown as { _receiver?: { _bufferedBytes?: unknown; _messageLength?: unknown } })._receiver;
+  if (typeof r?._bufferedBytes === "number" && typeof r._messageLength === "number") return r._bufferedBytes + r._messageLength;
+  return sinceComplete;
+}
+
+/**
+ * Bounds what a WebSocket peer makes us hold of a message that has not arrived whole (as the
+ * Rust server): past 64 KiB it is charged to `budget` as it grows (given back when the message
+ * completes or the connection closes); while less than a quarter of the budget is left such a
+ * connection is not read (the last quarter stays for calls); a message (or control frame) that
+ * started must complete within `frameMs`, else the connection is closed with 1008 — not counted
+ * while the server itself stopped reading it (its output is full: `maxSendBuffer`).
+ */
+function guardWebSocketInput(ws: WebSocket, socket: NodeDuplex, budget: MemoryBudget, frameMs: number): void {
+  let since = 0; // bytes read since the last complete frame (the fallback of wsHeld)
+  let completed = false;
+  let charged = 0;
+  let startedAt = 0;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let starved = false; // we paused reading for the budget
+  let unsubscribe: (() => void) | null = null;
+  const charge = (held: number): void => {
+    const want = held > WS_UNCHARGED ? held : 0;
+    if (want > charged) budget.reserve(want - charged);
+    else if (want < charged) budget.release(charged - want);
+    charged = want;
+  };
+  const lowOnMemory = (): boolean => budget.limit - budget.used < budget.limit / 4;
+  const feed = (): void => {
+    if (!starved || lowOnMemory()) return;
+    starved = false;
+    unsubscribe?.();
+    unsubscribe = null;
+    ws.resume();
+  };
+  const fire = (): void => {
+    timer = undefined;
+    if (startedAt === 0 || ws.readyState !== ws.OPEN) return;
+    if (ws.isPaused && !starved) {
+      // our own back-pressure, not the peer's stall: the time starts again when we read
+      startedAt = Date.now();
+      timer = setTimeout(fire, frameMs);
+      return;
+    }
+    ws.close(1008, `a WebSocket message stayed incomplete for ${frameMs} ms (frame_timeout)`);
+    setTimeout(() => ws.terminate(), 1000).unref(); // a peer that does not answer the close
+  };
+  const update = (): void => {
+    const held = wsHeld(ws, since);
+    charge(held);
+    if (held === 0 || completed) {
+      clearTimeout(timer);
+      timer = undefined;
+      startedAt = 0;
+      completed = false;
+    }
+    if (held > 0 && startedAt === 0 && frameMs > 0) {
+      startedAt = Date.now();
+      timer = setTimeout(fire, frameMs);
+    }
+    if (charged > 0 && !starved && lowOnMemory()) {
+      starved = true;
+      ws.pause();
+      unsubscribe = budget.subscribe(feed);
+    }
+  };
+  const done = (): void => {
+    since = 0;
+    completed = true;
+  };
+  ws.on("message", done);
+  ws.on("ping", done);
+  ws.on("pong", done);
+  // after ws's own listener (set before the upgrade's callback): what it holds once it parsed the read
+  socket.on("data", (b: Buffer) => {
+    since += b.length;
+    update();
+  });
+  ws.on("close", () => {
+    clearTimeout(timer);
+    unsubscribe?.();
+    charge(0);
+  });
 }
 
 interface ServerCall {
@@ -283,6 +385,7 @@ export class Server {
       handshakeMs: options.handshakeTimeoutMs ?? SERVER_DEFAULTS.handshakeTimeoutMs,
       frameMs: options.frameTimeoutMs ?? SERVER_DEFAULTS.frameTimeoutMs,
       idleMs: options.idleTimeoutMs ?? SERVER_DEFAULTS.idleTimeoutMs,
+      writeMs: options.writeTimeoutMs ?? SERVER_DEFAULTS.writeTimeoutMs,
       keepalive: ka === undefined ? undefined : { intervalMs: Math.max(MIN_KEEPALIVE_INTERVAL_MS, ka.intervalMs), timeoutMs: ka.timeoutMs ?? 20_000 },
     };
     this.maxConnections = options.maxConnections ?? SERVER_DEFAULTS.maxConnections;
@@ -466,6 +569,7 @@ export class Server {
         return refuseUpgrade(socket, 403, "Forbidden", `origin ${String(origin)} is not allowed (same-origin or webSocket.allowedOrigins only)\n`);
       }
       wss.handleUpgrade(req, socket, head, (ws) => {
+        guardWebSocketInput(ws, socket, this.options.memoryBudget ?? processMemoryBudget, this.bounds.frameMs);
         if (this.openConnections() >= this.maxConnections) return this.refuse(webSocketDuplex(ws), () => ws.terminate());
         const entry = this.serve(webSocketDuplex(ws));
         ws.on("close", () => this.conns.delete(entry));
@@ -543,6 +647,7 @@ export class Server {
     }, acceptedAt);
     entry.live = live;
     entry.driver.onRead = () => live.onRead();
+    entry.driver.onWrite = () => live.onWrite();
     return entry;
   }
 

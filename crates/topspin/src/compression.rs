@@ -557,23 +557,29 @@ impl<C: Codec> Compressed<C> {
     /// a `topspin-encoding` marker (the face reads it and never sends it).
     ///
     /// [`Response::with_compression`]: crate::Response::with_compression
+    #[inline]
     pub(crate) fn respond_with(
-        mut self,
+        &mut self,
         choice: Option<Option<Compression>>,
         headers: Metadata,
-    ) -> (Compressed<C>, Metadata) {
-        let Some(choice) = choice else {
-            return (self, headers);
-        };
+    ) -> Metadata {
+        match choice {
+            None => headers,
+            Some(choice) => self.choose(choice, headers),
+        }
+    }
+
+    #[cold]
+    fn choose(&mut self, choice: Option<Compression>, headers: Metadata) -> Metadata {
         if self.face_compresses {
             let marker = choice.map_or_else(
                 || "identity".to_owned(),
                 |c| format!("{}:{}", c.encoding().name(), c.threshold()),
             );
-            return (self, with_entry(headers, ENCODING_KEY, &marker));
+            return with_entry(headers, ENCODING_KEY, &marker);
         }
         self.send = choice.filter(|c| self.accepts & c.encoding().bit() != 0);
-        (self, headers)
+        headers
     }
 
     /// Server: adds `topspin-encoding` to the response headers when responses are compressed.

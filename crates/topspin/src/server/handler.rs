@@ -274,7 +274,8 @@ fn reply<C: Codec>(
             Ok(r) => {
                 let choice = r.compression_choice();
                 let (m, h, t) = r.into_parts();
-                let (codec, h) = codec.respond_with(choice, h);
+                let mut codec = codec;
+                let h = codec.respond_with(choice, h);
                 codec.encode_payload(m).map(|b| (b, codec.announce(h), t))
             }
             Err(s) => Err(s),
@@ -309,7 +310,8 @@ where
     };
     let choice = resp.compression_choice();
     let (stream, headers, trailers) = resp.into_parts();
-    let (codec, headers) = codec.respond_with(choice, headers);
+    let mut codec = codec;
+    let headers = codec.respond_with(choice, headers);
     // Headers go at once, so a client waiting for the stream to open is not held up until the
     // first message.
     io.headers(codec.announce(headers)).await;

@@ -22,13 +22,14 @@ root=$PWD
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
-rust_parts=(rustfmt clippy features cargo-test vectors bench-smoke fuzz-build)
+rust_parts=(rustfmt clippy features packages cargo-test vectors bench-smoke fuzz-build)
 all_parts=("${rust_parts[@]}" go python typescript matrix grpc grpcclient netns)
 describe() {
   case "$1" in
     rustfmt) echo "cargo fmt --check of the workspace" ;;
     clippy) echo "cargo clippy of the workspace, all targets, warnings are errors" ;;
     features) echo "the runtime builds with each of its features alone (the workspace build unifies them; the benchmark's peers do not)" ;;
+    packages) echo "cargo package of every public crate: each builds from its packaged sources alone, as crates.io would get it" ;;
     cargo-test) echo "cargo test of the workspace (unit, integration, property, doc tests)" ;;
     vectors) echo "testdata/vectors are what their generator writes" ;;
     bench-smoke) echo "every benchmark system returns correct data (debug, shared and separate processes)" ;;
@@ -87,7 +88,7 @@ setup_of() {
     rustfmt) echo "setup.sh rustfmt" ;;
     # The benchmark's peers compile Cap'n Proto and Thrift schemas in their build scripts.
     clippy) echo "setup.sh clippy compilers" ;;
-    features) echo "setup.sh compilers" ;;
+    features|packages) echo "setup.sh compilers" ;;
     cargo-test|bench-smoke) echo "setup.sh compilers" ;;
     fuzz-build) echo "setup.sh fuzz" ;;
     go) echo "setup-go.sh"; echo "setup-grpcurl.sh" ;;
@@ -123,6 +124,14 @@ part_features() {
     echo "cargo check -p topspin --no-default-features${f:+ --features $f}"
     RUSTFLAGS="${RUSTFLAGS:-} -D warnings" cargo check -q --locked -p topspin --no-default-features ${f:+--features "$f"}
   done
+}
+part_packages() {
+  setup_part packages
+  # The workspace's crates depend on each other by version: cargo packages them together
+  # (through a local registry) and builds each from its tarball. `--allow-dirty`: a checkout
+  # with uncommitted changes is tested as it is (CI's clean clone has none).
+  cargo package --locked --allow-dirty -p topspin-proto -p topspin -p topspin-build \
+    -p topspin-health -p topspin-reflection -p topspin-cli
 }
 part_cargo_test() {
   setup_part cargo-test

@@ -48,6 +48,7 @@
 // Everything else is safe code.
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod address;
 mod client;

@@ -28,6 +28,8 @@ pub const DEFAULT_MEMORY_BUDGET: usize = 1 << 30;
 pub struct MemoryBudget {
     limit: usize,
     used: AtomicUsize,
+    /// A share's whole: every byte taken from the share is taken from it too.
+    parent: Option<Arc<MemoryBudget>>,
 }
 
 impl MemoryBudget {
@@ -36,6 +38,29 @@ impl MemoryBudget {
         Arc::new(MemoryBudget {
             limit,
             used: AtomicUsize::new(0),
+            parent: None,
+        })
+    }
+
+    /// A share of `parent` of at most `limit` bytes: what it takes is taken from `parent`
+    /// too, and it is spent when either is. One connection's share of the process budget, so
+    /// that a single peer cannot spend all of it.
+    ///
+    /// ```
+    /// use topspin_proto::MemoryBudget;
+    /// let process = MemoryBudget::new(100);
+    /// let conn = MemoryBudget::share_of(&process, 30);
+    /// assert!(conn.try_reserve(30));
+    /// assert!(!conn.try_reserve(1)); // its share is spent
+    /// assert_eq!(process.used(), 30); // the process has 70 left for the others
+    /// conn.release(30);
+    /// assert_eq!(process.used(), 0);
+    /// ```
+    pub fn share_of(parent: &Arc<MemoryBudget>, limit: usize) -> Arc<MemoryBudget> {
+        Arc::new(MemoryBudget {
+            limit,
+            used: AtomicUsize::new(0),
+            parent: Some(parent.clone()),
         })
     }
 
@@ -47,11 +72,19 @@ impl MemoryBudget {
     /// Takes `n` bytes from the budget if that keeps it within its limit; `false` (and nothing
     /// taken) otherwise.
     pub fn try_reserve(&self, n: usize) -> bool {
-        self.used
+        let local = self
+            .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(n).filter(|&total| total <= self.limit)
             })
-            .is_ok()
+            .is_ok();
+        match &self.parent {
+            Some(p) if local && !p.try_reserve(n) => {
+                self.release_local(n);
+                false
+            }
+            _ => local,
+        }
     }
 
     /// Takes `n` bytes even past the limit: for bytes that already arrived within the peer's
@@ -62,15 +95,25 @@ impl MemoryBudget {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 Some(used.saturating_add(n))
             });
+        if let Some(p) = &self.parent {
+            p.charge(n);
+        }
     }
 
-    /// Whether nothing is left: `used() >= limit()`.
+    /// Whether nothing is left: `used() >= limit()` (or, for a share, its whole is spent).
     pub fn is_spent(&self) -> bool {
-        self.used() >= self.limit
+        self.used() >= self.limit || self.parent.as_ref().is_some_and(|p| p.is_spent())
     }
 
     /// Gives back `n` bytes taken earlier with [`MemoryBudget::try_reserve`].
     pub fn release(&self, n: usize) {
+        self.release_local(n);
+        if let Some(p) = &self.parent {
+            p.release(n);
+        }
+    }
+
+    fn release_local(&self, n: usize) {
         let _ = self
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -91,6 +134,7 @@ impl MemoryBudget {
     /// Whether the budget is spent down to less than `n` bytes of room.
     pub fn is_short_of(&self, n: usize) -> bool {
         self.used().saturating_add(n) > self.limit
+            || self.parent.as_ref().is_some_and(|p| p.is_short_of(n))
     }
 }
 

@@ -23,7 +23,7 @@ pub mod settings;
 mod status;
 
 pub use budget::{MemoryBudget, DEFAULT_MEMORY_BUDGET};
-pub use connection::{CallError, Connection, Event, Payload, Side};
+pub use connection::{CallError, Connection, Event, Payload, Side, SHARE_OF_BUDGET};
 pub use error::{ErrorCode, ProtocolError};
 pub use frame::CallId;
 pub use limits::{Limits, Rate};

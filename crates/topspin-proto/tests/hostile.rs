@@ -211,6 +211,67 @@ fn withheld_chunk_credit_is_granted_again() {
     assert!(p.server.poll_timeout().is_none());
 }
 
+/// Attacked from outside: one connection uploaded 20 split messages announcing 60 MiB each
+/// (681 MiB sent), spent the whole process budget and then went quiet, and every other
+/// connection's new calls were refused `RESOURCE_EXHAUSTED` for as long as it stayed open.
+/// Now a connection holds at most its share of the budget (1/8) in incomplete messages, plus
+/// the one message that always goes on; the rest of its messages wait for credit, and other
+/// connections' calls are served.
+#[test]
+fn one_connection_holds_at_most_its_share_of_the_budget() {
+    let budget = MemoryBudget::new(16 * MIB);
+    let share = 16 * MIB / topspin_proto::SHARE_OF_BUDGET;
+    let small = Settings::default()
+        .with_max_frame_size(16 * 1024)
+        .with_initial_call_window(64 * 1024);
+    let mut p = Pair::new(small, small);
+    p.server.set_memory_budget(budget.clone());
+    let big = Bytes::from(vec![1u8; 4 * MIB]);
+    let ids: Vec<CallId> = (0..20).map(|_| start(&mut p, "/p.S/Upload")).collect();
+    for &id in &ids {
+        match p.client.send_message(id, big.clone(), false) {
+            Ok(()) | Err(CallError::WouldBlock) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    p.drive();
+    // The one message that goes on may complete (and is then no longer charged); the others
+    // hold what arrived up to the share, each at most twice its arrived bytes.
+    let held = budget.used();
+    assert!(
+        held <= share + 4 * MIB + 20 * 2 * 64 * 1024,
+        "one connection holds {held} bytes of a {} budget",
+        budget.limit()
+    );
+    assert!(!budget.is_spent());
+    // Another connection of the process starts a call: served, not RESOURCE_EXHAUSTED.
+    let mut q = Pair::default_pair();
+    q.server.set_memory_budget(budget.clone());
+    let id = start(&mut q, "/p.S/M");
+    q.client
+        .send_message(id, Bytes::from_static(b"hi"), true)
+        .unwrap();
+    q.drive();
+    assert!(
+        matches!(q.take_server().first(), Some(Event::CallStarted { .. })),
+        "another connection's call was refused"
+    );
+    // Given time (the engine's rechecks), every message of the first connection completes.
+    let mut ev = p.take_server();
+    for _ in 0..10_000 {
+        let Some(t) = p.server.poll_timeout() else {
+            break;
+        };
+        p.now = p.now.max(t);
+        p.server.handle_timeout(p.now);
+        p.drive();
+        ev.extend(p.take_server());
+    }
+    for &id in &ids {
+        assert_eq!(messages(&ev, id).len(), 1, "a message never completed");
+    }
+}
+
 /// spec-review row 13: credit granted for a split message's chunks as they arrive is not
 /// granted again when the application consumes the message: afterwards the sender's credit is
 /// back to the window, never above.

@@ -86,7 +86,7 @@ pub use server::{
 pub use stats::{process_memory_budget, GaugeSnapshot, Gauges};
 pub use status::{Code, Status, DETAILS_KEY};
 pub use streaming::Streaming;
-pub use topspin_proto::MemoryBudget;
+pub use topspin_proto::{MemoryBudget, SHARE_OF_BUDGET};
 pub use topspin_proto::{Metadata, MetadataBuilder};
 #[cfg(feature = "tls")]
 pub use transport::tls;

@@ -31,6 +31,7 @@ pub(crate) struct Assembly {
     pub(crate) end_stream: bool,
     /// Wire cost of its frames so far that the connection has not yet given back.
     pub(crate) owed: u64,
+    /// The connection's share of the memory budget (charging it charges the budget).
     budget: Arc<MemoryBudget>,
     charged: usize,
 }

@@ -50,10 +50,10 @@ impl Connection {
     /// sees it, so its chunks' credit is given back as they arrive while it is assembled
     /// (protocol.md §7) — and not again when the message is consumed: the message's
     /// [`Event::Message`](super::Event::Message) credit is only what was not given back here.
-    /// While the memory budget is spent the credit is withheld, and given once it has room
-    /// (checked again on [`Connection::handle_timeout`]).
+    /// While the memory budget, or this connection's share of it, is spent the credit is
+    /// withheld, and given once it has room (checked again on [`Connection::handle_timeout`]).
     pub(super) fn advance_credit_if_stalled(&mut self, id: u32, now: Instant) {
-        let spent = self.budget.is_spent() && !self.may_progress(id);
+        let spent = self.share.is_spent() && !self.may_progress(id);
         let Some(call) = self.calls.get_mut(id) else {
             return;
         };

@@ -116,6 +116,10 @@ pub struct Connection {
     limits: Limits,
     /// Charged with the buffers of incomplete split messages.
     budget: Arc<MemoryBudget>,
+    /// This connection's share of `budget` ([`SHARE_OF_BUDGET`]), charged with the buffers
+    /// (and so charging `budget`): while it or the budget is spent, credit for its split
+    /// messages is withheld (one goes on).
+    share: Arc<MemoryBudget>,
     ping_bucket: Bucket,
     reset_bucket: Bucket,
     refused_bucket: Bucket,
@@ -128,6 +132,10 @@ pub struct Connection {
     /// The call whose split message goes on even while the budget is spent.
     progressing: Option<u32>,
 }
+
+/// A connection's incomplete messages hold at most this fraction of the memory budget (one
+/// eighth: 128 MiB of the default 1 GiB), plus the one message that always goes on.
+pub const SHARE_OF_BUDGET: usize = 8;
 
 impl Connection {
     /// A new connection side with these local receive limits; its preface and SETTINGS are
@@ -142,6 +150,7 @@ impl Connection {
         local.max_metadata_size = local
             .max_metadata_size
             .max(crate::settings::MIN_MAX_METADATA_SIZE);
+        let budget = MemoryBudget::unlimited();
         let mut c = Connection {
             side,
             local,
@@ -160,7 +169,8 @@ impl Connection {
             go_away_received: None,
             closed: None,
             limits: Limits::default(),
-            budget: MemoryBudget::unlimited(),
+            share: MemoryBudget::share_of(&budget, usize::MAX),
+            budget,
             ping_bucket: Bucket::default(),
             reset_bucket: Bucket::default(),
             refused_bucket: Bucket::default(),
@@ -190,7 +200,13 @@ impl Connection {
     /// receives end with `RESOURCE_EXHAUSTED` and credit for split-message chunks is withheld
     /// until it has room again. Set it before the first call: charges already made stay with
     /// the budget they were made to (and are given back to it).
+    ///
+    /// One connection holds at most `1 / SHARE_OF_BUDGET` of the budget in incomplete messages
+    /// (plus the one message that always goes on): past its share, credit for its split
+    /// messages is withheld as when the whole budget is spent, so a single peer cannot spend
+    /// the budget and have every other connection's new calls refused.
     pub fn set_memory_budget(&mut self, budget: Arc<MemoryBudget>) {
+        self.share = MemoryBudget::share_of(&budget, (budget.limit() / SHARE_OF_BUDGET).max(1));
         self.budget = budget;
     }
 

@@ -346,8 +346,8 @@ impl Connection {
             Some(_) => {
                 // Nothing is reserved from `total_len` (a claim): the buffer grows as chunks
                 // arrive, charged to the memory budget (protocol.md §5.3, §9).
-                let budget = self.budget.clone();
-                let mut asm = Assembly::new(total, m.end_stream, cost as u64, budget);
+                let share = self.share.clone();
+                let mut asm = Assembly::new(total, m.end_stream, cost as u64, share);
                 asm.push(&m.chunk);
                 call.assembling = Some(Box::new(asm));
                 self.advance_credit_if_stalled(id, now);

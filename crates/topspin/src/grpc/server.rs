@@ -125,7 +125,13 @@ where
         max_message_size: config.max_message_size(),
         window: window as usize,
         compression: config.compression(),
-        budget: config.memory_budget(),
+        // The connection's share of the process budget: one peer cannot spend it all (the
+        // native engine's rule, `topspin_proto::SHARE_OF_BUDGET`).
+        budget: {
+            let process = config.memory_budget();
+            let share = (process.limit() / topspin_proto::SHARE_OF_BUDGET).max(1);
+            topspin_proto::MemoryBudget::share_of(&process, share)
+        },
         unary_tx,
         _unary_rx: unary_rx,
         abort: CancellationToken::new(),

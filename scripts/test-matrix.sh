@@ -46,7 +46,7 @@ cd "$root"
 all_clients=(rust go node chromium python-sync python-asyncio)
 all_servers=(rust go node python)
 all_transports=(tcp unix ws tls wss)
-checks=(unary large server-stream quiet-stream client-stream bidi-open-then-send deadline cancel error-details compression)
+checks=(unary large server-stream quiet-stream client-stream bidi-open-then-send deadline cancel error-details compression trace)
 
 # The transports each side has (MATRIX_TRANSPORTS_<NAME>, e.g. MATRIX_TRANSPORTS_PYTHON_SYNC="tcp unix", overrides).
 declare -A server_has=([rust]="tcp unix ws tls wss" [go]="tcp unix tls" [node]="tcp unix ws"
@@ -218,13 +218,18 @@ fi
 
 ts=bindings/typescript
 if uses node; then
-  if [ ! -f "$ts/dist/matrix/server.js" ] || [ ! -f "$ts/dist/matrix/client.js" ]; then
+  # Built when missing or older than a source (a stale build would test old code).
+  stale=
+  if [ -f "$ts/dist/matrix/server.js" ] && [ -n "$(find "$ts/src" "$ts/matrix" -newer "$ts/dist/matrix/server.js" -name '*.ts' -print -quit 2>/dev/null)" ]; then
+    stale=1
+  fi
+  if [ -n "$stale" ] || [ ! -f "$ts/dist/matrix/server.js" ] || [ ! -f "$ts/dist/matrix/client.js" ]; then
     if [ ! -d "$ts/matrix" ]; then
       mark_missing node "$ts/dist/matrix/{server,client}.js and their sources $ts/matrix/"
     elif [ ! -d "$ts/node_modules" ]; then
       mark_broken node "$ts/node_modules is missing: run scripts/setup-typescript.sh"
     else
-      step "node: npm run build (no $ts/dist/matrix yet)"
+      step "node: npm run build (dist/matrix missing or older than its sources)"
       (cd "$ts" && npm run build --silent) || mark_broken node "npm run build failed"
     fi
   fi

@@ -3,8 +3,9 @@
 # side by side on this machine (crates/topspin-bench/README.md; workloads, method and the JSON
 # report: docs/benchmarks.md).
 #
-#   scripts/bench.sh                 --quick (under 90 s): table on stdout, bench-out/quick.json,
-#                                    PNG plots in bench-out/
+#   scripts/bench.sh                 --quick (under 90 s quiet, then the same loaded): tables on
+#                                    stdout, bench-out/quick.json and quick-loaded.json, PNG plots
+#                                    (quiet run) in bench-out/
 #   scripts/bench.sh --full          every workload and size (~12 min): bench-out/full.json
 #   scripts/bench.sh --smoke         every system and workload returns correct data (CI)
 #   scripts/bench.sh --callgrind     instructions per call of topspin's hot paths (valgrind)
@@ -47,4 +48,13 @@ case "$mode" in
     --full) name=full ;;
     *) name=quick ;;
 esac
+if [ "$name" = quick ] && [ -z "${BENCH_QUIET_ONLY:-}" ]; then
+    # The main job: the quiet tables, then the same under a background load the benchmark
+    # makes itself (one busy thread per CPU at normal priority): services share machines.
+    # BENCH_QUIET_ONLY=1 skips the loaded half.
+    "$bin/topspin-bench" "$mode" --json "$out/$name.json" --plots "$out" "${args[@]}"
+    echo
+    echo "== the same, loaded: one busy thread per CPU, started by the benchmark =="
+    exec "$bin/topspin-bench" "$mode" --loaded --json "$out/$name-loaded.json" "${args[@]}"
+fi
 exec "$bin/topspin-bench" "$mode" --json "$out/$name.json" --plots "$out" "${args[@]}"

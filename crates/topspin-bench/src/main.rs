@@ -286,6 +286,47 @@ fn command(mode: Mode, it: &Item) -> Cmd {
     }
 }
 
+/// The background load of `--loaded`: one busy thread per CPU this process may use, at
+/// normal priority (a machine shared with other work), stopped after the last measurement.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start() -> Load {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let n = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..10_000 {
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { stop, threads }
+    }
+
+    /// Stops the threads; returns how many there were.
+    fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let n = self.threads.len();
+        for t in self.threads {
+            let _ = t.join();
+        }
+        n
+    }
+}
+
 /// A running peer process.
 struct Peer {
     sys: System,
@@ -388,11 +429,12 @@ struct Args {
     callgrind: bool,
     syscalls: bool,
     separate: bool,
+    loaded: bool,
 }
 
 const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--plots DIR]
                      [--systems raw,topspin,...] [--workloads echo,answer,...] [--reps N]
-                     [--separate-processes] [--bin-dir DIR]
+                     [--separate-processes] [--loaded] [--bin-dir DIR]
        topspin-bench --callgrind [--bin-dir DIR]
        topspin-bench --syscalls [--systems ...] [--bin-dir DIR]
        topspin-bench compare BEFORE.json AFTER.json [--threshold PCT]
@@ -414,6 +456,9 @@ const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--p
                its client in the peer process, over loopback TCP / a Unix socket — how services
                run (default: client and server of a system share one process). TLS and
                WebSocket rows keep one process. CPU and allocations per call stay client + server
+  --loaded     a reproducible background load: one busy thread per allowed CPU, at normal
+               priority, started by the benchmark and running through every measurement (the
+               same for every system); its tables say LOADED
   systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
            raw-tls topspin-tls tonic-tls raw-ws topspin-ws raw-shm topspin-shm topspin-grpc (TLS,
            WebSocket, shared-memory and topspin-grpc, the server's gRPC face under tonic's
@@ -434,6 +479,7 @@ fn parse_args() -> Result<Args, String> {
         callgrind: false,
         syscalls: false,
         separate: false,
+        loaded: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -455,6 +501,7 @@ fn parse_args() -> Result<Args, String> {
             "--callgrind" => a.callgrind = true,
             "--syscalls" => a.syscalls = true,
             "--separate-processes" => a.separate = true,
+            "--loaded" => a.loaded = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -543,6 +590,7 @@ fn main() {
     if args.mode != Mode::Smoke {
         std::thread::sleep(Duration::from_millis(500));
     }
+    let load = args.loaded.then(Load::start);
     let mut records: Vec<Record> = Vec::new();
     for it in &items {
         let cmd = command(args.mode, it);
@@ -565,6 +613,7 @@ fn main() {
         let _ = std::io::stderr().flush();
     }
     eprintln!();
+    let load_threads = load.map_or(0, Load::stop);
     for p in &mut peers {
         p.stop();
     }
@@ -582,6 +631,8 @@ fn main() {
             })
             .collect(),
     );
+    let mut layout = layout;
+    layout.load_threads = load_threads;
     let run = Run {
         version: 1,
         started,

@@ -42,6 +42,10 @@ pub(crate) struct Layout {
     pub(crate) cpus_online: usize,
     /// True when the run is restricted to fewer CPUs than are online (e.g. `taskset -c 0`).
     pub(crate) pinned: bool,
+    /// Busy threads the benchmark itself ran during the measurement (`--loaded`): one per
+    /// allowed CPU at normal priority, the same for every system; 0 in a quiet run.
+    #[serde(default)]
+    pub(crate) load_threads: usize,
     systems: Vec<SystemLayout>,
 }
 
@@ -78,6 +82,7 @@ impl Layout {
             cpus_allowed,
             cpus_online: online,
             pinned: allowed < online,
+            load_threads: 0,
             systems,
         }
     }
@@ -414,6 +419,12 @@ pub(crate) fn print_tables(run: &Run, smoke: bool) {
     );
     if smoke {
         println!("(smoke run: few calls, figures are not measurements)");
+    }
+    if run.layout.load_threads > 0 {
+        println!(
+            "LOADED: {} busy thread(s) of the benchmark's own (one per allowed CPU, normal priority) ran through every measurement",
+            run.layout.load_threads
+        );
     }
     for r in &run.records {
         if seen.iter().any(|s| s.same_point(r)) {

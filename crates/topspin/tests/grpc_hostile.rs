@@ -301,6 +301,53 @@ async fn a_preface_without_settings_and_a_stalled_frame_are_cut_off() {
     s.shutdown.shutdown(Duration::from_secs(1)).await;
 }
 
+/// A request message that stops arriving (its prefix announces 1 MiB, 100 bytes come, then
+/// nothing while the window is open) ends its call `UNAVAILABLE` after `frame_timeout`, as a
+/// stalled native frame does, and what it held goes back to the budget. Before: held for as
+/// long as the client kept the connection (attacked from outside: not cut within 45 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_message_that_stops_arriving_is_cut_at_the_frame_timeout() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = start(Config::default().with_frame_timeout(Duration::from_secs(1))).await;
+    let tcp = tokio::net::TcpStream::connect(&s.hp).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let (resp, mut send) = client.send_request(request(&s.hp, &[]), false).unwrap();
+    let mut head = vec![0u8];
+    head.extend_from_slice(&(MIB as u32).to_be_bytes());
+    head.extend_from_slice(&[1u8; 100]);
+    send.send_data(Bytes::from(head), false).unwrap();
+    let t0 = Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("answered within 5 s")
+        .expect("a response");
+    // Trailers-only (no message was answered) or headers then trailers.
+    let mut status = resp.headers().get("grpc-status").cloned();
+    let mut body = resp.into_body();
+    while let Some(d) = body.data().await {
+        let _ = d;
+    }
+    if status.is_none() {
+        let trailers = body.trailers().await.ok().flatten();
+        status = trailers.and_then(|t| t.get("grpc-status").cloned());
+    }
+    let took = t0.elapsed();
+    assert_eq!(
+        status.as_ref().map(|v| v.to_str().unwrap_or("")),
+        Some("14")
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "cut after {took:?}"
+    );
+    s.good_call().await;
+    assert_eq!(s.budget.used(), 0, "the message's buffer went back");
+    drop(send);
+    s.shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
 /// An idle gRPC connection (no call) is sent GOAWAY after `idle_timeout` and closed, as a native
 /// one is: idle sockets cannot hold `max_connections`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

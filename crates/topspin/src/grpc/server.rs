@@ -124,6 +124,7 @@ where
         context,
         max_message_size: config.max_message_size(),
         window: window as usize,
+        frame_timeout: config.frame_timeout(),
         compression: config.compression(),
         // The connection's share of the process budget: one peer cannot spend it all (the
         // native engine's rule, `topspin_proto::SHARE_OF_BUDGET`).
@@ -472,6 +473,9 @@ struct Face {
     context: Arc<crate::request::ConnContext>,
     max_message_size: u32,
     window: usize,
+    /// A request message that stops arriving (no byte for this long while the window is
+    /// open) ends its call: `Config::frame_timeout`, as a stalled native frame.
+    frame_timeout: Duration,
     compression: Option<Compression>,
     /// What large request messages are reserved against (shared with native calls).
     budget: Arc<topspin_proto::MemoryBudget>,
@@ -606,6 +610,8 @@ enum Ev {
     Data(Option<Result<Bytes, h2::Error>>),
     /// Time to look again whether withheld window can be given back.
     Retry,
+    /// A request message stopped arriving for `frame_timeout` while the window was open.
+    Stalled,
 }
 
 /// How often a call whose window is withheld (memory budget spent) looks for room again.
@@ -664,6 +670,12 @@ impl Call {
         let mut withheld = 0usize;
         let retry = tokio::time::sleep(RETRY_WINDOW);
         tokio::pin!(retry);
+        // Armed while part of a message is held and the window is open (the client can send).
+        // Re-armed lazily: bytes only move `last_bytes`, the timer is reset when it rings early.
+        let stall = tokio::time::sleep(face.frame_timeout);
+        tokio::pin!(stall);
+        let mut stall_armed = false;
+        let mut last_bytes = Instant::now();
         let (mut rx, io) = if kind == crate::CallKind::Unary {
             (
                 None,
@@ -735,6 +747,9 @@ impl Call {
                 if withheld > 0 && retry.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Ev::Retry);
                 }
+                if stall_armed && stall.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ev::Stalled);
+                }
                 if body_open && outstanding < face.window {
                     if let Poll::Ready(d) = body.poll_data(cx) {
                         return Poll::Ready(Ev::Data(d));
@@ -776,7 +791,27 @@ impl Call {
                     } else {
                         let _ = body.flow_control().release_capacity(withheld);
                         withheld = 0;
+                        last_bytes = Instant::now();
+                        stall_armed = !deframer.is_empty();
+                        stall
+                            .as_mut()
+                            .reset((last_bytes + face.frame_timeout).into());
                     }
+                }
+                Ev::Stalled if last_bytes + face.frame_timeout > Instant::now() => {
+                    stall
+                        .as_mut()
+                        .reset((last_bytes + face.frame_timeout).into());
+                }
+                Ev::Stalled => {
+                    let st = Status::new(
+                        Code::Unavailable,
+                        format!(
+                            "a request message stayed incomplete for {:?} (frame_timeout)",
+                            face.frame_timeout
+                        ),
+                    );
+                    return self.end(&st, &Metadata::new());
                 }
                 Ev::Data(Some(Ok(chunk))) => {
                     let n = chunk.len();
@@ -817,6 +852,16 @@ impl Call {
                         let _ = body.flow_control().release_capacity(n + withheld);
                         withheld = 0;
                     }
+                    // Bytes came: a message still incomplete has `frame_timeout` from now
+                    // (not while its window is withheld: the client cannot send then).
+                    last_bytes = Instant::now();
+                    let partial = withheld == 0 && !deframer.is_empty();
+                    if partial && !stall_armed {
+                        stall
+                            .as_mut()
+                            .reset((last_bytes + face.frame_timeout).into());
+                    }
+                    stall_armed = partial;
                 }
                 Ev::Data(Some(Err(_))) => return, // reset or connection error
                 Ev::Data(None) => {

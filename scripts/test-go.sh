@@ -44,7 +44,7 @@ if ! git diff --quiet -- examples/kvstore/kvpb; then
   exit 1
 fi
 go generate ./internal/matrixpb && git diff --quiet -- internal/matrixpb || { echo "go/internal/matrixpb is out of date: run 'go generate ./internal/matrixpb' in go/"; exit 1; }
-step "go test -race (vectors, runtime, interop, README quick start)"
+step "go test -race (vectors, runtime, interop, README quick start and 'Your own service')"
 go test -race -count=1 ./...
 step "fuzz (bounded: 15 s per target)"
 go test ./wire -run '^$' -fuzz '^FuzzDecode$' -fuzztime 15s

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Every test of the Go implementation (go/): formatting, go vet, staticcheck, the generated
-# kvstore code is up to date, unit and vector tests with -race, a short bounded fuzz run of
-# the decoder and the connection input, and interop with the Rust kvstore server and
-# clients over TCP, TLS and Unix sockets (with compression and keep-alive). Exits non-zero on
-# any failure.
+# Every test of the Go implementation (go/): formatting, go vet, staticcheck, function and
+# file lengths, the generated kvstore code is up to date, unit and vector tests with -race,
+# a short bounded fuzz run of the decoder and the connection input, and interop with the
+# Rust kvstore server and clients over TCP, TLS and Unix sockets (with compression and
+# keep-alive). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup-go.sh
@@ -34,6 +34,8 @@ step "go vet"
 go vet ./...
 step "staticcheck"
 staticcheck ./...
+step "function and file lengths (no function over 80 lines, no file over 600; tests, generated code and cmd/ excepted)"
+go run ./internal/tools/funlen -max 80 -file-max 600 -skip cmd .
 step "generated kvstore code is up to date (topspin-gen)"
 go generate ./examples/kvstore
 if ! git diff --quiet -- examples/kvstore/kvpb; then
@@ -42,7 +44,7 @@ if ! git diff --quiet -- examples/kvstore/kvpb; then
   exit 1
 fi
 go generate ./internal/matrixpb && git diff --quiet -- internal/matrixpb || { echo "go/internal/matrixpb is out of date: run 'go generate ./internal/matrixpb' in go/"; exit 1; }
-step "go test -race (vectors, runtime, interop, README quick start)"
+step "go test -race (vectors, runtime, interop, README quick start and 'Your own service')"
 go test -race -count=1 ./...
 step "fuzz (bounded: 15 s per target)"
 go test ./wire -run '^$' -fuzz '^FuzzDecode$' -fuzztime 15s

@@ -1,5 +1,3 @@
-// Package topspin is the Go runtime of the topspin RPC framework: a client (Dial) and a
-// server (NewServer) speaking the topspin wire protocol v1 over TCP and Unix sockets.
 package topspin
 
 import (

@@ -161,20 +161,11 @@ func (c *Conn) process(buf []byte, now time.Time) (int, *Error) {
 	off := 0
 	for c.st != stClosed {
 		if c.st == stPreface {
-			avail := buf[off:]
-			for i := 0; i < min(7, len(avail)); i++ {
-				if avail[i] != Preface[i] {
-					return off, c.fail(perr(BadPreface, "the peer did not start with the topspin preface"), true, false)
-				}
+			n, err := c.readPreface(buf[off:])
+			if err != nil || n == 0 {
+				return off, err
 			}
-			if len(avail) < 8 {
-				return off, nil
-			}
-			if avail[7] != Preface[7] {
-				return off, c.fail(perr(UnsupportedVersion, "protocol version %d; this peer speaks version 1 only", avail[7]), true, false)
-			}
-			off += 8
-			c.st = stSettings
+			off += n
 			continue
 		}
 		f, n, err := Decode(buf[off:], c.local.MaxFrameSize)
@@ -190,4 +181,84 @@ func (c *Conn) process(buf []byte, now time.Time) (int, *Error) {
 		}
 	}
 	return off, c.err
+}
+
+// handle acts on one decoded frame.
+func (c *Conn) handle(f *Frame, now time.Time) *Error {
+	if c.st == stSettings {
+		return c.handshake(f)
+	}
+	switch f.Type {
+	case TypeSettings:
+		return c.fail(perr(SettingsError, "second SETTINGS frame"), true, false)
+	case TypePing:
+		return c.recvPing(f, now)
+	case TypeGoAway:
+		return c.recvGoAway(f)
+	case TypeError:
+		return c.fail(&Error{Code: ErrCode(f.Code), Reason: f.Message}, false, false)
+	case TypeCall:
+		if c.role == Client {
+			return c.fail(perr(IllegalFrame, "CALL from the server"), true, false)
+		}
+		return c.handleCall(f, now)
+	}
+	if f.Type >= 0x80 {
+		return nil // an extension frame: ignored
+	}
+	return c.handleCallFrame(f, now)
+}
+
+// handleCallFrame acts on a frame of a call (not CALL): one from the wrong side is a
+// connection error, one for a call that is over is ignored (CREDIT still counts).
+func (c *Conn) handleCallFrame(f *Frame, now time.Time) *Error {
+	if err := c.checkSender(f); err != nil {
+		return err
+	}
+	if f.CallID > c.highest {
+		return c.fail(perr(UnknownCall, "frame type 0x%02x for call %d, never opened", f.Type, f.CallID), true, false)
+	}
+	cl := c.calls[f.CallID]
+	if cl == nil || !cl.open {
+		if cl != nil && f.Type == TypeCredit {
+			return c.credit(cl, f)
+		}
+		return nil
+	}
+	switch f.Type {
+	case TypeMessage:
+		return c.message(cl, f)
+	case TypeContinuation:
+		return c.continuation(cl, f)
+	case TypeCredit:
+		return c.credit(cl, f)
+	case TypeHalfClose:
+		return c.recvHalfClose(cl)
+	case TypeCancel:
+		return c.recvCancel(cl, f, now)
+	case TypeHeaders:
+		return c.recvHeaders(cl, f)
+	case TypeEnd:
+		c.recvEnd(cl, f)
+	}
+	return nil
+}
+
+// checkSender fails the connection on a call frame only the other side may send.
+func (c *Conn) checkSender(f *Frame) *Error {
+	switch f.Type {
+	case TypeHeaders, TypeEnd:
+		if c.role == Server {
+			return c.fail(perr(IllegalFrame, "frame type 0x%02x from the client", f.Type), true, false)
+		}
+	case TypeHalfClose, TypeCancel:
+		if c.role == Client {
+			return c.fail(perr(IllegalFrame, "frame type 0x%02x from the server", f.Type), true, false)
+		}
+	case TypeMessage:
+		if c.role == Client && f.EndStream() {
+			return c.fail(perr(IllegalFrame, "MESSAGE with END_STREAM from the server"), true, false)
+		}
+	}
+	return nil
 }

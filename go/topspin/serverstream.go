@@ -1,0 +1,345 @@
+package topspin
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/topspin-rpc/topspin/go/wire"
+	"google.golang.org/protobuf/proto"
+)
+
+// ServerStream is one call seen from the server. It is also the handler's
+// context.Context: done when the client cancels, the deadline passes, the connection is
+// lost, the server stops or the handler returns.
+type ServerStream struct {
+	s       stream
+	g       *grpcCall // the call's gRPC face (nil: native)
+	srv     *Server
+	kind    handlerKind
+	wrapped ServerStreamer // a stream interceptor's wrapper (nil: none)
+	method  string
+	md      Metadata
+	header  Metadata
+	hdrSet  bool
+	trailer Metadata
+
+	respEnc string // the encoding of the responses ("" for none, §15)
+	limit   uint32 // MAX_MESSAGE_SIZE of decompressed requests
+
+	deadline time.Time
+	hasDL    bool
+	timer    *time.Timer
+	done     chan struct{} // made on first Done()
+	err      error         // the context's error once done
+}
+
+var _ context.Context = (*ServerStream)(nil)
+
+// Deadline implements context.Context: the call's deadline, if the client set one.
+func (ss *ServerStream) Deadline() (time.Time, bool) { return ss.deadline, ss.hasDL }
+
+// Done implements context.Context.
+func (ss *ServerStream) Done() <-chan struct{} {
+	if ss.g != nil {
+		return ss.g.ctx.Done()
+	}
+	c := ss.s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return ss.doneLocked()
+}
+
+func (ss *ServerStream) doneLocked() <-chan struct{} {
+	if ss.done == nil {
+		ss.done = make(chan struct{}) // a signal: closed, never sent on, so it holds nothing
+		if ss.err != nil {
+			close(ss.done)
+		}
+	}
+	return ss.done
+}
+
+// Err implements context.Context.
+func (ss *ServerStream) Err() error {
+	if ss.g != nil {
+		return ss.g.ctx.Err()
+	}
+	c := ss.s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return ss.err
+}
+
+// Value implements context.Context; ServerStreamFrom uses it.
+func (ss *ServerStream) Value(key any) any {
+	if key == (ctxStreamKey{}) {
+		return ss
+	}
+	if ss.g != nil {
+		return ss.g.ctx.Value(key)
+	}
+	return nil
+}
+
+// cancelLocked ends the context (under mu).
+func (ss *ServerStream) cancelLocked(err error) {
+	if ss.err != nil {
+		return
+	}
+	ss.err = err
+	if ss.done != nil {
+		close(ss.done)
+	}
+	if ss.timer != nil {
+		ss.timer.Stop()
+	}
+	ss.s.notifyRead()
+	ss.s.notifyWrite()
+}
+
+func (ss *ServerStream) deadlineFired() {
+	ss.endWith(DeadlineExceeded, "deadline exceeded", nil, context.DeadlineExceeded)
+}
+
+// endWith sends END (if the call is still open) and ends the context with cause.
+func (ss *ServerStream) endWith(code Code, msg string, trailers Metadata, cause error) {
+	c := ss.s.c
+	c.mu.Lock()
+	ss.endLocked(code, msg, trailers)
+	ss.cancelLocked(cause)
+	c.sendLocked()
+}
+
+// endLocked queues END if the call is still open (under mu).
+func (ss *ServerStream) endLocked(code Code, msg string, trailers Metadata) {
+	if ss.s.ended {
+		return
+	}
+	c := ss.s.c
+	if ss.hdrSet {
+		_ = c.eng.SendHeaders(ss.s.id, ss.header)
+		ss.hdrSet = false
+	}
+	all := ss.trailer
+	if len(trailers) > 0 {
+		all = append(all[:len(all):len(all)], trailers...)
+	}
+	_ = c.eng.EndCall(ss.s.id, code, msg, all)
+	ss.s.ended, ss.s.code, ss.s.msg = true, code, msg
+	c.callEnded(ss.s.id)
+}
+
+// Context is the call's context (the ServerStream itself).
+func (ss *ServerStream) Context() context.Context { return ss }
+
+// Method is the full method name, "/package.Service/Method".
+func (ss *ServerStream) Method() string { return ss.method }
+
+// IsGRPC reports whether the call came through the server's gRPC face (a gRPC client on
+// HTTP/2) rather than the native protocol.
+func (ss *ServerStream) IsGRPC() bool { return ss.g != nil }
+
+// Metadata is the request metadata.
+func (ss *ServerStream) Metadata() Metadata { return ss.md }
+
+// Peer is the client's address.
+func (ss *ServerStream) Peer() net.Addr {
+	if ss.g != nil {
+		return ss.g.peer()
+	}
+	return ss.s.c.nc.RemoteAddr()
+}
+
+// TLS is the connection's TLS state (nil without TLS): with mutual TLS,
+// PeerCertificates[0] is the client's verified certificate, the call's peer identity
+// (protocol.md §14.1).
+func (ss *ServerStream) TLS() *tls.ConnectionState {
+	if ss.g != nil {
+		return ss.g.tls()
+	}
+	tc, ok := ss.s.c.nc.(*tls.Conn)
+	if !ok {
+		return nil
+	}
+	st := tc.ConnectionState()
+	return &st
+}
+
+// SetHeader adds response headers, sent before the first message (or with the end).
+func (ss *ServerStream) SetHeader(md Metadata) {
+	if ss.g != nil {
+		ss.g.setHeader(md)
+		return
+	}
+	c := ss.s.c
+	c.mu.Lock()
+	ss.header = append(ss.header, md...)
+	ss.hdrSet = true
+	c.mu.Unlock()
+}
+
+// SetTrailer adds trailers, sent with the call's end.
+func (ss *ServerStream) SetTrailer(md Metadata) {
+	if ss.g != nil {
+		ss.g.setTrailer(md)
+		return
+	}
+	c := ss.s.c
+	c.mu.Lock()
+	ss.trailer = append(ss.trailer, md...)
+	c.mu.Unlock()
+}
+
+// Send sends one message. msg must not be changed afterwards.
+func (ss *ServerStream) Send(msg []byte) error { return ss.send(msg, false) }
+
+// send queues msg; with end, END OK follows in the same write (unary answers).
+func (ss *ServerStream) send(msg []byte, end bool) error {
+	if ss.g != nil {
+		return ss.g.send(msg)
+	}
+	c := ss.s.c
+	if ss.respEnc != "" {
+		var err error
+		if msg, err = wire.Compress(ss.respEnc, msg); err != nil {
+			return &Status{Code: Internal, Message: "compress: " + err.Error()}
+		}
+	}
+	for {
+		c.mu.Lock()
+		if ss.s.ended {
+			c.mu.Unlock()
+			if ss.s.code == OK {
+				return &Status{Code: FailedPrecondition, Message: "send after the call ended"}
+			}
+			return ss.s.status()
+		}
+		if c.fullLocked() && !c.waitRoom(ss.doneLocked()) {
+			c.mu.Unlock()
+			continue // the call or the connection ended: reported above
+		}
+		if ss.hdrSet {
+			if err := c.eng.SendHeaders(ss.s.id, ss.header); err != nil {
+				c.mu.Unlock()
+				return StatusOf(err)
+			}
+			ss.hdrSet = false
+		}
+		err := c.eng.SendMessage(ss.s.id, msg, false)
+		if err == nil {
+			if end {
+				ss.endLocked(OK, "", nil)
+				ss.cancelLocked(context.Canceled)
+			}
+			c.sendLocked()
+			return nil
+		}
+		if !errors.Is(err, wire.ErrBlocked) {
+			c.mu.Unlock()
+			return StatusOf(err)
+		}
+		wn := ss.s.writeNote()
+		if ss.err != nil {
+			c.mu.Unlock()
+			return StatusOf(ss.err)
+		}
+		c.mu.Unlock()
+		<-wn // credit came back, or the call ended (cancelLocked notifies)
+	}
+}
+
+// SendMsg marshals m with protobuf and sends it.
+func (ss *ServerStream) SendMsg(m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return &Status{Code: Internal, Message: "marshal: " + err.Error()}
+	}
+	return ss.Send(b)
+}
+
+// Recv returns the next request message, or io.EOF once the client half-closed.
+func (ss *ServerStream) Recv() ([]byte, error) {
+	if ss.g != nil {
+		return ss.g.recv()
+	}
+	c := ss.s.c
+	for {
+		c.mu.Lock()
+		if msg, ok := ss.s.pop(); ok {
+			out := c.eng.HasOutput()
+			enc := ss.s.enc
+			c.mu.Unlock()
+			if out {
+				c.signal()
+			}
+			if enc != "" {
+				dec, err := wire.Decompress(enc, msg, ss.limit)
+				if err != nil {
+					st := StatusOf(err)
+					ss.endWith(st.Code, st.Message, nil, context.Canceled)
+					return nil, st
+				}
+				msg = dec
+			}
+			return msg, nil
+		}
+		if ss.s.remoteDone {
+			c.mu.Unlock()
+			return nil, io.EOF
+		}
+		if ss.s.ended {
+			st := ss.s.status()
+			c.mu.Unlock()
+			return nil, st
+		}
+		if ss.err != nil {
+			c.mu.Unlock()
+			return nil, StatusOf(ss.err)
+		}
+		c.mu.Unlock()
+		<-ss.s.rnote // a message, the half-close, or the end (cancelLocked notifies)
+	}
+}
+
+// RecvMsg receives the next request into m (protobuf).
+func (ss *ServerStream) RecvMsg(m proto.Message) error {
+	b, err := ss.Recv()
+	if err != nil {
+		return err
+	}
+	if err := proto.Unmarshal(b, m); err != nil {
+		return &Status{Code: InvalidArgument, Message: "unmarshal: " + err.Error()}
+	}
+	return nil
+}
+
+// recvOne reads exactly one request message for a unary or server-streaming method.
+func (ss *ServerStream) recvOne() ([]byte, error) {
+	msg, err := ss.Recv()
+	if err == io.EOF {
+		return nil, &Status{Code: InvalidArgument, Message: "no request message"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, err := ss.Recv(); err != io.EOF {
+		if err == nil {
+			return nil, &Status{Code: InvalidArgument, Message: "more than one request message for a unary method"}
+		}
+		return nil, err
+	}
+	return msg, nil
+}
+
+type ctxStreamKey struct{}
+
+// ServerStreamFrom returns the ServerStream of a handler's context (for metadata and
+// headers from typed handlers).
+func ServerStreamFrom(ctx context.Context) *ServerStream {
+	ss, _ := ctx.Value(ctxStreamKey{}).(*ServerStream)
+	return ss
+}

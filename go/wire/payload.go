@@ -1,0 +1,115 @@
+package wire
+
+import "fmt"
+
+func (c *Conn) message(cl *call, f *Frame) *Error {
+	if c.role == Server && cl.remoteDone {
+		return c.fail(perr(IllegalFrame, "MESSAGE on call %d after the client's half-close", cl.id), true, false)
+	}
+	if cl.splitOpen {
+		return c.fail(perr(MessageLengthMismatch, "MESSAGE on call %d while a split message is open", cl.id), true, false)
+	}
+	if cl.recvCredit <= 0 {
+		return c.fail(perr(FlowControl, "MESSAGE on call %d without send credit", cl.id), true, false)
+	}
+	cost := int64(HeaderLen + len(f.Chunk))
+	if f.Split() {
+		cost += 4
+	}
+	cl.recvCredit -= cost
+	size := uint32(len(f.Chunk))
+	if f.Split() {
+		if uint64(len(f.Chunk)) >= uint64(f.TotalLen) {
+			return c.fail(perr(MessageLengthMismatch, "SPLIT MESSAGE on call %d whose chunk holds all of total_len %d", cl.id, f.TotalLen), true, false)
+		}
+		size = f.TotalLen
+	}
+	cl.messageIn = true
+	if size > c.local.MaxMessageSize {
+		c.tooLarge(cl, size)
+		return nil
+	}
+	if !f.Split() {
+		var msg []byte
+		if c.fromIn && len(f.Chunk) >= 64<<10 {
+			// A large frame assembled in c.in: hand its memory over instead of copying.
+			msg = f.Chunk[:len(f.Chunk):len(f.Chunk)]
+			c.detached = true
+		} else {
+			msg = make([]byte, len(f.Chunk))
+			copy(msg, f.Chunk)
+		}
+		c.emit(Event{Type: EvMessage, CallID: cl.id, Message: msg, Cost: uint32(cost)})
+		if f.EndStream() {
+			cl.remoteDone = true
+			c.emit(Event{Type: EvHalfClosed, CallID: cl.id})
+		}
+		return nil
+	}
+	cl.splitOpen, cl.splitTotal, cl.splitEnd = true, f.TotalLen, f.EndStream()
+	c.splitAppend(cl, f.Chunk)
+	c.chunkCredit(cl, uint32(cost))
+	return nil
+}
+
+func (c *Conn) tooLarge(cl *call, size uint32) {
+	msg := fmt.Sprintf("message of %d bytes over the limit of %d bytes (max_message_size)", size, c.local.MaxMessageSize)
+	if c.role == Server {
+		c.frame(&Frame{Type: TypeEnd, CallID: cl.id, Code: uint16(ResourceExhausted), Message: CutText(msg, int(c.statusRoom())-4), Metadata: Metadata{}})
+	} else {
+		c.frame(&Frame{Type: TypeCancel, CallID: cl.id, Code: uint16(ResourceExhausted)})
+	}
+	c.endCall(cl, ResourceExhausted, msg, nil)
+}
+
+func (c *Conn) continuation(cl *call, f *Frame) *Error {
+	if !cl.splitOpen {
+		return c.fail(perr(MessageLengthMismatch, "CONTINUATION on call %d with no split message open", cl.id), true, false)
+	}
+	if cl.recvCredit <= 0 {
+		return c.fail(perr(FlowControl, "CONTINUATION on call %d without send credit", cl.id), true, false)
+	}
+	cost := int64(HeaderLen + len(f.Chunk))
+	cl.recvCredit -= cost
+	if uint64(len(cl.split))+uint64(len(f.Chunk)) > uint64(cl.splitTotal) {
+		return c.fail(perr(MessageLengthMismatch, "CONTINUATION on call %d goes past total_len %d", cl.id, cl.splitTotal), true, false)
+	}
+	c.splitAppend(cl, f.Chunk)
+	if uint32(len(cl.split)) < cl.splitTotal {
+		c.chunkCredit(cl, uint32(cost))
+		return nil
+	}
+	msg := cl.split
+	c.dropSplit(cl) // the message is the application's now
+	cl.splitOpen = false
+	c.emit(Event{Type: EvMessage, CallID: cl.id, Message: msg, Cost: uint32(cost)})
+	if cl.splitEnd {
+		cl.remoteDone = true
+		c.emit(Event{Type: EvHalfClosed, CallID: cl.id})
+	}
+	return nil
+}
+
+// splitAppend appends a chunk to the call's split message (the caller checked it stays
+// within total_len). The buffer grows as chunks arrive, to at most twice what arrived
+// (never to total_len, a claim, §5.3), and its growth is charged to the memory budget.
+func (c *Conn) splitAppend(cl *call, chunk []byte) {
+	need := len(cl.split) + len(chunk)
+	if need > cap(cl.split) {
+		size := int(min(uint64(cl.splitTotal), uint64(2*need)))
+		grown := make([]byte, len(cl.split), size)
+		copy(grown, cl.split)
+		c.budget.Charge(int64(size) - cl.splitCharge)
+		cl.split, cl.splitCharge = grown, int64(size)
+	}
+	cl.split = append(cl.split, chunk...)
+}
+
+// dropSplit forgets the call's split buffer and gives its charge back.
+func (c *Conn) dropSplit(cl *call) {
+	c.budget.Release(cl.splitCharge)
+	cl.split, cl.splitCharge = nil, 0
+	if c.splitGoing == cl.id {
+		c.splitGoing = 0
+	}
+}

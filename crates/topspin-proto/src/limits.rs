@@ -72,6 +72,7 @@ pub struct Limits {
     rapid_reset_rate: Rate,
     refused_call_rate: Rate,
     credit_recheck: Duration,
+    message_timeout: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -81,6 +82,7 @@ impl Default for Limits {
             rapid_reset_rate: Rate::new(1000, Duration::from_millis(1)),
             refused_call_rate: Rate::new(100, Duration::from_millis(10)),
             credit_recheck: Duration::from_millis(10),
+            message_timeout: None,
         }
     }
 }
@@ -124,6 +126,14 @@ impl Limits {
         /// [`MemoryBudget`](crate::MemoryBudget) is spent, how often the engine checks again
         /// (its [`Connection::poll_timeout`](crate::Connection::poll_timeout); default 10 ms).
         credit_recheck, with_credit_recheck: Duration
+    }
+    limit! {
+        /// How long a split message may go without a chunk while its credit is open (the
+        /// sender could send) before the connection is closed with `TIMEOUT`: a peer that
+        /// starts messages and stops cannot hold their buffers for ever (default: none; the
+        /// topspin runtime sets its `frame_timeout`, 30 s). Time while this side withholds the
+        /// credit does not count.
+        message_timeout, with_message_timeout: Option<Duration>
     }
 }
 

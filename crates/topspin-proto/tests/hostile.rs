@@ -272,6 +272,51 @@ fn one_connection_holds_at_most_its_share_of_the_budget() {
     }
 }
 
+/// A split message that stops arriving (its first chunk, then nothing while its credit is
+/// open) closes the connection with TIMEOUT after `message_timeout`, and its buffer goes back
+/// to the budget. Time while this side withholds every open message's credit does not count,
+/// but one message per connection always has credit (protocol.md §9), so a spent budget does
+/// not shelter a peer that stops. Found from outside: 20 such messages were held for as long as
+/// the peer kept its connection.
+#[test]
+fn a_split_message_that_stops_arriving_is_cut_at_the_message_timeout() {
+    let budget = MemoryBudget::new(64 * MIB);
+    let (mut s, mut wire, t0) = server(&budget);
+    s.set_limits(Limits::default().with_message_timeout(Some(Duration::from_secs(1))));
+    wire.extend_from_slice(&call(1));
+    wire.extend_from_slice(&split_start(1, MIB as u32, &[7; 100]));
+    s.handle_input(&mut wire, t0).unwrap();
+    assert!(budget.used() > 0);
+    let due = s.poll_timeout().expect("a timer for the stalled message");
+    assert!(due <= t0 + Duration::from_secs(1));
+    s.handle_timeout(t0 + Duration::from_millis(999));
+    assert!(!s.is_closed(), "cut early");
+    s.handle_timeout(t0 + Duration::from_secs(1));
+    assert!(s.is_closed(), "not cut at the message timeout");
+    drop(s);
+    assert_eq!(budget.used(), 0);
+
+    // With the budget spent (by others), one message per connection still has credit: a peer
+    // that stops sending it is cut too, so a spent budget or share cannot shelter it.
+    let budget = MemoryBudget::new(64 * MIB);
+    let (mut s, mut wire, t0) =
+        server_with(Settings::default().with_initial_call_window(1000), &budget);
+    s.set_limits(Limits::default().with_message_timeout(Some(Duration::from_secs(1))));
+    wire.extend_from_slice(&call(1));
+    wire.extend_from_slice(&split_start(1, MIB as u32, &[7; 980])); // 4 bytes of window left
+    s.handle_input(&mut wire, t0).unwrap();
+    assert!(budget.try_reserve(budget.limit() - budget.used()));
+    wire.extend_from_slice(&raw(0x04, 0, 1, &[7; 100])); // overdraws; goes on regardless
+    s.handle_input(&mut wire, t0).unwrap();
+    s.handle_timeout(t0 + Duration::from_millis(500));
+    assert!(!s.is_closed(), "cut early");
+    s.handle_timeout(t0 + Duration::from_secs(1));
+    assert!(
+        s.is_closed(),
+        "the message that goes on was not cut when it stopped"
+    );
+}
+
 /// spec-review row 13: credit granted for a split message's chunks as they arrive is not
 /// granted again when the application consumes the message: afterwards the sender's credit is
 /// back to the window, never above.

@@ -299,6 +299,7 @@ impl Config {
             .with_ping_rate(self.ping_rate)
             .with_rapid_reset_rate(self.rapid_reset_rate)
             .with_refused_call_rate(self.refused_call_rate)
+            .with_message_timeout(Some(self.frame_timeout))
     }
 
     pub(crate) fn settings(&self) -> Settings {

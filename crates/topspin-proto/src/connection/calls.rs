@@ -361,6 +361,14 @@ impl Calls {
         ids
     }
 
+    /// Whether any open call is receiving a split message (a walk over the calls: for a
+    /// timer that rings rarely).
+    pub(crate) fn any_assembling(&self) -> bool {
+        let ring = self.ring.iter().flatten();
+        ring.chain(self.far.values())
+            .any(|c| c.assembling.is_some())
+    }
+
     /// The ids of the open calls above `last`, in order.
     pub(crate) fn ids_above(&self, last: u32) -> Vec<u32> {
         let mut ids: Vec<u32> = self.ids().filter(|&id| id > last).collect();

@@ -131,6 +131,9 @@ pub struct Connection {
     credit_withheld: Option<Instant>,
     /// The call whose split message goes on even while the budget is spent.
     progressing: Option<u32>,
+    /// When a chunk of a still-incomplete split message last arrived (cleared lazily, when
+    /// [`Limits::message_timeout`] finds no split message open).
+    message_progress: Option<Instant>,
 }
 
 /// A connection's incomplete messages hold at most this fraction of the memory budget (one
@@ -178,6 +181,7 @@ impl Connection {
             pings_outstanding: 0,
             credit_withheld: None,
             progressing: None,
+            message_progress: None,
         };
         c.out.staging.extend_from_slice(&PREFACE);
         frame::encode_settings(&mut c.out.staging, &local);
@@ -361,10 +365,17 @@ impl Connection {
     #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let deadline = self.calls.next_deadline();
-        match self.credit_withheld {
+        let deadline = match self.credit_withheld {
             Some(since) if self.closed.is_none() => {
                 let recheck = since + self.limits.credit_recheck();
                 Some(deadline.map_or(recheck, |d| d.min(recheck)))
+            }
+            _ => deadline,
+        };
+        match (self.message_progress, self.limits.message_timeout()) {
+            (Some(at), Some(limit)) if self.closed.is_none() => {
+                let due = at + limit;
+                Some(deadline.map_or(due, |d| d.min(due)))
             }
             _ => deadline,
         }
@@ -377,6 +388,7 @@ impl Connection {
         if self.credit_withheld.is_some() && self.closed.is_none() {
             self.grant_withheld_credit(now);
         }
+        self.check_message_progress(now);
         while let Some(id) = self.calls.pop_expired(now) {
             let status = Status::new(Code::DeadlineExceeded, "deadline exceeded");
             match self.side {
@@ -446,6 +458,32 @@ impl Connection {
     pub fn close(&mut self, error: ProtocolError) {
         if self.closed.is_none() {
             self.fail(error, true);
+        }
+    }
+
+    /// [`Limits::message_timeout`]: closes the connection when split messages are open and
+    /// none got a chunk for that long while this side gave credit.
+    fn check_message_progress(&mut self, now: Instant) {
+        let (Some(at), Some(limit)) = (self.message_progress, self.limits.message_timeout()) else {
+            return;
+        };
+        if now < at + limit || self.closed.is_some() {
+            return;
+        }
+        // The call that goes on while credit is withheld (one per connection) has credit.
+        let one_could_send = self
+            .progressing
+            .is_some_and(|p| self.calls.get(p).is_some_and(|c| c.assembling.is_some()));
+        if !self.calls.any_assembling() {
+            self.message_progress = None;
+        } else if self.credit_withheld.is_some() && !one_could_send {
+            // Our doing, not the sender's: its time starts again once credit flows.
+            self.message_progress = Some(now);
+        } else {
+            self.close(ProtocolError::new(
+                ErrorCode::TIMEOUT,
+                format!("a split message got no chunk for {limit:?} (frame_timeout)"),
+            ));
         }
     }
 

@@ -22,6 +22,19 @@ plan_show setup-python || true
 [ -z "$venv_apt" ] || apt_install "$venv_apt"
 [ -z "$new_venv" ] || "$PY" -m venv "$VENV"
 [ ${#venv_missing[@]} -eq 0 ] || "$VENV/bin/python" -m pip install -q "${venv_missing[@]}"
+# The distribution was named `topspin` before `topspin-rpc` (`topspin` on PyPI is another
+# project): a venv made then has its record (a .pth file), which `maturin develop` leaves.
+if "$VENV/bin/python" -m pip show -q topspin >/dev/null 2>&1; then
+  echo "setup-python: removing the distribution's old name (topspin) from the venv"
+  "$VENV/bin/python" -m pip uninstall -q -y topspin
+fi
+# protobuf's wheel for scripts/test-python.sh's check of the built wheel in a fresh venv
+# (installed there with --no-index): the version in this venv, downloaded once.
+pb=$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("protobuf"))')
+if ! compgen -G "$VENV/wheelhouse/protobuf-$pb-*.whl" >/dev/null; then
+  echo "setup-python: protobuf $pb's wheel into $VENV/wheelhouse (pip download)"
+  "$VENV/bin/python" -m pip download -q --no-deps --only-binary=:all: -d "$VENV/wheelhouse" "protobuf==$pb"
+fi
 # Build the extension (release, abi3) and install it into the venv; cargo rebuilds only what
 # changed. The root target directory is shared so dependencies are not compiled twice.
 echo "setup-python: the topspin extension (maturin develop --release)"

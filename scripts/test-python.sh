@@ -49,6 +49,25 @@ step "pytest: the lifecycle tests (Ctrl-C, SIGINT) with SIGINT ignored, as in a 
 step "benchmark smoke run (0.1 s per workload; no timings checked)"
 $PY bench/bench.py --seconds 0.1 >/dev/null
 cd ../..
+step "the wheel (topspin-rpc): maturin build, pip install into a fresh venv offline, topspin-gen, a call"
+# What a user of the published wheel gets: no checkout on sys.path, no build tools, only the
+# wheel and protobuf (its wheel saved by setup-python.sh; --no-index, so nothing is fetched).
+t0=$SECONDS
+wheel_dir=$(mktemp -d)
+trap 'rm -rf "$wheel_dir"' EXIT
+(cd bindings/python && VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" \
+  .venv/bin/maturin build --release -q -o "$wheel_dir")
+wheels=("$wheel_dir"/topspin_rpc-*.whl)
+[ ${#wheels[@]} -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "expected one topspin_rpc wheel: ${wheels[*]}" >&2; exit 1; }
+WHEEL=${wheels[0]}
+echo "$(basename "$WHEEL"): $(du -k "$WHEEL" | cut -f1) KiB"
+bindings/python/.venv/bin/python -m venv "$wheel_dir/venv"
+"$wheel_dir/venv/bin/python" -m pip install -q --no-index \
+  --find-links bindings/python/.venv/wheelhouse "$WHEEL"
+cp bindings/python/tests/wheel/hello.proto bindings/python/tests/wheel/hello.py "$wheel_dir/"
+(cd "$wheel_dir" && env -u PYTHONPATH venv/bin/topspin-gen -I . hello.proto -o gen \
+  && env -u PYTHONPATH timeout 60 venv/bin/python hello.py)
+echo "wheel check: $((SECONDS - t0)) s"
 # A CPython 3.9 if the machine has one (plain, or installed by pyenv).
 PY39=""
 if python3.9 -c '' >/dev/null 2>&1; then
@@ -59,11 +78,11 @@ elif command -v pyenv >/dev/null 2>&1; then
 fi
 if [ -n "$PY39" ]; then
   step "the abi3 wheel on CPython 3.9 (the oldest supported)"
-  rm -rf "$CARGO_TARGET_DIR"/wheels/topspin-*.whl
-  (cd bindings/python && .venv/bin/maturin build --release -q)
   V39=bindings/python/.venv39
   [ -x "$V39/bin/python" ] || "$PY39" -m venv "$V39"
-  "$V39/bin/python" -m pip install -q --force-reinstall --no-deps "$CARGO_TARGET_DIR"/wheels/topspin-*.whl
+  # The distribution's old name (before topspin-rpc) out first: it owns the same files.
+  "$V39/bin/python" -m pip uninstall -q -y topspin >/dev/null 2>&1 || true
+  "$V39/bin/python" -m pip install -q --force-reinstall --no-deps "$WHEEL"
   "$V39/bin/python" -m pip show -q pytest protobuf >/dev/null 2>&1 || "$V39/bin/python" -m pip install -q pytest protobuf
   (cd bindings/python && .venv39/bin/python -m pytest -q -p no:cacheprovider \
     tests/test_client_kvstore.py tests/test_server.py tests/test_lifecycle.py tests/test_readme.py \

@@ -19,15 +19,18 @@ def test_quick_start(tmp_path: Path) -> None:
     shells = re.findall(r"```sh\n(.*?)```", quick, re.S)
     code = re.findall(r"```python\n(.*?)```", quick, re.S)
     assert len(code) == 1 and len(shells) == 2
-    gen = [ln for ln in shells[0].splitlines() if "topspin.gen" in ln]
+    gen = [ln for ln in shells[0].splitlines() if "topspin-gen" in ln]
     assert len(gen) == 1
     # `cd bindings/python` of the README: the same relative paths from a directory as deep.
     work = tmp_path / "bindings" / "python"
     work.mkdir(parents=True)
     (tmp_path / "examples").symlink_to(os.path.join(ROOT, "examples"))
     argv = shlex.split(gen[0])
-    assert argv[0] == ".venv/bin/python"
-    r = subprocess.run([sys.executable, *argv[1:]], cwd=work, capture_output=True, text=True)
+    assert argv[0] == ".venv/bin/topspin-gen"
+    # The console script of the environment running the tests (the set-up's venv, or a venv
+    # the wheel was installed into).
+    script = Path(sys.executable).parent / "topspin-gen"
+    r = subprocess.run([str(script), *argv[1:]], cwd=work, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     (work / "quickstart.py").write_text(code[0])
     run = shlex.split(shells[1].split("#")[0])

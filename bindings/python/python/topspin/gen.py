@@ -1,12 +1,13 @@
-"""Code generation without protoc: `python -m topspin.gen -I proto proto/x.proto -o out/`.
+"""Code generation without protoc: `topspin-gen -I proto proto/x.proto -o out/` (the console
+script of the `topspin-rpc` distribution; `python -m topspin.gen` is the same).
 
 The .proto files are parsed by the Rust side (protox). For each file `a/b/x.proto` it writes
 `a/b/x_pb2.py` (ordinary google `protobuf` messages, built from the descriptor exactly as
 protoc's Python output does), `a/b/x_pb2.pyi` (types of the messages) and, when the file has
 services, `a/b/x_topspin.py` (typed clients, servicer base classes, `add_*_to_server`).
 
-The `.pyi` stubs are mypy-protobuf's when it is installed (`pip install topspin[typing]`; its
-protoc plugin is given the request protoc would send it), else a simpler set of this module's
+The `.pyi` stubs are mypy-protobuf's when it is installed (`pip install topspin-rpc[typing]`;
+its protoc plugin is given the request protoc would send it), else a simpler set of this module's
 own (`--pyi builtin` asks for those, `--pyi mypy-protobuf` insists on mypy-protobuf's).
 """
 
@@ -385,7 +386,7 @@ def generate(
     if pyi not in PYI_KINDS:
         raise ValueError(f"pyi must be one of {', '.join(PYI_KINDS)}, not {pyi!r}")
     if pyi == "mypy-protobuf" and not have_mypy_protobuf():
-        raise ValueError("mypy-protobuf is not installed (pip install topspin[typing])")
+        raise ValueError("mypy-protobuf is not installed (pip install topspin-rpc[typing])")
     raw = _native.parse_protos(list(protos), list(includes))
     fds = descriptor_pb2.FileDescriptorSet.FromString(raw)
     types = _Types(fds)
@@ -423,8 +424,8 @@ def generate(
     return written
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m topspin.gen", description=__doc__)
+def main(argv: Optional[Sequence[str]] = None, *, prog: str = "python -m topspin.gen") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__)
     p.add_argument("protos", nargs="+", help=".proto files")
     p.add_argument("-I", "--include", action="append", default=[], help="import directory")
     p.add_argument("-o", "--out", required=True, help="output directory")
@@ -439,11 +440,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         files = generate(a.protos, a.include, a.out, pyi=a.pyi)
     except ValueError as e:
-        print(f"topspin.gen: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 1
     for f in files:
         print(f)
     return 0
+
+
+def cli() -> int:
+    """The `topspin-gen` console script (the same as `python -m topspin.gen`)."""
+    return main(prog="topspin-gen")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """OpenTelemetry for topspin calls, shaped as `opentelemetry-instrumentation-grpc`: interceptors
 that give each call a span and a duration measurement, and carry the W3C trace context.
 
-Needs `opentelemetry-api` (`pip install topspin[otel]`); the SDK, exporters and propagators are
+Needs `opentelemetry-api` (`pip install topspin-rpc[otel]`); the SDK, exporters and propagators are
 the application's choice. The propagator is the global one (`opentelemetry.propagate`; by
 default W3C `traceparent`/`tracestate` and baggage).
 

@@ -3,9 +3,11 @@
 # negotiation (§15) and the memory budget for split messages (§9), keep-alive (§5.9), Node
 # client ↔ Node server (TCP, Unix, ws://), interop with the Rust kvstore-server and the Rust
 # `topspin` CLI over TCP, Unix sockets and ws:// (the CLI calling the Node server's WebSocket
-# listener), the browser test (Chromium, WebSocket, and the README's web page with bidi
-# streaming) when the Rust server speaks ws://, and a short run of both benchmarks (every system
-# answers; the figures of a short run mean nothing).
+# listener), the npm package as a user installs it (pack/check.sh: npm pack, the tarball in a
+# fresh project, codegen for a small .proto, a Node server called), the browser test (Chromium,
+# WebSocket, and the README's web page with bidi streaming) when the Rust server speaks ws://,
+# and a short run of both benchmarks (every system answers; the figures of a short run mean
+# nothing).
 #
 # KVSTORE_SERVER / TOPSPIN_CLI may name prebuilt binaries; otherwise they are built here.
 # KVSTORE_SERVER_WS may name a kvstore-server built with the WebSocket transport for the
@@ -38,6 +40,9 @@ npx --no-install tsc -p tsconfig.json
 
 step "node --test: vectors, node ↔ node, interop with Rust"
 node --test --test-timeout=120000 dist/test/
+
+step "npm pack: the tarball installed in a fresh project, code generated for a .proto, a Node server called"
+pack/check.sh
 
 step "client runtime size (min+gzip)"
 node dist/bench/size.js

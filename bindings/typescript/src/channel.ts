@@ -76,7 +76,7 @@ export interface ChannelOptions {
   /** Compresses every call's request messages (§15) unless a call says otherwise. */
   compression?: Compression;
   /**
-   * Encoders and decoders for `compression`: `webCodecs` (`@topspin/client/compression`) in
+   * Encoders and decoders for `compression`: `webCodecs` (`@topspin/topspin/compression`) in
    * browsers, `nodeCodecs` (`connect` in Node passes it). Without them nothing can be compressed.
    */
   codecs?: Codecs;

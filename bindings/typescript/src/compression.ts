@@ -4,9 +4,9 @@
  * anything past the limit is kept; a bad flag or a corrupt body is `INTERNAL`.
  *
  * `zstd` (the `fzstd` package, pure JS) and `gzipWeb` (the platform's `DecompressionStream`)
- * work in browsers; Node's `zlib` gzip is in `@topspin/client/node` as `gzip`. Negotiation
+ * work in browsers; Node's `zlib` gzip is in `@topspin/topspin/node` as `gzip`. Negotiation
  * (§15): {@link Codecs} name what a peer can encode and decode; {@link webCodecs} is the browser
- * set, `nodeCodecs` (in `@topspin/client/node`) the Node one. Sending zstd needs an encoder that
+ * set, `nodeCodecs` (in `@topspin/topspin/node`) the Node one. Sending zstd needs an encoder that
  * neither set has (no well-kept pure-JS/wasm zstd *encoder* is used here; Node 20's zlib has
  * none), so both offer gzip for sending and decode both gzip and zstd.
  * @module

@@ -310,21 +310,8 @@ export function decodePayload(h: Header, payload: Uint8Array): Frame {
       effectiveSettings(entries);
       return { type: "SETTINGS", flags, callId, entries };
     }
-    case FrameType.CALL: {
-      const methodId = r.u16("CALL method_id");
-      const codec = r.u8("CALL codec");
-      r.u8("CALL rsv");
-      const timeoutUs = r.u64("CALL timeout_us");
-      let methodName: string | null = null;
-      if (flags & Flags.NAMED) {
-        const nl = r.u16("CALL name_len");
-        if (nl < 1 || nl > 1024) throw malformed(`method name of ${nl} bytes (1..=1024)`);
-        methodName = utf8(r.bytes(nl, "CALL name"), "method name");
-      }
-      const metadata = readMetadata(r);
-      r.end("CALL");
-      return { type: "CALL", flags, callId, methodId, methodName, codec, timeoutUs, metadata };
-    }
+    case FrameType.CALL:
+      return decodeCall(r, flags, callId);
     case FrameType.MESSAGE: {
       let totalLen: number | null = null;
       if (flags & Flags.SPLIT) totalLen = r.u32("MESSAGE total_len");
@@ -340,14 +327,8 @@ export function decodePayload(h: Header, payload: Uint8Array): Frame {
     case FrameType.HALF_CLOSE:
       r.end("HALF_CLOSE");
       return { type: "HALF_CLOSE", flags, callId };
-    case FrameType.END: {
-      const code = normalizeStatus(r.u16("END code"));
-      const ml = r.u16("END msg_len");
-      const message = utf8(r.bytes(ml, "END message"), "END message");
-      const trailers = readMetadata(r);
-      r.end("END");
-      return { type: "END", flags, callId, code, message, trailers };
-    }
+    case FrameType.END:
+      return decodeEnd(r, flags, callId);
     case FrameType.CANCEL: {
       if (payload.length !== 2) throw malformed(`CANCEL payload of ${payload.length} bytes`);
       return { type: "CANCEL", flags, callId, code: normalizeStatus(r.u16("CANCEL code")) };
@@ -380,6 +361,31 @@ export function decodePayload(h: Header, payload: Uint8Array): Frame {
     default:
       return { type: "EXTENSION", flags, callId, extType: h.type, payload: payload.slice() };
   }
+}
+
+function decodeCall(r: Reader, flags: number, callId: number): Frame {
+  const methodId = r.u16("CALL method_id");
+  const codec = r.u8("CALL codec");
+  r.u8("CALL rsv");
+  const timeoutUs = r.u64("CALL timeout_us");
+  let methodName: string | null = null;
+  if (flags & Flags.NAMED) {
+    const nl = r.u16("CALL name_len");
+    if (nl < 1 || nl > 1024) throw malformed(`method name of ${nl} bytes (1..=1024)`);
+    methodName = utf8(r.bytes(nl, "CALL name"), "method name");
+  }
+  const metadata = readMetadata(r);
+  r.end("CALL");
+  return { type: "CALL", flags, callId, methodId, methodName, codec, timeoutUs, metadata };
+}
+
+function decodeEnd(r: Reader, flags: number, callId: number): Frame {
+  const code = normalizeStatus(r.u16("END code"));
+  const ml = r.u16("END msg_len");
+  const message = utf8(r.bytes(ml, "END message"), "END message");
+  const trailers = readMetadata(r);
+  r.end("END");
+  return { type: "END", flags, callId, code, message, trailers };
 }
 
 /**
@@ -565,22 +571,10 @@ export function encodeParts(f: Frame): Uint8Array[] {
       }
       type = FrameType.SETTINGS;
       break;
-    case "CALL": {
-      const name = f.methodName === null ? null : enc.encode(f.methodName);
-      const md = encodedMetadata(f.metadata);
-      w = new Writer(12 + (name ? 2 + name.length : 0) + mdLen(md));
-      w.u16(f.methodId);
-      w.u8(f.codec);
-      w.u8(0);
-      w.u64(f.timeoutUs);
-      if (name) {
-        w.u16(name.length);
-        w.bytes(name);
-      }
-      writeMetadata(w, md);
+    case "CALL":
+      w = callPayload(f);
       type = FrameType.CALL;
       break;
-    }
     case "MESSAGE": {
       if (f.totalLen === null) return [encodeHeader(f.chunk.length, FrameType.MESSAGE, f.flags, f.callId), f.chunk];
       const h = new Uint8Array(HEADER_LEN + 4);
@@ -601,17 +595,10 @@ export function encodeParts(f: Frame): Uint8Array[] {
       w = new Writer(0);
       type = FrameType.HALF_CLOSE;
       break;
-    case "END": {
-      const msg = truncateUtf8(enc.encode(f.message), 0xffff);
-      const md = encodedMetadata(f.trailers);
-      w = new Writer(4 + msg.length + mdLen(md));
-      w.u16(f.code);
-      w.u16(msg.length);
-      w.bytes(msg);
-      writeMetadata(w, md);
+    case "END":
+      w = endPayload(f);
       type = FrameType.END;
       break;
-    }
     case "CANCEL":
       w = new Writer(2);
       w.u16(f.code);
@@ -627,25 +614,14 @@ export function encodeParts(f: Frame): Uint8Array[] {
       w.bytes(f.data);
       type = FrameType.PING;
       break;
-    case "GOAWAY": {
-      const reason = truncateUtf8(enc.encode(f.reason), 0xffff);
-      w = new Writer(8 + reason.length);
-      w.u32(f.lastCallId);
-      w.u16(f.code);
-      w.u16(reason.length);
-      w.bytes(reason);
+    case "GOAWAY":
+      w = reasonPayload(f.lastCallId, f.code, f.reason);
       type = FrameType.GOAWAY;
       break;
-    }
-    case "ERROR": {
-      const reason = truncateUtf8(enc.encode(f.reason), 0xffff);
-      w = new Writer(4 + reason.length);
-      w.u16(f.code);
-      w.u16(reason.length);
-      w.bytes(reason);
+    case "ERROR":
+      w = reasonPayload(null, f.code, f.reason);
       type = FrameType.ERROR;
       break;
-    }
     case "EXTENSION":
       return [encodeHeader(f.payload.length, f.extType, f.flags, f.callId), f.payload];
   }
@@ -653,4 +629,42 @@ export function encodeParts(f: Frame): Uint8Array[] {
   out.set(encodeHeader(w.pos, type, f.flags, f.callId));
   out.set(w.buf.subarray(0, w.pos), HEADER_LEN);
   return [out];
+}
+
+function callPayload(f: Extract<Frame, { type: "CALL" }>): Writer {
+  const name = f.methodName === null ? null : enc.encode(f.methodName);
+  const md = encodedMetadata(f.metadata);
+  const w = new Writer(12 + (name ? 2 + name.length : 0) + mdLen(md));
+  w.u16(f.methodId);
+  w.u8(f.codec);
+  w.u8(0);
+  w.u64(f.timeoutUs);
+  if (name) {
+    w.u16(name.length);
+    w.bytes(name);
+  }
+  writeMetadata(w, md);
+  return w;
+}
+
+function endPayload(f: Extract<Frame, { type: "END" }>): Writer {
+  const msg = truncateUtf8(enc.encode(f.message), 0xffff);
+  const md = encodedMetadata(f.trailers);
+  const w = new Writer(4 + msg.length + mdLen(md));
+  w.u16(f.code);
+  w.u16(msg.length);
+  w.bytes(msg);
+  writeMetadata(w, md);
+  return w;
+}
+
+/** GOAWAY's (with `lastCallId`) or ERROR's payload: the code and the reason, cut to 65535 bytes. */
+function reasonPayload(lastCallId: number | null, code: number, reason: string): Writer {
+  const r = truncateUtf8(enc.encode(reason), 0xffff);
+  const w = new Writer((lastCallId === null ? 4 : 8) + r.length);
+  if (lastCallId !== null) w.u32(lastCallId);
+  w.u16(code);
+  w.u16(r.length);
+  w.bytes(r);
+  return w;
 }

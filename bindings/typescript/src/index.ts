@@ -1,7 +1,7 @@
 /**
  * topspin for browsers and Node: the protocol engine, the client, typed service clients and the
  * WebSocket transport. Node-only pieces (TCP, Unix sockets, the server) are in
- * `@topspin/client/node`.
+ * `@topspin/topspin/node`.
  * @module
  */
 export * from "./frame.js";

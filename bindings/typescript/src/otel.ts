@@ -1,5 +1,5 @@
 /**
- * OpenTelemetry for topspin calls, as interceptors (`@topspin/client/otel`): a span per call, W3C
+ * OpenTelemetry for topspin calls, as interceptors (`@topspin/topspin/otel`): a span per call, W3C
  * trace context (`traceparent`, `tracestate`) in the request metadata, and a duration histogram.
  * Depends on `@opentelemetry/api` only (an optional peer dependency): the application brings the
  * SDK (a tracer provider, a meter provider, a propagator, a context manager) and registers it, or
@@ -46,7 +46,7 @@ import type { Interceptor, InterceptorRequest, InterceptorResponse } from "./int
 import { Code, TopspinError } from "./status.js";
 
 /** The name given to tracers and meters. */
-export const INSTRUMENTATION_NAME = "@topspin/client";
+export const INSTRUMENTATION_NAME = "@topspin/topspin";
 
 /** Options of {@link otelClientInterceptor} and {@link otelServerInterceptor}. */
 export interface OtelOptions {

@@ -30,3 +30,18 @@ test("README quotes examples/otel.ts verbatim", () => {
   const ex = readFileSync(join(pkg, "examples", "otel.ts"), "utf8");
   assert.ok(readme.includes("```ts\n" + ex + "```"), "README.md must contain examples/otel.ts as a ts block");
 });
+
+test("README quotes pack/ (install, and your own .proto) verbatim: the files pack/check.sh runs", () => {
+  const readme = readFileSync(join(pkg, "README.md"), "utf8");
+  const blocks: [string, string][] = [
+    ["proto", "pack/proto/greet/v1/greet.proto"],
+    ["yaml", "pack/buf.gen.yaml"],
+    ["json", "pack/tsconfig.json"],
+    ["ts", "pack/main.ts"],
+    ["text", "pack/main.out"],
+  ];
+  for (const [lang, file] of blocks) {
+    const text = readFileSync(join(pkg, file), "utf8");
+    assert.ok(readme.includes("```" + lang + "\n" + text + "```"), `README.md must contain ${file} as a ${lang} block`);
+  }
+});

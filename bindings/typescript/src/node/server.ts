@@ -21,7 +21,7 @@ import { Code, DETAILS_KEY, TopspinError } from "../status.js";
 import { methodPath } from "../client.js";
 import { parseAddress, socketDuplex } from "./net.js";
 import { HeldDuplex, WS_SUBPROTOCOL, sendAsMessages, type Duplex } from "../transport.js";
-import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, accepts, decodeMessage, encodeMessage, type Codecs, type Compression } from "../compression.js";
+import { ACCEPT_ENCODING_KEY, ENCODING_KEY, acceptList, accepts, type Codecs, type Compression } from "../compression.js";
 import { nodeServerCodecs } from "./gzip.js";
 import { GrpcFace, loadGrpc } from "./grpc-face.js";
 import { refuseGrpc, sniff, type Face } from "./sniff.js";
@@ -31,6 +31,7 @@ import { processMemoryBudget } from "../connection.js";
 import { DEFAULT_SETTINGS } from "../frame.js";
 import type { Interceptor, MethodKind } from "../interceptor.js";
 import { interceptRoute } from "./server-interceptor.js";
+import { callIO, handlerContext, metadataValue, runHandler, type CallIO, type CallSetup, type ServerCall } from "./server-call.js";
 
 /** What a handler knows about its call, and what it can set. */
 export interface HandlerContext {
@@ -326,19 +327,6 @@ function guardWebSocketInput(ws: WebSocket, socket: NodeDuplex, budget: MemoryBu
     unsubscribe?.();
     charge(0);
   });
-}
-
-interface ServerCall {
-  id: number;
-  input: AsyncQueue<Uint8Array>;
-  credit: number[];
-  /** Made when the handler first looks at `ctx.signal` (most never do). */
-  abort: AbortController | null;
-  /** Why the call ended early, once it did. */
-  reason: TopspinError | null;
-  done: boolean;
-  writeWaiter: (() => void) | null;
-  timer: ReturnType<typeof setTimeout> | undefined;
 }
 
 /** One connection being served. */
@@ -743,131 +731,67 @@ export class Server {
     if (w) w();
   }
 
+  /** A call arrived: refused `UNIMPLEMENTED` (method, codec, encoding), or its handler runs. */
   private startCall(c: ServerConn, e: Extract<Event, { type: "CallStarted" }>): void {
     const { engine, driver } = c;
-    const route = this.routes.get(e.method);
-    if (route === undefined || e.codec !== 0) {
-      engine.endCall(e.callId, Code.UNIMPLEMENTED, route === undefined ? `unknown method ${e.method}` : `codec ${e.codec} is not supported for ${e.method}`);
+    const setup = this.callSetup(e);
+    if ("refusal" in setup) {
+      engine.endCall(e.callId, Code.UNIMPLEMENTED, setup.refusal, setup.trailers);
       driver.pump();
       return;
     }
-    const header = (k: string): string | undefined => {
-      const v = e.metadata.find((m) => m.key === k)?.value;
-      return typeof v === "string" ? v : undefined;
-    };
-    const reqEnc = header(ENCODING_KEY);
+    const call: ServerCall = { id: e.callId, input: new AsyncQueue(), credit: [], abort: null, reason: null, done: false, writeWaiter: null, timer: undefined };
+    c.calls.set(call.id, call);
+    const ctx = handlerContext(call, e, this.armDeadline(c, call, e.timeoutUs));
+    const io = callIO(engine, driver, call, setup, ctx);
+    runHandler(setup.route, io, ctx, driver, call).then(
+      () => this.endCall(c, call, io, ctx, null),
+      (err: unknown) => this.endCall(c, call, io, ctx, TopspinError.from(err)),
+    );
+  }
+
+  /** The call's route and codecs (§15), or why it is refused (`UNIMPLEMENTED`) and the trailers saying so. */
+  private callSetup(e: Extract<Event, { type: "CallStarted" }>): CallSetup | { refusal: string; trailers: Metadata } {
+    const route = this.routes.get(e.method);
+    if (route === undefined || e.codec !== 0) {
+      return { refusal: route === undefined ? `unknown method ${e.method}` : `codec ${e.codec} is not supported for ${e.method}`, trailers: [] };
+    }
+    const reqEnc = metadataValue(e.metadata, ENCODING_KEY);
     const reqDecoder = reqEnc === undefined || reqEnc === "identity" ? null : this.codecs.decoders[reqEnc];
     if (reqDecoder === undefined) {
       const accepted = acceptList(this.codecs);
-      engine.endCall(e.callId, Code.UNIMPLEMENTED, `request encoding ${String(reqEnc)} is not supported; accepted: ${accepted}`, [{ key: ACCEPT_ENCODING_KEY, value: accepted }]);
-      driver.pump();
-      return;
+      return { refusal: `request encoding ${String(reqEnc)} is not supported; accepted: ${accepted}`, trailers: [{ key: ACCEPT_ENCODING_KEY, value: accepted }] };
     }
     const ours = this.options.compression;
-    const respEncoder = ours !== undefined && accepts(header(ACCEPT_ENCODING_KEY), ours) ? (this.codecs.encoders[ours] ?? null) : null;
-    const limit = engine.local.maxMessageSize;
-    const call: ServerCall = { id: e.callId, input: new AsyncQueue(), credit: [], abort: null, reason: null, done: false, writeWaiter: null, timer: undefined };
-    c.calls.set(call.id, call);
-    const timeoutMs = Number(e.timeoutUs) / 1000;
-    const deadline = e.timeoutUs > 0n ? Date.now() + timeoutMs : undefined;
+    const respEncoder = ours !== undefined && accepts(metadataValue(e.metadata, ACCEPT_ENCODING_KEY), ours) ? (this.codecs.encoders[ours] ?? null) : null;
+    return { route, reqDecoder, respEncoder, ours };
+  }
+
+  /** The call's deadline (ms since the epoch), if it has one: then it ends `DEADLINE_EXCEEDED` when it passes. */
+  private armDeadline(c: ServerConn, call: ServerCall, timeoutUs: bigint): number | undefined {
+    const timeoutMs = Number(timeoutUs) / 1000;
+    const deadline = timeoutUs > 0n ? Date.now() + timeoutMs : undefined;
     if (deadline !== undefined) {
       call.timer = setTimeout(() => {
         if (call.done) return;
-        engine.endCall(call.id, Code.DEADLINE_EXCEEDED, "deadline exceeded");
+        c.engine.endCall(call.id, Code.DEADLINE_EXCEEDED, "deadline exceeded");
         this.finish(c, call, new TopspinError(Code.DEADLINE_EXCEEDED, "deadline exceeded"));
-        driver.pump();
+        c.driver.pump();
       }, Math.min(timeoutMs, 2 ** 31 - 1));
     }
-    const ctx: HandlerContext = {
-      method: e.method,
-      requestHeaders: e.metadata,
-      get signal(): AbortSignal {
-        if (call.abort === null) {
-          call.abort = new AbortController();
-          if (call.reason !== null) call.abort.abort(call.reason);
-        }
-        return call.abort.signal;
-      },
-      deadline,
-      responseHeaders: [],
-      responseTrailers: [],
-    };
-    let headersSent = false;
-    const sendHeaders = (): void => {
-      if (headersSent) return;
-      headersSent = true;
-      if (respEncoder !== null && ours !== undefined) engine.sendHeaders(call.id, [...ctx.responseHeaders, { key: ENCODING_KEY, value: ours }]);
-      else if (ctx.responseHeaders.length > 0) engine.sendHeaders(call.id, ctx.responseHeaders);
-    };
-    const inputs = (async function* () {
-      for (;;) {
-        const r = await call.input.next();
-        if (r.done) return;
-        const due = call.credit.shift();
-        if (due !== undefined && due > 0 && !call.done) {
-          engine.consumed(call.id, due);
-          driver.pump();
-        }
-        yield route.decode(reqDecoder === null ? r.value : await decodeMessage(r.value, reqDecoder, limit));
-      }
-    })();
-    const send = async (v: unknown): Promise<void> => {
-      const plain = route.encode(v);
-      const bytes = respEncoder === null ? plain : await encodeMessage(plain, respEncoder);
-      while (driver.full && !call.done) await driver.room(); // the peer is not reading (§7)
-      sendHeaders();
-      for (;;) {
-        if (call.done) throw call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
-        if (engine.sendMessage(call.id, bytes)) {
-          driver.pump();
-          return;
-        }
-        await new Promise<void>((r) => (call.writeWaiter = r));
-      }
-    };
-    const one = async (): Promise<unknown> => {
-      const first = await inputs.next();
-      if (first.done) throw new TopspinError(Code.INVALID_ARGUMENT, "a unary request needs exactly one message, got none");
-      const more = await inputs.next();
-      if (!more.done) throw new TopspinError(Code.INVALID_ARGUMENT, "a unary request needs exactly one message, got more");
-      return first.value;
-    };
-    const run = async (): Promise<void> => {
-      if (driver.full) await driver.room(); // no new handler while the peer does not read (§7)
-      if (call.done) return;
-      const h = route.handler;
-      switch (route.kind) {
-        case "unary":
-          await send(await h(await one(), ctx));
-          break;
-        case "client_streaming":
-          await send(await h(inputs, ctx));
-          break;
-        case "server_streaming":
-          for await (const v of h(await one(), ctx) as AsyncIterable<unknown>) await send(v);
-          break;
-        case "bidi_streaming":
-          for await (const v of h(inputs, ctx) as AsyncIterable<unknown>) await send(v);
-          break;
-      }
-    };
-    run().then(
-      () => {
-        if (call.done) return;
-        sendHeaders();
-        engine.endCall(call.id, Code.OK, "", ctx.responseTrailers);
-        this.finish(c, call, null);
-        driver.pump();
-      },
-      (err: unknown) => {
-        if (call.done) return;
-        const t = TopspinError.from(err);
-        sendHeaders();
-        const details = t.details !== undefined && !t.metadata.some((m) => m.key === DETAILS_KEY) ? [{ key: DETAILS_KEY, value: t.details }] : [];
-        engine.endCall(call.id, t.code === Code.OK ? Code.UNKNOWN : t.code, t.rawMessage, [...ctx.responseTrailers, ...t.metadata, ...details]);
-        this.finish(c, call, null);
-        driver.pump();
-      },
-    );
+    return deadline;
+  }
+
+  /** The handler returned (`err` null: OK with the trailers) or threw `err`: END with its status. */
+  private endCall(c: ServerConn, call: ServerCall, io: CallIO, ctx: HandlerContext, err: TopspinError | null): void {
+    if (call.done) return;
+    io.sendHeaders();
+    if (err === null) c.engine.endCall(call.id, Code.OK, "", ctx.responseTrailers);
+    else {
+      const details = err.details !== undefined && !err.metadata.some((m) => m.key === DETAILS_KEY) ? [{ key: DETAILS_KEY, value: err.details }] : [];
+      c.engine.endCall(call.id, err.code === Code.OK ? Code.UNKNOWN : err.code, err.rawMessage, [...ctx.responseTrailers, ...err.metadata, ...details]);
+    }
+    this.finish(c, call, null);
+    c.driver.pump();
   }
 }

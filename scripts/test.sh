@@ -34,9 +34,9 @@ describe() {
     vectors) echo "testdata/vectors are what their generator writes" ;;
     bench-smoke) echo "every benchmark system returns correct data (debug, shared and separate processes)" ;;
     fuzz-build) echo "the cargo-fuzz targets build (needs a nightly toolchain, else skipped)" ;;
-    go) echo "scripts/test-go.sh: gofmt, vet, staticcheck, go test -race, fuzz, interop" ;;
-    python) echo "scripts/test-python.sh: ruff, mypy, pytest (also with SIGINT ignored), bench smoke" ;;
-    typescript) echo "scripts/test-typescript.sh: tsc, eslint, node --test, Chromium, bench smoke" ;;
+    go) echo "scripts/test-go.sh: gofmt, vet, staticcheck, function and file lengths, go test -race (the README followed as written), fuzz, interop" ;;
+    python) echo "scripts/test-python.sh: ruff, mypy, clippy, pytest (also with SIGINT ignored), the wheel installed with pip in a fresh venv, bench smoke" ;;
+    typescript) echo "scripts/test-typescript.sh: tsc, eslint, node --test, Chromium, npm pack installed into a fresh project, bench smoke" ;;
     matrix) echo "scripts/test-matrix.sh: every client × server × transport (Rust, Go, Node, Chromium, Python)" ;;
     grpc) echo "scripts/test-grpc.sh: grpcurl, grpcio and grpc-go against the gRPC face" ;;
     grpcclient) echo "scripts/test-grpcclient.sh: topspin's gRPC client against tonic and grpc-go" ;;

@@ -64,7 +64,10 @@ impl Connection {
             return;
         };
         if spent {
-            self.credit_withheld.get_or_insert(now);
+            if self.credit_withheld.is_none() {
+                self.credit_withheld = Some(now);
+                self.refresh_due();
+            }
             return;
         }
         let give = asm
@@ -104,6 +107,7 @@ impl Connection {
     pub(super) fn grant_withheld_credit(&mut self, now: Instant) {
         // Each call still short of room sets it again.
         self.credit_withheld = None;
+        self.refresh_due();
         for id in self.calls.ids_above(0) {
             self.advance_credit_if_stalled(id, now);
         }

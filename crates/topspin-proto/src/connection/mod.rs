@@ -131,9 +131,12 @@ pub struct Connection {
     credit_withheld: Option<Instant>,
     /// The call whose split message goes on even while the budget is spent.
     progressing: Option<u32>,
-    /// When a chunk of a still-incomplete split message last arrived (cleared lazily, when
-    /// [`Limits::message_timeout`] finds no split message open).
-    message_progress: Option<Instant>,
+    /// When a split message that is still incomplete times out: its last chunk plus
+    /// [`Limits::message_timeout`] (cleared lazily, when it rings and finds none open).
+    message_due: Option<Instant>,
+    /// The earlier of the credit recheck (while credit is withheld) and `message_due`, kept
+    /// up to date as either changes: `poll_timeout` runs a few times per call.
+    due: Option<Instant>,
 }
 
 /// A connection's incomplete messages hold at most this fraction of the memory budget (one
@@ -181,7 +184,8 @@ impl Connection {
             pings_outstanding: 0,
             credit_withheld: None,
             progressing: None,
-            message_progress: None,
+            message_due: None,
+            due: None,
         };
         c.out.staging.extend_from_slice(&PREFACE);
         frame::encode_settings(&mut c.out.staging, &local);
@@ -192,6 +196,7 @@ impl Connection {
     /// the next frame on.
     pub fn set_limits(&mut self, limits: Limits) {
         self.limits = limits;
+        self.refresh_due();
     }
 
     /// This side's engine-local limits.
@@ -365,20 +370,21 @@ impl Connection {
     #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let deadline = self.calls.next_deadline();
-        let deadline = match self.credit_withheld {
-            Some(since) if self.closed.is_none() => {
-                let recheck = since + self.limits.credit_recheck();
-                Some(deadline.map_or(recheck, |d| d.min(recheck)))
-            }
-            _ => deadline,
-        };
-        match (self.message_progress, self.limits.message_timeout()) {
-            (Some(at), Some(limit)) if self.closed.is_none() => {
-                let due = at + limit;
-                Some(deadline.map_or(due, |d| d.min(due)))
-            }
+        match self.due {
+            Some(due) if self.closed.is_none() => Some(deadline.map_or(due, |d| d.min(due))),
             _ => deadline,
         }
+    }
+
+    /// Works `due` out again after `credit_withheld` or `message_due` changed.
+    pub(super) fn refresh_due(&mut self) {
+        let recheck = self
+            .credit_withheld
+            .map(|since| since + self.limits.credit_recheck());
+        self.due = match (recheck, self.message_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
 
     /// Expires every call whose deadline is at or before `now` (protocol.md §8.1): the client
@@ -464,10 +470,10 @@ impl Connection {
     /// [`Limits::message_timeout`]: closes the connection when split messages are open and
     /// none got a chunk for that long while this side gave credit.
     fn check_message_progress(&mut self, now: Instant) {
-        let (Some(at), Some(limit)) = (self.message_progress, self.limits.message_timeout()) else {
+        let (Some(due), Some(limit)) = (self.message_due, self.limits.message_timeout()) else {
             return;
         };
-        if now < at + limit || self.closed.is_some() {
+        if now < due || self.closed.is_some() {
             return;
         }
         // The call that goes on while credit is withheld (one per connection) has credit.
@@ -475,15 +481,26 @@ impl Connection {
             .progressing
             .is_some_and(|p| self.calls.get(p).is_some_and(|c| c.assembling.is_some()));
         if !self.calls.any_assembling() {
-            self.message_progress = None;
+            self.message_due = None;
+            self.refresh_due();
         } else if self.credit_withheld.is_some() && !one_could_send {
             // Our doing, not the sender's: its time starts again once credit flows.
-            self.message_progress = Some(now);
+            self.message_due = Some(now + limit);
+            self.refresh_due();
         } else {
             self.close(ProtocolError::new(
                 ErrorCode::TIMEOUT,
                 format!("a split message got no chunk for {limit:?} (frame_timeout)"),
             ));
+        }
+    }
+
+    /// A chunk of a split message that is not complete yet arrived: its timeout starts again.
+    #[inline]
+    fn message_progressed(&mut self, now: Instant) {
+        if let Some(limit) = self.limits.message_timeout() {
+            self.message_due = Some(now + limit);
+            self.refresh_due();
         }
     }
 

@@ -350,7 +350,7 @@ impl Connection {
                 let mut asm = Assembly::new(total, m.end_stream, cost as u64, share);
                 asm.push(&m.chunk);
                 call.assembling = Some(Box::new(asm));
-                self.message_progress = Some(now);
+                self.message_progressed(now);
                 self.advance_credit_if_stalled(id, now);
             }
         }
@@ -401,7 +401,7 @@ impl Connection {
                 self.events.push_back(Event::HalfClosed { id: CallId(id) });
             }
         } else {
-            self.message_progress = Some(now);
+            self.message_progressed(now);
             self.advance_credit_if_stalled(id, now);
         }
         Ok(())

@@ -266,6 +266,16 @@ impl TestServer {
     }
 }
 
+/// What a client of transport `t` dials to reach a server bound to `bound` (`grpc://` for the
+/// gRPC face of a TCP port).
+pub fn dial_addr(t: Transport, bound: &str) -> Address {
+    let dial = match t {
+        Transport::Grpc => bound.replacen("tcp://", "grpc://", 1),
+        _ => bound.to_owned(),
+    };
+    dial.parse().expect("a valid address")
+}
+
 /// An endpoint for `addr` over transport `t` (with the test certificate's client settings).
 pub fn endpoint_for(t: Transport, addr: Address) -> Endpoint {
     let e = Endpoint::new(addr).expect("a valid address");
@@ -296,15 +306,11 @@ pub async fn serve_at(builder: ServerBuilder, t: Transport, addr: &str) -> TestS
         .unwrap_or_else(|e| panic!("[{t}] bind {addr}: {e}"));
     let bound = server.local_addr().to_string();
     let (addr, acceptor) = match t {
-        Transport::Grpc => {
-            let hp = server.local_addr().host_port().expect("a TCP port");
-            (format!("grpc://{hp}").parse().expect("address"), None)
-        }
         Transport::Stream => (
             Address::Unix("(a stream has no address)".into()),
             Some(server.stream_acceptor()),
         ),
-        _ => (server.local_addr().clone(), None),
+        _ => (dial_addr(t, &bound), None),
     };
     let handle = server.shutdown_handle();
     let task = tokio::spawn(server.serve());

@@ -260,6 +260,15 @@ impl TestServer {
         }
     }
 
+    /// `Stream` only: the client's end of a new pipe the server serves, for a test to write
+    /// raw bytes into.
+    pub fn pipe(&self) -> tokio::io::DuplexStream {
+        let acceptor = self.acceptor.as_ref().expect("a Stream server");
+        let (a, b) = tokio::io::duplex(256 * 1024);
+        tokio::spawn(acceptor.serve(a));
+        b
+    }
+
     pub async fn stop(self) {
         self.handle.shutdown(Duration::from_secs(1)).await;
         let _ = self.task.await;

@@ -18,6 +18,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Raw for T {}
 
 /// The transports where a test can write the protocol's bytes by hand, and why not elsewhere.
 const SKIPS: &[Skip] = &[
+    (Transport::UnixAbstract, TRIMMED),
     (
         Transport::Tls,
         "hand-written frames go under a byte stream; tls.rs covers TLS's own bad input",

@@ -108,6 +108,18 @@ pub type Skip = (Transport, &'static str);
 pub const STREAM_NO_ADDRESS: &str =
     "a Channel::from_stream has no address: it cannot reconnect, pool or be dialled lazily";
 
+/// Why a slow cell is left out on a transport whose layers another cell already runs: the
+/// abstract socket is the Unix socket's code with another address, wss:// is ws:// over tls://.
+pub const TRIMMED: &str =
+    "trimmed for test time: the same layers run on tcp/unix (abstract: unix's code) and ws + tls (wss)";
+
+/// `skips` plus `trimmed`, each with [`TRIMMED`] as its reason.
+pub fn trim(skips: &[Skip], trimmed: &[Transport]) -> Vec<Skip> {
+    let mut all = skips.to_vec();
+    all.extend(trimmed.iter().map(|t| (*t, TRIMMED)));
+    all
+}
+
 /// Runs `test` once per transport of [`ALL`] not in `skips` (each skipped one is printed with
 /// its reason), each bounded to `CELL_SECS`. Every transport runs even after one failed; the
 /// test then fails naming each transport that failed and how.
@@ -313,6 +325,11 @@ pub async fn serve_at(builder: ServerBuilder, t: Transport, addr: &str) -> TestS
         .bind(addr)
         .await
         .unwrap_or_else(|e| panic!("[{t}] bind {addr}: {e}"));
+    started(server, t)
+}
+
+/// Serves a server already bound (on an address of transport `t`) as a [`TestServer`].
+pub fn started(server: Server, t: Transport) -> TestServer {
     let bound = server.local_addr().to_string();
     let (addr, acceptor) = match t {
         Transport::Stream => (

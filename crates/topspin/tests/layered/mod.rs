@@ -8,6 +8,7 @@ use futures_util::StreamExt;
 use topspin::codec::RawCodec;
 use topspin::{Channel, Request};
 
+#[allow(unused_imports)] // not every transport test uses both
 pub use super::common::{Ca, Pair};
 
 /// Every call kind of the test service, over `ch`.

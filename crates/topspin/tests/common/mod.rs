@@ -80,11 +80,6 @@ pub const ALL: &[Transport] = &[
     Transport::Grpc,
 ];
 
-/// The transports with an address a channel can dial again (every one but `Stream`).
-pub fn addressable() -> impl Iterator<Item = Transport> {
-    ALL.iter().copied().filter(|t| *t != Transport::Stream)
-}
-
 impl std::fmt::Display for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -1,4 +1,5 @@
-//! Dropping a call's future cancels it; the server's handler sees it promptly.
+//! Dropping a call's future cancels it; the server's handler sees it promptly — over every
+//! transport (the call whose deadline passed on arrival is written by hand, on TCP).
 
 mod common;
 
@@ -9,7 +10,7 @@ use topspin::Request;
 
 #[tokio::test]
 async fn dropping_a_unary_call_cancels_the_handler() {
-    for t in BOTH {
+    each_transport(&[], |t| async move {
         let probe = Probe::default();
         let server = serve(builder(probe.clone()), t).await;
         let ch = server.channel().await;
@@ -33,14 +34,15 @@ async fn dropping_a_unary_call_cancels_the_handler() {
         // The channel is unaffected.
         assert_eq!(unary(&ch, UNARY, "after").await.unwrap(), bytes("after"));
         server.stop().await;
-    }
+    })
+    .await;
 }
 
 /// On a connection already up and quiet, a unary call is written by its caller and its guard
 /// cancels it by the call's id (no token look-up): dropping it still reaches the handler.
 #[tokio::test]
 async fn dropping_a_unary_call_started_directly_cancels_the_handler() {
-    for t in BOTH {
+    each_transport(&[], |t| async move {
         let probe = Probe::default();
         let server = serve(builder(probe.clone()), t).await;
         let ch = server.channel().await;
@@ -62,28 +64,32 @@ async fn dropping_a_unary_call_started_directly_cancels_the_handler() {
             assert_eq!(unary(&ch, UNARY, "after").await.unwrap(), bytes("after"));
         }
         server.stop().await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn dropping_a_response_stream_cancels_the_call() {
-    let server = serve(builder(Probe::default()), Transport::Tcp).await;
-    let ch = server.channel().await;
-    let mut s = ch
-        .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("1000000:10")))
-        .await
-        .unwrap()
-        .into_inner();
-    for _ in 0..10 {
-        s.message().await.unwrap().unwrap();
-    }
-    drop(s);
-    // The server stops producing and the connection keeps working.
-    within(5, async {
-        assert_eq!(unary(&ch, UNARY, "next").await.unwrap(), bytes("next"));
+    each_transport(&[], |t| async move {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server.channel().await;
+        let mut s = ch
+            .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("1000000:10")))
+            .await
+            .unwrap()
+            .into_inner();
+        for _ in 0..10 {
+            s.message().await.unwrap().unwrap();
+        }
+        drop(s);
+        // The server stops producing and the connection keeps working.
+        within(5, async {
+            assert_eq!(unary(&ch, UNARY, "next").await.unwrap(), bytes("next"));
+        })
+        .await;
+        server.stop().await;
     })
     .await;
-    server.stop().await;
 }
 
 /// A caller that keeps its response stream can cancel through it and sees `CANCELLED`, as a
@@ -92,7 +98,7 @@ async fn dropping_a_response_stream_cancels_the_call() {
 #[tokio::test]
 async fn a_caller_cancels_through_its_stream_and_sees_cancelled() {
     use topspin::Code;
-    for t in BOTH {
+    each_transport(&[], |t| async move {
         let server = serve(builder(Probe::default()), t).await;
         let ch = server.channel().await;
         let mut s = ch
@@ -114,46 +120,50 @@ async fn a_caller_cancels_through_its_stream_and_sees_cancelled() {
         })
         .await;
         server.stop().await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn a_handler_can_watch_for_cancellation() {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let tx = std::sync::Mutex::new(Some(tx));
-    let server = serve(
-        topspin::Server::builder().unary(
-            "/t.C/Watch",
-            RawCodec,
-            move |req: Request<bytes::Bytes>| {
-                let c = req.cancellation().unwrap();
-                let tx = tx.lock().unwrap().take();
-                async move {
-                    // Work spawned elsewhere learns of the cancellation through the handle.
-                    tokio::spawn(async move {
-                        c.cancelled().await;
-                        if let Some(tx) = tx {
-                            let _ = tx.send(());
-                        }
-                    });
-                    tokio::time::sleep(Duration::from_secs(30)).await;
-                    Ok(topspin::Response::new(req.into_inner()))
-                }
-            },
-        ),
-        Transport::Tcp,
-    )
-    .await;
-    let ch = server.channel().await;
-    let _ = ch
-        .unary(
-            RawCodec,
-            "/t.C/Watch",
-            Request::new(bytes("x")).with_timeout(Duration::from_millis(50)),
+    each_transport(&[], |t| async move {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tx = std::sync::Mutex::new(Some(tx));
+        let server = serve(
+            topspin::Server::builder().unary(
+                "/t.C/Watch",
+                RawCodec,
+                move |req: Request<bytes::Bytes>| {
+                    let c = req.cancellation().unwrap();
+                    let tx = tx.lock().unwrap().take();
+                    async move {
+                        // Work spawned elsewhere learns of the cancellation through the handle.
+                        tokio::spawn(async move {
+                            c.cancelled().await;
+                            if let Some(tx) = tx {
+                                let _ = tx.send(());
+                            }
+                        });
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        Ok(topspin::Response::new(req.into_inner()))
+                    }
+                },
+            ),
+            t,
         )
         .await;
-    within(5, rx).await.unwrap();
-    server.stop().await;
+        let ch = server.channel().await;
+        let _ = ch
+            .unary(
+                RawCodec,
+                "/t.C/Watch",
+                Request::new(bytes("x")).with_timeout(Duration::from_millis(50)),
+            )
+            .await;
+        within(5, rx).await.unwrap();
+        server.stop().await;
+    })
+    .await;
 }
 
 /// The handles of the calls a test server saw, kept after the calls end.
@@ -171,89 +181,92 @@ fn keep(kept: &Kept, what: &str, req: &Request<impl Sized>) {
 /// handler answered in its first poll or later.
 #[tokio::test]
 async fn a_call_that_ends_normally_is_not_cancelled() {
-    use futures_util::StreamExt;
-    let kept = Kept::default();
-    let (k1, k2, k3, k4) = (kept.clone(), kept.clone(), kept.clone(), kept.clone());
-    let builder = topspin::Server::builder()
-        .unary("/t.C/Unary", RawCodec, move |req: Request<bytes::Bytes>| {
-            keep(&k1, "unary", &req);
-            async move {
-                match req.get_ref().as_ref() {
-                    b"later" => tokio::task::yield_now().await,
-                    b"fail" => return Err(topspin::Status::not_found("no")),
-                    _ => {}
-                }
-                Ok(topspin::Response::new(req.into_inner()))
-            }
-        })
-        .server_streaming("/t.C/Out", RawCodec, move |req: Request<bytes::Bytes>| {
-            keep(&k2, "server streaming", &req);
-            async move {
-                let items = futures_util::stream::iter(0..3).map(|i| Ok(bytes(&i.to_string())));
-                Ok(topspin::Response::new(items))
-            }
-        })
-        .client_streaming(
-            "/t.C/In",
-            RawCodec,
-            move |req: Request<topspin::Streaming<bytes::Bytes>>| {
-                keep(&k3, "client streaming", &req);
+    each_transport(&[], |t| async move {
+        use futures_util::StreamExt;
+        let kept = Kept::default();
+        let (k1, k2, k3, k4) = (kept.clone(), kept.clone(), kept.clone(), kept.clone());
+        let builder = topspin::Server::builder()
+            .unary("/t.C/Unary", RawCodec, move |req: Request<bytes::Bytes>| {
+                keep(&k1, "unary", &req);
                 async move {
-                    let mut s = req.into_inner();
-                    let mut n = 0;
-                    while s.message().await?.is_some() {
-                        n += 1;
+                    match req.get_ref().as_ref() {
+                        b"later" => tokio::task::yield_now().await,
+                        b"fail" => return Err(topspin::Status::not_found("no")),
+                        _ => {}
                     }
-                    Ok(topspin::Response::new(bytes(&n.to_string())))
+                    Ok(topspin::Response::new(req.into_inner()))
                 }
-            },
-        )
-        .streaming(
-            "/t.C/Both",
-            RawCodec,
-            move |req: Request<topspin::Streaming<bytes::Bytes>>| {
-                keep(&k4, "bidirectional", &req);
-                async move { Ok(topspin::Response::new(req.into_inner())) }
-            },
-        );
-    let server = serve(builder, Transport::Tcp).await;
-    let ch = server.channel().await;
-    for body in ["now", "later"] {
-        assert_eq!(unary(&ch, "/t.C/Unary", body).await.unwrap(), bytes(body));
-    }
-    let err = unary(&ch, "/t.C/Unary", "fail").await.unwrap_err();
-    assert_eq!(err.code(), topspin::Code::NotFound);
-    let mut s = ch
-        .server_streaming(RawCodec, "/t.C/Out", bytes(""))
-        .await
-        .unwrap()
-        .into_inner();
-    while s.message().await.unwrap().is_some() {}
-    let reqs = futures_util::stream::iter([bytes("a"), bytes("b")]);
-    let r = ch
-        .client_streaming(RawCodec, "/t.C/In", Request::new(reqs))
-        .await
-        .unwrap();
-    assert_eq!(r.into_inner(), bytes("2"));
-    let reqs = futures_util::stream::iter([bytes("a"), bytes("b")]);
-    let mut s = ch
-        .streaming(RawCodec, "/t.C/Both", Request::new(reqs))
-        .await
-        .unwrap()
-        .into_inner();
-    while s.message().await.unwrap().is_some() {}
+            })
+            .server_streaming("/t.C/Out", RawCodec, move |req: Request<bytes::Bytes>| {
+                keep(&k2, "server streaming", &req);
+                async move {
+                    let items = futures_util::stream::iter(0..3).map(|i| Ok(bytes(&i.to_string())));
+                    Ok(topspin::Response::new(items))
+                }
+            })
+            .client_streaming(
+                "/t.C/In",
+                RawCodec,
+                move |req: Request<topspin::Streaming<bytes::Bytes>>| {
+                    keep(&k3, "client streaming", &req);
+                    async move {
+                        let mut s = req.into_inner();
+                        let mut n = 0;
+                        while s.message().await?.is_some() {
+                            n += 1;
+                        }
+                        Ok(topspin::Response::new(bytes(&n.to_string())))
+                    }
+                },
+            )
+            .streaming(
+                "/t.C/Both",
+                RawCodec,
+                move |req: Request<topspin::Streaming<bytes::Bytes>>| {
+                    keep(&k4, "bidirectional", &req);
+                    async move { Ok(topspin::Response::new(req.into_inner())) }
+                },
+            );
+        let server = serve(builder, t).await;
+        let ch = server.channel().await;
+        for body in ["now", "later"] {
+            assert_eq!(unary(&ch, "/t.C/Unary", body).await.unwrap(), bytes(body));
+        }
+        let err = unary(&ch, "/t.C/Unary", "fail").await.unwrap_err();
+        assert_eq!(err.code(), topspin::Code::NotFound);
+        let mut s = ch
+            .server_streaming(RawCodec, "/t.C/Out", bytes(""))
+            .await
+            .unwrap()
+            .into_inner();
+        while s.message().await.unwrap().is_some() {}
+        let reqs = futures_util::stream::iter([bytes("a"), bytes("b")]);
+        let r = ch
+            .client_streaming(RawCodec, "/t.C/In", Request::new(reqs))
+            .await
+            .unwrap();
+        assert_eq!(r.into_inner(), bytes("2"));
+        let reqs = futures_util::stream::iter([bytes("a"), bytes("b")]);
+        let mut s = ch
+            .streaming(RawCodec, "/t.C/Both", Request::new(reqs))
+            .await
+            .unwrap()
+            .into_inner();
+        while s.message().await.unwrap().is_some() {}
 
-    // Every call is over (its END reached the client); give a late signal time to show.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let kept: Vec<_> = std::mem::take(&mut *kept.lock().unwrap());
-    assert_eq!(kept.len(), 6);
-    for (what, c) in &kept {
-        assert!(
-            !c.is_cancelled(),
-            "{what}: fired after the call ended normally"
-        );
-    }
-    server.stop().await;
+        // Every call is over (its END reached the client); give a late signal time to show.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let kept: Vec<_> = std::mem::take(&mut *kept.lock().unwrap());
+        assert_eq!(kept.len(), 6);
+        for (what, c) in &kept {
+            assert!(
+                !c.is_cancelled(),
+                "{what}: fired after the call ended normally"
+            );
+        }
+        server.stop().await;
+    })
+    .await;
 }
 
 /// A call whose deadline has passed when it arrives is refused with DEADLINE_EXCEEDED and its

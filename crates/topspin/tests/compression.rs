@@ -1,4 +1,5 @@
-//! Per-message compression over real sockets (protocol.md §15): negotiated per call, every call
+//! Per-message compression over every transport (protocol.md §15; gRPC's grpc-encoding on the
+//! gRPC face): negotiated per call, every call
 //! kind, per channel and per call, bounded decompression, unknown encodings.
 
 mod common;
@@ -7,7 +8,7 @@ use bytes::Bytes;
 use common::*;
 use futures_util::{stream, StreamExt};
 use topspin::codec::RawCodec;
-use topspin::{Channel, Code, Compression, Config, Encoding, Endpoint, Metadata, Request, Server};
+use topspin::{Channel, Code, Compression, Config, Encoding, Metadata, Request, Server};
 
 /// A compressible body of `n` bytes.
 fn body(n: usize) -> Bytes {
@@ -21,209 +22,243 @@ fn body(n: usize) -> Bytes {
     )
 }
 
-async fn server(compression: Option<Compression>, max_message_size: u32) -> TestServer {
+async fn server(
+    tr: Transport,
+    compression: Option<Compression>,
+    max_message_size: u32,
+) -> TestServer {
     let config = Config::default()
         .with_compression(compression)
         .with_max_message_size(max_message_size);
-    serve(builder(Probe::default()).config(config), Transport::Tcp).await
+    serve(builder(Probe::default()).config(config), tr).await
 }
 
 async fn channel(t: &TestServer, compression: Option<Compression>) -> Channel {
-    Endpoint::new(t.addr.clone())
-        .unwrap()
-        .config(Config::default().with_compression(compression))
-        .connect()
+    t.connect_with(|e| e.config(Config::default().with_compression(compression)))
         .await
         .unwrap()
 }
 
+/// The response's encoding as its metadata names it (`grpc-encoding` on gRPC).
 fn encoding(md: &Metadata) -> Option<&str> {
     md.get_str("topspin-encoding")
+        .or_else(|| md.get_str("grpc-encoding"))
 }
 
 #[tokio::test]
 async fn every_call_kind_round_trips_compressed_both_ways() {
-    let t = server(Some(Compression::new(Encoding::Gzip)), 64 << 20).await;
-    let ch = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
-    let big = body(1 << 20);
+    let skips = [(
+        Transport::Grpc,
+        "the gRPC client mode keeps grpc-encoding to itself: a response's encoding is not in its metadata",
+    )];
+    each_transport(&skips, |tr| async move {
+        let t = server(tr, Some(Compression::new(Encoding::Gzip)), 64 << 20).await;
+        let ch = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
+        let big = body(1 << 20);
 
-    // Unary: the server decodes the zstd request and answers in gzip, which the client
-    // accepted.
-    let r = ch
-        .unary(RawCodec, UNARY, Request::new(big.clone()))
-        .await
-        .unwrap();
-    assert_eq!(encoding(r.metadata()), Some("gzip"));
-    assert_eq!(r.get_ref(), &big);
+        // Unary: the server decodes the zstd request and answers in gzip, which the client
+        // accepted.
+        let r = ch
+            .unary(RawCodec, UNARY, Request::new(big.clone()))
+            .await
+            .unwrap();
+        assert_eq!(encoding(r.metadata()), Some("gzip"));
+        assert_eq!(r.get_ref(), &big);
 
-    // Server streaming: three 200 kB messages.
-    let r = ch
-        .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("3:200000")))
-        .await
-        .unwrap();
-    // The call returns before the response headers: they come with the stream.
-    let mut r = r.into_inner();
-    assert_eq!(encoding(r.headers().await.unwrap()), Some("gzip"));
-    let got: Vec<_> = r.map(|m| m.unwrap()).collect().await;
-    assert_eq!(got.len(), 3);
-    assert!(got
-        .iter()
-        .all(|m| m.len() == 200_000 && m.iter().all(|&b| b == 7)));
+        // Server streaming: three 200 kB messages.
+        let r = ch
+            .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("3:200000")))
+            .await
+            .unwrap();
+        // The call returns before the response headers: they come with the stream.
+        let mut r = r.into_inner();
+        assert_eq!(encoding(r.headers().await.unwrap()), Some("gzip"));
+        let got: Vec<_> = r.map(|m| m.unwrap()).collect().await;
+        assert_eq!(got.len(), 3);
+        assert!(got
+            .iter()
+            .all(|m| m.len() == 200_000 && m.iter().all(|&b| b == 7)));
 
-    // Client streaming: small and large messages mixed (small ones go as they are).
-    let parts = vec![bytes("a"), big.clone(), bytes("b")];
-    let r = ch
-        .client_streaming(RawCodec, CLIENT_STREAM, stream::iter(parts))
-        .await
-        .unwrap();
-    assert_eq!(r.get_ref().len(), big.len() + 2);
+        // Client streaming: small and large messages mixed (small ones go as they are).
+        let parts = vec![bytes("a"), big.clone(), bytes("b")];
+        let r = ch
+            .client_streaming(RawCodec, CLIENT_STREAM, stream::iter(parts))
+            .await
+            .unwrap();
+        assert_eq!(r.get_ref().len(), big.len() + 2);
 
-    // Bidirectional.
-    let r = ch
-        .streaming(RawCodec, BIDI, stream::iter(vec![big.clone(), bytes("x")]))
-        .await
-        .unwrap();
-    let got: Vec<_> = r.into_inner().map(|m| m.unwrap()).collect().await;
-    assert_eq!(got[0].len(), big.len() + 5);
-    assert_eq!(&got[1][..], b"echo:x");
-    t.stop().await;
+        // Bidirectional.
+        let r = ch
+            .streaming(RawCodec, BIDI, stream::iter(vec![big.clone(), bytes("x")]))
+            .await
+            .unwrap();
+        let got: Vec<_> = r.into_inner().map(|m| m.unwrap()).collect().await;
+        assert_eq!(got[0].len(), big.len() + 5);
+        assert_eq!(&got[1][..], b"echo:x");
+        t.stop().await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn compression_is_per_call_and_only_where_both_sides_agree() {
-    // A server without compression still decodes compressed requests; it answers plainly.
-    let t = server(None, 64 << 20).await;
-    let ch = channel(&t, None).await;
-    let big = body(300_000);
-    let r = ch
-        .unary(
-            RawCodec,
-            UNARY,
-            Request::new(big.clone()).with_compression(Some(Compression::new(Encoding::Gzip))),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.get_ref(), &big);
-    assert_eq!(encoding(r.metadata()), None);
-    t.stop().await;
+    let skips = [(
+        Transport::Grpc,
+        "the gRPC client mode keeps grpc-encoding to itself: a response's encoding is not in its metadata",
+    )];
+    each_transport(&skips, |tr| async move {
+        // A server without compression still decodes compressed requests; it answers plainly.
+        let t = server(tr, None, 64 << 20).await;
+        let ch = channel(&t, None).await;
+        let big = body(300_000);
+        let r = ch
+            .unary(
+                RawCodec,
+                UNARY,
+                Request::new(big.clone()).with_compression(Some(Compression::new(Encoding::Gzip))),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.get_ref(), &big);
+        assert_eq!(encoding(r.metadata()), None);
+        t.stop().await;
 
-    // A compressing server answers a client that did not ask for it plainly, and a call can
-    // turn its channel's compression off.
-    let t = server(Some(Compression::new(Encoding::Zstd)), 64 << 20).await;
-    let plain = channel(&t, None).await;
-    let r = plain
-        .unary(RawCodec, UNARY, Request::new(big.clone()))
-        .await
-        .unwrap();
-    assert_eq!(encoding(r.metadata()), None);
-    let zstd = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
-    let r = zstd
-        .unary(
-            RawCodec,
-            UNARY,
-            Request::new(big.clone()).with_compression(None),
-        )
-        .await
-        .unwrap();
-    assert_eq!(encoding(r.metadata()), None);
-    let r = zstd
-        .unary(RawCodec, UNARY, Request::new(big.clone()))
-        .await
-        .unwrap();
-    assert_eq!(encoding(r.metadata()), Some("zstd"));
-    assert_eq!(r.get_ref(), &big);
-    t.stop().await;
+        // A compressing server answers a client that did not ask for it plainly, and a call can
+        // turn its channel's compression off.
+        let t = server(tr, Some(Compression::new(Encoding::Zstd)), 64 << 20).await;
+        let plain = channel(&t, None).await;
+        let r = plain
+            .unary(RawCodec, UNARY, Request::new(big.clone()))
+            .await
+            .unwrap();
+        assert_eq!(encoding(r.metadata()), None);
+        let zstd = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
+        let r = zstd
+            .unary(
+                RawCodec,
+                UNARY,
+                Request::new(big.clone()).with_compression(None),
+            )
+            .await
+            .unwrap();
+        assert_eq!(encoding(r.metadata()), None);
+        let r = zstd
+            .unary(RawCodec, UNARY, Request::new(big.clone()))
+            .await
+            .unwrap();
+        assert_eq!(encoding(r.metadata()), Some("zstd"));
+        assert_eq!(r.get_ref(), &big);
+        t.stop().await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn a_zip_bomb_fails_its_call_alone() {
-    // 64 MiB of zeros compress to a few kB: the wire size passes the 1 MiB limit, the
-    // decompressed size does not.
-    let t = server(None, 1 << 20).await;
-    let ch = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
-    let bomb = Bytes::from(vec![0u8; 64 << 20]);
-    let err = ch
-        .unary(RawCodec, UNARY, Request::new(bomb))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
-    assert!(err.message().contains("max_message_size"), "{err}");
-    // The connection and the next call are fine.
-    let r = ch
-        .unary(RawCodec, UNARY, Request::new(body(5000)))
-        .await
-        .unwrap();
-    assert_eq!(r.get_ref().len(), 5000);
-    t.stop().await;
+    each_transport(&[], |tr| async move {
+        // 64 MiB of zeros compress to a few kB: the wire size passes the 1 MiB limit, the
+        // decompressed size does not.
+        let t = server(tr, None, 1 << 20).await;
+        let ch = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
+        let bomb = Bytes::from(vec![0u8; 64 << 20]);
+        let err = ch
+            .unary(RawCodec, UNARY, Request::new(bomb))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        assert!(err.message().contains("max_message_size"), "{err}");
+        // The connection and the next call are fine.
+        let r = ch
+            .unary(RawCodec, UNARY, Request::new(body(5000)))
+            .await
+            .unwrap();
+        assert_eq!(r.get_ref().len(), 5000);
+        t.stop().await;
 
-    // The same on the client side: a server's compressed answer over the client's limit.
-    let t = server(Some(Compression::new(Encoding::Gzip)), 64 << 20).await;
-    let ch = Endpoint::new(t.addr.clone())
-        .unwrap()
-        .config(
-            Config::default()
-                .with_compression(Some(Compression::new(Encoding::Gzip)))
-                .with_max_message_size(1 << 20),
-        )
-        .connect()
-        .await
-        .unwrap();
-    let err = ch
-        .unary(
-            RawCodec,
-            UNARY,
-            Request::new(Bytes::from(vec![0u8; 8 << 20])),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
-    t.stop().await;
+        // The same on the client side: a server's compressed answer over the client's limit.
+        let t = server(tr, Some(Compression::new(Encoding::Gzip)), 64 << 20).await;
+        let ch = t
+            .connect_with(|e| {
+                e.config(
+                    Config::default()
+                        .with_compression(Some(Compression::new(Encoding::Gzip)))
+                        .with_max_message_size(1 << 20),
+                )
+            })
+            .await
+            .unwrap();
+        let err = ch
+            .unary(
+                RawCodec,
+                UNARY,
+                Request::new(Bytes::from(vec![0u8; 8 << 20])),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        t.stop().await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn an_unknown_encoding_is_refused_naming_what_is_accepted() {
-    let t = server(None, 64 << 20).await;
-    let ch = t.channel().await;
-    let md = Metadata::builder()
-        .text("topspin-encoding", "br")
-        .unwrap()
-        .build();
-    let err = ch
-        .unary(
-            RawCodec,
-            UNARY,
-            Request::new(bytes("\u{1}x")).with_metadata(md),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented, "{err}");
-    assert!(err.message().contains("\"br\""), "{err}");
-    assert_eq!(
-        err.metadata().get_str("topspin-accept-encoding"),
-        Some("zstd,gzip")
-    );
-    t.stop().await;
+    let skips = [(
+        Transport::Grpc,
+        "it sets the native topspin-encoding key by hand; grpc_face.rs covers an unknown grpc-encoding",
+    )];
+    each_transport(&skips, |tr| async move {
+        let t = server(tr, None, 64 << 20).await;
+        let ch = t.channel().await;
+        let md = Metadata::builder()
+            .text("topspin-encoding", "br")
+            .unwrap()
+            .build();
+        let err = ch
+            .unary(
+                RawCodec,
+                UNARY,
+                Request::new(bytes("\u{1}x")).with_metadata(md),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unimplemented, "{err}");
+        assert!(err.message().contains("\"br\""), "{err}");
+        assert_eq!(
+            err.metadata().get_str("topspin-accept-encoding"),
+            Some("zstd,gzip")
+        );
+        t.stop().await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn calls_without_compression_carry_no_compression_metadata() {
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let s2 = seen.clone();
-    let srv = Server::builder()
-        .unary("/t.T/M", RawCodec, move |req: Request<Bytes>| {
-            s2.lock().unwrap().push(req.metadata().iter().count());
-            async move { Ok(topspin::Response::new(req.into_inner())) }
-        })
-        .config(Config::default().with_compression(Some(Compression::new(Encoding::Zstd))));
-    let t = serve(srv, Transport::Tcp).await;
-    let ch = t.channel().await;
-    let r = ch
-        .unary(RawCodec, "/t.T/M", Request::new(body(100_000)))
-        .await
-        .unwrap();
-    assert!(r.metadata().is_empty());
-    assert_eq!(*seen.lock().unwrap(), vec![0]);
-    t.stop().await;
+    let skips = [(
+        Transport::Grpc,
+        "a gRPC request carries user-agent, which handlers see as metadata (no compression keys)",
+    )];
+    each_transport(&skips, |tr| async move {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        let srv = Server::builder()
+            .unary("/t.T/M", RawCodec, move |req: Request<Bytes>| {
+                s2.lock().unwrap().push(req.metadata().iter().count());
+                async move { Ok(topspin::Response::new(req.into_inner())) }
+            })
+            .config(Config::default().with_compression(Some(Compression::new(Encoding::Zstd))));
+        let t = serve(srv, tr).await;
+        let ch = t.channel().await;
+        let r = ch
+            .unary(RawCodec, "/t.T/M", Request::new(body(100_000)))
+            .await
+            .unwrap();
+        assert!(r.metadata().is_empty());
+        assert_eq!(*seen.lock().unwrap(), vec![0]);
+        t.stop().await;
+    })
+    .await;
 }
 
 /// 20 connections each send a 60 MiB message as a 2 KB zstd frame to a handler that holds it
@@ -232,62 +267,82 @@ async fn calls_without_compression_carry_no_compression_metadata() {
 /// server holding 1.2 GiB (2 KB of attacker bytes bought 60 MiB each before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decompressed_requests_are_held_to_the_memory_budget() {
-    let budget = topspin::MemoryBudget::new(64 << 20);
-    let seen = budget.clone();
-    let config = Config::default().with_memory_budget(budget.clone());
-    let server = Server::builder()
-        .config(config)
-        .unary(UNARY, RawCodec, move |req: Request<Bytes>| {
-            let seen = seen.clone();
-            async move {
-                let m = req.into_inner();
-                assert!(seen.used() >= m.len(), "the message is charged while held");
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                Ok(topspin::Response::new(Bytes::from(m.len().to_string())))
-            }
-        })
-        .bind("tcp://127.0.0.1:0")
-        .await
-        .unwrap();
-    let addr = server.local_addr().clone();
-    let h = server.shutdown_handle();
-    tokio::spawn(server.serve());
-    let zeros = Bytes::from(vec![0u8; 60 << 20]);
-    let mut calls = Vec::new();
-    for _ in 0..20 {
-        let ch = Endpoint::new(addr.clone())
-            .unwrap()
-            .config(Config::default().with_compression(Some(Compression::new(Encoding::Zstd))))
-            .connect()
-            .await
-            .unwrap();
-        let m = zeros.clone();
-        calls.push(tokio::spawn(async move {
-            ch.unary(RawCodec, UNARY, Request::new(m)).await
-        }));
-    }
-    let mut peak = 0;
-    let mut codes = Vec::new();
-    for c in calls {
-        peak = peak.max(budget.used());
-        codes.push(match c.await.unwrap() {
-            Ok(r) => {
-                assert_eq!(&r.into_inner()[..], (60 << 20).to_string().as_bytes());
-                Code::Ok
-            }
-            Err(e) => e.code(),
-        });
-    }
-    assert!(peak <= 64 << 20, "budget used {peak}");
-    assert!(codes.contains(&Code::Ok), "{codes:?}");
-    assert!(
-        codes
-            .iter()
-            .all(|c| matches!(c, Code::Ok | Code::ResourceExhausted)),
-        "{codes:?}"
+    let skips = [
+        (
+            Transport::Shm,
+            "each shm connection charges its rings (2 x 2 MiB) to the budget at accept: 20 do not fit in 64 MiB",
+        ),
+        (
+            Transport::Grpc,
+            // BUG: the gRPC face charges a decompressed request its handler holds to the
+            // connection's share (1/8 of the budget, 8 MiB here), where the native protocol
+            // charges it to the process budget and holds only incomplete messages to the
+            // share (README): every 60 MiB request fails RESOURCE_EXHAUSTED on the face, none
+            // on the native protocol.
+            "BUG: the gRPC face holds complete decompressed requests to the connection's 1/8 share",
+        ),
+    ];
+    let skips = trim(
+        &skips,
+        &[Transport::Unix, Transport::UnixAbstract, Transport::Wss],
     );
-    assert_eq!(budget.used(), 0, "all given back");
-    h.shutdown(std::time::Duration::from_secs(1)).await;
+    each_transport(&skips, |tr| async move {
+        let budget = topspin::MemoryBudget::new(64 << 20);
+        let seen = budget.clone();
+        let config = Config::default().with_memory_budget(budget.clone());
+        let server =
+            Server::builder()
+                .config(config)
+                .unary(UNARY, RawCodec, move |req: Request<Bytes>| {
+                    let seen = seen.clone();
+                    async move {
+                        let m = req.into_inner();
+                        assert!(seen.used() >= m.len(), "the message is charged while held");
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        Ok(topspin::Response::new(Bytes::from(m.len().to_string())))
+                    }
+                });
+        let server = serve(server, tr).await;
+        let zeros = Bytes::from(vec![0u8; 60 << 20]);
+        let mut calls = Vec::new();
+        for _ in 0..20 {
+            let ch = server
+                .connect_with(|e| {
+                    e.config(
+                        Config::default().with_compression(Some(Compression::new(Encoding::Zstd))),
+                    )
+                })
+                .await
+                .unwrap();
+            let m = zeros.clone();
+            calls.push(tokio::spawn(async move {
+                ch.unary(RawCodec, UNARY, Request::new(m)).await
+            }));
+        }
+        let mut peak = 0;
+        let mut codes = Vec::new();
+        for c in calls {
+            peak = peak.max(budget.used());
+            codes.push(match c.await.unwrap() {
+                Ok(r) => {
+                    assert_eq!(&r.into_inner()[..], (60 << 20).to_string().as_bytes());
+                    Code::Ok
+                }
+                Err(e) => e.code(),
+            });
+        }
+        assert!(peak <= 64 << 20, "budget used {peak}");
+        assert!(codes.contains(&Code::Ok), "{codes:?}");
+        assert!(
+            codes
+                .iter()
+                .all(|c| matches!(c, Code::Ok | Code::ResourceExhausted)),
+            "{codes:?}"
+        );
+        assert_eq!(budget.used(), 0, "all given back");
+        server.stop().await;
+    })
+    .await;
 }
 
 /// A handler chooses its call's response compression (`Response::with_compression`) and sees
@@ -295,36 +350,49 @@ async fn decompressed_requests_are_held_to_the_memory_budget() {
 /// compression, on the native face.
 #[tokio::test]
 async fn a_handler_chooses_its_response_compression_and_sees_the_requests() {
-    use topspin::Response;
-    const CHOOSES: &str = "/t.C/Chooses";
-    let b = builder(Probe::default())
-        .config(Config::default().with_compression(Some(Compression::new(Encoding::Zstd))))
-        .unary(CHOOSES, RawCodec, |req: Request<bytes::Bytes>| async move {
-            let came = req.encoding().map_or("none", |e| e.name());
-            let body = bytes::Bytes::from(format!("{came}:").repeat(400));
-            let choice = match came {
-                "gzip" => Some(Compression::new(Encoding::Gzip).with_threshold(0)),
-                _ => None,
-            };
-            Ok(Response::new(body).with_compression(choice))
-        });
-    let t = serve(b, Transport::Tcp).await;
-    // A gzip client: its request arrives gzip, and the handler answers in gzip although the
-    // server's default is zstd.
-    let ch = channel(&t, Some(Compression::new(Encoding::Gzip).with_threshold(0))).await;
-    let r = ch
-        .unary(RawCodec, CHOOSES, Request::new(body(4096)))
-        .await
-        .unwrap();
-    assert!(r.get_ref().starts_with(b"gzip:"), "{:?}", &r.get_ref()[..8]);
-    assert_eq!(encoding(r.metadata()), Some("gzip"));
-    // A zstd client: the handler chooses no compression for it.
-    let ch = channel(&t, Some(Compression::new(Encoding::Zstd).with_threshold(0))).await;
-    let r = ch
-        .unary(RawCodec, CHOOSES, Request::new(body(4096)))
-        .await
-        .unwrap();
-    assert!(r.get_ref().starts_with(b"zstd:"), "{:?}", &r.get_ref()[..8]);
-    assert_eq!(encoding(r.metadata()), None, "answered uncompressed");
-    t.stop().await;
+    let skips = [(
+        Transport::Grpc,
+        // BUG: on the gRPC face a unary reply is framed (compressed with the server's default,
+        // zstd) before the handler's choice (gzip) is applied to the response headers
+        // (src/grpc/server.rs, `Call::done`: `Frame::new(message, self.send)` before
+        // `self.headers(..)`): the reply goes out labelled grpc-encoding gzip but compressed
+        // with zstd, and the client fails "INTERNAL: could not decompress a gzip message:
+        // invalid gzip header". grpc_face.rs misses it: its reply is below zstd's threshold.
+        "BUG: the gRPC face compresses a unary reply with the default, then labels it with the handler's choice",
+    )];
+    each_transport(&skips, |tr| async move {
+        use topspin::Response;
+        const CHOOSES: &str = "/t.C/Chooses";
+        let b = builder(Probe::default())
+            .config(Config::default().with_compression(Some(Compression::new(Encoding::Zstd))))
+            .unary(CHOOSES, RawCodec, |req: Request<bytes::Bytes>| async move {
+                let came = req.encoding().map_or("none", |e| e.name());
+                let body = bytes::Bytes::from(format!("{came}:").repeat(400));
+                let choice = match came {
+                    "gzip" => Some(Compression::new(Encoding::Gzip).with_threshold(0)),
+                    _ => None,
+                };
+                Ok(Response::new(body).with_compression(choice))
+            });
+        let t = serve(b, tr).await;
+        // A gzip client: its request arrives gzip, and the handler answers in gzip although the
+        // server's default is zstd.
+        let ch = channel(&t, Some(Compression::new(Encoding::Gzip).with_threshold(0))).await;
+        let r = ch
+            .unary(RawCodec, CHOOSES, Request::new(body(4096)))
+            .await
+            .unwrap();
+        assert!(r.get_ref().starts_with(b"gzip:"), "{:?}", &r.get_ref()[..8]);
+        assert_eq!(encoding(r.metadata()), Some("gzip"));
+        // A zstd client: the handler chooses no compression for it.
+        let ch = channel(&t, Some(Compression::new(Encoding::Zstd).with_threshold(0))).await;
+        let r = ch
+            .unary(RawCodec, CHOOSES, Request::new(body(4096)))
+            .await
+            .unwrap();
+        assert!(r.get_ref().starts_with(b"zstd:"), "{:?}", &r.get_ref()[..8]);
+        assert_eq!(encoding(r.metadata()), None, "answered uncompressed");
+        t.stop().await;
+    })
+    .await;
 }

@@ -1,15 +1,15 @@
-//! Deadlines: sent to the server, enforced on both sides.
+//! Deadlines: sent to the server, enforced on both sides, over every transport.
 
 mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
 use topspin::codec::RawCodec;
-use topspin::{Code, Endpoint, Request};
+use topspin::{Code, Request};
 
 #[tokio::test]
 async fn expired_deadline_fails_the_call_and_cancels_the_handler() {
-    for t in BOTH {
+    each_transport(&[], |t| async move {
         let probe = Probe::default();
         let server = serve(builder(probe.clone()), t).await;
         let ch = server.channel().await;
@@ -41,45 +41,50 @@ async fn expired_deadline_fails_the_call_and_cancels_the_handler() {
         })
         .await;
         server.stop().await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn handler_sees_the_remaining_time() {
-    let server = serve(builder(Probe::default()), Transport::Tcp).await;
-    let ch = server.channel().await;
-    let r = ch
-        .unary(
-            RawCodec,
-            HEADERS,
-            Request::new(bytes("x")).with_timeout(Duration::from_secs(10)),
-        )
-        .await
-        .unwrap();
-    let ms: u64 = r
-        .metadata()
-        .get_str("remaining-ms")
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(ms > 5_000 && ms <= 10_000, "{ms}");
-    server.stop().await;
+    each_transport(&[], |t| async move {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server.channel().await;
+        let r = ch
+            .unary(
+                RawCodec,
+                HEADERS,
+                Request::new(bytes("x")).with_timeout(Duration::from_secs(10)),
+            )
+            .await
+            .unwrap();
+        let ms: u64 = r
+            .metadata()
+            .get_str("remaining-ms")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(ms > 5_000 && ms <= 10_000, "{ms}");
+        server.stop().await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn endpoint_default_timeout_applies() {
-    let server = serve(builder(Probe::default()), Transport::Unix).await;
-    let ch = Endpoint::new(server.addr.clone())
-        .unwrap()
-        .timeout(Duration::from_millis(100))
-        .connect()
-        .await
-        .unwrap();
-    let err = unary(&ch, SLOW, "slow-2").await.unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded);
-    // Fast calls are unaffected.
-    assert_eq!(unary(&ch, UNARY, "quick").await.unwrap(), bytes("quick"));
-    server.stop().await;
+    each_transport(&[], |t| async move {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server
+            .connect_with(|e| e.timeout(Duration::from_millis(100)))
+            .await
+            .unwrap();
+        let err = unary(&ch, SLOW, "slow-2").await.unwrap_err();
+        assert_eq!(err.code(), Code::DeadlineExceeded);
+        // Fast calls are unaffected.
+        assert_eq!(unary(&ch, UNARY, "quick").await.unwrap(), bytes("quick"));
+        server.stop().await;
+    })
+    .await;
 }
 
 /// Connecting and the handshake count inside the call's deadline: a server that accepts and

@@ -49,7 +49,7 @@ async fn a_directly_started_call_still_times_out_when_the_server_never_answers()
 
 #[tokio::test]
 async fn calls_started_while_others_are_open_all_complete() {
-    for t in BOTH {
+    each_transport(&[], |t| async move {
         let server = serve(builder(Probe::default()), t).await;
         let ch = server.channel().await;
         for round in 0..20 {
@@ -63,5 +63,6 @@ async fn calls_started_while_others_are_open_all_complete() {
             within(10, futures_util::future::join_all(calls)).await;
         }
         server.stop().await;
-    }
+    })
+    .await;
 }

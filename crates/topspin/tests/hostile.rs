@@ -63,9 +63,7 @@ async fn start(config: Config) -> Target {
         topspin::Address::Tcp(hp) => hp.clone(),
         other => panic!("not tcp: {other}"),
     };
-    let handle = server.shutdown_handle();
-    let task = tokio::spawn(server.serve());
-    let server = TestServer { addr, handle, task };
+    let server = started(server, Transport::Tcp);
     let good = server.channel().await;
     served(&good, "warm-up").await;
     Target {

@@ -1,4 +1,5 @@
-//! Messages from 1 B to the 64 MiB default limit; 64 MiB + 1 is refused cleanly.
+//! Messages from 1 B to the 64 MiB default limit; 64 MiB + 1 is refused cleanly — over every
+//! transport.
 
 mod common;
 
@@ -27,56 +28,66 @@ async fn echo_each(ch: &topspin::Channel, t: Transport, sizes: &[usize]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sizes_from_one_byte_to_the_limit() {
-    for t in BOTH {
+    let skips = trim(&[], &[Transport::UnixAbstract, Transport::Wss]);
+    each_transport(&skips, |t| async move {
         let server = serve(builder(Probe::default()), t).await;
         let ch = server.channel().await;
         let sizes = [1, 1000, 65_536, 1 << 20, 16 << 20, (16 << 20) + 1, 64 << 20];
         echo_each(&ch, t, &sizes).await;
         server.stop().await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_byte_over_the_default_limit_is_refused() {
-    let server = serve(builder(Probe::default()), Transport::Tcp).await;
-    let ch = server.channel().await;
-    let err = ch
-        .unary(RawCodec, UNARY, Request::new(pattern((64 << 20) + 1)))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::ResourceExhausted);
-    assert!(
-        err.message().contains("67108865") && err.message().contains("67108864"),
-        "{err}"
-    );
-    assert!(err.message().contains("max_message_size"), "{err}");
-    assert_eq!(unary(&ch, UNARY, "after").await.unwrap(), bytes("after"));
-    server.stop().await;
+    each_transport(&[], |t| async move {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server.channel().await;
+        let err = ch
+            .unary(RawCodec, UNARY, Request::new(pattern((64 << 20) + 1)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(
+            err.message().contains("67108865") && err.message().contains("67108864"),
+            "{err}"
+        );
+        assert!(err.message().contains("max_message_size"), "{err}");
+        assert_eq!(unary(&ch, UNARY, "after").await.unwrap(), bytes("after"));
+        server.stop().await;
+    })
+    .await;
 }
 
 /// The runtime announces `MAX_FRAME_SIZE` = `max_message_size` (64 MiB), so by default no
 /// message reaches it split. With the protocol's default of 16 MiB announced instead (as other
 /// implementations do), messages above it go as a MESSAGE and CONTINUATIONs and still arrive
-/// whole and intact, in both directions, over both transports.
+/// whole and intact, in both directions, over every transport of the native protocol.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_above_a_smaller_announced_frame_size_arrive_split_and_whole() {
     assert_eq!(topspin::Config::default().max_frame_size(), 64 << 20);
     let protocol_default = topspin::Config::default().with_max_frame_size(16 << 20);
-    for t in BOTH {
+    let skips = [(
+        Transport::Grpc,
+        "MAX_FRAME_SIZE and CONTINUATION frames are the native protocol's: HTTP/2 frames gRPC",
+    )];
+    let skips = trim(&skips, &[Transport::UnixAbstract, Transport::Wss]);
+    let protocol_default = &protocol_default;
+    each_transport(&skips, |t| async move {
         let server = serve(
             builder(Probe::default()).config(protocol_default.clone()),
             t,
         )
         .await;
-        let ch = topspin::Endpoint::new(server.addr.clone())
-            .unwrap()
-            .config(protocol_default.clone())
-            .connect()
+        let ch = server
+            .connect_with(|e| e.config(protocol_default.clone()))
             .await
             .unwrap();
         echo_each(&ch, t, &[(16 << 20) + 5, 40 << 20]).await;
         server.stop().await;
-    }
+    })
+    .await;
 }
 
 /// A large message is received into a buffer of its own, handed to the application as is; the
@@ -84,7 +95,12 @@ async fn messages_above_a_smaller_announced_frame_size_arrive_split_and_whole() 
 /// fresh pages to fault in per message), and gets another while it is still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_message_buffer_is_reused_once_the_application_dropped_it() {
-    for t in BOTH {
+    let skips = [(
+        Transport::Grpc,
+        "the reused receive buffer is the native connection's: the gRPC client mode reads h2's DATA frames",
+    )];
+    let skips = trim(&skips, &[Transport::UnixAbstract, Transport::Wss]);
+    each_transport(&skips, |t| async move {
         let server = serve(builder(Probe::default()), t).await;
         let ch = server.channel().await;
         let body = pattern(2 << 20);
@@ -109,5 +125,6 @@ async fn a_large_message_buffer_is_reused_once_the_application_dropped_it() {
         );
         drop((second, third));
         server.stop().await;
-    }
+    })
+    .await;
 }

@@ -1,105 +1,116 @@
-//! Limits: message size, concurrency, metadata — each a clear status, the connection survives.
+//! Limits: message size, concurrency, metadata — each a clear status, the connection survives —
+//! over every transport.
 
 mod common;
 
 use bytes::Bytes;
 use common::*;
 use topspin::codec::RawCodec;
-use topspin::{Code, Config, Endpoint, Metadata, Request};
+use topspin::{Code, Config, Metadata, Request};
 
 #[tokio::test]
 async fn request_over_the_servers_limit_is_resource_exhausted() {
-    let server = serve(
-        builder(Probe::default()).max_message_size(1000),
-        Transport::Tcp,
-    )
+    each_transport(&[], |t| async move {
+        let server = serve(builder(Probe::default()).max_message_size(1000), t).await;
+        let ch = server.channel().await;
+        let err = unary(&ch, UNARY, &"x".repeat(1001)).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(
+            err.message().contains("1001") && err.message().contains("1000"),
+            "{err}"
+        );
+        assert!(
+            err.message().contains("max_message_size"),
+            "names the option: {err}"
+        );
+        // Exactly at the limit is fine, and the connection survives.
+        assert_eq!(
+            unary(&ch, UNARY, &"x".repeat(1000)).await.unwrap().len(),
+            1000
+        );
+        server.stop().await;
+    })
     .await;
-    let ch = server.channel().await;
-    let err = unary(&ch, UNARY, &"x".repeat(1001)).await.unwrap_err();
-    assert_eq!(err.code(), Code::ResourceExhausted);
-    assert!(
-        err.message().contains("1001") && err.message().contains("1000"),
-        "{err}"
-    );
-    assert!(
-        err.message().contains("max_message_size"),
-        "names the option: {err}"
-    );
-    // Exactly at the limit is fine, and the connection survives.
-    assert_eq!(
-        unary(&ch, UNARY, &"x".repeat(1000)).await.unwrap().len(),
-        1000
-    );
-    server.stop().await;
 }
 
 #[tokio::test]
 async fn response_over_the_clients_limit_is_resource_exhausted() {
-    let server = serve(builder(Probe::default()), Transport::Unix).await;
-    let ch = Endpoint::new(server.addr.clone())
-        .unwrap()
-        .max_message_size(100)
-        .connect()
-        .await
-        .unwrap();
-    let err = ch
-        .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("3:200")))
-        .await;
-    let err = match err {
-        Err(e) => e,
-        Ok(r) => {
-            let mut s = r.into_inner();
-            loop {
-                match s.message().await {
-                    Err(e) => break e,
-                    Ok(Some(_)) => continue,
-                    Ok(None) => panic!("stream ended without the limit error"),
+    each_transport(&[], |t| async move {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server
+            .connect_with(|e| e.max_message_size(100))
+            .await
+            .unwrap();
+        let err = ch
+            .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("3:200")))
+            .await;
+        let err = match err {
+            Err(e) => e,
+            Ok(r) => {
+                let mut s = r.into_inner();
+                loop {
+                    match s.message().await {
+                        Err(e) => break e,
+                        Ok(Some(_)) => continue,
+                        Ok(None) => panic!("stream ended without the limit error"),
+                    }
                 }
             }
-        }
-    };
-    assert_eq!(err.code(), Code::ResourceExhausted);
-    assert!(err.message().contains("max_message_size"), "{err}");
-    assert_eq!(unary(&ch, UNARY, "fine").await.unwrap(), bytes("fine"));
-    server.stop().await;
+        };
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(err.message().contains("max_message_size"), "{err}");
+        assert_eq!(unary(&ch, UNARY, "fine").await.unwrap(), bytes("fine"));
+        server.stop().await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn calls_over_the_concurrency_limit_wait_their_turn() {
-    let server = serve(
-        builder(Probe::default()).max_concurrent_calls(4),
-        Transport::Tcp,
-    )
+    each_transport(&[], |t| async move {
+        let server = serve(builder(Probe::default()).max_concurrent_calls(4), t).await;
+        let ch = server.channel().await;
+        let calls = (0..50).map(|i| {
+            let ch = ch.clone();
+            async move { unary(&ch, UNARY, &format!("c{i}")).await }
+        });
+        let out = within(20, futures_util::future::join_all(calls)).await;
+        for (i, r) in out.into_iter().enumerate() {
+            assert_eq!(r.unwrap(), Bytes::from(format!("c{i}")));
+        }
+        server.stop().await;
+    })
     .await;
-    let ch = server.channel().await;
-    let calls = (0..50).map(|i| {
-        let ch = ch.clone();
-        async move { unary(&ch, UNARY, &format!("c{i}")).await }
-    });
-    let out = within(20, futures_util::future::join_all(calls)).await;
-    for (i, r) in out.into_iter().enumerate() {
-        assert_eq!(r.unwrap(), Bytes::from(format!("c{i}")));
-    }
-    server.stop().await;
 }
 
 #[tokio::test]
 async fn metadata_over_the_limit_is_refused() {
-    let config = Config::default().with_max_metadata_size(64);
-    let server = serve(builder(Probe::default()).config(config), Transport::Tcp).await;
-    let ch = server.channel().await;
-    let md = Metadata::builder()
-        .text("big", &"v".repeat(200))
-        .unwrap()
-        .build();
-    let err = ch
-        .unary(RawCodec, UNARY, Request::new(bytes("x")).with_metadata(md))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::ResourceExhausted);
-    assert!(err.message().contains("max_metadata_size"), "{err}");
-    assert_eq!(unary(&ch, UNARY, "ok").await.unwrap(), bytes("ok"));
-    server.stop().await;
+    let skips = [(
+        Transport::Grpc,
+        // BUG: the face bounds a request's header list at max_metadata_size + 4 KiB
+        // (HEADER_ROOM in src/grpc/server.rs, room for the HTTP/2 and gRPC headers) and never
+        // checks the metadata itself: with max_metadata_size = 64 a 200-byte value is served
+        // (Ok), where the native protocol refuses it with RESOURCE_EXHAUSTED.
+        "BUG: the gRPC face lets metadata up to 4 KiB over max_metadata_size through",
+    )];
+    each_transport(&skips, |t| async move {
+        let config = Config::default().with_max_metadata_size(64);
+        let server = serve(builder(Probe::default()).config(config), t).await;
+        let ch = server.channel().await;
+        let md = Metadata::builder()
+            .text("big", &"v".repeat(200))
+            .unwrap()
+            .build();
+        let err = ch
+            .unary(RawCodec, UNARY, Request::new(bytes("x")).with_metadata(md))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(err.message().contains("max_metadata_size"), "{err}");
+        assert_eq!(unary(&ch, UNARY, "ok").await.unwrap(), bytes("ok"));
+        server.stop().await;
+    })
+    .await;
 }
 
 /// A streamed request message over the server's limit ends its call at once with
@@ -107,38 +118,37 @@ async fn metadata_over_the_limit_is_refused() {
 /// connection goes on.
 #[tokio::test]
 async fn a_streamed_request_over_the_servers_limit_ends_the_call() {
-    let server = serve(
-        builder(Probe::default()).max_message_size(1000),
-        Transport::Tcp,
-    )
+    each_transport(&[], |t| async move {
+        let server = serve(builder(Probe::default()).max_message_size(1000), t).await;
+        let ch = server.channel().await;
+        for method in [CLIENT_STREAM, BIDI] {
+            let reqs = futures_util::stream::iter([bytes("ok"), Bytes::from("x".repeat(1001))]);
+            let call = async {
+                if method == CLIENT_STREAM {
+                    ch.client_streaming(RawCodec, method, Request::new(reqs))
+                        .await
+                        .map(|_| ())
+                } else {
+                    let mut s = ch
+                        .streaming(RawCodec, method, Request::new(reqs))
+                        .await?
+                        .into_inner();
+                    while s.message().await?.is_some() {}
+                    Ok(())
+                }
+            };
+            let err = tokio::time::timeout(std::time::Duration::from_secs(10), call)
+                .await
+                .expect("the call ends instead of hanging")
+                .expect_err("over the limit");
+            assert_eq!(err.code(), Code::ResourceExhausted, "{method}: {err}");
+            assert!(
+                err.message().contains("1001") && err.message().contains("max_message_size"),
+                "{method}: {err}"
+            );
+        }
+        assert_eq!(unary(&ch, UNARY, "still fine").await.unwrap().len(), 10);
+        server.stop().await;
+    })
     .await;
-    let ch = server.channel().await;
-    for method in [CLIENT_STREAM, BIDI] {
-        let reqs = futures_util::stream::iter([bytes("ok"), Bytes::from("x".repeat(1001))]);
-        let call = async {
-            if method == CLIENT_STREAM {
-                ch.client_streaming(RawCodec, method, Request::new(reqs))
-                    .await
-                    .map(|_| ())
-            } else {
-                let mut s = ch
-                    .streaming(RawCodec, method, Request::new(reqs))
-                    .await?
-                    .into_inner();
-                while s.message().await?.is_some() {}
-                Ok(())
-            }
-        };
-        let err = tokio::time::timeout(std::time::Duration::from_secs(10), call)
-            .await
-            .expect("the call ends instead of hanging")
-            .expect_err("over the limit");
-        assert_eq!(err.code(), Code::ResourceExhausted, "{method}: {err}");
-        assert!(
-            err.message().contains("1001") && err.message().contains("max_message_size"),
-            "{method}: {err}"
-        );
-    }
-    assert_eq!(unary(&ch, UNARY, "still fine").await.unwrap().len(), 10);
-    server.stop().await;
 }

@@ -1,4 +1,5 @@
-//! Metadata both ways: request headers, response headers and trailers, text and binary.
+//! Metadata both ways: request headers, response headers and trailers, text and binary, over
+//! every transport.
 
 mod common;
 
@@ -8,38 +9,46 @@ use topspin::{Metadata, Request};
 
 #[tokio::test]
 async fn request_metadata_reaches_the_handler_and_comes_back() {
-    for t in BOTH {
-        let server = serve(builder(Probe::default()), t).await;
-        let ch = server.channel().await;
-        let md = Metadata::builder()
-            .text("user", "ann")
-            .unwrap()
-            .text("greeting", "grüße 👋")
-            .unwrap()
-            .binary("trace-bin", &[0, 1, 2, 255])
-            .unwrap()
-            .text("user", "bob")
-            .unwrap()
-            .build();
-        let r = ch
-            .unary(
-                RawCodec,
-                HEADERS,
-                Request::new(bytes("x")).with_metadata(md),
-            )
-            .await
-            .unwrap();
-        for got in [r.metadata(), r.trailers()] {
-            assert_eq!(got.get_str("greeting"), Some("grüße 👋"));
-            assert_eq!(got.get("trace-bin"), Some(&[0u8, 1, 2, 255][..]));
-            assert_eq!(got.get_all("user").count(), 2);
-        }
-        assert!(
-            r.metadata().get_str("peer").is_some(),
-            "handler sees the peer address"
-        );
-        server.stop().await;
-    }
+    each_transport(
+        &[(
+            Transport::Grpc,
+            "gRPC cannot carry text metadata that is not printable ASCII (\"grüße 👋\"): the \
+             client mode refuses it with INVALID_ARGUMENT, as README says",
+        )],
+        |t| async move {
+            let server = serve(builder(Probe::default()), t).await;
+            let ch = server.channel().await;
+            let md = Metadata::builder()
+                .text("user", "ann")
+                .unwrap()
+                .text("greeting", "grüße 👋")
+                .unwrap()
+                .binary("trace-bin", &[0, 1, 2, 255])
+                .unwrap()
+                .text("user", "bob")
+                .unwrap()
+                .build();
+            let r = ch
+                .unary(
+                    RawCodec,
+                    HEADERS,
+                    Request::new(bytes("x")).with_metadata(md),
+                )
+                .await
+                .unwrap();
+            for got in [r.metadata(), r.trailers()] {
+                assert_eq!(got.get_str("greeting"), Some("grüße 👋"));
+                assert_eq!(got.get("trace-bin"), Some(&[0u8, 1, 2, 255][..]));
+                assert_eq!(got.get_all("user").count(), 2);
+            }
+            assert!(
+                r.metadata().get_str("peer").is_some(),
+                "handler sees the peer address"
+            );
+            server.stop().await;
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -55,7 +64,7 @@ async fn trailers_of_a_stream_that_ends_in_an_error_are_kept() {
     use futures_util::StreamExt;
     use topspin::{Code, Response, Status};
     const FAILS: &str = "/t.M/FailsWithTrailers";
-    for t in BOTH {
+    each_transport(&[], |t| async move {
         let b = builder(Probe::default()).server_streaming(
             FAILS,
             RawCodec,
@@ -89,5 +98,6 @@ async fn trailers_of_a_stream_that_ends_in_an_error_are_kept() {
         assert_eq!(e.metadata().get_str("from-status"), Some("s"));
         assert_eq!(e.metadata().get_str("from-response"), Some("r"));
         server.stop().await;
-    }
+    })
+    .await;
 }

@@ -29,15 +29,14 @@ fn name(what: &str) -> String {
 }
 
 async fn serve_shm(name: &str) -> TestServer {
-    let server = builder(Probe::default())
-        .bind(format!("shm://{name}"))
-        .await
-        .expect("bind shm");
-    let addr = server.local_addr().clone();
-    assert_eq!(addr, Address::Shm(name.to_owned()));
-    let handle = server.shutdown_handle();
-    let task = tokio::spawn(server.serve());
-    TestServer { addr, handle, task }
+    let server = serve_at(
+        builder(Probe::default()),
+        Transport::Shm,
+        &format!("shm://{name}"),
+    )
+    .await;
+    assert_eq!(server.addr, Address::Shm(name.to_owned()));
+    server
 }
 
 /// How many topspin shared-memory mappings this process has.

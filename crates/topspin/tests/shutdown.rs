@@ -1,4 +1,5 @@
-//! Graceful shutdown: go-away, in-flight calls finish within the grace period, the rest end.
+//! Graceful shutdown: go-away, in-flight calls finish within the grace period, the rest end —
+//! over every transport.
 
 mod common;
 
@@ -33,7 +34,7 @@ fn gated() -> (
 
 #[tokio::test]
 async fn in_flight_calls_finish_within_the_grace_period() {
-    for t in BOTH {
+    each_transport(&[], |t| async move {
         let (b, started, release) = gated();
         let server = serve(b, t).await;
         let ch = server.channel().await;
@@ -61,24 +62,28 @@ async fn in_flight_calls_finish_within_the_grace_period() {
         assert_eq!(within(5, call).await.unwrap().unwrap(), bytes("in flight"));
         within(5, shutdown).await.unwrap();
         within(5, server.task).await.unwrap();
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn calls_past_the_grace_period_end_unavailable() {
-    let (b, started, _release) = gated();
-    let server = serve(b, Transport::Tcp).await;
-    let ch = server.channel().await;
-    let call = tokio::spawn({
-        let ch = ch.clone();
-        async move { unary(&ch, "/t.G/Gated", "stuck").await }
-    });
-    within(5, started.notified()).await;
-    within(5, server.handle.shutdown(Duration::from_millis(200))).await;
-    let err = within(5, call).await.unwrap().unwrap_err();
-    assert_eq!(err.code(), Code::Unavailable);
-    assert!(err.message().contains("shut down"), "{err}");
-    within(5, server.task).await.unwrap();
+    each_transport(&[], |t| async move {
+        let (b, started, _release) = gated();
+        let server = serve(b, t).await;
+        let ch = server.channel().await;
+        let call = tokio::spawn({
+            let ch = ch.clone();
+            async move { unary(&ch, "/t.G/Gated", "stuck").await }
+        });
+        within(5, started.notified()).await;
+        within(5, server.handle.shutdown(Duration::from_millis(200))).await;
+        let err = within(5, call).await.unwrap().unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable);
+        assert!(err.message().contains("shut down"), "{err}");
+        within(5, server.task).await.unwrap();
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -1,4 +1,5 @@
-//! Shared test fixtures: a test service with every call kind, started on TCP or a Unix socket.
+//! Shared test fixtures: a test service with every call kind, started on any transport
+//! ([`Transport`], [`ALL`], [`serve`], [`each_transport`]).
 #![allow(dead_code)]
 
 use bytes::Bytes;
@@ -9,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use topspin::codec::RawCodec;
 use topspin::{
-    Address, Channel, Code, Metadata, Request, Response, Server, ServerBuilder, ShutdownHandle,
-    Status, Streaming,
+    Address, Channel, Code, Endpoint, Metadata, Request, Response, Server, ServerBuilder,
+    ShutdownHandle, Status, Streaming,
 };
 
 /// Reads a response stream to its end (panicking on an error status); how many messages came.
@@ -30,41 +31,249 @@ pub const FAIL: &str = "/test.Echo/Fail";
 pub const SLOW: &str = "/test.Echo/Slow";
 pub const HEADERS: &str = "/test.Echo/Headers";
 
-/// Which transport a test runs on.
+/// Every way a topspin `Channel` reaches a topspin `Server`: the one list the capability tests
+/// (unary, streaming, deadlines, cancellation, metadata, limits, shutdown, reconnect,
+/// concurrency, large messages, compression, …) run over, each test leaving out — by name and
+/// with its reason ([`each_transport`]) — the entries where its capability does not apply.
+///
+/// `Grpc` is a topspin server's gRPC face dialled by topspin's own `grpc://` client mode, so it
+/// exercises both together; tonic against the face stays in `grpc_face.rs`, and the client mode
+/// against tonic in `grpc_client.rs`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
+    /// `tcp://127.0.0.1:0`.
     Tcp,
+    /// `unix:///tmp/…sock`.
     Unix,
+    /// `unix:@name` (Linux): an abstract socket, no file.
+    UnixAbstract,
+    /// `tls://` with a throw-away certificate for `localhost`.
+    Tls,
+    /// `ws://127.0.0.1:0/rpc`.
+    Ws,
+    /// `wss://127.0.0.1:0/rpc` with the same throw-away certificate.
+    Wss,
+    /// `shm://name` (Linux).
+    Shm,
+    /// `Channel::from_stream` over a `tokio::io::duplex`, served by `Server::serve_stream`.
+    Stream,
+    /// The server's gRPC face on its TCP port, dialled as `grpc://`.
+    Grpc,
 }
 
-pub const BOTH: [Transport; 2] = [Transport::Tcp, Transport::Unix];
+/// Every transport this build has.
+pub const ALL: &[Transport] = &[
+    Transport::Tcp,
+    Transport::Unix,
+    #[cfg(target_os = "linux")]
+    Transport::UnixAbstract,
+    #[cfg(feature = "tls")]
+    Transport::Tls,
+    #[cfg(feature = "websocket")]
+    Transport::Ws,
+    #[cfg(all(feature = "websocket", feature = "tls"))]
+    Transport::Wss,
+    #[cfg(target_os = "linux")]
+    Transport::Shm,
+    Transport::Stream,
+    #[cfg(feature = "grpc")]
+    Transport::Grpc,
+];
 
-static NEXT_SOCK: AtomicUsize = AtomicUsize::new(0);
-
-pub fn listen_addr(t: Transport) -> String {
-    match t {
-        Transport::Tcp => "tcp://127.0.0.1:0".into(),
-        Transport::Unix => {
-            let n = NEXT_SOCK.fetch_add(1, Ordering::Relaxed);
-            let dir = std::env::temp_dir();
-            format!(
-                "unix://{}/topspin-test-{}-{n}.sock",
-                dir.display(),
-                std::process::id()
-            )
-        }
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Tcp => "tcp",
+            Transport::Unix => "unix",
+            Transport::UnixAbstract => "unix-abstract",
+            Transport::Tls => "tls",
+            Transport::Ws => "ws",
+            Transport::Wss => "wss",
+            Transport::Shm => "shm",
+            Transport::Stream => "stream",
+            Transport::Grpc => "grpc",
+        })
     }
 }
 
+/// A transport a test leaves out, and why.
+pub type Skip = (Transport, &'static str);
+
+/// Why `Stream` cannot take part in tests that dial an address again.
+pub const STREAM_NO_ADDRESS: &str =
+    "a Channel::from_stream has no address: it cannot reconnect, pool or be dialled lazily";
+
+/// Why a slow cell is left out on a transport whose layers another cell already runs: the
+/// abstract socket is the Unix socket's code with another address, wss:// is ws:// over tls://.
+pub const TRIMMED: &str =
+    "trimmed for test time: the same layers run on tcp/unix (abstract: unix's code) and ws + tls (wss)";
+
+/// `skips` plus `trimmed`, each with [`TRIMMED`] as its reason.
+pub fn trim(skips: &[Skip], trimmed: &[Transport]) -> Vec<Skip> {
+    let mut all = skips.to_vec();
+    all.extend(trimmed.iter().map(|t| (*t, TRIMMED)));
+    all
+}
+
+/// Runs `test` once per transport of [`ALL`] not in `skips` (each skipped one is printed with
+/// its reason), each bounded to `CELL_SECS`. Every transport runs even after one failed; the
+/// test then fails naming each transport that failed and how.
+pub async fn each_transport<F, Fut>(skips: &[Skip], test: F)
+where
+    F: FnMut(Transport) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    each_of(ALL.iter().copied(), skips, test).await
+}
+
+/// How long one (test × transport) cell may take.
+pub const CELL_SECS: u64 = 120;
+
+/// [`each_transport`] over a chosen list.
+pub async fn each_of<F, Fut>(
+    transports: impl IntoIterator<Item = Transport>,
+    skips: &[Skip],
+    mut test: F,
+) where
+    F: FnMut(Transport) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use futures_util::FutureExt;
+    let mut failed = Vec::new();
+    for t in transports {
+        if let Some((_, why)) = skips.iter().find(|(s, _)| *s == t) {
+            eprintln!("[{t}] skipped: {why}");
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let cell = tokio::time::timeout(Duration::from_secs(CELL_SECS), test(t));
+        match std::panic::AssertUnwindSafe(cell).catch_unwind().await {
+            Ok(Ok(())) => eprintln!("[{t}] ok in {:?}", started.elapsed()),
+            Ok(Err(_)) => failed.push(format!("[{t}] timed out after {CELL_SECS} s")),
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "(a panic without a message)".into());
+                failed.push(format!("[{t}] {what}"));
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "failed on {} transport(s):\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+static NEXT_SOCK: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh address to bind a server of transport `t` to (port 0 where there is a port; a new
+/// name where there is a name; a placeholder TCP listener for `Stream`, whose connections come
+/// through [`TestServer::channel`]).
+pub fn listen_addr(t: Transport) -> String {
+    let n = NEXT_SOCK.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    match t {
+        Transport::Tcp | Transport::Tls | Transport::Grpc | Transport::Stream => {
+            let scheme = if t == Transport::Tls { "tls" } else { "tcp" };
+            format!("{scheme}://127.0.0.1:0")
+        }
+        Transport::Unix => {
+            let dir = std::env::temp_dir();
+            format!("unix://{}/topspin-test-{pid}-{n}.sock", dir.display())
+        }
+        Transport::UnixAbstract => format!("unix:@topspin-test-{pid}-{n}"),
+        Transport::Ws => "ws://127.0.0.1:0/rpc".into(),
+        Transport::Wss => "wss://127.0.0.1:0/rpc".into(),
+        Transport::Shm => format!("shm://topspin-test-{pid}-{n}"),
+    }
+}
+
+/// A fixed address no server is bound to yet, for `t` (a port the kernel just handed out and
+/// took back, where there is a port): what to bind, and what a client dials.
+pub fn unbound_addr(t: Transport) -> String {
+    let any = listen_addr(t);
+    if !any.contains("127.0.0.1:0") {
+        return any;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    any.replace("127.0.0.1:0", &format!("127.0.0.1:{port}"))
+}
+
+/// The throw-away certificate (for `localhost`) of the `Tls` and `Wss` transports, made once per
+/// test process.
+#[cfg(feature = "tls")]
+fn test_tls() -> &'static (topspin::tls::ServerTls, topspin::tls::ClientTls) {
+    static TLS: std::sync::OnceLock<(topspin::tls::ServerTls, topspin::tls::ClientTls)> =
+        std::sync::OnceLock::new();
+    TLS.get_or_init(|| {
+        let ca = Ca::new("topspin test CA");
+        let pair = ca.issue("server", &["localhost"], false);
+        let server =
+            topspin::tls::ServerTls::from_pem_files(&pair.cert, &pair.key).expect("server TLS");
+        let client = topspin::tls::ClientTls::ca_pem_file(&ca.cert)
+            .expect("client TLS")
+            .server_name("localhost")
+            .expect("server name");
+        (server, client)
+    })
+}
+
+/// A running test server and how to reach it over its transport.
 pub struct TestServer {
+    pub transport: Transport,
+    /// What a client dials (`grpc://…` for `Grpc`; a placeholder that fails to connect for
+    /// `Stream`, whose channels come from [`TestServer::channel`]).
     pub addr: Address,
+    /// The address the server is bound to (to bind another server there after this one).
+    pub bound: String,
     pub handle: ShutdownHandle,
     pub task: tokio::task::JoinHandle<()>,
+    acceptor: Option<topspin::StreamAcceptor>,
 }
 
 impl TestServer {
     pub async fn channel(&self) -> Channel {
-        Channel::connect(self.addr.clone()).await.expect("connect")
+        self.connect_with(|e| e)
+            .await
+            .unwrap_or_else(|e| panic!("[{}] connect: {e}", self.transport))
+    }
+
+    /// An endpoint to dial this server with (its client TLS settings set); not for `Stream`.
+    pub fn endpoint(&self) -> Endpoint {
+        endpoint_for(self.transport, self.addr.clone())
+    }
+
+    /// A channel from [`TestServer::endpoint`] after `f` (limits, timeouts, …); for `Stream` a
+    /// new pipe served by the server, with the endpoint's settings.
+    pub async fn connect_with(
+        &self,
+        f: impl FnOnce(Endpoint) -> Endpoint,
+    ) -> Result<Channel, Status> {
+        let endpoint = f(self.endpoint());
+        match &self.acceptor {
+            Some(acceptor) => {
+                let (a, b) = tokio::io::duplex(256 * 1024);
+                tokio::spawn(acceptor.serve(a));
+                endpoint.connect_stream(b).await
+            }
+            None => endpoint.connect().await,
+        }
+    }
+
+    /// `Stream` only: the client's end of a new pipe the server serves, for a test to write
+    /// raw bytes into.
+    pub fn pipe(&self) -> tokio::io::DuplexStream {
+        let acceptor = self.acceptor.as_ref().expect("a Stream server");
+        let (a, b) = tokio::io::duplex(256 * 1024);
+        tokio::spawn(acceptor.serve(a));
+        b
     }
 
     pub async fn stop(self) {
@@ -73,12 +282,67 @@ impl TestServer {
     }
 }
 
+/// What a client of transport `t` dials to reach a server bound to `bound` (`grpc://` for the
+/// gRPC face of a TCP port).
+pub fn dial_addr(t: Transport, bound: &str) -> Address {
+    let dial = match t {
+        Transport::Grpc => bound.replacen("tcp://", "grpc://", 1),
+        _ => bound.to_owned(),
+    };
+    dial.parse().expect("a valid address")
+}
+
+/// An endpoint for `addr` over transport `t` (with the test certificate's client settings).
+pub fn endpoint_for(t: Transport, addr: Address) -> Endpoint {
+    let e = Endpoint::new(addr).expect("a valid address");
+    #[cfg(feature = "tls")]
+    if matches!(t, Transport::Tls | Transport::Wss) {
+        return e.tls(test_tls().1.clone());
+    }
+    let _ = t;
+    e
+}
+
+/// Starts `builder` on a fresh address of transport `t`.
 pub async fn serve(builder: ServerBuilder, t: Transport) -> TestServer {
-    let server = builder.bind(listen_addr(t)).await.expect("bind");
-    let addr = server.local_addr().clone();
+    serve_at(builder, t, &listen_addr(t)).await
+}
+
+/// Starts `builder` on `addr` (of transport `t`): the one way the tests start a server.
+pub async fn serve_at(builder: ServerBuilder, t: Transport, addr: &str) -> TestServer {
+    #[cfg(feature = "tls")]
+    let builder = if matches!(t, Transport::Tls | Transport::Wss) {
+        builder.tls(test_tls().0.clone())
+    } else {
+        builder
+    };
+    let server = builder
+        .bind(addr)
+        .await
+        .unwrap_or_else(|e| panic!("[{t}] bind {addr}: {e}"));
+    started(server, t)
+}
+
+/// Serves a server already bound (on an address of transport `t`) as a [`TestServer`].
+pub fn started(server: Server, t: Transport) -> TestServer {
+    let bound = server.local_addr().to_string();
+    let (addr, acceptor) = match t {
+        Transport::Stream => (
+            Address::Unix("(a stream has no address)".into()),
+            Some(server.stream_acceptor()),
+        ),
+        _ => (dial_addr(t, &bound), None),
+    };
     let handle = server.shutdown_handle();
     let task = tokio::spawn(server.serve());
-    TestServer { addr, handle, task }
+    TestServer {
+        transport: t,
+        addr,
+        bound,
+        handle,
+        task,
+        acceptor,
+    }
 }
 
 /// Signals from handlers to tests.
@@ -226,7 +490,7 @@ pub async fn within<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T 
 }
 
 /// Lone calls (read by their callers when the spin is off) mixed with calls from other tasks, deadlines passing,
-/// callers that give up and streams, on both runtimes and transports: every call ends as it
+/// callers that give up and streams, on both runtimes and every transport: every call ends as it
 /// should, and promptly (a wake-up lost between a caller and the connection's task would
 /// leave a call waiting for ever).
 pub fn lone_calls_mixed() {
@@ -242,77 +506,71 @@ pub fn lone_calls_mixed() {
                 .build()
         }
         .unwrap();
-        rt.block_on(async {
-            for t in BOTH {
-                let probe = Probe::default();
-                let server = serve(builder(probe), t).await;
-                let ch = server.channel().await;
-                within(60, async {
-                    for round in 0..40 {
-                        // Alone: its caller reads the reply.
-                        for i in 0..20 {
-                            let body = format!("{round}.{i}");
-                            assert_eq!(unary(&ch, UNARY, &body).await.unwrap(), bytes(&body));
+        rt.block_on(each_transport(&[], |t| async move {
+            let probe = Probe::default();
+            let server = serve(builder(probe), t).await;
+            let ch = server.channel().await;
+            within(60, async {
+                for round in 0..40 {
+                    // Alone: its caller reads the reply.
+                    for i in 0..20 {
+                        let body = format!("{round}.{i}");
+                        assert_eq!(unary(&ch, UNARY, &body).await.unwrap(), bytes(&body));
+                    }
+                    // Another task's calls join while one is read by its caller.
+                    let other = tokio::spawn({
+                        let ch = ch.clone();
+                        async move {
+                            for i in 0..5 {
+                                let body = format!("other {round}.{i}");
+                                assert_eq!(unary(&ch, UNARY, &body).await.unwrap(), bytes(&body));
+                            }
                         }
-                        // Another task's calls join while one is read by its caller.
-                        let other = tokio::spawn({
-                            let ch = ch.clone();
-                            async move {
-                                for i in 0..5 {
-                                    let body = format!("other {round}.{i}");
-                                    assert_eq!(
-                                        unary(&ch, UNARY, &body).await.unwrap(),
-                                        bytes(&body)
-                                    );
-                                }
-                            }
-                        });
-                        for i in 0..5 {
-                            let body = format!("mine {round}.{i}");
-                            assert_eq!(unary(&ch, UNARY, &body).await.unwrap(), bytes(&body));
+                    });
+                    for i in 0..5 {
+                        let body = format!("mine {round}.{i}");
+                        assert_eq!(unary(&ch, UNARY, &body).await.unwrap(), bytes(&body));
+                    }
+                    other.await.unwrap();
+                    match round % 4 {
+                        // A deadline passes while its caller reads for itself.
+                        0 => {
+                            let r = ch
+                                .unary(
+                                    RawCodec,
+                                    SLOW,
+                                    Request::new(bytes("late"))
+                                        .with_timeout(Duration::from_millis(20)),
+                                )
+                                .await
+                                .unwrap_err();
+                            assert_eq!(r.code(), Code::DeadlineExceeded, "{r}");
                         }
-                        other.await.unwrap();
-                        match round % 4 {
-                            // A deadline passes while its caller reads for itself.
-                            0 => {
-                                let r = ch
-                                    .unary(
-                                        RawCodec,
-                                        SLOW,
-                                        Request::new(bytes("late"))
-                                            .with_timeout(Duration::from_millis(20)),
-                                    )
-                                    .await
-                                    .unwrap_err();
-                                assert_eq!(r.code(), Code::DeadlineExceeded, "{r}");
-                            }
-                            // A caller gives up (its future is dropped) while reading for
-                            // itself, possibly just after the reply woke it.
-                            1 => {
-                                let give_up = Duration::from_micros(50 + 100 * round as u64);
-                                let _ =
-                                    tokio::time::timeout(give_up, unary(&ch, UNARY, "maybe")).await;
-                            }
-                            // A stream in between.
-                            2 => {
-                                let mut s = ch
-                                    .server_streaming(RawCodec, SERVER_STREAM, bytes("3"))
-                                    .await
-                                    .unwrap()
-                                    .into_inner();
-                                assert_eq!(count_messages(&mut s).await, 3);
-                            }
-                            _ => {
-                                let e = unary(&ch, FAIL, "NOT_FOUND:gone").await.unwrap_err();
-                                assert_eq!(e.code(), Code::NotFound);
-                            }
+                        // A caller gives up (its future is dropped) while reading for
+                        // itself, possibly just after the reply woke it.
+                        1 => {
+                            let give_up = Duration::from_micros(50 + 100 * round as u64);
+                            let _ = tokio::time::timeout(give_up, unary(&ch, UNARY, "maybe")).await;
+                        }
+                        // A stream in between.
+                        2 => {
+                            let mut s = ch
+                                .server_streaming(RawCodec, SERVER_STREAM, bytes("3"))
+                                .await
+                                .unwrap()
+                                .into_inner();
+                            assert_eq!(count_messages(&mut s).await, 3);
+                        }
+                        _ => {
+                            let e = unary(&ch, FAIL, "NOT_FOUND:gone").await.unwrap_err();
+                            assert_eq!(e.code(), Code::NotFound);
                         }
                     }
-                })
-                .await;
-                server.stop().await;
-            }
-        });
+                }
+            })
+            .await;
+            server.stop().await;
+        }));
     }
 }
 
@@ -344,4 +602,86 @@ pub async fn fake_server(hang_up: bool) -> String {
         }
     });
     format!("tcp://{addr}")
+}
+
+// Certificates made at test time (rcgen), for the TLS and WebSocket-over-TLS transports.
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// A certificate authority that issues server and client certificates into PEM files.
+pub struct Ca {
+    pub dir: std::path::PathBuf,
+    pub cert: std::path::PathBuf,
+    params: rcgen::CertificateParams,
+    key: rcgen::KeyPair,
+}
+
+/// A certificate and its key, as PEM files.
+pub struct Pair {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+fn temp_dir() -> std::path::PathBuf {
+    let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("topspin-pki-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Ca {
+        let dir = temp_dir();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("self-signed CA");
+        let path = dir.join("ca.pem");
+        std::fs::write(&path, cert.pem()).expect("write CA");
+        Ca {
+            dir,
+            cert: path,
+            params,
+            key,
+        }
+    }
+
+    /// A certificate for `names` (DNS names or IP addresses), valid now unless `expired`.
+    pub fn issue(&self, file: &str, names: &[&str], expired: bool) -> Pair {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            names.first().copied().unwrap_or("x"),
+        );
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        }
+        let key = rcgen::KeyPair::generate().expect("key");
+        let issuer = rcgen::Issuer::from_params(&self.params, &self.key);
+        let cert = params.signed_by(&key, &issuer).expect("sign");
+        self.write(file, &cert.pem(), &key.serialize_pem())
+    }
+
+    /// Writes a certificate and key (replacing files of the same name).
+    pub fn write(&self, file: &str, cert: &str, key: &str) -> Pair {
+        let pair = Pair {
+            cert: self.dir.join(format!("{file}.pem")),
+            key: self.dir.join(format!("{file}.key")),
+        };
+        std::fs::write(&pair.cert, cert).expect("write cert");
+        std::fs::write(&pair.key, key).expect("write key");
+        pair
+    }
+}
+
+impl Drop for Ca {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

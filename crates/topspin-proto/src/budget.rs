@@ -105,6 +105,20 @@ impl MemoryBudget {
         self.used() >= self.limit || self.parent.as_ref().is_some_and(|p| p.is_spent())
     }
 
+    /// The budget this is a share of, if it is one.
+    pub fn whole(&self) -> Option<&Arc<MemoryBudget>> {
+        self.parent.as_ref()
+    }
+
+    /// A share hands `n` of its bytes to its whole: they leave the share's count but stay
+    /// charged to the whole (a message that completed and went on to its handler is no longer
+    /// the connection's incomplete data). On a budget that is no share, does nothing.
+    pub fn hand_to_whole(&self, n: usize) {
+        if self.parent.is_some() {
+            self.release_local(n);
+        }
+    }
+
     /// Gives back `n` bytes taken earlier with [`MemoryBudget::try_reserve`].
     pub fn release(&self, n: usize) {
         self.release_local(n);

@@ -1048,6 +1048,13 @@ impl Call {
         }
         match outcome {
             Outcome::Reply(Ok((message, headers, trailers))) => {
+                // The handler's compression choice applies to this very message: taken before
+                // it is framed (the headers that announce it go after, if framing succeeds).
+                if matches!(self.out, Out::Head(_)) {
+                    if let Some(choice) = wire::chosen_compression(&headers) {
+                        self.send = choice.filter(|c| self.accepts & c.encoding().bit() != 0);
+                    }
+                }
                 let frame = match Frame::new(message, self.send) {
                     Ok(f) => f,
                     Err(st) => {

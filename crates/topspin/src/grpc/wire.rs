@@ -761,8 +761,14 @@ impl Deframer {
         self.buf.advance(5);
         let body = self.buf.split_to(n).freeze();
         // The message is the handler's now, still charged until the handler drops it.
+        // Complete, it is no longer the connection's incomplete data: the charge moves from
+        // the connection's share to the process budget, until the handler drops it.
         let body = match (&self.budget, std::mem::take(&mut self.held)) {
-            (Some(b), held) if held > 0 => crate::compression::charged_bytes(body, b.clone(), held),
+            (Some(b), held) if held > 0 => {
+                b.hand_to_whole(held);
+                let whole = b.whole().unwrap_or(b).clone();
+                crate::compression::charged_bytes(body, whole, held)
+            }
             _ => body,
         };
         self.finish(flag, body, n, limit, encoding).map(Some)
@@ -809,7 +815,8 @@ impl Deframer {
         limit: u32,
         encoding: Option<Encoding>,
     ) -> Result<Received, Status> {
-        let budget = self.budget.as_ref();
+        // Decompressed bytes are charged to the process budget, as on the native face.
+        let budget = self.budget.as_ref().map(|b| b.whole().unwrap_or(b));
         let message = unframe(flag == 1, body, encoding, limit as usize, budget)?;
         Ok(Received {
             message,

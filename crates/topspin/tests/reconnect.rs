@@ -82,19 +82,6 @@ async fn a_connection_that_drops_fails_calls_in_flight_with_the_reason() {
     each_transport(&[(
         Transport::Stream,
         "a stream's connection runs on a task of its own, not the server's: aborting serve() leaves it up",
-    ), (
-        Transport::Ws,
-        // BUG: a ws:// server that goes away abruptly fails the call with "connection failed:
-        // INTERNAL_ERROR: read failed: WebSocket: WebSocket protocol error: Connection reset
-        // without closing handshake" — a protocol error, not the connection closing.
-        "BUG: ws:// reports a server that vanished as an INTERNAL_ERROR WebSocket protocol error",
-    ), (
-        Transport::Shm,
-        // BUG: a shm:// server whose task is aborted fails the client's call with "read failed:
-        // shared-memory transport: ring head out of range (peer is corrupt or hostile)": the
-        // client reads the rings of a peer that is going away and blames corruption, instead
-        // of saying the connection closed.
-        "BUG: shm:// reports a server that vanished as a corrupt or hostile peer",
     )], |t| async move {
         let probe = Probe::default();
         let server = serve(builder(probe.clone()), t).await;

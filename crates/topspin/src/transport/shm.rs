@@ -293,6 +293,9 @@ impl Drop for ShmTransport {
     fn drop(&mut self) {
         if let Some((fd, _)) = &self.owned {
             use rustix::fs::{fallocate, FallocateFlags};
+            // The socket ends first, so a client that reads the zeroed pages finds its end of
+            // stream and reports the connection closed, not a corrupt peer.
+            let _ = rustix::net::shutdown(self.sock.get_ref(), rustix::net::Shutdown::Both);
             let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
             let _ = fallocate(fd, flags, 0, self.map.len as u64);
         }
@@ -385,7 +388,7 @@ impl ShmTransport {
         let head = self.map.u64_at(self.rx + HEAD).load(Ordering::Acquire);
         let avail = head.wrapping_sub(self.rx_tail);
         if avail > self.ring as u64 {
-            return Err(corrupt("ring head out of range"));
+            return Err(self.gone_or_corrupt("ring head out of range"));
         }
         Ok(avail as usize)
     }
@@ -396,9 +399,32 @@ impl ShmTransport {
         let tail = self.map.u64_at(self.tx + TAIL).load(Ordering::Acquire);
         let used = self.tx_head.wrapping_sub(tail);
         if used > self.ring as u64 {
-            return Err(corrupt("ring tail out of range"));
+            return Err(self.gone_or_corrupt("ring tail out of range"));
         }
         Ok(self.ring - used as usize)
+    }
+
+    /// An index out of range: a corrupt or hostile peer — or a server that went away, which
+    /// shuts its socket down and then frees the pages (they read as zeros). The socket tells
+    /// them apart: wake bytes are read and dropped (they mean nothing else), and an end of
+    /// stream behind them is the peer leaving, reported as such.
+    #[cold]
+    fn gone_or_corrupt(&self, what: &str) -> io::Error {
+        use rustix::net::{recv, RecvFlags};
+        let mut b = [0u8; 64];
+        for _ in 0..64 {
+            match recv(self.sock.get_ref(), &mut b, RecvFlags::DONTWAIT) {
+                Ok((0, _)) => {
+                    return io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the shared-memory peer closed the connection",
+                    )
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        corrupt(what)
     }
 
     /// Clears the peer's sleep flag at `off` and wakes it if it was set (the caller stored its

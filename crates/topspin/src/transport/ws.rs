@@ -528,6 +528,14 @@ fn io_error(e: WsError) -> io::Error {
         WsError::ConnectionClosed | WsError::AlreadyClosed => {
             io::Error::new(io::ErrorKind::BrokenPipe, "the WebSocket is closed")
         }
+        // The peer's socket closed without a close frame (a process that died, a server task
+        // dropped): the connection ended, not a protocol error of the peer's.
+        WsError::Protocol(
+            tokio_tungstenite::tungstenite::error::ProtocolError::ResetWithoutClosingHandshake,
+        ) => io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the WebSocket peer closed the connection without a closing handshake",
+        ),
         other => io::Error::new(io::ErrorKind::InvalidData, format!("WebSocket: {other}")),
     }
 }

@@ -85,14 +85,9 @@ async fn calls_over_the_concurrency_limit_wait_their_turn() {
 
 #[tokio::test]
 async fn metadata_over_the_limit_is_refused() {
-    let skips = [(
-        Transport::Grpc,
-        // BUG: the face bounds a request's header list at max_metadata_size + 4 KiB
-        // (HEADER_ROOM in src/grpc/server.rs, room for the HTTP/2 and gRPC headers) and never
-        // checks the metadata itself: with max_metadata_size = 64 a 200-byte value is served
-        // (Ok), where the native protocol refuses it with RESOURCE_EXHAUSTED.
-        "BUG: the gRPC face lets metadata up to 4 KiB over max_metadata_size through",
-    )];
+    // Fixed: the gRPC face bounded only the header list (max_metadata_size + 4 KiB for the
+    // HTTP/2 and gRPC headers) and served a 200-byte value over a 64-byte limit.
+    let skips: [(Transport, &str); 0] = [];
     each_transport(&skips, |t| async move {
         let config = Config::default().with_max_metadata_size(64);
         let server = serve(builder(Probe::default()).config(config), t).await;

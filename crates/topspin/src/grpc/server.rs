@@ -123,6 +123,7 @@ where
         peer,
         context,
         max_message_size: config.max_message_size(),
+        max_metadata_size: config.max_metadata_size() as usize,
         window: window as usize,
         frame_timeout: config.frame_timeout(),
         compression: config.compression(),
@@ -472,6 +473,9 @@ struct Face {
     /// Every call's share of the connection's context.
     context: Arc<crate::request::ConnContext>,
     max_message_size: u32,
+    /// The request metadata's limit, as on the native face (the header list may be larger by
+    /// the HTTP/2 and gRPC headers themselves).
+    max_metadata_size: usize,
     window: usize,
     /// A request message that stops arriving (no byte for this long while the window is
     /// open) ends its call: `Config::frame_timeout`, as a stalled native frame.
@@ -537,6 +541,17 @@ impl Face {
             .compression
             .filter(|c| accepts & c.encoding().bit() != 0);
         let metadata = wire::metadata_from_headers(headers);
+        let md_len = metadata.encoded_len();
+        if md_len > self.max_metadata_size {
+            let st = Status::new(
+                Code::ResourceExhausted,
+                format!(
+                    "request metadata of {md_len} bytes exceeds this server's limit of {} bytes (max_metadata_size)",
+                    self.max_metadata_size
+                ),
+            );
+            return trailers_only(&mut respond, &st, negotiating);
+        }
         let cancel = Cancellation::default();
         let ctx = ServerContext {
             deadline,

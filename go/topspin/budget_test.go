@@ -1,0 +1,117 @@
+package topspin_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/topspin-rpc/topspin/go/topspin"
+	"github.com/topspin-rpc/topspin/go/wire"
+)
+
+// holdServer serves /t.S/Hold, whose handler keeps its request until release is closed
+// (telling held of each request it took), and /t.S/Echo; on budget b.
+func holdServer(t *testing.T, b *wire.MemoryBudget, held chan<- int, release <-chan struct{}, opts ...topspin.Option) string {
+	t.Helper()
+	s := topspin.NewServer(append([]topspin.Option{topspin.WithMemoryBudget(b)}, opts...)...)
+	s.Handle("/t.S/Hold", topspin.UnaryRaw(func(ctx context.Context, _ topspin.Metadata, req []byte) ([]byte, error) {
+		held <- len(req)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return []byte("done"), nil
+	}), topspin.CodecRaw)
+	s.Handle("/t.S/Echo", topspin.UnaryRaw(func(_ context.Context, _ topspin.Metadata, req []byte) ([]byte, error) {
+		return req, nil
+	}), topspin.CodecRaw)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(s.Stop)
+	return l.Addr().String()
+}
+
+// waitUsed waits (at most 10 s) until ok(b.Used()).
+func waitUsed(t *testing.T, b *wire.MemoryBudget, what string, ok func(int64) bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !ok(b.Used()); {
+		if time.Now().After(end) {
+			t.Fatalf("%s: budget used %d of %d", what, b.Used(), b.Limit())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A decompressed request is charged to the server's memory budget while its handler holds
+// it; one that finds no room ends RESOURCE_EXHAUSTED (a zstd bomb cannot take more memory
+// than the budget), a good client is served meanwhile, and the charge is given back once
+// the handlers return (native face).
+func TestDecompressedRequestsChargedToBudget(t *testing.T) {
+	const size = 6 << 20
+	b := wire.NewMemoryBudget(32 << 20)
+	held, release := make(chan int, 16), make(chan struct{})
+	addr := holdServer(t, b, held, release, topspin.WithMaxMessageSize(16<<20))
+	bomb, err := wire.Compress(wire.EncodingZstd, make([]byte, size))
+	if err != nil || len(bomb) > 4096 {
+		t.Fatalf("bomb: %d bytes, %v", len(bomb), err)
+	}
+	cc := dial(t, "tcp://"+addr)
+	ctx := topspin.WithOutgoingMetadata(ctx10(t), topspin.MD(wire.KeyEncoding, wire.EncodingZstd))
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	call := func() {
+		defer wg.Done()
+		_, err := cc.InvokeRaw(ctx, "/t.S/Hold", bomb, raw)
+		errs <- err
+	}
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go call()
+		if n := <-held; n != size {
+			t.Fatalf("handler got %d bytes", n)
+		}
+	}
+	waitUsed(t, b, "two 6 MiB requests held", func(u int64) bool { return u >= 2*size })
+	// More bombs than the budget holds: those that find no room are refused.
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go call()
+	}
+	refused := 0
+	for end := time.Now().Add(10 * time.Second); refused+len(held) < 6; {
+		select {
+		case err := <-errs:
+			if st := topspin.StatusOf(err); st == nil || st.Code != topspin.ResourceExhausted || !strings.Contains(st.Message, wire.NoRoomReason) {
+				t.Fatalf("a bomb past the budget: %v", err)
+			}
+			refused++
+		case <-time.After(5 * time.Millisecond):
+			if time.Now().After(end) {
+				t.Fatalf("%d refused, %d held", refused, len(held))
+			}
+		}
+	}
+	if refused == 0 || b.Used() > b.Limit() {
+		t.Fatalf("%d refused, budget used %d of %d", refused, b.Used(), b.Limit())
+	}
+	// A good client is served meanwhile.
+	good := dial(t, "tcp://"+addr)
+	if out, err := good.InvokeRaw(ctx10(t), "/t.S/Echo", []byte("hello"), raw); err != nil || string(out) != "hello" {
+		t.Fatalf("good client: %q, %v", out, err)
+	}
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil && topspin.CodeOf(err) != topspin.ResourceExhausted {
+			t.Fatalf("held call: %v", err)
+		}
+	}
+	waitUsed(t, b, "after the handlers returned", func(u int64) bool { return u == 0 })
+}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/topspin-rpc/topspin/go/topspin"
 	"github.com/topspin-rpc/topspin/go/wire"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 )
 
 // holdServer serves /t.S/Hold, whose handler keeps its request until release is closed
@@ -51,33 +53,77 @@ func waitUsed(t *testing.T, b *wire.MemoryBudget, what string, ok func(int64) bo
 // A decompressed request is charged to the server's memory budget while its handler holds
 // it; one that finds no room ends RESOURCE_EXHAUSTED (a zstd bomb cannot take more memory
 // than the budget), a good client is served meanwhile, and the charge is given back once
-// the handlers return (native face).
+// the handlers return. Native face and gRPC face.
 func TestDecompressedRequestsChargedToBudget(t *testing.T) {
 	const size = 6 << 20
-	b := wire.NewMemoryBudget(32 << 20)
-	held, release := make(chan int, 16), make(chan struct{})
-	addr := holdServer(t, b, held, release, topspin.WithMaxMessageSize(16<<20))
 	bomb, err := wire.Compress(wire.EncodingZstd, make([]byte, size))
 	if err != nil || len(bomb) > 4096 {
 		t.Fatalf("bomb: %d bytes, %v", len(bomb), err)
 	}
-	cc := dial(t, "tcp://"+addr)
-	ctx := topspin.WithOutgoingMetadata(ctx10(t), topspin.MD(wire.KeyEncoding, wire.EncodingZstd))
+	t.Run("native", func(t *testing.T) {
+		chargedBombs(t, size, func(t *testing.T, addr string) func() error {
+			cc := dial(t, "tcp://"+addr)
+			ctx := topspin.WithOutgoingMetadata(ctx10(t), topspin.MD(wire.KeyEncoding, wire.EncodingZstd))
+			return func() error {
+				_, err := cc.InvokeRaw(ctx, "/t.S/Hold", bomb, raw)
+				return err
+			}
+		})
+	})
+	t.Run("grpc", func(t *testing.T) {
+		chargedBombs(t, size, func(t *testing.T, addr string) func() error {
+			cc := grpcClient(t, "tcp", addr)
+			ctx, msg := ctx10(t), make([]byte, size)
+			return func() error {
+				_, err := unary(ctx, cc, "/t.S/Hold", msg, grpc.UseCompressor("zstd"))
+				return fromGRPC(err)
+			}
+		})
+	})
+}
+
+// fromGRPC is a grpc-go error as a *topspin.Status (nil stays nil).
+func fromGRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, _ := status.FromError(err)
+	return &topspin.Status{Code: topspin.Code(st.Code()), Message: st.Message()}
+}
+
+// chargedBombs runs TestDecompressedRequestsChargedToBudget with the bombs newCall sends.
+func chargedBombs(t *testing.T, size int, newCall func(t *testing.T, addr string) func() error) {
+	b := wire.NewMemoryBudget(32 << 20)
+	held, release := make(chan int, 16), make(chan struct{})
+	addr := holdServer(t, b, held, release, topspin.WithMaxMessageSize(16<<20))
+	bomb := newCall(t, addr)
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	call := func() {
 		defer wg.Done()
-		_, err := cc.InvokeRaw(ctx, "/t.S/Hold", bomb, raw)
-		errs <- err
+		errs <- bomb()
 	}
+	defer func() { // nothing left waiting on a failure
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+		wg.Wait()
+	}()
 	for i := 0; i < 2; i++ {
 		wg.Add(1)
 		go call()
-		if n := <-held; n != size {
-			t.Fatalf("handler got %d bytes", n)
+		select {
+		case n := <-held:
+			if n != size {
+				t.Fatalf("handler got %d bytes", n)
+			}
+		case err := <-errs:
+			t.Fatalf("call %d: %v", i, err)
 		}
 	}
-	waitUsed(t, b, "two 6 MiB requests held", func(u int64) bool { return u >= 2*size })
+	waitUsed(t, b, "two 6 MiB requests held", func(u int64) bool { return u >= 2*int64(size) })
 	// More bombs than the budget holds: those that find no room are refused.
 	for i := 0; i < 6; i++ {
 		wg.Add(1)

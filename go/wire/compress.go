@@ -91,6 +91,12 @@ func DecompressCharged(enc string, payload []byte, limit uint32, budget *MemoryB
 	default:
 		return nil, 0, &CallError{Code: Internal, Message: fmt.Sprintf("unknown compression flag %d", payload[0])}
 	}
+	return InflateCharged(enc, body, limit, budget)
+}
+
+// InflateCharged decompresses body (a message's bytes after its flag byte 1) as
+// DecompressCharged does.
+func InflateCharged(enc string, body []byte, limit uint32, budget *MemoryBudget) ([]byte, int64, error) {
 	var r io.Reader
 	switch enc {
 	case EncodingZstd:

@@ -99,7 +99,7 @@ func (c *Conn) splitAppend(cl *call, chunk []byte) {
 		size := int(min(uint64(cl.splitTotal), uint64(2*need)))
 		grown := make([]byte, len(cl.split), size)
 		copy(grown, cl.split)
-		c.budget.Charge(int64(size) - cl.splitCharge)
+		c.share.Charge(int64(size) - cl.splitCharge)
 		cl.split, cl.splitCharge = grown, int64(size)
 	}
 	cl.split = append(cl.split, chunk...)
@@ -107,7 +107,7 @@ func (c *Conn) splitAppend(cl *call, chunk []byte) {
 
 // dropSplit forgets the call's split buffer and gives its charge back.
 func (c *Conn) dropSplit(cl *call) {
-	c.budget.Release(cl.splitCharge)
+	c.share.Release(cl.splitCharge)
 	cl.split, cl.splitCharge = nil, 0
 	if c.splitGoing == cl.id {
 		c.splitGoing = 0

@@ -161,3 +161,57 @@ func chargedBombs(t *testing.T, size int, newCall func(t *testing.T, addr string
 	}
 	waitUsed(t, b, "after the handlers returned", func(u int64) bool { return u == 0 })
 }
+
+// A peer that starts a split message and goes quiet is cut after the frame timeout with
+// ERROR TIMEOUT, and what its message held goes back to the budget; a good client is
+// served meanwhile.
+func TestQuietSplitMessageCut(t *testing.T) {
+	b := wire.NewMemoryBudget(64 << 20)
+	held, release := make(chan int, 1), make(chan struct{})
+	defer close(release)
+	addr := holdServer(t, b, held, release, topspin.WithFrameTimeout(500*time.Millisecond))
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	in := append(append([]byte{}, wire.Preface[:]...), wire.Append(nil, &wire.Frame{Type: wire.TypeSettings})...)
+	in = wire.Append(in, &wire.Frame{Type: wire.TypeCall, Flags: wire.FlagNamed, CallID: 1, MethodName: "/t.S/Echo", Codec: topspin.CodecRaw, Metadata: wire.Metadata{}})
+	in = wire.Append(in, &wire.Frame{Type: wire.TypeMessage, Flags: wire.FlagSplit, CallID: 1, TotalLen: 8 << 20, Chunk: make([]byte, 64<<10)})
+	if _, err := nc.Write(in); err != nil {
+		t.Fatal(err)
+	}
+	waitUsed(t, b, "the split message's first chunk", func(u int64) bool { return u > 0 })
+	start := time.Now()
+	good := dial(t, "tcp://"+addr)
+	if out, err := good.InvokeRaw(ctx10(t), "/t.S/Echo", []byte("hello"), raw); err != nil || string(out) != "hello" {
+		t.Fatalf("good client: %q, %v", out, err)
+	}
+	// The server says ERROR TIMEOUT and closes (read everything until then, bounded).
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var got []byte
+	buf := make([]byte, 4096)
+	for len(got) < 1<<20 {
+		n, err := nc.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	if i := len(wire.Preface); len(got) < i {
+		t.Fatalf("got %d bytes", len(got))
+	}
+	rest, timedOut := got[len(wire.Preface):], false
+	for len(rest) > 0 {
+		f, n, err := wire.Decode(rest, 16<<20)
+		if err != nil || n == 0 {
+			break
+		}
+		timedOut = timedOut || f.Type == wire.TypeError && wire.ErrCode(f.Code) == wire.Timeout
+		rest = rest[n:]
+	}
+	if !timedOut {
+		t.Fatalf("no ERROR TIMEOUT after %v", time.Since(start))
+	}
+	waitUsed(t, b, "after the cut", func(u int64) bool { return u == 0 })
+}

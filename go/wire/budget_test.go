@@ -270,3 +270,68 @@ func frames(t *testing.T, c *Conn) []Frame {
 	}
 	return out
 }
+
+// A split message that gets no chunk for the message timeout while it has credit closes
+// the connection with TIMEOUT (its charge given back); a chunk starts its time again, and
+// while all credit is withheld by the budget the time is not the peer's to lose.
+func TestSplitMessageTimeout(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	budget := NewMemoryBudget(64 << 20)
+	c := serverWithCall(t, budget)
+	c.SetMessageTimeout(30 * time.Second)
+	in := Append(nil, &Frame{Type: TypeMessage, Flags: FlagSplit, CallID: 1, TotalLen: 1 << 20, Chunk: make([]byte, 1000)})
+	if err := c.Receive(in, t0); err != nil {
+		t.Fatal(err)
+	}
+	if at, ok := c.MessageDeadline(); !ok || !at.Equal(t0.Add(30*time.Second)) {
+		t.Fatalf("deadline %v %v", at, ok)
+	}
+	t1 := t0.Add(20 * time.Second)
+	if err := c.Receive(Append(nil, &Frame{Type: TypeContinuation, CallID: 1, Chunk: make([]byte, 1000)}), t1); err != nil {
+		t.Fatal(err)
+	}
+	c.CheckMessages(t0.Add(31 * time.Second)) // 11 s after the last chunk
+	if c.Closed() || budget.Used() == 0 {
+		t.Fatalf("closed %v, charged %d", c.Closed(), budget.Used())
+	}
+	c.TakeOutput(nil, nil)
+	c.CheckMessages(t1.Add(30 * time.Second))
+	if !c.Closed() || c.Err() == nil || c.Err().Code != Timeout {
+		t.Fatalf("closed %v, err %v", c.Closed(), c.Err())
+	}
+	if out := frames(t, c); len(out) != 1 || out[0].Type != TypeError || ErrCode(out[0].Code) != Timeout {
+		t.Fatalf("want ERROR TIMEOUT, got %+v", out)
+	}
+	if budget.Used() != 0 {
+		t.Fatalf("%d bytes still charged", budget.Used())
+	}
+	// Completed messages leave nothing timed; withheld credit is not the peer's fault.
+	d := serverWithCall(t, NewMemoryBudget(1))
+	d.SetMessageTimeout(30 * time.Second)
+	in = Append(nil, &Frame{Type: TypeCall, Flags: FlagNamed, CallID: 3, MethodName: "/a.B/C", Metadata: Metadata{}})
+	in = Append(in, &Frame{Type: TypeMessage, Flags: FlagSplit, CallID: 1, TotalLen: 2000, Chunk: make([]byte, 1000)})
+	if err := d.Receive(in, t0); err != nil {
+		t.Fatal(err)
+	}
+	// Call 1's message goes on while the budget is spent; call 3's credit is withheld.
+	in = Append(nil, &Frame{Type: TypeMessage, Flags: FlagSplit, CallID: 3, TotalLen: 2000, Chunk: make([]byte, 1000)})
+	in = Append(in, &Frame{Type: TypeContinuation, CallID: 1, Chunk: make([]byte, 1000)})
+	if err := d.Receive(in, t0); err != nil {
+		t.Fatal(err)
+	}
+	if !d.CreditWithheld() {
+		t.Fatal("no credit withheld")
+	}
+	later := t0.Add(time.Minute)
+	d.CheckMessages(later)
+	if at, ok := d.MessageDeadline(); !ok || !at.Equal(later.Add(30*time.Second)) || d.Closed() {
+		t.Fatalf("a message whose credit is withheld: deadline %v %v, closed %v", at, ok, d.Closed())
+	}
+	if err := d.Receive(Append(nil, &Frame{Type: TypeCancel, CallID: 3, Code: uint16(Canceled)}), later); err != nil {
+		t.Fatal(err)
+	}
+	d.CheckMessages(later.Add(time.Minute))
+	if _, ok := d.MessageDeadline(); ok || d.Closed() {
+		t.Fatalf("no split message open, still timed (closed %v)", d.Closed())
+	}
+}

@@ -88,6 +88,10 @@ type Conn struct {
 	// messages being reassembled (and so charging budget): while it is spent, chunk credit
 	// is withheld (one split message goes on).
 	share *MemoryBudget
+	// messageTimeout: how long a split message may get no chunk (0: unbounded);
+	// messageDue: when the last one that arrived times out (cleared lazily).
+	messageTimeout time.Duration
+	messageDue     time.Time
 	// splitGoing: the call whose split message goes on while the budget is spent (one per
 	// connection, §9); nWithheld: calls with chunk credit withheld.
 	splitGoing uint32

@@ -233,9 +233,9 @@ func (c *Conn) handleCallFrame(f *Frame, now time.Time) *Error {
 	}
 	switch f.Type {
 	case TypeMessage:
-		return c.message(cl, f)
+		return c.message(cl, f, now)
 	case TypeContinuation:
-		return c.continuation(cl, f)
+		return c.continuation(cl, f, now)
 	case TypeCredit:
 		return c.credit(cl, f)
 	case TypeHalfClose:

@@ -287,9 +287,11 @@ func (bridgeCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	case *grpcMsg:
 		if len(data) == 1 {
 			if sb, ok := data[0].(mem.SliceBuffer); ok {
-				// A decompressed message (not pooled): taken as it is, with its charge.
-				m.b, m.charge = sb[:len(sb):len(sb)], takeCharge(sb)
-				return nil
+				if m.charge = takeCharge(sb); m.charge != (grpcCharge{}) {
+					// grpcChargedZstd's output: taken as it is, with its charge.
+					m.b = sb[:len(sb):len(sb)]
+					return nil
+				}
 			}
 		}
 		m.b = data.Materialize()

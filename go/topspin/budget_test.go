@@ -2,7 +2,9 @@ package topspin_test
 
 import (
 	"context"
+	"errors"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -214,4 +216,81 @@ func TestQuietSplitMessageCut(t *testing.T) {
 		t.Fatalf("no ERROR TIMEOUT after %v", time.Since(start))
 	}
 	waitUsed(t, b, "after the cut", func(u int64) bool { return u == 0 })
+}
+
+// (attack 3) One greedy connection uploading split messages that announce far more than
+// the budget holds at most its share of it (1/8) plus the one message that goes on: the
+// budget is never spent, the well-behaved client is served throughout, and everything is
+// given back once the attacker leaves. Without the share it spends the whole budget and
+// the good client's calls are refused.
+func TestOneGreedyConnectionHoldsAtMostItsShare(t *testing.T) {
+	const budget, total, chunk, calls, window = 32 << 20, 16 << 20, 32 << 10, 20, 64 << 10
+	set := wire.DefaultSettings()
+	set.InitialCallWindow = window
+	h := startHostile(t, topspin.WithMemoryBudget(wire.NewMemoryBudget(budget)), topspin.WithSettings(set))
+	done := h.probe(t)
+	var b []byte
+	credit, sent := map[uint32]int64{}, map[uint32]int{}
+	for i := uint32(0); i < calls; i++ {
+		id := 2*i + 1
+		b = callFrame(b, id, "/h.S/Sink")
+		b = wire.Append(b, &wire.Frame{Type: wire.TypeMessage, Flags: wire.FlagSplit, CallID: id, TotalLen: total, Chunk: make([]byte, chunk)})
+		credit[id], sent[id] = window-(wire.HeaderLen+4+chunk), chunk
+	}
+	nc := h.attacker(t, b)
+	var in []byte
+	buf := make([]byte, 64<<10)
+	preface := false
+	quiet := 0
+	for round := 0; round < 5000 && quiet < 15; round++ {
+		// Take the server's CREDIT frames.
+		_ = nc.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		n, err := nc.Read(buf)
+		in = append(in, buf[:n]...)
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("attacker read: %v", err)
+		}
+		if !preface && len(in) >= len(wire.Preface) {
+			in, preface = in[len(wire.Preface):], true
+		}
+		for preface {
+			f, m, err := wire.Decode(in, 16<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m == 0 {
+				break
+			}
+			if f.Type == wire.TypeCredit {
+				credit[f.CallID] += int64(f.Increment)
+			}
+			in = in[m:]
+		}
+		// Send a chunk on every call that has credit.
+		var out []byte
+		for id, cr := range credit {
+			if cr > 0 && sent[id] < total {
+				m := min(chunk, total-sent[id])
+				out = wire.Append(out, &wire.Frame{Type: wire.TypeContinuation, CallID: id, Chunk: make([]byte, m)})
+				credit[id] -= int64(wire.HeaderLen + m)
+				sent[id] += m
+			}
+		}
+		if len(out) == 0 {
+			quiet++
+			continue
+		}
+		quiet = 0
+		send(t, nc, out)
+	}
+	g := h.s.Gauges()
+	t.Logf("one connection, %d splits of %d MiB announced: reserved %d of %d", calls, total>>20, g.ReservedBytes, g.MemoryBudget)
+	share := int64(budget / wire.ShareOfBudget)
+	if most := share + total + calls*2*(window+chunk); g.ReservedBytes > most || g.ReservedBytes >= budget {
+		t.Fatalf("one connection holds %d bytes (share %d, at most %d, budget %d)", g.ReservedBytes, share, most, budget)
+	}
+	h.served(t, "during")
+	done()
+	_ = nc.Close()
+	h.after(t)
 }

@@ -76,6 +76,7 @@ func newConn(nc net.Conn, role wire.Role, o *options) (*conn, error) {
 		return nil, err
 	}
 	eng.SetMemoryBudget(o.memoryBudget())
+	eng.SetMessageTimeout(o.frameTimeout)
 	c := &conn{nc: nc, eng: eng, wake: make(chan struct{}, 1), done: make(chan struct{}),
 		established: make(chan struct{}), streams: make(map[uint32]*stream),
 		slot: make(chan struct{}), maxSend: o.maxSend, timers: timers{frame: o.frameTimeout},

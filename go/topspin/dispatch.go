@@ -160,6 +160,7 @@ func (s *Server) worker(j job) {
 
 func (s *Server) run(ss *ServerStream, h Handler) {
 	err := callHandler(h, ss)
+	ss.releaseHeld()
 	if err == nil {
 		ss.endWith(OK, "", nil, context.Canceled)
 		return

@@ -149,7 +149,8 @@ type grpcCall struct {
 	ctx context.Context
 
 	// The request message the handler took last is charged to the memory budget until the
-	// next one arrives or the handler returns.
+	// next one arrives or the handler returns (a decompressed one with what its decompression
+	// reserved, see grpcChargedZstd).
 	budget *wire.MemoryBudget
 	held   int64
 
@@ -158,17 +159,31 @@ type grpcCall struct {
 }
 
 func (g *grpcCall) recv() ([]byte, error) {
-	var b []byte
-	if err := g.gs.RecvMsg(&b); err != nil {
+	var m grpcMsg
+	if err := g.gs.RecvMsg(&m); err != nil {
 		if err == io.EOF {
 			return nil, io.EOF
 		}
 		return nil, fromGRPCError(err)
 	}
 	g.release()
-	g.held = int64(len(b))
-	g.budget.Charge(g.held)
-	return b, nil
+	if m.charge.refused != "" {
+		return nil, &Status{Code: ResourceExhausted, Message: m.charge.refused}
+	}
+	if m.charge.n > 0 && m.charge.budget == g.budget {
+		g.held = m.charge.n // reserved while it was decompressed
+	} else {
+		m.charge.budget.Release(m.charge.n)
+		g.held = int64(len(m.b))
+		g.budget.Charge(g.held)
+	}
+	return m.b, nil
+}
+
+// grpcMsg is a request message for the bridge, with the charge of its decompression.
+type grpcMsg struct {
+	b      []byte
+	charge grpcCharge
 }
 
 // release gives back the charge of the message the handler held.
@@ -269,11 +284,40 @@ func (bridgeCodec) Marshal(v any) (mem.BufferSlice, error) {
 
 func (bridgeCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
+	case *grpcMsg:
+		if len(data) == 1 {
+			if sb, ok := data[0].(mem.SliceBuffer); ok {
+				if m.charge = takeCharge(sb); m.charge != (grpcCharge{}) {
+					// grpcChargedZstd's output: taken as it is, with its charge.
+					m.b = sb[:len(sb):len(sb)]
+					return nil
+				}
+			}
+		}
+		m.b = data.Materialize()
+		return nil
 	case *[]byte:
 		*m = data.Materialize()
+		releaseCharge(data)
 		return nil
 	case proto.Message:
+		if c := releaseCharge(data); c.refused != "" {
+			return status.Error(codes.ResourceExhausted, c.refused)
+		}
 		return proto.Unmarshal(data.Materialize(), m)
 	}
 	return fmt.Errorf("topspin: cannot unmarshal into %T", v)
+}
+
+// releaseCharge gives back the charge of a decompressed message that is copied, and
+// returns it.
+func releaseCharge(data mem.BufferSlice) grpcCharge {
+	var c grpcCharge
+	if len(data) == 1 {
+		if sb, ok := data[0].(mem.SliceBuffer); ok {
+			c = takeCharge(sb)
+			c.budget.Release(c.n)
+		}
+	}
+	return c
 }

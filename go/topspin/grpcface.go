@@ -78,6 +78,8 @@ func (s *Server) grpcOptions() []grpc.ServerOption {
 		grpc.ForceServerCodecV2(bridgeCodec{}),
 		grpc.Creds(doneTLS{}),
 		grpc.MaxRecvMsgSize(int(min(o.settings.MaxMessageSize, 1<<31-1))),
+		//lint:ignore SA1019 the only per-server decompressor: zstd requests charged to this server's budget
+		grpc.RPCDecompressor(grpcChargedZstd{budget: o.memoryBudget(), limit: min(o.settings.MaxMessageSize, 1<<31-1)}),
 		grpc.MaxConcurrentStreams(o.settings.MaxConcurrentCalls),
 		grpc.MaxHeaderListSize(max(o.settings.MaxMetadataSize, 8<<10)),
 		grpc.InitialWindowSize(win),

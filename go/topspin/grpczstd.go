@@ -1,10 +1,13 @@
 package topspin
 
 import (
+	"errors"
 	"io"
 	"sync"
+	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/topspin-rpc/topspin/go/wire"
 	"google.golang.org/grpc/encoding"
 )
 
@@ -83,4 +86,65 @@ func (r *zstdReader) Read(p []byte) (int, error) {
 		r.d = nil
 	}
 	return n, err
+}
+
+// grpcChargedZstd decodes the gRPC face's zstd requests for one server (its
+// grpc.RPCDecompressor, which grpc-go prefers to the registered compressor): the output is
+// capped at the server's MAX_MESSAGE_SIZE and charged to its memory budget as it grows (a
+// request that finds no room fails, and the bridge ends it RESOURCE_EXHAUSTED). The charge
+// is handed to the call with the message (grpcCharges) and given back when the handler is
+// done with it.
+type grpcChargedZstd struct {
+	budget *wire.MemoryBudget
+	limit  uint32
+}
+
+func (grpcChargedZstd) Type() string { return "zstd" }
+
+func (d grpcChargedZstd) Do(r io.Reader) ([]byte, error) {
+	body, err := io.ReadAll(r) // the compressed message: within MaxRecvMsgSize already
+	if err != nil {
+		return nil, err
+	}
+	out, charged, err := wire.InflateCharged(wire.EncodingZstd, body, d.limit, d.budget)
+	var ce *wire.CallError
+	if errors.As(err, &ce) && ce.Code == wire.ResourceExhausted {
+		// grpc-go would end the call INTERNAL with a decompressor's error: a message of
+		// its own carries the refusal to the bridge, which ends the call RESOURCE_EXHAUSTED.
+		mark := make([]byte, 1)
+		grpcCharges.Store(unsafe.SliceData(mark), grpcCharge{refused: ce.Message})
+		return mark, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if charged > 0 {
+		if len(out) == 0 {
+			d.budget.Release(charged)
+		} else {
+			grpcCharges.Store(unsafe.SliceData(out), grpcCharge{budget: d.budget, n: charged})
+		}
+	}
+	return out, nil
+}
+
+// grpcCharge is the memory budget charge of a decompressed gRPC message, from its
+// decompression until bridgeCodec.Unmarshal takes it (by the message's first byte).
+type grpcCharge struct {
+	budget  *wire.MemoryBudget
+	n       int64
+	refused string // not a message: the RESOURCE_EXHAUSTED reason it was refused for
+}
+
+var grpcCharges sync.Map // *byte -> grpcCharge
+
+// takeCharge removes and returns the charge of the decompressed message b (zero: none).
+func takeCharge(b []byte) grpcCharge {
+	if len(b) == 0 {
+		return grpcCharge{}
+	}
+	if v, ok := grpcCharges.LoadAndDelete(unsafe.SliceData(b)); ok {
+		return v.(grpcCharge)
+	}
+	return grpcCharge{}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/topspin-rpc/topspin/go/wire"
@@ -29,6 +30,9 @@ type ServerStream struct {
 
 	respEnc string // the encoding of the responses ("" for none, §15)
 	limit   uint32 // MAX_MESSAGE_SIZE of decompressed requests
+	// held: the bytes of the request the handler took last, decompressed, charged to the
+	// memory budget until the next one is decompressed or the handler returns.
+	held atomic.Int64
 
 	deadline time.Time
 	hasDL    bool
@@ -277,7 +281,10 @@ func (ss *ServerStream) Recv() ([]byte, error) {
 				c.signal()
 			}
 			if enc != "" {
-				dec, err := wire.Decompress(enc, msg, ss.limit)
+				ss.releaseHeld() // the handler is done with the request before
+				budget := ss.srv.opts.memoryBudget()
+				dec, charged, err := wire.DecompressCharged(enc, msg, ss.limit, budget)
+				ss.held.Add(charged)
 				if err != nil {
 					st := StatusOf(err)
 					ss.endWith(st.Code, st.Message, nil, context.Canceled)
@@ -302,6 +309,13 @@ func (ss *ServerStream) Recv() ([]byte, error) {
 		}
 		c.mu.Unlock()
 		<-ss.s.rnote // a message, the half-close, or the end (cancelLocked notifies)
+	}
+}
+
+// releaseHeld gives back the charge of the decompressed request the handler held.
+func (ss *ServerStream) releaseHeld() {
+	if n := ss.held.Swap(0); n > 0 {
+		ss.srv.opts.memoryBudget().Release(n)
 	}
 }
 

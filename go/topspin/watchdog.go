@@ -70,6 +70,12 @@ func (c *conn) checkLocked(now time.Time) {
 		c.eng.Abort(wire.Timeout, fmt.Sprintf("a frame stayed incomplete for %v (frame timeout)", t.frame))
 		return
 	}
+	if at, ok := c.messageDeadline(); ok && !now.Before(at) {
+		c.eng.CheckMessages(now)
+		if c.eng.Closed() {
+			return
+		}
+	}
 	if t.kaInterval > 0 {
 		if !c.pingAt.IsZero() && c.lastRecv.After(c.pingAt) {
 			c.pingAt = time.Time{} // something arrived: the peer is alive
@@ -121,6 +127,9 @@ func (c *conn) nextLocked(now time.Time) time.Time {
 	if at, ok := c.frameDeadline(); ok {
 		consider(at)
 	}
+	if at, ok := c.messageDeadline(); ok {
+		consider(at)
+	}
 	if t.kaInterval > 0 {
 		if c.pingAt.IsZero() {
 			consider(c.lastRecv.Add(t.kaInterval))
@@ -148,6 +157,20 @@ func (c *conn) frameDeadline() (time.Time, bool) {
 		since = c.resumedAt
 	}
 	return since.Add(c.timers.frame), true
+}
+
+// messageDeadline is when a split message that gets no chunk times out (the frame timeout,
+// wire.Conn.CheckMessages). As frameDeadline, it does not run while the reader waits for
+// the peer to read.
+func (c *conn) messageDeadline() (time.Time, bool) {
+	at, ok := c.eng.MessageDeadline()
+	if !ok || c.readPaused {
+		return time.Time{}, false
+	}
+	if resumed := c.resumedAt.Add(c.timers.frame); resumed.After(at) {
+		at = resumed
+	}
+	return at, true
 }
 
 // idleDeadline is when the connection, without an open call since lastCall, goes away.

@@ -13,6 +13,23 @@ import (
 type MemoryBudget struct {
 	limit int64
 	used  atomic.Int64
+	// parent: a share's whole, charged with every byte the share is (ShareOf).
+	parent *MemoryBudget
+}
+
+// ShareOfBudget: a connection's incomplete messages hold at most 1/ShareOfBudget of the
+// memory budget (128 MiB of the default 1 GiB), plus the one message that always goes on,
+// as in the Rust runtime (SHARE_OF_BUDGET).
+const ShareOfBudget = 8
+
+// ShareOf makes a share of parent of at most limit bytes: what it takes is taken from
+// parent too, and it is spent when either is (one connection's share of the process
+// budget, so that a single peer cannot spend all of it). A nil parent gives nil.
+func ShareOf(parent *MemoryBudget, limit int64) *MemoryBudget {
+	if parent == nil {
+		return nil
+	}
+	return &MemoryBudget{limit: max(limit, 0), parent: parent}
 }
 
 // DefaultMemoryBudget is the limit of ProcessMemoryBudget: 1 GiB, as in the Rust runtime.
@@ -39,9 +56,14 @@ func (b *MemoryBudget) TryReserve(n int64) bool {
 			return false
 		}
 		if b.used.CompareAndSwap(used, used+n) {
-			return true
+			break
 		}
 	}
+	if b.parent != nil && !b.parent.TryReserve(n) {
+		b.used.Add(-n)
+		return false
+	}
+	return true
 }
 
 // Charge takes n bytes even past the limit: bytes that already arrived within the peer's
@@ -49,6 +71,7 @@ func (b *MemoryBudget) TryReserve(n int64) bool {
 func (b *MemoryBudget) Charge(n int64) {
 	if b != nil && n > 0 {
 		b.used.Add(n)
+		b.parent.Charge(n)
 	}
 }
 
@@ -56,11 +79,15 @@ func (b *MemoryBudget) Charge(n int64) {
 func (b *MemoryBudget) Release(n int64) {
 	if b != nil && n > 0 {
 		b.used.Add(-n)
+		b.parent.Release(n)
 	}
 }
 
-// Spent reports whether nothing is left (Used() >= Limit()); a nil budget never is.
-func (b *MemoryBudget) Spent() bool { return b != nil && b.used.Load() >= b.limit }
+// Spent reports whether nothing is left (Used() >= Limit(), or a share's whole is spent);
+// a nil budget never is.
+func (b *MemoryBudget) Spent() bool {
+	return b != nil && (b.used.Load() >= b.limit || b.parent.Spent())
+}
 
 // Used is the number of bytes reserved now.
 func (b *MemoryBudget) Used() int64 {

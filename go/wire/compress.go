@@ -63,27 +63,47 @@ var gzipWriters = sync.Pool{New: func() any { return gzip.NewWriter(nil) }}
 // a zstd frame asking for a window over 8 MiB (protocol.md §15).
 // With flag 0 the result aliases payload.
 func Decompress(enc string, payload []byte, limit uint32) ([]byte, error) {
+	out, _, err := DecompressCharged(enc, payload, limit, nil)
+	return out, err
+}
+
+// NoRoomReason starts the message of the RESOURCE_EXHAUSTED status of a message that found
+// no room in the memory budget to be decompressed.
+const NoRoomReason = "no room in the memory budget to decompress"
+
+// DecompressCharged is Decompress charging the decompressed buffer to budget (nil: none):
+// it grows only by what budget.TryReserve grants (a refusal ends RESOURCE_EXHAUSTED,
+// NoRoomReason, nothing left charged). It returns the bytes charged, which the caller gives
+// back with budget.Release once it is done with the message (0 for flag 0: nothing new is
+// held).
+func DecompressCharged(enc string, payload []byte, limit uint32, budget *MemoryBudget) ([]byte, int64, error) {
 	if len(payload) == 0 {
-		return nil, &CallError{Code: Internal, Message: "compressed message without its flag byte"}
+		return nil, 0, &CallError{Code: Internal, Message: "compressed message without its flag byte"}
 	}
 	body := payload[1:]
 	switch payload[0] {
 	case 0:
 		if uint64(len(body)) > uint64(limit) {
-			return nil, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("message over MAX_MESSAGE_SIZE %d", limit)}
+			return nil, 0, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("message over MAX_MESSAGE_SIZE %d", limit)}
 		}
-		return body, nil
+		return body, 0, nil
 	case 1:
 	default:
-		return nil, &CallError{Code: Internal, Message: fmt.Sprintf("unknown compression flag %d", payload[0])}
+		return nil, 0, &CallError{Code: Internal, Message: fmt.Sprintf("unknown compression flag %d", payload[0])}
 	}
+	return InflateCharged(enc, body, limit, budget)
+}
+
+// InflateCharged decompresses body (a message's bytes after its flag byte 1) as
+// DecompressCharged does.
+func InflateCharged(enc string, body []byte, limit uint32, budget *MemoryBudget) ([]byte, int64, error) {
 	var r io.Reader
 	switch enc {
 	case EncodingZstd:
 		d := zstdDecoders.Get().(*zstd.Decoder)
 		if err := d.Reset(bytes.NewReader(body)); err != nil {
 			zstdDecoders.Put(d)
-			return nil, &CallError{Code: Internal, Message: "zstd: " + err.Error()}
+			return nil, 0, &CallError{Code: Internal, Message: "zstd: " + err.Error()}
 		}
 		defer func() { _ = d.Reset(nil); zstdDecoders.Put(d) }()
 		r = d
@@ -96,47 +116,83 @@ func Decompress(enc string, payload []byte, limit uint32) ([]byte, error) {
 			err = g.Reset(bytes.NewReader(body))
 		}
 		if err != nil {
-			return nil, &CallError{Code: Internal, Message: "gzip: " + err.Error()}
+			return nil, 0, &CallError{Code: Internal, Message: "gzip: " + err.Error()}
 		}
 		g.Multistream(false)
 		defer gzipReaders.Put(g)
 		r = g
 	default:
-		return nil, &CallError{Code: Internal, Message: fmt.Sprintf("message compressed with unknown encoding %q", enc)}
+		return nil, 0, &CallError{Code: Internal, Message: fmt.Sprintf("message compressed with unknown encoding %q", enc)}
 	}
-	return readBounded(r, enc, limit)
+	return readBounded(r, enc, limit, budget)
 }
 
-// readBounded reads r to its end into a buffer that never grows past limit+1 bytes.
-func readBounded(r io.Reader, enc string, limit uint32) ([]byte, error) {
-	max := int(limit) + 1
-	buf := make([]byte, 0, min(max, 4096))
+// chargeStep is the least a charged decompression buffer grows by at once.
+const chargeStep = 64 << 10
+
+// readBounded reads r to its end into a buffer that never grows past limit+1 bytes, every
+// byte of its capacity reserved in budget (if not nil) before it is allocated. It returns
+// the bytes reserved; on error nothing stays reserved.
+func readBounded(r io.Reader, enc string, limit uint32, budget *MemoryBudget) (out []byte, _ int64, err error) {
+	var charged int64 // reserved so far
+	most := int(limit) + 1
+	defer func() {
+		if err != nil {
+			budget.Release(charged)
+		}
+	}()
+	// grow makes a buffer of len(buf) bytes and a capacity of roomy (or, if the budget has
+	// no room for that, just want) bytes.
+	grow := func(buf []byte, want, roomy int) ([]byte, error) {
+		size := roomy
+		if budget != nil {
+			switch {
+			case budget.TryReserve(int64(roomy - cap(buf))):
+			case want < roomy && budget.TryReserve(int64(want-cap(buf))):
+				size = want
+			default:
+				return nil, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("%s a %s message (%d of %d bytes in use)", NoRoomReason, enc, budget.Used(), budget.Limit())}
+			}
+			charged += int64(size - cap(buf))
+		}
+		nb := make([]byte, len(buf), size)
+		copy(nb, buf)
+		return nb, nil
+	}
+	buf, err := grow(nil, min(most, 4096), min(most, 4096))
+	if err != nil {
+		return nil, 0, err
+	}
 	for {
 		if len(buf) == cap(buf) {
-			if len(buf) >= max {
-				return nil, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("decompressed message over MAX_MESSAGE_SIZE %d", limit)}
+			if len(buf) >= most {
+				return nil, 0, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("decompressed message over MAX_MESSAGE_SIZE %d", limit)}
 			}
-			nb := make([]byte, len(buf), min(max, 2*cap(buf)))
-			copy(nb, buf)
-			buf = nb
+			roomy := min(most, 2*cap(buf))
+			if budget != nil {
+				roomy = min(most, cap(buf)+max(chargeStep, cap(buf)/2))
+			}
+			if buf, err = grow(buf, min(most, cap(buf)+chargeStep), roomy); err != nil {
+				return nil, 0, err
+			}
 		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
+		n, rerr := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
-		if err == io.EOF {
+		if rerr == io.EOF {
 			break
 		}
-		if errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+		if errors.Is(rerr, zstd.ErrWindowSizeExceeded) || errors.Is(rerr, zstd.ErrDecoderSizeExceeded) {
 			// protocol.md §15: a window over 8 MiB, or a declared size over the limit.
-			return nil, &CallError{Code: ResourceExhausted, Message: enc + " body asks for too much memory: " + err.Error()}
+			return nil, 0, &CallError{Code: ResourceExhausted, Message: enc + " body asks for too much memory: " + rerr.Error()}
 		}
-		if err != nil {
-			return nil, &CallError{Code: Internal, Message: enc + " body does not decode: " + err.Error()}
+		if rerr != nil {
+			return nil, 0, &CallError{Code: Internal, Message: enc + " body does not decode: " + rerr.Error()}
 		}
 	}
 	if len(buf) > int(limit) {
-		return nil, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("decompressed message over MAX_MESSAGE_SIZE %d", limit)}
+		return nil, 0, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("decompressed message over MAX_MESSAGE_SIZE %d", limit)}
 	}
-	return buf, nil
+	return buf, charged, nil
 }
 
 // Compress makes the payload of msg on a direction whose encoding is enc: flag 0 and msg

@@ -72,3 +72,46 @@ func TestCompressRoundTrip(t *testing.T) {
 		t.Fatal("unknown encoding accepted")
 	}
 }
+
+// A decompressed message is charged to the budget until the caller releases it; one that
+// finds no room ends RESOURCE_EXHAUSTED and leaves nothing charged.
+func TestDecompressChargedToBudget(t *testing.T) {
+	b := NewMemoryBudget(8 << 20)
+	msg := make([]byte, 3<<20)
+	comp, err := Compress(EncodingZstd, msg)
+	if err != nil || len(comp) > 4096 {
+		t.Fatalf("compress: %d bytes, %v", len(comp), err)
+	}
+	var held []int64
+	for i := 0; i < 2; i++ {
+		out, charged, err := DecompressCharged(EncodingZstd, comp, 16<<20, b)
+		if err != nil || len(out) != len(msg) {
+			t.Fatalf("decompress %d: %d bytes, %v", i, len(out), err)
+		}
+		if charged < int64(len(msg)) || charged > 2*int64(len(msg)) {
+			t.Fatalf("charged %d for a %d-byte message", charged, len(msg))
+		}
+		held = append(held, charged)
+	}
+	if used := b.Used(); used != held[0]+held[1] {
+		t.Fatalf("budget used %d, charged %d", used, held[0]+held[1])
+	}
+	used := b.Used()
+	_, charged, err := DecompressCharged(EncodingZstd, comp, 16<<20, b)
+	var ce *CallError
+	if !errors.As(err, &ce) || ce.Code != ResourceExhausted || !strings.Contains(ce.Message, NoRoomReason) || charged != 0 {
+		t.Fatalf("third message: %v, %d charged", err, charged)
+	}
+	if b.Used() != used {
+		t.Fatalf("a refused message left %d bytes charged", b.Used()-used)
+	}
+	// The limit still applies, and a bomb past it leaves nothing charged.
+	big := NewMemoryBudget(64 << 20)
+	if _, _, err := DecompressCharged(EncodingZstd, comp, 1<<20, big); !errors.As(err, &ce) || ce.Code != ResourceExhausted || big.Used() != 0 {
+		t.Fatalf("past the limit: %v, %d left charged", err, big.Used())
+	}
+	b.Release(held[0] + held[1])
+	if b.Used() != 0 {
+		t.Fatalf("budget used %d after release", b.Used())
+	}
+}

@@ -84,6 +84,14 @@ type Conn struct {
 	inCharge  int64     // bytes of c.in charged to budget
 	partialAt time.Time // when the incomplete frame in c.in started to arrive
 	budget    *MemoryBudget
+	// share: this connection's share of budget (1/ShareOfBudget), charged with its split
+	// messages being reassembled (and so charging budget): while it is spent, chunk credit
+	// is withheld (one split message goes on).
+	share *MemoryBudget
+	// messageTimeout: how long a split message may get no chunk (0: unbounded);
+	// messageDue: when the last one that arrived times out (cleared lazily).
+	messageTimeout time.Duration
+	messageDue     time.Time
 	// splitGoing: the call whose split message goes on while the budget is spent (one per
 	// connection, §9); nWithheld: calls with chunk credit withheld.
 	splitGoing uint32

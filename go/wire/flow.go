@@ -3,11 +3,11 @@ package wire
 import "fmt"
 
 // chunkCredit gives a split chunk's credit back as it arrives (§7) — unless the memory
-// budget is spent: then one split message per connection goes on (so that messages that
-// each fit cannot wait for one another for ever, §9) and the others' credit is withheld
-// until RetryCredit finds room.
+// budget, or this connection's share of it, is spent: then one split message per
+// connection goes on (so that messages that each fit cannot wait for one another for ever,
+// §9) and the others' credit is withheld until RetryCredit finds room.
 func (c *Conn) chunkCredit(cl *call, cost uint32) {
-	if c.budget.Spent() && !c.mayProgress(cl) {
+	if c.share.Spent() && !c.mayProgress(cl) {
 		if cl.withheld == 0 {
 			c.nWithheld++
 		}
@@ -27,8 +27,8 @@ func (c *Conn) mayProgress(cl *call) bool {
 	return true
 }
 
-// CreditWithheld reports whether chunk credit is withheld because the memory budget is
-// spent: call RetryCredit again in a while (every 10 ms, §9).
+// CreditWithheld reports whether chunk credit is withheld because the memory budget (or
+// the connection's share of it) is spent: call RetryCredit again in a while (every 10 ms, §9).
 func (c *Conn) CreditWithheld() bool { return c.nWithheld > 0 }
 
 // RetryCredit gives the withheld chunk credit back where the memory budget allows it now.
@@ -37,7 +37,7 @@ func (c *Conn) RetryCredit() {
 		return
 	}
 	for _, cl := range c.calls {
-		if cl.withheld == 0 || !cl.open || (c.budget.Spent() && !c.mayProgress(cl)) {
+		if cl.withheld == 0 || !cl.open || (c.share.Spent() && !c.mayProgress(cl)) {
 			continue
 		}
 		inc := cl.withheld

@@ -1,8 +1,11 @@
 package wire
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
-func (c *Conn) message(cl *call, f *Frame) *Error {
+func (c *Conn) message(cl *call, f *Frame, now time.Time) *Error {
 	if c.role == Server && cl.remoteDone {
 		return c.fail(perr(IllegalFrame, "MESSAGE on call %d after the client's half-close", cl.id), true, false)
 	}
@@ -49,6 +52,7 @@ func (c *Conn) message(cl *call, f *Frame) *Error {
 	cl.splitOpen, cl.splitTotal, cl.splitEnd = true, f.TotalLen, f.EndStream()
 	c.splitAppend(cl, f.Chunk)
 	c.chunkCredit(cl, uint32(cost))
+	c.messageProgressed(now)
 	return nil
 }
 
@@ -62,7 +66,7 @@ func (c *Conn) tooLarge(cl *call, size uint32) {
 	c.endCall(cl, ResourceExhausted, msg, nil)
 }
 
-func (c *Conn) continuation(cl *call, f *Frame) *Error {
+func (c *Conn) continuation(cl *call, f *Frame, now time.Time) *Error {
 	if !cl.splitOpen {
 		return c.fail(perr(MessageLengthMismatch, "CONTINUATION on call %d with no split message open", cl.id), true, false)
 	}
@@ -77,6 +81,7 @@ func (c *Conn) continuation(cl *call, f *Frame) *Error {
 	c.splitAppend(cl, f.Chunk)
 	if uint32(len(cl.split)) < cl.splitTotal {
 		c.chunkCredit(cl, uint32(cost))
+		c.messageProgressed(now)
 		return nil
 	}
 	msg := cl.split
@@ -99,7 +104,7 @@ func (c *Conn) splitAppend(cl *call, chunk []byte) {
 		size := int(min(uint64(cl.splitTotal), uint64(2*need)))
 		grown := make([]byte, len(cl.split), size)
 		copy(grown, cl.split)
-		c.budget.Charge(int64(size) - cl.splitCharge)
+		c.share.Charge(int64(size) - cl.splitCharge)
 		cl.split, cl.splitCharge = grown, int64(size)
 	}
 	cl.split = append(cl.split, chunk...)
@@ -107,9 +112,54 @@ func (c *Conn) splitAppend(cl *call, chunk []byte) {
 
 // dropSplit forgets the call's split buffer and gives its charge back.
 func (c *Conn) dropSplit(cl *call) {
-	c.budget.Release(cl.splitCharge)
+	c.share.Release(cl.splitCharge)
 	cl.split, cl.splitCharge = nil, 0
 	if c.splitGoing == cl.id {
 		c.splitGoing = 0
+	}
+}
+
+// SetMessageTimeout bounds how long a split message may get no chunk while this side
+// gives it credit (the frame timeout, §9): past it, CheckMessages closes the connection
+// with TIMEOUT. 0 (the default) turns the bound off.
+func (c *Conn) SetMessageTimeout(d time.Duration) { c.messageTimeout = max(d, 0) }
+
+// messageProgressed: a chunk of a split message that is still incomplete arrived, its
+// timeout starts again.
+func (c *Conn) messageProgressed(now time.Time) {
+	if c.messageTimeout > 0 {
+		c.messageDue = now.Add(c.messageTimeout)
+	}
+}
+
+// MessageDeadline is when CheckMessages must next run (false: no split message is timed).
+func (c *Conn) MessageDeadline() (time.Time, bool) {
+	if c.messageTimeout <= 0 || c.messageDue.IsZero() || c.st != stOpen {
+		return time.Time{}, false
+	}
+	return c.messageDue, true
+}
+
+// CheckMessages closes the connection with TIMEOUT when split messages are open and none
+// got a chunk for the message timeout while this side gave credit; while all their credit
+// is withheld (the memory budget's doing, not the peer's) their time starts again.
+func (c *Conn) CheckMessages(now time.Time) {
+	if c.messageTimeout <= 0 || c.messageDue.IsZero() || c.st != stOpen || now.Before(c.messageDue) {
+		return
+	}
+	open, credited := false, false
+	for _, cl := range c.calls {
+		if cl.open && cl.splitOpen {
+			open = true
+			credited = credited || cl.withheld == 0
+		}
+	}
+	switch {
+	case !open:
+		c.messageDue = time.Time{}
+	case !credited:
+		c.messageDue = now.Add(c.messageTimeout)
+	default:
+		c.fail(perr(Timeout, "a split message got no chunk for %v (frame timeout)", c.messageTimeout), true, false)
 	}
 }

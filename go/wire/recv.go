@@ -68,8 +68,14 @@ func (c *Conn) PartialSince() (time.Time, bool) { return c.partialAt, !c.partial
 // SetMemoryBudget sets the budget the engine charges for frames reserved whole before they
 // arrived and for split messages being reassembled (§9); call it before any input. Without
 // one (nil, the default) nothing is reserved ahead: every buffer grows as bytes arrive,
-// and no call is refused for memory.
-func (c *Conn) SetMemoryBudget(b *MemoryBudget) { c.budget = b }
+// and no call is refused for memory. The connection's split messages hold at most
+// 1/ShareOfBudget of it (plus the one message that goes on): past that share their chunk
+// credit is withheld as when the whole budget is spent, so that a single peer cannot spend
+// the budget and have every other connection's new calls refused.
+func (c *Conn) SetMemoryBudget(b *MemoryBudget) {
+	c.budget = b
+	c.share = ShareOf(b, max(b.Limit()/ShareOfBudget, 1))
+}
 
 func (c *Conn) receive(buf []byte, fromIn bool, now time.Time) error {
 	c.fromIn, c.detached = fromIn, false
@@ -227,9 +233,9 @@ func (c *Conn) handleCallFrame(f *Frame, now time.Time) *Error {
 	}
 	switch f.Type {
 	case TypeMessage:
-		return c.message(cl, f)
+		return c.message(cl, f, now)
 	case TypeContinuation:
-		return c.continuation(cl, f)
+		return c.continuation(cl, f, now)
 	case TypeCredit:
 		return c.credit(cl, f)
 	case TypeHalfClose:

@@ -19,7 +19,7 @@ import { Code } from "./status.js";
 import { firstSettings, readPreface } from "./connection/handshake.js";
 import { Receiver } from "./connection/recv.js";
 
-export { LARGE_FRAME, MemoryBudget, processMemoryBudget } from "./connection/budget.js";
+export { LARGE_FRAME, MemoryBudget, SHARE_OF_BUDGET, processMemoryBudget } from "./connection/budget.js";
 export type { Event } from "./connection/event.js";
 export { DEFAULT_LIMITS, type Limits } from "./connection/limits.js";
 export type { ConnectionOptions, Role } from "./connection/state.js";

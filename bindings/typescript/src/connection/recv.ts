@@ -125,7 +125,7 @@ export abstract class Receiver extends Sender {
     } else {
       const buf = new Uint8Array(Math.min(f.totalLen, 2 * f.chunk.length));
       buf.set(f.chunk);
-      this.memoryBudget.reserve(buf.length);
+      this.hold(buf.length);
       c.split = { total: f.totalLen, got: f.chunk.length, buf, endStream: f.endStream };
       this.chunkCredit(c, HEADER_LEN + 4 + f.chunk.length);
     }
@@ -142,7 +142,7 @@ export abstract class Receiver extends Sender {
     if (need > s.buf.length) {
       const grown = new Uint8Array(Math.min(s.total, 2 * need));
       grown.set(s.buf.subarray(0, s.got));
-      this.memoryBudget.reserve(grown.length - s.buf.length);
+      this.hold(grown.length - s.buf.length);
       s.buf = grown;
     }
     s.buf.set(f.chunk, s.got);

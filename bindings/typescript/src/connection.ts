@@ -59,6 +59,26 @@ export class Connection extends Receiver {
     this.fail(code, reason, true);
   }
 
+  /**
+   * The split-message timeout (the Rust engine's `check_message_progress`): when split messages
+   * are open and none got a chunk for `limitMs` while this side gave credit, closes the
+   * connection with ERROR `TIMEOUT`. Credit withheld from all of them (the memory budget) is our
+   * doing: their time starts again. Returns when to look again (Infinity: none open, or closed).
+   */
+  checkMessageProgress(limitMs: number): number {
+    if (this.phase === "closed" || limitMs <= 0 || this.splitsOpen === 0) return Infinity;
+    const now = this.now();
+    if (now < this.lastChunkAt + limitMs) return this.lastChunkAt + limitMs;
+    const p = this.privileged === null ? undefined : this.calls.get(this.privileged);
+    const oneCould = p !== undefined && p.split !== null;
+    if (!oneCould && [...this.calls.values()].some((c) => c.withheld > 0)) {
+      this.lastChunkAt = now;
+      return now + limitMs;
+    }
+    this.fail(ErrorCode.TIMEOUT, `a split message got no chunk for ${limitMs} ms (frame_timeout)`, true);
+    return Infinity;
+  }
+
   private decode(): void {
     try {
       if (this.phase === "preface") {

@@ -115,6 +115,7 @@ export abstract class FlowControl extends ConnectionState {
     const s = c.split;
     if (s === null) return;
     c.split = null;
+    this.splitsOpen--;
     if (this.privileged === c.id) this.privileged = null;
     this.unhold(s.buf.length);
     this.promote();

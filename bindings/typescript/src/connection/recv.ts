@@ -127,6 +127,8 @@ export abstract class Receiver extends Sender {
       buf.set(f.chunk);
       this.hold(buf.length);
       c.split = { total: f.totalLen, got: f.chunk.length, buf, endStream: f.endStream };
+      this.splitsOpen++;
+      this.lastChunkAt = this.now();
       this.chunkCredit(c, HEADER_LEN + 4 + f.chunk.length);
     }
   }
@@ -147,8 +149,10 @@ export abstract class Receiver extends Sender {
     }
     s.buf.set(f.chunk, s.got);
     s.got = need;
-    if (s.got < s.total) this.chunkCredit(c, HEADER_LEN + f.chunk.length);
-    else {
+    if (s.got < s.total) {
+      this.lastChunkAt = this.now();
+      this.chunkCredit(c, HEADER_LEN + f.chunk.length);
+    } else {
       this.dropSplit(c);
       this.grantNow(c, HEADER_LEN + f.chunk.length);
       this.deliver(c, s.buf, 0);

@@ -67,6 +67,10 @@ export abstract class ConnectionState {
   shareUsed = 0;
   /** This connection's share of the budget: `1 / SHARE_OF_BUDGET` of its limit (as Rust). */
   readonly shareLimit: number;
+  /** Split messages being reassembled. */
+  splitsOpen = 0;
+  /** When a chunk of a split message last arrived or one opened (the message timeout counts from it). */
+  protected lastChunkAt = 0;
   /** The call whose split message goes on while the budget is spent (one per connection, §7). */
   protected privileged: number | null = null;
   protected unsubscribe: (() => void) | null = null;

@@ -6,7 +6,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as net from "node:net";
-import { Connection } from "../src/index.js";
+import WebSocket from "ws";
+import { Connection, WS_SUBPROTOCOL } from "../src/index.js";
 import { Server } from "../src/node/index.js";
 import type { Driver } from "../src/driver.js";
 import { goodClient, sleep, until } from "./hostile.js";
@@ -23,6 +24,30 @@ function taken(server: Server): number {
   return n;
 }
 
+/** A byte stream to the server that can stop reading: a TCP or Unix socket, or a WebSocket. */
+interface Pipe {
+  write: (b: Uint8Array) => void;
+  pause: () => void;
+  destroy: () => void;
+}
+
+async function open(addr: string, onData: (b: Uint8Array) => void): Promise<Pipe> {
+  if (addr.startsWith("ws://")) {
+    const ws = new WebSocket(addr, [WS_SUBPROTOCOL]);
+    ws.on("message", (d: Buffer) => onData(d));
+    await new Promise((r, j) => {
+      ws.once("open", r);
+      ws.once("error", j);
+    });
+    return { write: (b) => ws.send(b), pause: () => ws.pause(), destroy: () => ws.terminate() };
+  }
+  const sock = addr.startsWith("unix://") ? net.connect({ path: addr.slice(7) }) : net.connect(Number(addr.split(":").pop()), "127.0.0.1");
+  sock.on("error", () => undefined);
+  sock.on("data", (b: Buffer) => onData(b));
+  await new Promise((r) => sock.once("connect", r));
+  return { write: (b) => sock.write(b), pause: () => sock.pause(), destroy: () => sock.destroy() };
+}
+
 async function run(addr: (srv: Server) => Promise<string>): Promise<void> {
   const value = new Uint8Array(ANSWER).fill(7); // one stored value, shared (as kvstore's Get)
   let produced = 0; // bytes of answers encoded (each a copy, as protobuf's toBinary)
@@ -30,15 +55,13 @@ async function run(addr: (srv: Server) => Promise<string>): Promise<void> {
     .route("/t.T/Get", { kind: "unary", decode: (b) => b, encode: (v) => ((produced += (v as Uint8Array).length), (v as Uint8Array).slice()), handler: () => value })
     .route("/t.T/Echo", { kind: "unary", decode: (b) => b, encode: (v) => v as Uint8Array, handler: (r) => r });
   const where = await addr(server);
-  const sock = where.startsWith("unix://") ? net.connect({ path: where.slice(7) }) : net.connect(Number(where.split(":").pop()), "127.0.0.1");
-  sock.on("error", () => undefined);
-  await new Promise((r) => sock.once("connect", r));
   const engine = new Connection("client");
-  sock.on("data", (b: Buffer) => {
+  const sock = await open(where, (b) => {
     engine.receive(b);
     engine.takeEvents();
   });
-  const good = goodClient(where, 200);
+  // the good client on a native listener (goodClient speaks tcp:// and unix://)
+  const good = goodClient(where.startsWith("ws://") ? await server.listen("tcp://127.0.0.1:0") : where, 200);
   try {
     sock.write(Buffer.concat(engine.takeOutput()));
     assert.ok(await until(() => engine.established), "handshake");
@@ -71,3 +94,5 @@ test("send bound over Unix: answers are not produced while the peer does not rea
     const path = `/tmp/topspin-send-bound-${process.pid}.sock`;
     return s.listen(`unix://${path}`);
   }));
+test("send bound over ws://: answers are not produced while the peer does not read (held <= max_send_buffer + one answer)", () =>
+  run((s) => s.listen("ws://127.0.0.1:0/topspin")));

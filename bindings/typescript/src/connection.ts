@@ -19,7 +19,7 @@ import { Code } from "./status.js";
 import { firstSettings, readPreface } from "./connection/handshake.js";
 import { Receiver } from "./connection/recv.js";
 
-export { LARGE_FRAME, MemoryBudget, processMemoryBudget } from "./connection/budget.js";
+export { LARGE_FRAME, MemoryBudget, SHARE_OF_BUDGET, processMemoryBudget } from "./connection/budget.js";
 export type { Event } from "./connection/event.js";
 export { DEFAULT_LIMITS, type Limits } from "./connection/limits.js";
 export type { ConnectionOptions, Role } from "./connection/state.js";
@@ -57,6 +57,26 @@ export class Connection extends Receiver {
   abort(code: number, reason: string): void {
     if (this.phase === "closed") return;
     this.fail(code, reason, true);
+  }
+
+  /**
+   * The split-message timeout (the Rust engine's `check_message_progress`): when split messages
+   * are open and none got a chunk for `limitMs` while this side gave credit, closes the
+   * connection with ERROR `TIMEOUT`. Credit withheld from all of them (the memory budget) is our
+   * doing: their time starts again. Returns when to look again (Infinity: none open, or closed).
+   */
+  checkMessageProgress(limitMs: number): number {
+    if (this.phase === "closed" || limitMs <= 0 || this.splitsOpen === 0) return Infinity;
+    const now = this.now();
+    if (now < this.lastChunkAt + limitMs) return this.lastChunkAt + limitMs;
+    const p = this.privileged === null ? undefined : this.calls.get(this.privileged);
+    const oneCould = p !== undefined && p.split !== null;
+    if (!oneCould && [...this.calls.values()].some((c) => c.withheld > 0)) {
+      this.lastChunkAt = now;
+      return now + limitMs;
+    }
+    this.fail(ErrorCode.TIMEOUT, `a split message got no chunk for ${limitMs} ms (frame_timeout)`, true);
+    return Infinity;
   }
 
   private decode(): void {

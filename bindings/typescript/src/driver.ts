@@ -148,9 +148,36 @@ export class Driver {
   /** Producers waiting for the output to drain (at most one per call of the connection). */
   private roomWaiters: (() => void)[] = [];
 
+  /**
+   * Bytes of messages being produced (encoded and compressed) and not yet handed to the engine:
+   * they count toward the bound, so that while one is produced the others wait (§7: what the
+   * bound may pass by is one message).
+   */
+  private producing = 0;
+
+  /** The output held for the peer: produced and not handed to the engine, queued in it, or not yet taken by the network. */
+  get held(): number {
+    return this.ioClosed ? 0 : (this.io.pending?.() ?? 0) + this.engine.outputBytes + this.producing;
+  }
+
   /** Whether the output not yet written has reached `maxPending` (always false without a bound). */
   get full(): boolean {
-    return this.maxPending > 0 && !this.ioClosed && (this.io.pending?.() ?? 0) + this.engine.outputBytes >= this.maxPending;
+    return this.maxPending > 0 && !this.ioClosed && this.held >= this.maxPending;
+  }
+
+  /**
+   * Produces one message under the bound: waits while the output is full, then counts the
+   * `size` bytes `make` produces (asynchronously: compression) toward it until it returns.
+   * `stop` (the call ended) ends the wait early.
+   */
+  async produce<T>(size: number, make: () => Promise<T>, stop: () => boolean): Promise<T> {
+    while (this.full && !stop()) await this.room();
+    this.producing += size;
+    try {
+      return await make();
+    } finally {
+      this.producing -= size;
+    }
   }
 
   /** Resolves once the output is below the bound again (at once when it is, or the stream closed). */
@@ -173,7 +200,7 @@ export class Driver {
     const check = (): void => {
       if (done) return;
       clearTimeout(timer);
-      if (!this.ioClosed && (this.io.pending?.() ?? 0) + this.engine.outputBytes > this.maxPending / 2) {
+      if (!this.ioClosed && this.held > this.maxPending / 2) {
         timer = setTimeout(check, 5);
         return;
       }

@@ -49,5 +49,12 @@ export class MemoryBudget {
 /** The process-wide budget every connection shares unless told otherwise (1 GiB). */
 export const processMemoryBudget = new MemoryBudget();
 
+/**
+ * One connection holds at most `1 / SHARE_OF_BUDGET` of its budget in incomplete messages (as
+ * Rust's `SHARE_OF_BUDGET`): past it that connection's chunk credit is withheld (one split
+ * message per connection still goes on), so that one connection cannot spend what the others need.
+ */
+export const SHARE_OF_BUDGET = 8;
+
 /** Frames announced larger than this (one 64 KiB read) are charged to the memory budget while they arrive. */
 export const LARGE_FRAME = 64 * 1024;

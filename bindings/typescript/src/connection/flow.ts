@@ -48,9 +48,27 @@ export abstract class FlowControl extends ConnectionState {
    */
   protected chargeFrame(): void {
     const held = this.phase !== "closed" && this.decoder.announced > LARGE_FRAME ? this.decoder.pending : 0;
-    if (held > this.frameCharge) this.memoryBudget.reserve(held - this.frameCharge);
-    else if (held < this.frameCharge) this.memoryBudget.release(this.frameCharge - held);
+    if (held > this.frameCharge) this.hold(held - this.frameCharge);
+    else if (held < this.frameCharge) this.unhold(this.frameCharge - held);
     this.frameCharge = held;
+  }
+
+  /** Holds `n` bytes in the budget, charged to this connection's share too. */
+  protected hold(n: number): void {
+    this.shareUsed += n;
+    this.memoryBudget.reserve(n);
+  }
+
+  /** Releases `n` bytes of the budget and of this connection's share. */
+  protected unhold(n: number): void {
+    if (n <= 0) return;
+    this.shareUsed = Math.max(0, this.shareUsed - n);
+    this.memoryBudget.release(n);
+  }
+
+  /** Whether chunk credit is withheld: the budget is spent, or this connection's share of it (§7). */
+  protected get starved(): boolean {
+    return this.memoryBudget.exhausted || this.shareUsed >= this.shareLimit;
   }
 
   /** Charges a received message frame (header and `payload` bytes) against the call's credit. */
@@ -61,7 +79,7 @@ export abstract class FlowControl extends ConnectionState {
 
   /** Credit for a chunk of a split message: granted now, or withheld while memory is spent (§7). */
   protected chunkCredit(c: Call, n: number): void {
-    if (this.memoryBudget.exhausted && this.privileged !== c.id) {
+    if (this.starved && this.privileged !== c.id) {
       if (this.privileged === null || !this.calls.has(this.privileged)) {
         this.privileged = c.id;
       } else {
@@ -78,7 +96,7 @@ export abstract class FlowControl extends ConnectionState {
     if (this.phase === "closed") return;
     let any = false;
     for (const c of this.calls.values()) {
-      if (c.withheld > 0 && !this.memoryBudget.exhausted) {
+      if (c.withheld > 0 && !this.starved) {
         const n = c.withheld;
         c.withheld = 0;
         this.grantNow(c, n);
@@ -97,14 +115,16 @@ export abstract class FlowControl extends ConnectionState {
     const s = c.split;
     if (s === null) return;
     c.split = null;
+    this.splitsOpen--;
     if (this.privileged === c.id) this.privileged = null;
-    this.memoryBudget.release(s.buf.length);
+    this.unhold(s.buf.length);
     this.promote();
+    if (this.unsubscribe !== null) this.regrant(); // our share came back: the budget may not say so
   }
 
   /** Budget still spent and no split message going on: lets a waiting one go on (§7). */
   private promote(): void {
-    if (this.privileged !== null || !this.memoryBudget.exhausted || this.phase === "closed") return;
+    if (this.privileged !== null || !this.starved || this.phase === "closed") return;
     for (const c of this.calls.values()) {
       if (c.withheld > 0 && c.split !== null) {
         this.privileged = c.id;

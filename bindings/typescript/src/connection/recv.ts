@@ -125,8 +125,10 @@ export abstract class Receiver extends Sender {
     } else {
       const buf = new Uint8Array(Math.min(f.totalLen, 2 * f.chunk.length));
       buf.set(f.chunk);
-      this.memoryBudget.reserve(buf.length);
+      this.hold(buf.length);
       c.split = { total: f.totalLen, got: f.chunk.length, buf, endStream: f.endStream };
+      this.splitsOpen++;
+      this.lastChunkAt = this.now();
       this.chunkCredit(c, HEADER_LEN + 4 + f.chunk.length);
     }
   }
@@ -142,13 +144,15 @@ export abstract class Receiver extends Sender {
     if (need > s.buf.length) {
       const grown = new Uint8Array(Math.min(s.total, 2 * need));
       grown.set(s.buf.subarray(0, s.got));
-      this.memoryBudget.reserve(grown.length - s.buf.length);
+      this.hold(grown.length - s.buf.length);
       s.buf = grown;
     }
     s.buf.set(f.chunk, s.got);
     s.got = need;
-    if (s.got < s.total) this.chunkCredit(c, HEADER_LEN + f.chunk.length);
-    else {
+    if (s.got < s.total) {
+      this.lastChunkAt = this.now();
+      this.chunkCredit(c, HEADER_LEN + f.chunk.length);
+    } else {
       this.dropSplit(c);
       this.grantNow(c, HEADER_LEN + f.chunk.length);
       this.deliver(c, s.buf, 0);

@@ -4,7 +4,7 @@
  * @module
  */
 import { DEFAULT_SETTINGS, FrameDecoder, PREFACE, effectiveSettings, encodeParts, settingsEntries, type Frame, type Settings } from "../frame.js";
-import { MemoryBudget, processMemoryBudget } from "./budget.js";
+import { MemoryBudget, SHARE_OF_BUDGET, processMemoryBudget } from "./budget.js";
 import { newCall, type Call } from "./calls.js";
 import type { Event } from "./event.js";
 import { Bucket, DEFAULT_LIMITS, type Limits } from "./limits.js";
@@ -59,6 +59,18 @@ export abstract class ConnectionState {
   readonly memoryBudget: MemoryBudget;
   /** Bytes of a large frame still arriving, charged to {@link memoryBudget}. */
   protected frameCharge = 0;
+  /**
+   * Bytes this connection holds in the budget (its split messages being reassembled and its
+   * large frame arriving): past {@link shareLimit} its chunk credit is withheld as when the
+   * budget is spent, so that one connection cannot spend the whole budget.
+   */
+  shareUsed = 0;
+  /** This connection's share of the budget: `1 / SHARE_OF_BUDGET` of its limit (as Rust). */
+  readonly shareLimit: number;
+  /** Split messages being reassembled. */
+  splitsOpen = 0;
+  /** When a chunk of a split message last arrived or one opened (the message timeout counts from it). */
+  protected lastChunkAt = 0;
   /** The call whose split message goes on while the budget is spent (one per connection, §7). */
   protected privileged: number | null = null;
   protected unsubscribe: (() => void) | null = null;
@@ -80,6 +92,7 @@ export abstract class ConnectionState {
     this.refusedBucket = new Bucket(this.limits.refusedCallBurst, this.limits.refusedCallRefillMs, t);
     this.decoder = new FrameDecoder(this.local.maxFrameSize);
     this.memoryBudget = options.memoryBudget ?? processMemoryBudget;
+    this.shareLimit = Math.max(1, Math.floor(this.memoryBudget.limit / SHARE_OF_BUDGET));
     this.pushBytes(PREFACE);
     this.send({ type: "SETTINGS", flags: 0, callId: 0, entries: settingsEntries(this.local) });
   }

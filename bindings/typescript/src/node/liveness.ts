@@ -34,6 +34,8 @@ const MAX_DELAY = 2 ** 31 - 1;
 export class Liveness {
   private lastActive: number;
   private partialSince = 0;
+  /** When the open split messages must have progressed (Infinity: none open, as last seen). */
+  private messageDue = Infinity;
   private pingSent = 0;
   private timer: ReturnType<typeof setTimeout> | undefined;
   private timerAt = Infinity;
@@ -69,6 +71,10 @@ export class Liveness {
     if (!this.driver.engine.partialInput) this.partialSince = 0;
     else if (this.partialSince === 0) {
       this.partialSince = now;
+      this.arm();
+    }
+    if (this.messageDue === Infinity && this.bounds.frameMs > 0 && this.driver.engine.splitsOpen > 0) {
+      this.messageDue = now + this.bounds.frameMs;
       this.arm();
     }
   }
@@ -113,6 +119,7 @@ export class Liveness {
     if (!engine.established && b.handshakeMs > 0) t = Math.min(t, this.started + b.handshakeMs);
     if (this.partialSince > 0 && b.frameMs > 0) t = Math.min(t, this.partialSince + b.frameMs);
     if (this.stallSince > 0) t = Math.min(t, this.stallCheckAt);
+    t = Math.min(t, this.messageDue);
     if (b.keepalive !== undefined) {
       t = Math.min(t, this.pingSent > 0 ? this.pingSent + (b.keepalive.timeoutMs ?? 20_000) : this.lastActive + b.keepalive.intervalMs);
     }
@@ -155,6 +162,15 @@ export class Liveness {
       // send buffer bounds that; the frame's time starts again once we read.
       if (this.driver.readsPaused) this.partialSince = now;
       else return timeout(`a frame stayed incomplete for ${b.frameMs} ms (frame_timeout)`);
+    }
+    if (now >= this.messageDue) {
+      // A split message that stalls in complete frames (the frame timer sees none): closed
+      // with TIMEOUT unless we withheld its credit or stopped reading (our doing).
+      this.messageDue = this.driver.readsPaused ? now + b.frameMs : engine.checkMessageProgress(b.frameMs);
+      if (engine.closed) {
+        this.driver.pump();
+        return true;
+      }
     }
     if (this.stallSince > 0 && now >= this.stallCheckAt) {
       const d = this.driver;

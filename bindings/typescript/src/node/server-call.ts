@@ -97,9 +97,11 @@ export function callIO(engine: Connection, driver: Driver, call: ServerCall, set
     }
   })();
   const send = async (v: unknown): Promise<void> => {
+    // No response is produced while the peer does not read (§7): the wait comes before the
+    // encoding, so calls waiting for room hold their values, not their encoded answers.
+    while (driver.full && !call.done) await driver.room();
     const plain = route.encode(v);
-    const bytes = respEncoder === null ? plain : await encodeMessage(plain, respEncoder);
-    while (driver.full && !call.done) await driver.room(); // the peer is not reading (§7)
+    const bytes = respEncoder === null ? plain : await driver.produce(plain.length, () => encodeMessage(plain, respEncoder), () => call.done);
     sendHeaders();
     for (;;) {
       if (call.done) throw call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
@@ -122,7 +124,7 @@ export function callIO(engine: Connection, driver: Driver, call: ServerCall, set
 
 /** @internal Runs the handler by its kind, sending what it returns. */
 export async function runHandler(route: Route, io: CallIO, ctx: HandlerContext, driver: Driver, call: ServerCall): Promise<void> {
-  if (driver.full) await driver.room(); // no new handler while the peer does not read (§7)
+  while (driver.full && !call.done) await driver.room(); // no new handler while the peer does not read (§7)
   if (call.done) return;
   const h = route.handler;
   switch (route.kind) {

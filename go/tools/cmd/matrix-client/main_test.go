@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/topspin-rpc/topspin/go/internal/matrix"
-	"github.com/topspin-rpc/topspin/go/internal/matrixpb"
+	"github.com/topspin-rpc/topspin/go/tools/internal/matrix"
+	"github.com/topspin-rpc/topspin/go/tools/internal/matrixpb"
 	"github.com/topspin-rpc/topspin/go/topspin"
 )
 
@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// programs builds ./cmd/matrix-server and ./cmd/matrix-client from go/ as the matrix runner
+// programs builds ./cmd/matrix-server and ./cmd/matrix-client from go/tools as the matrix runner
 // does (go build -o DIR/go-matrix-server ./cmd/matrix-server) and returns them.
 func programs(t *testing.T) (server, client string) {
 	t.Helper()

@@ -14,7 +14,7 @@ import (
 
 	"github.com/topspin-rpc/topspin/go/topspin"
 
-	"github.com/topspin-rpc/topspin/go/internal/matrix"
+	"github.com/topspin-rpc/topspin/go/tools/internal/matrix"
 )
 
 func main() {

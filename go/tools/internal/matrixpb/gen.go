@@ -3,4 +3,4 @@
 // interface and the MatrixClient.
 package matrixpb
 
-//go:generate go run ../../cmd/topspin-gen -I ../../../testdata/matrix -o ../.. -module github.com/topspin-rpc/topspin/go -M matrix.proto=github.com/topspin-rpc/topspin/go/internal/matrixpb matrix.proto
+//go:generate go -C ../../../gen run ./cmd/topspin-gen -I ../../testdata/matrix -o ../tools -module github.com/topspin-rpc/topspin/go/tools -M matrix.proto=github.com/topspin-rpc/topspin/go/tools/internal/matrixpb matrix.proto

@@ -9,7 +9,7 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/topspin-rpc/topspin/go/internal/matrixpb"
+	"github.com/topspin-rpc/topspin/go/tools/internal/matrixpb"
 	"github.com/topspin-rpc/topspin/go/topspin"
 )
 

@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/topspin-rpc/topspin/go/internal/matrixpb"
+	"github.com/topspin-rpc/topspin/go/tools/internal/matrixpb"
 	"github.com/topspin-rpc/topspin/go/topspin"
 	"github.com/topspin-rpc/topspin/go/topspinotel"
 	"go.opentelemetry.io/otel/propagation"

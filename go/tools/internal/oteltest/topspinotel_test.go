@@ -1,4 +1,4 @@
-package topspinotel_test
+package oteltest_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/topspin-rpc/topspin/go/internal/matrix"
-	"github.com/topspin-rpc/topspin/go/internal/matrixpb"
+	"github.com/topspin-rpc/topspin/go/tools/internal/matrix"
+	"github.com/topspin-rpc/topspin/go/tools/internal/matrixpb"
 	"github.com/topspin-rpc/topspin/go/topspin"
 	"github.com/topspin-rpc/topspin/go/topspinotel"
 	"go.opentelemetry.io/otel/attribute"

@@ -5,9 +5,9 @@
 // A function's length counts from its func keyword to its closing brace; a file's, all its
 // lines. Test files (*_test.go), generated files (a "Code generated … DO NOT EDIT." line,
 // as go generate writes them) and testdata directories are not checked; nor are the
-// directories named by -skip (relative to the walked root, e.g. "cmd").
+// directories named by -skip (relative to the walked root, e.g. "gen/cmd").
 //
-//	go run ./internal/tools/funlen -max 80 -file-max 600 -skip cmd .
+//	go run ./internal/funlen -max 80 -file-max 600 -skip gen/cmd,tools/cmd ..   (in go/tools)
 package main
 
 import (

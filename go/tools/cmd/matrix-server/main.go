@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/topspin-rpc/topspin/go/internal/matrix"
-	"github.com/topspin-rpc/topspin/go/internal/matrixpb"
+	"github.com/topspin-rpc/topspin/go/tools/internal/matrix"
+	"github.com/topspin-rpc/topspin/go/tools/internal/matrixpb"
 	"github.com/topspin-rpc/topspin/go/topspin"
 )
 

@@ -58,11 +58,11 @@ func TestYourOwnServiceAsWritten(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a module of its own (a few seconds with warm caches)")
 	}
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkout, err := filepath.Abs("../../..")
+	checkout, err := filepath.Abs("../../../..")
 	if err != nil {
 		t.Fatal(err)
 	}

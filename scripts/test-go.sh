@@ -5,7 +5,8 @@
 # file lengths, the generated kvstore code is up to date, unit and vector tests with -race,
 # a short bounded fuzz run of the decoder and the connection input, and interop with the
 # Rust kvstore server and clients over TCP, TLS and Unix sockets (with compression and
-# keep-alive). Exits non-zero on any failure.
+# keep-alive), and protoc-gen-go-topspin under `buf generate` (buf from BUF, PATH or
+# target/go-tools/, where scripts/setup-go.sh installs it). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup-go.sh
@@ -27,6 +28,9 @@ else
   export KVSTORE_SERVER="$BIN/kvstore-server" KVSTORE_CLIENT="$BIN/kvstore-client" TOPSPIN_CLI="$BIN/topspin"
 fi
 export KV_PROTO_DIR="$ROOT/examples/kvstore/proto" TOPSPIN_INTEROP=1
+# buf for the test of protoc-gen-go-topspin (go/tools/internal/bufkv), as setup-go.sh put it.
+[ -x "${BUF:-}" ] || BUF="$ROOT/target/go-tools/buf"
+export BUF
 
 cd go
 # The modules under go/: the runtime (.), then the nested ones (README.md: "Nested modules").
@@ -59,7 +63,7 @@ if ! git diff --quiet -- examples/kvstore/kvpb; then
   exit 1
 fi
 (cd tools && go generate ./internal/matrixpb) && git diff --quiet -- tools/internal/matrixpb || { echo "go/tools/internal/matrixpb is out of date: run 'go generate ./internal/matrixpb' in go/tools"; exit 1; }
-step "go test -race (vectors, runtime, interop, README quick start and 'Your own service')"
+step "go test -race (vectors, runtime, generator and plugin, interop, buf generate, README quick start and 'Your own service')"
 each go test -race -count=1 ./...
 step "fuzz (bounded: 15 s per target)"
 go test ./wire -run '^$' -fuzz '^FuzzDecode$' -fuzztime 15s

@@ -120,7 +120,7 @@ func grpcurl(t *testing.T) string {
 	if p, err := exec.LookPath("grpcurl"); err == nil {
 		return p
 	}
-	p := filepath.Join("..", "..", "target", "grpc-tools", "grpcurl")
+	p := filepath.Join("..", "..", "..", "target", "grpc-tools", "grpcurl")
 	if _, err := os.Stat(p); err == nil {
 		abs, _ := filepath.Abs(p)
 		return abs

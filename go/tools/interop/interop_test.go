@@ -223,7 +223,7 @@ func protoDir() string {
 	if d := os.Getenv("KV_PROTO_DIR"); d != "" {
 		return d
 	}
-	return filepath.Join("..", "..", "examples", "kvstore", "proto")
+	return filepath.Join("..", "..", "..", "examples", "kvstore", "proto")
 }
 
 // cli runs the topspin CLI: topspin call [extra...] TARGET METHOD --proto … -d DATA.

@@ -21,7 +21,7 @@
 # The programs, at these paths (the runner says which is missing):
 #   rust    $MATRIX_RUST_BIN/matrix-{server,client}, else built here (cargo build -p matrix)
 #           into ${CARGO_TARGET_DIR:-target}/debug
-#   go      target/matrix/go-matrix-{server,client}, built here from go/cmd/matrix-{server,client}
+#   go      target/matrix/go-matrix-{server,client}, built here from go/tools/cmd/matrix-{server,client}
 #   node    node bindings/typescript/dist/matrix/{server,client}.js (npm run build when missing)
 #   chromium node bindings/typescript/dist/matrix/browser.js (the TS client in Chromium; ws only)
 #   python  bindings/python/.venv/bin/python bindings/python/matrix/{server,client}.py
@@ -203,14 +203,14 @@ fi
 
 go_server="$out/go-matrix-server" go_client="$out/go-matrix-client"
 if uses go; then
-  if [ ! -d go/cmd/matrix-server ] || [ ! -d go/cmd/matrix-client ]; then
-    mark_missing go "go/cmd/matrix-server and go/cmd/matrix-client (the Go sources)"
+  if [ ! -d go/tools/cmd/matrix-server ] || [ ! -d go/tools/cmd/matrix-client ]; then
+    mark_missing go "go/tools/cmd/matrix-server and go/tools/cmd/matrix-client (the Go sources)"
   else
-    step "go: go build ./cmd/matrix-server ./cmd/matrix-client"
+    step "go: go build ./cmd/matrix-server ./cmd/matrix-client (in go/tools)"
     go_path
     if ! have go; then
       mark_broken go "no go on PATH (scripts/setup-go.sh installs it)"
-    elif ! (cd go && go build -o "$go_server" ./cmd/matrix-server && go build -o "$go_client" ./cmd/matrix-client); then
+    elif ! (cd go/tools && go build -o "$go_server" ./cmd/matrix-server && go build -o "$go_client" ./cmd/matrix-client); then
       mark_broken go "go build failed"
     fi
   fi

@@ -24,7 +24,8 @@ func TestGeneratedCodeIsUpToDate(t *testing.T) {
 		t.Fatalf("go/reflection/proto/%s differs from the crate's: copy it again and run go generate ./reflection", proto)
 	}
 	out := t.TempDir()
-	cmd := exec.Command("go", "run", "../cmd/topspin-gen", "-I", "proto", "-o", out,
+	// The generator is a module of its own (go/gen), run from there.
+	cmd := exec.Command("go", "-C", "../gen", "run", "./cmd/topspin-gen", "-I", "../reflection/proto", "-o", out,
 		"-module", "github.com/topspin-rpc/topspin/go",
 		"-M", proto+"=github.com/topspin-rpc/topspin/go/reflection/reflectionpb", proto)
 	if b, err := cmd.CombinedOutput(); err != nil {

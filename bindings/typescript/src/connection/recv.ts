@@ -123,6 +123,8 @@ export abstract class Receiver extends Sender {
       this.deliver(c, f.chunk.slice(), HEADER_LEN + f.chunk.length);
       if (f.endStream) this.halfClosedByClient(c);
     } else {
+      // Bounded by what arrived, not by total_len (a claim): at most twice the chunk, never
+      // past total_len (itself ≤ maxMessageSize, checked above); charged by hold().
       const buf = new Uint8Array(Math.min(f.totalLen, 2 * f.chunk.length));
       buf.set(f.chunk);
       this.hold(buf.length);
@@ -142,6 +144,7 @@ export abstract class Receiver extends Sender {
     }
     const need = s.got + f.chunk.length;
     if (need > s.buf.length) {
+      // At most twice what arrived, never past the total; the growth is charged by hold().
       const grown = new Uint8Array(Math.min(s.total, 2 * need));
       grown.set(s.buf.subarray(0, s.got));
       this.hold(grown.length - s.buf.length);

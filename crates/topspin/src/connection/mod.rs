@@ -112,6 +112,11 @@ pub(crate) struct Driver<R, T> {
     /// The far deadlines (handshake, keep-alive, frame, write, idle), off the wheel.
     alarm: alarm::Alarm,
     alarm_at: Option<Instant>,
+    /// `alarm_at` less the shortest liveness gap (`Liveness::shortest_gap`): the alarm covers
+    /// every far deadline of a quiet, established connection read from at or after it.
+    /// Worked out when the alarm is set, so the check that runs a few times per call is one
+    /// comparison.
+    alarm_floor: Option<Instant>,
     /// This connection's share of its server's (or channel's) gauges.
     share: crate::stats::Share,
     /// The short spin before the task sleeps (see `spin.rs`).
@@ -160,6 +165,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             armed: None,
             alarm: alarm::Alarm::default(),
             alarm_at: None,
+            alarm_floor: None,
             share,
             spin: spin::Spin::default(),
             waker: None,
@@ -469,10 +475,10 @@ impl<R: Role, T: Transport> Driver<R, T> {
     fn arm_timer(&mut self, cx: &mut Context<'_>) -> bool {
         let far = self.next_far();
         if !covers(self.alarm_at, far) {
-            self.alarm_at = far;
+            self.set_alarm_at(far);
             if let Some(t) = far {
                 if t <= Instant::now() {
-                    self.alarm_at = None;
+                    self.set_alarm_at(None);
                     self.on_timer();
                     return true;
                 }
@@ -535,7 +541,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             return true;
         }
         if self.alarm_at.is_some() && self.alarm.rang() {
-            self.alarm_at = None;
+            self.set_alarm_at(None);
             self.on_timer();
             return true;
         }
@@ -577,17 +583,23 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// runs a few times per call).
     #[inline]
     fn alarm_covers(&self) -> bool {
-        if let Some(at) = self.alarm_at {
+        if let Some(floor) = self.alarm_floor {
             if self.io.partial_since.is_none()
                 && self.io.write_stalled_since.is_none()
                 && !self.liveness.waiting_for_pong()
                 && self.conn.is_established()
-                && at <= self.io.last_read + self.liveness.shortest_gap(&self.config)
+                && floor <= self.io.last_read
             {
                 return true;
             }
         }
         covers(self.alarm_at, self.next_far())
+    }
+
+    /// Arms (in this struct; the caller sets the alarm itself) or disarms the far timer.
+    fn set_alarm_at(&mut self, at: Option<Instant>) {
+        self.alarm_at = at;
+        self.alarm_floor = at.and_then(|t| t.checked_sub(self.liveness.shortest_gap(&self.config)));
     }
 
     /// The next near deadline: a call's (the engine's) or the role's.

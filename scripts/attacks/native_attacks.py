@@ -1,4 +1,5 @@
 """Attacks on the native topspin protocol (docs/protocol.md) over TCP."""
+import os
 import select, socket, struct, time
 from common import *
 
@@ -63,8 +64,11 @@ def preface_and_settings(s):
     typ, _, _, _ = read_nframe(s)
     assert typ == T_SETTINGS
 
-def attack_native_pipeline_never_read(srv, dur=58):
-    """#4: one connection pipelines up to 100,000 Gets of the 1 MiB value and never reads."""
+def attack_native_pipeline_never_read(srv, dur=None):
+    """#4: one connection pipelines up to 100,000 Gets of the 1 MiB value and never reads.
+    It stays 58 s (ATTACK_NEVER_READ_SECS: e.g. 75 to see the 60 s write_timeout cut it)."""
+    if dur is None:
+        dur = float(os.environ.get("ATTACK_NEVER_READ_SECS", "58"))
     s = native_connect(srv.host, srv.port)
     s.setblocking(False)
     t0 = time.monotonic()

@@ -150,17 +150,8 @@ async fn stream_error_status_reaches_the_client() {
 /// socket buffers, which the kernel bounds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_reader_bounds_the_writer() {
-    let skips = [(
-        Transport::Grpc,
-        // BUG: over grpc:// against the face, a slow reader lets the handler run 1.5-1.6 MB
-        // ahead with a 1 MiB window: more than the window plus h2's 400 KiB per-stream send
-        // buffer plus two messages (1.52 MB), which README's "a response stream not read holds
-        // the server at one initial_call_window" promises. Credit for the parts of a message
-        // split across DATA frames is released before the message is consumed.
-        "BUG: the gRPC client mode and face let a slow reader's stream run past window + h2 send buffer",
-    )];
     let skips = trim(
-        &skips,
+        &[],
         &[Transport::Unix, Transport::UnixAbstract, Transport::Wss],
     );
     each_transport(&skips, slow_reader_bounds_the_writer_on).await;

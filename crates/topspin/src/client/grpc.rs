@@ -341,6 +341,12 @@ struct GrpcCall {
     /// The response's message encoding (`grpc-encoding`).
     encoding: Option<Encoding>,
     deframer: CreditDeframer,
+    /// Credit of response messages handed to the stream's consumer and not given back yet.
+    unconsumed: usize,
+    /// Credit of parts of a message not yet complete, kept back while the consumer still has
+    /// messages to take (released once it has taken them all): a reader that stops reading
+    /// holds the server at the window, not the window plus the message under way.
+    deferred: usize,
     /// The pump's ack for the message queued last, sent once h2 has window for it.
     unacked: Option<Ack>,
     half_close_after: bool,
@@ -398,6 +404,8 @@ impl GrpcCall {
             message: None,
             encoding: None,
             deframer: CreditDeframer::default(),
+            unconsumed: 0,
+            deferred: 0,
             unacked: None,
             half_close_after: false,
             half_closed: false,
@@ -764,9 +772,7 @@ impl GrpcCall {
                         Step::Go
                     }
                     Some(CallCmd::Credit(n)) => {
-                        if let Some(b) = body.as_mut() {
-                            let _ = b.flow_control().release_capacity(n as usize);
-                        }
+                        self.consumed(n as usize, body.as_mut());
                         Step::Go
                     }
                     Some(CallCmd::Cancel) | None => {
@@ -853,6 +859,19 @@ impl GrpcCall {
         Step::Go
     }
 
+    /// The stream's consumer took messages worth `n` bytes of credit: given back, and the
+    /// parts of a message under way kept back meanwhile once it has taken them all.
+    fn consumed(&mut self, n: usize, body: Option<&mut RecvStream>) {
+        self.unconsumed = self.unconsumed.saturating_sub(n);
+        let mut release = n;
+        if self.unconsumed == 0 {
+            release += std::mem::take(&mut self.deferred);
+        }
+        if let Some(b) = body {
+            let _ = b.flow_control().release_capacity(release);
+        }
+    }
+
     /// One DATA chunk: the messages it completes go to the sink.
     fn on_data(&mut self, chunk: Bytes, body: &mut RecvStream) -> Step {
         let n = chunk.len();
@@ -882,9 +901,16 @@ impl GrpcCall {
             }
         });
         // What no stream consumer holds is released now: parts of messages not yet complete
-        // (a message larger than the window could otherwise never arrive) and the one
+        // (a message larger than the window could otherwise never arrive) — unless the
+        // consumer has messages still to take: then once it has taken them — and the one
         // response of a unary-response call (bounded by max_message_size).
-        let _ = body.flow_control().release_capacity(n - held);
+        self.unconsumed += held;
+        let free = n - held;
+        if self.unconsumed == 0 {
+            let _ = body.flow_control().release_capacity(free);
+        } else {
+            self.deferred += free;
+        }
         match r {
             Ok(_) => Step::Go,
             Err(s) => {

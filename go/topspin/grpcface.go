@@ -153,6 +153,7 @@ func (s *Server) serveGRPC(fc *faceConn) {
 	}
 	s.grpcConns++
 	s.mu.Unlock()
+	fc.writeTimeout = s.opts.writeTimeout
 	fc.onClose = func() {
 		s.mu.Lock()
 		s.grpcConns--
@@ -164,13 +165,18 @@ func (s *Server) serveGRPC(fc *faceConn) {
 }
 
 // faceConn is a connection of the gRPC face: it replays the sniffed byte, keeps the TLS
-// connection under it (for handlers' TLS()) and uncounts itself when closed.
+// connection under it (for handlers' TLS()), bounds its writes by the write timeout
+// (grpcconn.go) and uncounts itself when closed.
 type faceConn struct {
 	net.Conn
 	pre     []byte
 	tls     *tls.Conn
 	once    sync.Once
 	onClose func()
+
+	writeTimeout time.Duration // 0: none
+	writeBy      time.Time     // the socket's write deadline (grpc-go writes from one goroutine at a time)
+	wmu          sync.Mutex
 }
 
 func (c *faceConn) Read(p []byte) (int, error) {

@@ -73,11 +73,15 @@ func TestCompressRoundTrip(t *testing.T) {
 	}
 }
 
-// A decompressed message is charged to the budget until the caller releases it; one that
-// finds no room ends RESOURCE_EXHAUSTED and leaves nothing charged.
+// A decompressed message is charged to the budget until the caller releases it (and twice
+// while its pieces are copied into its buffer); one that finds no room ends
+// RESOURCE_EXHAUSTED and leaves nothing charged.
 func TestDecompressChargedToBudget(t *testing.T) {
 	b := NewMemoryBudget(8 << 20)
-	msg := make([]byte, 3<<20)
+	msg := make([]byte, 5<<19) // 2.5 MiB: two are held, a third needs 5 MiB more
+	for i := range msg {
+		msg[i] = byte(i / 4096)
+	}
 	comp, err := Compress(EncodingZstd, msg)
 	if err != nil || len(comp) > 4096 {
 		t.Fatalf("compress: %d bytes, %v", len(comp), err)

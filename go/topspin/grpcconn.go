@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/topspin-rpc/topspin/go/wire"
 )
 
 // Write bounds grpc-go's writes by the write timeout, as a native connection's (write.go):
@@ -16,6 +18,9 @@ import (
 // client that takes nothing is cut 1 to 2.25 × the timeout after it took its last byte. TLS
 // writes go in chunks of at most tlsWriteChunk (a timed-out TLS write cannot go on).
 func (c *faceConn) Write(p []byte) (int, error) {
+	if c.watch != nil {
+		c.watch.out(p, time.Now())
+	}
 	wt := c.writeTimeout
 	if wt <= 0 {
 		return c.Conn.Write(p)
@@ -71,3 +76,32 @@ func (c *faceConn) SetWriteDeadline(t time.Time) error {
 	c.writeBy = t
 	return c.Conn.SetWriteDeadline(t)
 }
+
+// watchGRPC follows a gRPC connection's request messages under way (grpcwatch.go): charged
+// to its share of the memory budget, and the connection cut when they pass it or one stalls
+// for the frame timeout with its window open (looked at every quarter of it).
+func (s *Server) watchGRPC(fc *faceConn) {
+	b := s.opts.memoryBudget()
+	fc.watch = newGRPCWatch(wire.ShareOf(b, max(b.Limit()/wire.ShareOfBudget, 1)),
+		int64(grpcWindow(&s.opts)), s.opts.frameTimeout)
+	d := s.opts.frameTimeout
+	if d <= 0 {
+		return
+	}
+	every := max(d/4, 10*time.Millisecond)
+	var check func()
+	check = func() {
+		if fc.watch.stalled(time.Now()) != "" {
+			fc.cut()
+			return
+		}
+		if !fc.watch.isClosed() {
+			time.AfterFunc(every, check)
+		}
+	}
+	time.AfterFunc(every, check)
+}
+
+// cut closes the socket of a connection the watch gave up on: grpc-go's reader fails and
+// it ends the connection and its calls.
+func (c *faceConn) cut() { _ = c.Conn.Close() }

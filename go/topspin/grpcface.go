@@ -65,10 +65,15 @@ func (s *Server) startFace() *grpcFace {
 // (as the Rust server's).
 const grpcWindowConns = 2
 
+// grpcWindow is the gRPC face's stream window: the settings' InitialCallWindow.
+func grpcWindow(o *options) int32 {
+	return int32(min(max(o.settings.InitialCallWindow, 64<<10), 1<<30))
+}
+
 // grpcOptions are the gRPC face's bounds, taken from the server's options.
 func (s *Server) grpcOptions() []grpc.ServerOption {
 	o := &s.opts
-	win := int32(min(max(o.settings.InitialCallWindow, 64<<10), 1<<30))
+	win := grpcWindow(o)
 	kp := keepalive.ServerParameters{MaxConnectionIdle: o.idleTimeout}
 	if o.kaInterval > 0 {
 		kp.Time, kp.Timeout = o.kaInterval, o.kaTimeout
@@ -154,6 +159,7 @@ func (s *Server) serveGRPC(fc *faceConn) {
 	s.grpcConns++
 	s.mu.Unlock()
 	fc.writeTimeout = s.opts.writeTimeout
+	s.watchGRPC(fc)
 	fc.onClose = func() {
 		s.mu.Lock()
 		s.grpcConns--
@@ -177,20 +183,31 @@ type faceConn struct {
 	writeTimeout time.Duration // 0: none
 	writeBy      time.Time     // the socket's write deadline (grpc-go writes from one goroutine at a time)
 	wmu          sync.Mutex
+
+	watch *grpcWatch // its request messages under way (grpcwatch.go)
 }
 
-func (c *faceConn) Read(p []byte) (int, error) {
+func (c *faceConn) Read(p []byte) (n int, err error) {
 	if len(c.pre) > 0 {
-		n := copy(p, c.pre)
+		n = copy(p, c.pre)
 		c.pre = c.pre[n:]
-		return n, nil
+	} else {
+		n, err = c.Conn.Read(p)
 	}
-	return c.Conn.Read(p)
+	if c.watch != nil && n > 0 {
+		if why := c.watch.in(p[:n], time.Now()); why != "" {
+			c.cut()
+		}
+	}
+	return n, err
 }
 
 func (c *faceConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
+		if c.watch != nil {
+			c.watch.close()
+		}
 		if c.onClose != nil {
 			c.onClose()
 		}

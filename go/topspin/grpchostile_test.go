@@ -5,7 +5,9 @@ package topspin_test
 // and ends with the gauges back to that client alone.
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,9 @@ import (
 	"time"
 
 	"github.com/topspin-rpc/topspin/go/topspin"
+	"github.com/topspin-rpc/topspin/go/wire"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 )
 
@@ -84,5 +89,87 @@ func TestAGRPCClientThatStopsReadingIsCutAtTheWriteTimeout(t *testing.T) {
 	done()
 	_ = sock.Close()
 	calls.Wait()
+	h.after(t)
+}
+
+// h2Attacker opens an HTTP/2 connection to addr (preface, empty SETTINGS) and, once the
+// server's connection window is open (200 ms), a stream to /h.S/Sink for each of sizes,
+// whose request message announces announced bytes and sends sizes[i] of them.
+func h2Attacker(t *testing.T, addr string, announced int, sizes ...int) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	_ = nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	fr := http2.NewFramer(nc, nc)
+	if _, err := nc.Write([]byte(http2.ClientPreface)); err != nil || fr.WriteSettings() != nil {
+		t.Fatalf("preface: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/h.S/Sink"},
+		{":authority", "x"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	for i, n := range sizes {
+		id := uint32(2*i + 1)
+		msg := append([]byte{0, byte(announced >> 24), byte(announced >> 16), byte(announced >> 8), byte(announced)}, make([]byte, n)...)
+		err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+		for len(msg) > 0 && err == nil {
+			k := min(len(msg), 16384)
+			err, msg = fr.WriteData(id, false, msg[:k]), msg[k:]
+		}
+		if err != nil {
+			t.Fatalf("stream %d: %v", id, err)
+		}
+	}
+	return nc
+}
+
+// cutWithin waits until the server closed nc (its reads end) and returns how long that took.
+func cutWithin(t *testing.T, nc net.Conn, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	_ = nc.SetReadDeadline(start.Add(within))
+	_, err := io.Copy(io.Discard, nc)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the server did not close the connection within %v", within)
+	}
+	return time.Since(start)
+}
+
+// Four streams each send 60,000 bytes of a message announced at 1 MiB, on one connection,
+// with a 1 MiB budget (a connection's share: 128 KiB): their incomplete messages are charged
+// to it, and past the share and the largest message the connection is cut, its charge
+// given back; a good client is served throughout (before: grpc-go held them uncharged, and
+// would have let each stream send its whole message, the connection never cut).
+func TestGRPCIncompleteMessagesPastTheShareAreCut(t *testing.T) {
+	h := startHostile(t, topspin.WithMemoryBudget(wire.NewMemoryBudget(mib)))
+	done := h.probe(t)
+	nc := h2Attacker(t, h.addr, mib, 60_000, 60_000, 60_000, 60_000)
+	took := cutWithin(t, nc, 5*time.Second)
+	t.Logf("cut %v after the last stream's bytes", took.Round(time.Millisecond))
+	done()
+	h.after(t)
+}
+
+// A stream sends 100,000 bytes of a message announced at 1 MiB and goes quiet, its window
+// open: the connection is cut at the frame timeout, its charge given back (before: held
+// for as long as the client kept the socket open).
+func TestGRPCAStalledRequestMessageIsCutAtTheFrameTimeout(t *testing.T) {
+	const ft = 300 * time.Millisecond
+	h := startHostile(t, topspin.WithFrameTimeout(ft))
+	done := h.probe(t)
+	nc := h2Attacker(t, h.addr, mib, 100_000)
+	h.settle(t, "the message under way charged", func(g topspin.Gauges) bool { return g.ReservedBytes >= 100_000 })
+	took := cutWithin(t, nc, 5*time.Second)
+	t.Logf("cut %v after the stream went quiet (frame timeout %v)", took.Round(time.Millisecond), ft)
+	if took < ft/2 || took > 2*ft+time.Second {
+		t.Errorf("cut %v after the stream went quiet, frame timeout %v", took, ft)
+	}
+	done()
 	h.after(t)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -61,6 +62,11 @@ func (s *Server) startFace() *grpcFace {
 	return s.face
 }
 
+// grpcHeaderRoom is the header list's room beyond MaxMetadataSize, for the HTTP/2 and gRPC
+// headers themselves (as the Rust face's HEADER_ROOM); the metadata itself is checked
+// against MaxMetadataSize by the bridge.
+const grpcHeaderRoom = 4 << 10
+
 // grpcWindowConns is how many calls' windows the connection window of the gRPC face holds
 // (as the Rust server's).
 const grpcWindowConns = 2
@@ -86,7 +92,7 @@ func (s *Server) grpcOptions() []grpc.ServerOption {
 		//lint:ignore SA1019 the only per-server decompressor: zstd requests charged to this server's budget
 		grpc.RPCDecompressor(grpcChargedZstd{budget: o.memoryBudget(), limit: min(o.settings.MaxMessageSize, 1<<31-1)}),
 		grpc.MaxConcurrentStreams(o.settings.MaxConcurrentCalls),
-		grpc.MaxHeaderListSize(max(o.settings.MaxMetadataSize, 8<<10)),
+		grpc.MaxHeaderListSize(min(o.settings.MaxMetadataSize, math.MaxUint32-grpcHeaderRoom) + grpcHeaderRoom),
 		grpc.InitialWindowSize(win),
 		grpc.InitialConnWindowSize(win * grpcWindowConns),
 		grpc.KeepaliveParams(kp),

@@ -9,6 +9,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,9 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // stopsReading is a client's socket that reads nothing once stop is set (its Read blocks
@@ -172,4 +176,22 @@ func TestGRPCAStalledRequestMessageIsCutAtTheFrameTimeout(t *testing.T) {
 	}
 	done()
 	h.after(t)
+}
+
+// Request metadata over MaxMetadataSize is refused RESOURCE_EXHAUSTED naming the setting on
+// the gRPC face too (before: only the header list was bounded, at no less than 8 KiB, and a
+// 200-byte value passed a 64-byte limit); the connection goes on.
+func TestGRPCMetadataOverTheLimitIsRefused(t *testing.T) {
+	set := wire.DefaultSettings()
+	set.MaxMetadataSize = 64
+	_, addr := faceServer(t, "tcp", topspin.WithSettings(set))
+	cc := grpcClient(t, "tcp", addr)
+	ctx := metadata.AppendToOutgoingContext(ctx10(t), "big", strings.Repeat("v", 200))
+	_, err := unary(ctx, cc, "/f.S/Echo", []byte("x"))
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max_metadata_size") {
+		t.Fatalf("metadata over the limit: %v", err)
+	}
+	if out, err := unary(ctx10(t), cc, "/f.S/Echo", []byte("ok")); err != nil || string(out) != "ok" {
+		t.Fatalf("after: %q, %v", out, err)
+	}
 }

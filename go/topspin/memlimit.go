@@ -18,7 +18,7 @@ import (
 // collected. So while a server serves, and the process has no limit of its own (GOMEMLIMIT
 // unset, and none set with debug.SetMemoryLimit), this package keeps a soft limit of
 //
-//	the budgets' limits + 2 × (the live heap the budgets do not account for) + 32 MiB
+//	the budgets' limits + 2 × (the live heap the budgets do not account for)
 //
 // re-read every 100 ms: the heap the application keeps for itself still gets GOGC's room to
 // grow, the budget none beyond its limit. The application's heap is followed at once when
@@ -26,9 +26,6 @@ import (
 // finds live during a burst of requests includes what they allocated while it ran, which is
 // not the application's. It goes (back to no limit) when the last server
 // stops, and is left alone for good once anyone else sets one.
-
-// memLimitHeadroom is what the limit allows beyond the budgets and the application's heap.
-const memLimitHeadroom = 32 << 20
 
 // memLimitEvery is how often the limit follows the live heap.
 const memLimitEvery = 100 * time.Millisecond
@@ -43,8 +40,8 @@ var memLimit struct {
 
 // WithGoMemoryLimit lets a server keep a soft Go memory limit tied to its memory budget
 // (default on; see memlimit.go): while it serves, and the process has no limit of its own,
-// the collector works to keep the heap within the budget, twice the rest of the live heap
-// and 32 MiB. Off (false), GOGC alone paces the collector and the process can hold about
+// the collector works to keep the heap within the budget and twice the rest of the live
+// heap (large decompressions and unmarshallings wait for it past that, internal/heapgate). Off (false), GOGC alone paces the collector and the process can hold about
 // twice the budget at peak. A program that sets GOMEMLIMIT, or calls debug.SetMemoryLimit,
 // keeps its own limit either way.
 func WithGoMemoryLimit(on bool) Option { return func(o *options) { o.memLimitOff = !on } }
@@ -127,7 +124,7 @@ func setMemoryLimitLocked(sample []metrics.Sample) bool {
 	default:
 		memLimit.app += (app - memLimit.app) / 64
 	}
-	want := limit + 2*memLimit.app + memLimitHeadroom
+	want := limit + 2*memLimit.app
 	if want != memLimit.set {
 		debug.SetMemoryLimit(want)
 		memLimit.set = want

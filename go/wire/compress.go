@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/topspin-rpc/topspin/go/internal/heapgate"
 )
 
 // Message compression (protocol.md §15): the flag byte, gzip and zstd.
@@ -177,7 +178,7 @@ func readBounded(r io.Reader, enc string, limit uint32, budget *MemoryBudget) (o
 		if len(chunks) == 0 || fill == inflateChunk {
 			allocated := func() {}
 			if len(chunks) > 0 {
-				allocated = waitForHeap(inflateChunk) // heapgate.go
+				allocated = heapgate.Wait(inflateChunk)
 			}
 			chunks, fill = append(chunks, getChunk()), 0
 			allocated()
@@ -219,7 +220,7 @@ func readBounded(r io.Reader, enc string, limit uint32, budget *MemoryBudget) (o
 		}
 		charged += total
 	}
-	allocated := waitForHeap(total)
+	allocated := heapgate.Wait(total)
 	out = make([]byte, 0, total)
 	allocated()
 	for _, c := range chunks {

@@ -1,4 +1,7 @@
-package wire
+// Package heapgate makes large allocations of received messages yield to the garbage
+// collector under a Go memory limit (the wire package's decompression, the topspin
+// package's unmarshalling of large requests).
+package heapgate
 
 import (
 	"math"
@@ -7,18 +10,17 @@ import (
 	"sync"
 )
 
-// Decompression yields to the garbage collector under a Go memory limit. A burst of
-// decompressed messages allocates faster than a concurrent collection reclaims the messages
-// before them (what is allocated while it marks counts as live), so the heap overshoots a
-// soft limit (GOMEMLIMIT, or the one a topspin server keeps: topspin.WithGoMemoryLimit) by
-// what the burst allocated meanwhile. So before a message being decompressed takes another
-// piece (past its first), or its final buffer, it looks at the heap: past the limit, with
+// A burst of large received messages (decompressed, then unmarshalled) allocates faster than
+// a concurrent collection reclaims the messages before them (what is allocated while it
+// marks counts as live), so the heap overshoots a soft limit (GOMEMLIMIT, or the one a
+// topspin server keeps: topspin.WithGoMemoryLimit) by what the burst allocated meanwhile.
+// So before such an allocation (Wait) the heap is looked at: past the limit, with
 // more than heapGateSlack allocated since the last collection it waited for, it waits for a
 // collection (one at a time, the others wait for that one, and allocate nothing meanwhile).
 // Under the limit, or without one, it costs a read of two metrics.
 
 // heapGateSlack is the garbage below which a collection is not worth waiting for.
-const heapGateSlack = 32 << 20
+const heapGateSlack = 16 << 20
 
 var heapGate struct {
 	mu      sync.Mutex
@@ -41,10 +43,10 @@ func heapObjectsLocked() (limit, objects uint64) {
 	return s[0].Value.Uint64(), s[1].Value.Uint64()
 }
 
-// waitForHeap waits for a collection if the heap is past the memory limit (heapGate) before
-// extra more bytes are allocated; the caller calls the function returned once it allocated
-// them (until then they count as allocated for the others).
-func waitForHeap(extra int64) func() {
+// Wait waits for a collection if the heap is past the memory limit before extra more bytes
+// are allocated; the caller calls the function returned once it allocated them (until then
+// they count as allocated for the others).
+func Wait(extra int64) func() {
 	n := uint64(max(extra, 0))
 	heapGate.mu.Lock()
 	defer heapGate.mu.Unlock()

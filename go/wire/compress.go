@@ -210,8 +210,10 @@ func readBounded(r io.Reader, enc string, limit uint32, budget *MemoryBudget) (o
 	if total > int64(limit) {
 		return nil, 0, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("decompressed message over MAX_MESSAGE_SIZE %d", limit)}
 	}
-	if len(chunks) == 1 {
-		return append([]byte(nil), (*chunks[0])[:total]...), charged, nil
+	if len(chunks) == 1 { // a small message (an empty one too: not nil)
+		out = make([]byte, total)
+		copy(out, *chunks[0])
+		return out, charged, nil
 	}
 	// The pieces and the buffer they go to are both held while they are copied: both charged.
 	if budget != nil {

@@ -2,11 +2,14 @@ package wire
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // Every vector of compression.json (kind "compression", protocol.md §15).
@@ -117,5 +120,26 @@ func TestDecompressChargedToBudget(t *testing.T) {
 	b.Release(held[0] + held[1])
 	if b.Used() != 0 {
 		t.Fatalf("budget used %d after release", b.Used())
+	}
+}
+
+// A compressed empty message decompresses to an empty slice, not nil (a handler may tell
+// "no message" by nil).
+func TestDecompressedEmptyMessageIsNotNil(t *testing.T) {
+	for _, enc := range []string{EncodingZstd, EncodingGzip} {
+		var body []byte
+		if enc == EncodingZstd {
+			e, _ := zstd.NewWriter(nil)
+			body = e.EncodeAll(nil, nil)
+		} else {
+			var b bytes.Buffer
+			w := gzip.NewWriter(&b)
+			_ = w.Close()
+			body = b.Bytes()
+		}
+		out, charged, err := DecompressCharged(enc, append([]byte{1}, body...), 1<<20, NewMemoryBudget(1<<20))
+		if err != nil || out == nil || len(out) != 0 || charged != 0 {
+			t.Fatalf("%s: %v (nil: %v), %d charged, %v", enc, out, out == nil, charged, err)
+		}
 	}
 }

@@ -208,8 +208,8 @@ func Unary[Req any, PReq interface {
 			return err
 		}
 		req := PReq(new(Req))
-		if err := proto.Unmarshal(b, req); err != nil {
-			return &Status{Code: InvalidArgument, Message: "unmarshal: " + err.Error()}
+		if err := unmarshalRequest(b, req); err != nil {
+			return err
 		}
 		var resp Resp
 		if ic := ss.unaryChain(); ic != nil {

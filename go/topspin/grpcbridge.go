@@ -44,9 +44,13 @@ func (s *Server) bridge(_ any, gs grpc.ServerStream) error {
 	if s.opts.memoryBudget().Spent() {
 		return status.Error(codes.ResourceExhausted, "process memory budget for incoming messages exhausted")
 	}
+	md := fromGRPCMetadata(in)
+	if n, most := md.Size(), int(s.opts.settings.MaxMetadataSize); n > most {
+		return status.Errorf(codes.ResourceExhausted, "request metadata of %d bytes exceeds this server's limit of %d bytes (max_metadata_size)", n, most)
+	}
 	s.compressFor(ctx)
 	g := &grpcCall{gs: gs, ctx: ctx, budget: s.opts.memoryBudget()}
-	ss := &ServerStream{method: method, md: fromGRPCMetadata(in), g: g, srv: s, kind: entry.kind}
+	ss := &ServerStream{method: method, md: md, g: g, srv: s, kind: entry.kind}
 	ss.deadline, ss.hasDL = ctx.Deadline()
 	s.grpcCalls.Add(1)
 	defer s.grpcCalls.Add(-1)

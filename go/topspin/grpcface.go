@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -61,14 +62,24 @@ func (s *Server) startFace() *grpcFace {
 	return s.face
 }
 
+// grpcHeaderRoom is the header list's room beyond MaxMetadataSize, for the HTTP/2 and gRPC
+// headers themselves (as the Rust face's HEADER_ROOM); the metadata itself is checked
+// against MaxMetadataSize by the bridge.
+const grpcHeaderRoom = 4 << 10
+
 // grpcWindowConns is how many calls' windows the connection window of the gRPC face holds
 // (as the Rust server's).
 const grpcWindowConns = 2
 
+// grpcWindow is the gRPC face's stream window: the settings' InitialCallWindow.
+func grpcWindow(o *options) int32 {
+	return int32(min(max(o.settings.InitialCallWindow, 64<<10), 1<<30))
+}
+
 // grpcOptions are the gRPC face's bounds, taken from the server's options.
 func (s *Server) grpcOptions() []grpc.ServerOption {
 	o := &s.opts
-	win := int32(min(max(o.settings.InitialCallWindow, 64<<10), 1<<30))
+	win := grpcWindow(o)
 	kp := keepalive.ServerParameters{MaxConnectionIdle: o.idleTimeout}
 	if o.kaInterval > 0 {
 		kp.Time, kp.Timeout = o.kaInterval, o.kaTimeout
@@ -81,7 +92,7 @@ func (s *Server) grpcOptions() []grpc.ServerOption {
 		//lint:ignore SA1019 the only per-server decompressor: zstd requests charged to this server's budget
 		grpc.RPCDecompressor(grpcChargedZstd{budget: o.memoryBudget(), limit: min(o.settings.MaxMessageSize, 1<<31-1)}),
 		grpc.MaxConcurrentStreams(o.settings.MaxConcurrentCalls),
-		grpc.MaxHeaderListSize(max(o.settings.MaxMetadataSize, 8<<10)),
+		grpc.MaxHeaderListSize(min(o.settings.MaxMetadataSize, math.MaxUint32-grpcHeaderRoom) + grpcHeaderRoom),
 		grpc.InitialWindowSize(win),
 		grpc.InitialConnWindowSize(win * grpcWindowConns),
 		grpc.KeepaliveParams(kp),
@@ -153,6 +164,8 @@ func (s *Server) serveGRPC(fc *faceConn) {
 	}
 	s.grpcConns++
 	s.mu.Unlock()
+	fc.writeTimeout = s.opts.writeTimeout
+	s.watchGRPC(fc)
 	fc.onClose = func() {
 		s.mu.Lock()
 		s.grpcConns--
@@ -164,27 +177,43 @@ func (s *Server) serveGRPC(fc *faceConn) {
 }
 
 // faceConn is a connection of the gRPC face: it replays the sniffed byte, keeps the TLS
-// connection under it (for handlers' TLS()) and uncounts itself when closed.
+// connection under it (for handlers' TLS()), bounds its writes by the write timeout
+// (grpcconn.go) and uncounts itself when closed.
 type faceConn struct {
 	net.Conn
 	pre     []byte
 	tls     *tls.Conn
 	once    sync.Once
 	onClose func()
+
+	writeTimeout time.Duration // 0: none
+	writeBy      time.Time     // the socket's write deadline (grpc-go writes from one goroutine at a time)
+	wmu          sync.Mutex
+
+	watch *grpcWatch // its request messages under way (grpcwatch.go)
 }
 
-func (c *faceConn) Read(p []byte) (int, error) {
+func (c *faceConn) Read(p []byte) (n int, err error) {
 	if len(c.pre) > 0 {
-		n := copy(p, c.pre)
+		n = copy(p, c.pre)
 		c.pre = c.pre[n:]
-		return n, nil
+	} else {
+		n, err = c.Conn.Read(p)
 	}
-	return c.Conn.Read(p)
+	if c.watch != nil && n > 0 {
+		if why := c.watch.in(p[:n], time.Now()); why != "" {
+			c.cut()
+		}
+	}
+	return n, err
 }
 
 func (c *faceConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
+		if c.watch != nil {
+			c.watch.close()
+		}
 		if c.onClose != nil {
 			c.onClose()
 		}

@@ -34,7 +34,8 @@ type hostile struct {
 	bigRuns atomic.Int64 // /h.S/Big handlers started
 }
 
-// startHostile serves /h.S/Echo (unary), /h.S/Big (unary, a 1 MiB answer) and /h.S/Sink
+// startHostile serves /h.S/Echo (unary), /h.S/Big (unary, a 1 MiB answer), /h.S/Len (unary,
+// its request's MiB in one byte) and /h.S/Sink
 // (reads until the client half-closes) on loopback TCP, and dials the well-behaved client.
 func startHostile(t *testing.T, opts ...topspin.Option) *hostile {
 	t.Helper()
@@ -45,6 +46,9 @@ func startHostile(t *testing.T, opts ...topspin.Option) *hostile {
 	h.s.Handle("/h.S/Big", topspin.UnaryRaw(func(context.Context, topspin.Metadata, []byte) ([]byte, error) {
 		h.bigRuns.Add(1)
 		return bigAnswer, nil
+	}), topspin.CodecRaw)
+	h.s.Handle("/h.S/Len", topspin.UnaryRaw(func(_ context.Context, _ topspin.Metadata, req []byte) ([]byte, error) {
+		return []byte{byte(len(req) >> 20)}, nil
 	}), topspin.CodecRaw)
 	h.s.Handle("/h.S/Sink", func(ss *topspin.ServerStream) error {
 		for {

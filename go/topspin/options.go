@@ -29,6 +29,7 @@ type options struct {
 	maxConns     int
 	unixMode     uint32
 	grpcOff      bool // no gRPC face (grpcface.go)
+	memLimitOff  bool // no Go memory limit tied to the budget (memlimit.go)
 
 	icpt interceptorOptions // (interceptor.go)
 }

@@ -81,6 +81,7 @@ func (s *Server) Serve(l net.Listener) error {
 	s.listeners[l] = struct{}{}
 	s.mu.Unlock()
 	face := s.startFace()
+	defer s.holdMemoryLimit()()
 	defer func() {
 		s.mu.Lock()
 		delete(s.listeners, l)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/topspin-rpc/topspin/go/internal/heapgate"
 	"github.com/topspin-rpc/topspin/go/wire"
 	"google.golang.org/protobuf/proto"
 )
@@ -325,8 +326,8 @@ func (ss *ServerStream) RecvMsg(m proto.Message) error {
 	if err != nil {
 		return err
 	}
-	if err := proto.Unmarshal(b, m); err != nil {
-		return &Status{Code: InvalidArgument, Message: "unmarshal: " + err.Error()}
+	if err := unmarshalRequest(b, m); err != nil {
+		return err
 	}
 	return nil
 }
@@ -356,4 +357,20 @@ type ctxStreamKey struct{}
 func ServerStreamFrom(ctx context.Context) *ServerStream {
 	ss, _ := ctx.Value(ctxStreamKey{}).(*ServerStream)
 	return ss
+}
+
+// largeRequest is the size from which unmarshalling a request waits for the collector when
+// the heap is past a Go memory limit (internal/heapgate): its fields and unknown fields are
+// copied out of the message, about as many bytes again.
+const largeRequest = 256 << 10
+
+// unmarshalRequest unmarshals a request message (protobuf); a bad one is INVALID_ARGUMENT.
+func unmarshalRequest(b []byte, m proto.Message) error {
+	if len(b) >= largeRequest {
+		defer heapgate.Wait(int64(len(b)))()
+	}
+	if err := proto.Unmarshal(b, m); err != nil {
+		return &Status{Code: InvalidArgument, Message: "unmarshal: " + err.Error()}
+	}
+	return nil
 }

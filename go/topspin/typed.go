@@ -152,8 +152,8 @@ func recvRequest(ss *ServerStream, req proto.Message) error {
 		if err != nil {
 			return err
 		}
-		if err := proto.Unmarshal(b, req); err != nil {
-			return &Status{Code: InvalidArgument, Message: "unmarshal: " + err.Error()}
+		if err := unmarshalRequest(b, req); err != nil {
+			return err
 		}
 		return nil
 	}

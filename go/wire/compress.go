@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/topspin-rpc/topspin/go/internal/heapgate"
 )
 
 // Message compression (protocol.md §15): the flag byte, gzip and zstd.
@@ -127,72 +128,125 @@ func InflateCharged(enc string, body []byte, limit uint32, budget *MemoryBudget)
 	return readBounded(r, enc, limit, budget)
 }
 
-// chargeStep is the least a charged decompression buffer grows by at once.
-const chargeStep = 64 << 10
+// inflateChunk is the size of the pieces a message is decompressed into before it is put
+// together in one buffer of its exact size: a 60 MiB message allocates 60 MiB of pieces
+// and its 60 MiB, not the 180 MiB of a buffer grown by half again and again. At most
+// inflateChunksKept pieces (16 MiB) are kept for the next messages, the others left to the
+// collector (a pool of every piece of a burst would hold the burst's size, uncharged).
+const (
+	inflateChunk      = 256 << 10
+	inflateChunksKept = 64
+)
 
-// readBounded reads r to its end into a buffer that never grows past limit+1 bytes, every
-// byte of its capacity reserved in budget (if not nil) before it is allocated. It returns
-// the bytes reserved; on error nothing stays reserved.
+var inflateChunks = make(chan *[]byte, inflateChunksKept)
+
+func getChunk() *[]byte {
+	select {
+	case c := <-inflateChunks:
+		return c
+	default:
+		b := make([]byte, inflateChunk)
+		return &b
+	}
+}
+
+func putChunk(c *[]byte) {
+	select {
+	case inflateChunks <- c:
+	default:
+	}
+}
+
+// readBounded reads r to its end, never past limit+1 bytes, every byte charged to budget
+// (if not nil) before it is read: into pooled chunks, then into one buffer of the message's
+// exact size. It returns the bytes charged (the message's length); on error nothing stays
+// charged.
 func readBounded(r io.Reader, enc string, limit uint32, budget *MemoryBudget) (out []byte, _ int64, err error) {
-	var charged int64 // reserved so far
-	most := int(limit) + 1
+	most := int64(limit) + 1
+	var chunks []*[]byte
+	var charged int64
 	defer func() {
+		for _, c := range chunks {
+			putChunk(c)
+		}
 		if err != nil {
 			budget.Release(charged)
 		}
 	}()
-	// grow makes a buffer of len(buf) bytes and a capacity of roomy (or, if the budget has
-	// no room for that, just want) bytes.
-	grow := func(buf []byte, want, roomy int) ([]byte, error) {
-		size := roomy
+	var total int64
+	for fill := 0; ; {
+		if len(chunks) == 0 || fill == inflateChunk {
+			allocated := func() {}
+			if len(chunks) > 0 {
+				allocated = heapgate.Wait(inflateChunk)
+			}
+			chunks, fill = append(chunks, getChunk()), 0
+			allocated()
+		}
+		want := min(int64(inflateChunk-fill), most-total)
+		if want == 0 {
+			return nil, 0, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("decompressed message over MAX_MESSAGE_SIZE %d", limit)}
+		}
 		if budget != nil {
-			switch {
-			case budget.TryReserve(int64(roomy - cap(buf))):
-			case want < roomy && budget.TryReserve(int64(want-cap(buf))):
-				size = want
-			default:
-				return nil, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("%s a %s message (%d of %d bytes in use)", NoRoomReason, enc, budget.Used(), budget.Limit())}
+			if !budget.TryReserve(want) {
+				return nil, 0, noRoom(enc, budget)
 			}
-			charged += int64(size - cap(buf))
+			charged += want
 		}
-		nb := make([]byte, len(buf), size)
-		copy(nb, buf)
-		return nb, nil
-	}
-	buf, err := grow(nil, min(most, 4096), min(most, 4096))
-	if err != nil {
-		return nil, 0, err
-	}
-	for {
-		if len(buf) == cap(buf) {
-			if len(buf) >= most {
-				return nil, 0, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("decompressed message over MAX_MESSAGE_SIZE %d", limit)}
-			}
-			roomy := min(most, 2*cap(buf))
-			if budget != nil {
-				roomy = min(most, cap(buf)+max(chargeStep, cap(buf)/2))
-			}
-			if buf, err = grow(buf, min(most, cap(buf)+chargeStep), roomy); err != nil {
-				return nil, 0, err
-			}
+		n, rerr := r.Read((*chunks[len(chunks)-1])[fill : fill+int(want)])
+		fill += n
+		total += int64(n)
+		if budget != nil {
+			budget.Release(want - int64(n))
+			charged -= want - int64(n)
 		}
-		n, rerr := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
 		if rerr == io.EOF {
 			break
 		}
-		if errors.Is(rerr, zstd.ErrWindowSizeExceeded) || errors.Is(rerr, zstd.ErrDecoderSizeExceeded) {
-			// protocol.md §15: a window over 8 MiB, or a declared size over the limit.
-			return nil, 0, &CallError{Code: ResourceExhausted, Message: enc + " body asks for too much memory: " + rerr.Error()}
-		}
 		if rerr != nil {
-			return nil, 0, &CallError{Code: Internal, Message: enc + " body does not decode: " + rerr.Error()}
+			return nil, 0, inflateErr(enc, rerr)
 		}
 	}
-	if len(buf) > int(limit) {
+	if total > int64(limit) {
 		return nil, 0, &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("decompressed message over MAX_MESSAGE_SIZE %d", limit)}
 	}
-	return buf, charged, nil
+	if len(chunks) == 1 { // a small message (an empty one too: not nil)
+		out = make([]byte, total)
+		copy(out, *chunks[0])
+		return out, charged, nil
+	}
+	// The pieces and the buffer they go to are both held while they are copied: both charged.
+	if budget != nil {
+		if !budget.TryReserve(total) {
+			return nil, 0, noRoom(enc, budget)
+		}
+		charged += total
+	}
+	allocated := heapgate.Wait(total)
+	out = make([]byte, 0, total)
+	allocated()
+	for _, c := range chunks {
+		out = append(out, (*c)[:min(int64(inflateChunk), total-int64(len(out)))]...)
+	}
+	if budget != nil {
+		budget.Release(total)
+		charged -= total
+	}
+	return out, charged, nil
+}
+
+// noRoom is the error of a message the budget has no room to decompress.
+func noRoom(enc string, budget *MemoryBudget) error {
+	return &CallError{Code: ResourceExhausted, Message: fmt.Sprintf("%s a %s message (%d of %d bytes in use)", NoRoomReason, enc, budget.Used(), budget.Limit())}
+}
+
+// inflateErr is the error of a body that does not decompress.
+func inflateErr(enc string, err error) error {
+	if errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+		// protocol.md §15: a window over 8 MiB, or a declared size over the limit.
+		return &CallError{Code: ResourceExhausted, Message: enc + " body asks for too much memory: " + err.Error()}
+	}
+	return &CallError{Code: Internal, Message: enc + " body does not decode: " + err.Error()}
 }
 
 // Compress makes the payload of msg on a direction whose encoding is enc: flag 0 and msg

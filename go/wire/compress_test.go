@@ -2,11 +2,14 @@ package wire
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // Every vector of compression.json (kind "compression", protocol.md §15).
@@ -73,11 +76,15 @@ func TestCompressRoundTrip(t *testing.T) {
 	}
 }
 
-// A decompressed message is charged to the budget until the caller releases it; one that
-// finds no room ends RESOURCE_EXHAUSTED and leaves nothing charged.
+// A decompressed message is charged to the budget until the caller releases it (and twice
+// while its pieces are copied into its buffer); one that finds no room ends
+// RESOURCE_EXHAUSTED and leaves nothing charged.
 func TestDecompressChargedToBudget(t *testing.T) {
 	b := NewMemoryBudget(8 << 20)
-	msg := make([]byte, 3<<20)
+	msg := make([]byte, 5<<19) // 2.5 MiB: two are held, a third needs 5 MiB more
+	for i := range msg {
+		msg[i] = byte(i / 4096)
+	}
 	comp, err := Compress(EncodingZstd, msg)
 	if err != nil || len(comp) > 4096 {
 		t.Fatalf("compress: %d bytes, %v", len(comp), err)
@@ -113,5 +120,26 @@ func TestDecompressChargedToBudget(t *testing.T) {
 	b.Release(held[0] + held[1])
 	if b.Used() != 0 {
 		t.Fatalf("budget used %d after release", b.Used())
+	}
+}
+
+// A compressed empty message decompresses to an empty slice, not nil (a handler may tell
+// "no message" by nil).
+func TestDecompressedEmptyMessageIsNotNil(t *testing.T) {
+	for _, enc := range []string{EncodingZstd, EncodingGzip} {
+		var body []byte
+		if enc == EncodingZstd {
+			e, _ := zstd.NewWriter(nil)
+			body = e.EncodeAll(nil, nil)
+		} else {
+			var b bytes.Buffer
+			w := gzip.NewWriter(&b)
+			_ = w.Close()
+			body = b.Bytes()
+		}
+		out, charged, err := DecompressCharged(enc, append([]byte{1}, body...), 1<<20, NewMemoryBudget(1<<20))
+		if err != nil || out == nil || len(out) != 0 || charged != 0 {
+			t.Fatalf("%s: %v (nil: %v), %d charged, %v", enc, out, out == nil, charged, err)
+		}
 	}
 }

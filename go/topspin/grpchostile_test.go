@@ -1,0 +1,197 @@
+package topspin_test
+
+// Hostile gRPC clients (docs/hardening.md, "The other faces"): each attacks the gRPC face
+// of a real server over loopback TCP while a well-behaved native client calls throughout,
+// and ends with the gauges back to that client alone.
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/topspin-rpc/topspin/go/topspin"
+	"github.com/topspin-rpc/topspin/go/wire"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// stopsReading is a client's socket that reads nothing once stop is set (its Read blocks
+// until the socket is closed).
+type stopsReading struct {
+	net.Conn
+	stop    atomic.Bool
+	closed  chan struct{} // a signal: closed, never sent on
+	onClose sync.Once
+}
+
+func (c *stopsReading) Read(p []byte) (int, error) {
+	if c.stop.Load() {
+		<-c.closed
+		return 0, net.ErrClosed
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *stopsReading) Close() error {
+	c.onClose.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// A grpc-go client with wide-open windows asks for 40 answers of 1 MiB and then reads
+// nothing: once its socket has taken none of the server's bytes for the write timeout, the
+// server closes the connection and ends its calls (before: grpc-go's writer waited on the
+// socket for ever, the connection and its calls stayed).
+func TestAGRPCClientThatStopsReadingIsCutAtTheWriteTimeout(t *testing.T) {
+	const wt = 300 * time.Millisecond
+	h := startHostile(t, topspin.WithWriteTimeout(wt))
+	done := h.probe(t)
+	var sock *stopsReading
+	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+		nc, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		_ = nc.(*net.TCPConn).SetReadBuffer(64 << 10)
+		sock = &stopsReading{Conn: nc, closed: make(chan struct{})}
+		return sock, nil
+	}
+	cc := grpcClient(t, "tcp", h.addr, grpc.WithContextDialer(dialer),
+		grpc.WithInitialWindowSize(1<<30), grpc.WithInitialConnWindowSize(1<<30))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := unary(ctx, cc, "/h.S/Echo", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	sock.stop.Store(true)
+	var calls sync.WaitGroup
+	for range 40 { // 40 MiB of answers: more than loopback buffers
+		calls.Add(1)
+		go func() { defer calls.Done(); _, _ = unary(ctx, cc, "/h.S/Big", []byte("x")) }()
+	}
+	g := h.settle(t, "the attacker's calls under way", func(g topspin.Gauges) bool {
+		return g.Connections == 2 && h.bigRuns.Load() > 0
+	})
+	start := time.Now()
+	h.settle(t, "the never-reading gRPC connection closed", func(g topspin.Gauges) bool {
+		return g.Connections == 1 && g.OpenCalls == 0
+	})
+	took := time.Since(start)
+	t.Logf("never-reading gRPC client: %+v with its calls; closed %v later (write timeout %v)", g, took.Round(time.Millisecond), wt)
+	if took > 4*wt+time.Second {
+		t.Errorf("closed %v after its calls started, write timeout %v", took, wt)
+	}
+	done()
+	_ = sock.Close()
+	calls.Wait()
+	h.after(t)
+}
+
+// h2Attacker opens an HTTP/2 connection to addr (preface, empty SETTINGS) and, once the
+// server's connection window is open (200 ms), a stream to /h.S/Sink for each of sizes,
+// whose request message announces announced bytes and sends sizes[i] of them.
+func h2Attacker(t *testing.T, addr string, announced int, sizes ...int) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	_ = nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	fr := http2.NewFramer(nc, nc)
+	if _, err := nc.Write([]byte(http2.ClientPreface)); err != nil || fr.WriteSettings() != nil {
+		t.Fatalf("preface: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/h.S/Sink"},
+		{":authority", "x"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	for i, n := range sizes {
+		id := uint32(2*i + 1)
+		msg := append([]byte{0, byte(announced >> 24), byte(announced >> 16), byte(announced >> 8), byte(announced)}, make([]byte, n)...)
+		err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+		for len(msg) > 0 && err == nil {
+			k := min(len(msg), 16384)
+			err, msg = fr.WriteData(id, false, msg[:k]), msg[k:]
+		}
+		if err != nil {
+			t.Fatalf("stream %d: %v", id, err)
+		}
+	}
+	return nc
+}
+
+// cutWithin waits until the server closed nc (its reads end) and returns how long that took.
+func cutWithin(t *testing.T, nc net.Conn, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	_ = nc.SetReadDeadline(start.Add(within))
+	_, err := io.Copy(io.Discard, nc)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the server did not close the connection within %v", within)
+	}
+	return time.Since(start)
+}
+
+// Four streams each send 60,000 bytes of a message announced at 1 MiB, on one connection,
+// with a 1 MiB budget (a connection's share: 128 KiB): their incomplete messages are charged
+// to it, and past the share and the largest message the connection is cut, its charge
+// given back; a good client is served throughout (before: grpc-go held them uncharged, and
+// would have let each stream send its whole message, the connection never cut).
+func TestGRPCIncompleteMessagesPastTheShareAreCut(t *testing.T) {
+	h := startHostile(t, topspin.WithMemoryBudget(wire.NewMemoryBudget(mib)))
+	done := h.probe(t)
+	nc := h2Attacker(t, h.addr, mib, 60_000, 60_000, 60_000, 60_000)
+	took := cutWithin(t, nc, 5*time.Second)
+	t.Logf("cut %v after the last stream's bytes", took.Round(time.Millisecond))
+	done()
+	h.after(t)
+}
+
+// A stream sends 100,000 bytes of a message announced at 1 MiB and goes quiet, its window
+// open: the connection is cut at the frame timeout, its charge given back (before: held
+// for as long as the client kept the socket open).
+func TestGRPCAStalledRequestMessageIsCutAtTheFrameTimeout(t *testing.T) {
+	const ft = 300 * time.Millisecond
+	h := startHostile(t, topspin.WithFrameTimeout(ft))
+	done := h.probe(t)
+	nc := h2Attacker(t, h.addr, mib, 100_000)
+	h.settle(t, "the message under way charged", func(g topspin.Gauges) bool { return g.ReservedBytes >= 100_000 })
+	took := cutWithin(t, nc, 5*time.Second)
+	t.Logf("cut %v after the stream went quiet (frame timeout %v)", took.Round(time.Millisecond), ft)
+	if took < ft/2 || took > 2*ft+time.Second {
+		t.Errorf("cut %v after the stream went quiet, frame timeout %v", took, ft)
+	}
+	done()
+	h.after(t)
+}
+
+// Request metadata over MaxMetadataSize is refused RESOURCE_EXHAUSTED naming the setting on
+// the gRPC face too (before: only the header list was bounded, at no less than 8 KiB, and a
+// 200-byte value passed a 64-byte limit); the connection goes on.
+func TestGRPCMetadataOverTheLimitIsRefused(t *testing.T) {
+	set := wire.DefaultSettings()
+	set.MaxMetadataSize = 64
+	_, addr := faceServer(t, "tcp", topspin.WithSettings(set))
+	cc := grpcClient(t, "tcp", addr)
+	ctx := metadata.AppendToOutgoingContext(ctx10(t), "big", strings.Repeat("v", 200))
+	_, err := unary(ctx, cc, "/f.S/Echo", []byte("x"))
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max_metadata_size") {
+		t.Fatalf("metadata over the limit: %v", err)
+	}
+	if out, err := unary(ctx10(t), cc, "/f.S/Echo", []byte("ok")); err != nil || string(out) != "ok" {
+		t.Fatalf("after: %q, %v", out, err)
+	}
+}

@@ -25,7 +25,8 @@ func heapObjects() int64 {
 
 // zstd bombs (1 KB each, 32 MiB inflated), 12 at a time for 120 calls, against a 256 MiB
 // budget: the decompressed requests are charged (those that find no room are refused), and
-// the heap stays within the budget + 128 MiB of what it was (before: decompression buffers
+// the heap stays within the budget + 192 MiB of what it was (measured +322 to +345 MiB on 2
+// loaded CPUs, the margin for slower machines; before: decompression buffers
 // grown by half again and again, and GOGC alone pacing the collector, took it past three
 // times the budget). A good client is served during the attack, but for the moments the
 // budget is spent, when new calls are refused RESOURCE_EXHAUSTED (as designed), and after.
@@ -91,7 +92,7 @@ func TestZstdBombsKeepTheHeapNearTheBudget(t *testing.T) {
 	if ok.Load() < 12 {
 		t.Errorf("only %d of 120 bombs answered", ok.Load())
 	}
-	if grew > budget+128*mib {
+	if grew > budget+192*mib {
 		t.Errorf("the heap grew by %d MiB with a %d MiB budget", grew>>20, budget>>20)
 	}
 	h.after(t)

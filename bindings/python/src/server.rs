@@ -26,6 +26,29 @@ pub(crate) struct CancelGuard {
     pub(crate) on_cancel: Arc<Py<PyAny>>,
     pub(crate) id: u64,
     pub(crate) armed: bool,
+    /// The request's charge to the memory budget while Python holds it.
+    pub(crate) held: Option<Held>,
+}
+
+/// Requests from this size on are charged to the memory budget while their handler runs (as
+/// the Rust server charges a message it receives past one 64 KiB read).
+const HELD_FROM: usize = 64 * 1024;
+
+/// A request message's charge to the server's memory budget while its Python handler runs:
+/// twice its size, for the `bytes` Python gets (a copy: the runtime's buffer, and its own
+/// charge, go once Python has it) and the message parsed from them. Released when the call
+/// ends. So what Python handlers hold of their requests stays within the budget, as Rust
+/// handlers' do: a call that finds no room is refused `RESOURCE_EXHAUSTED` before Python sees
+/// it.
+pub(crate) struct Held {
+    budget: Arc<topspin::MemoryBudget>,
+    bytes: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
 }
 
 impl Drop for CancelGuard {
@@ -43,6 +66,8 @@ pub(crate) struct Dispatch {
     pub(crate) on_call: Arc<Py<PyAny>>,
     pub(crate) on_cancel: Arc<Py<PyAny>>,
     pub(crate) ids: Arc<AtomicU64>,
+    /// The server's memory budget (`Config::memory_budget`).
+    pub(crate) budget: Arc<topspin::MemoryBudget>,
 }
 
 impl Dispatch {
@@ -52,7 +77,27 @@ impl Dispatch {
             on_cancel: self.on_cancel.clone(),
             id: self.ids.fetch_add(1, Ordering::Relaxed),
             armed: true,
+            held: None,
         }
+    }
+
+    /// Charges a request of `len` bytes to the budget for its handler ([`Held`]).
+    fn hold(&self, len: usize) -> Result<Option<Held>, Status> {
+        if len < HELD_FROM {
+            return Ok(None);
+        }
+        let bytes = len.saturating_mul(2);
+        if !self.budget.try_reserve(bytes) {
+            return Err(Status::resource_exhausted(format!(
+                "no room in the server's memory budget for a request of {len} bytes to a \
+                 Python handler (it is charged twice its size while the handler runs: \
+                 memory_budget)"
+            )));
+        }
+        Ok(Some(Held {
+            budget: self.budget.clone(),
+            bytes,
+        }))
     }
 }
 
@@ -103,9 +148,11 @@ impl Server {
     /// `ws_allow_origins` (pages of these origins besides the server's own) and
     /// `ws_allow_any_origin` (any page) widen which browser pages may open `ws://` and
     /// `wss://` calls (WebSocketSettings::allow_origins / allow_any_origin).
+    /// `memory_budget` (bytes; default: the process's, 1 GiB) bounds what received messages
+    /// may hold, Python handlers' requests included (`Config::memory_budget`).
     #[pyo3(signature = (completer, on_call, on_cancel, max_message_size=None, compression=None,
         tls_cert_pem=None, tls_key_pem=None, tls_client_ca_pem=None, ws_allow_origins=None,
-        ws_allow_any_origin=false))]
+        ws_allow_any_origin=false, memory_budget=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         completer: &Completer,
@@ -118,9 +165,15 @@ impl Server {
         tls_client_ca_pem: Option<PathBuf>,
         ws_allow_origins: Option<Vec<String>>,
         ws_allow_any_origin: bool,
+        memory_budget: Option<usize>,
     ) -> PyResult<Server> {
         let bad = |e: &dyn std::fmt::Display| PyValueError::new_err(format!("topspin: {e}"));
-        let mut b = topspin::Server::builder().config(config_of(max_message_size, compression)?);
+        let mut config = config_of(max_message_size, compression)?;
+        if let Some(n) = memory_budget {
+            config = config.with_memory_budget(topspin::MemoryBudget::new(n));
+        }
+        let budget = config.memory_budget();
+        let mut b = topspin::Server::builder().config(config);
         match (&tls_cert_pem, &tls_key_pem) {
             (Some(c), Some(k)) => {
                 let mut tls = ServerTls::from_pem_files(c, k).map_err(|e| bad(&e))?;
@@ -149,6 +202,7 @@ impl Server {
                 on_call: Arc::new(on_call),
                 on_cancel: Arc::new(on_cancel),
                 ids: Arc::new(AtomicU64::new(1)),
+                budget,
             },
             shutdown: Mutex::new(None),
             address: Mutex::new(None),
@@ -231,7 +285,9 @@ fn add_unary(b: ServerBuilder, name: &str, d: Dispatch, idx: u32) -> ServerBuild
     b.unary(name, PbBytes, move |req: Request<Bytes>| {
         let d = d.clone();
         async move {
+            let held = d.hold(req.get_ref().len())?;
             let mut guard = d.guard();
+            guard.held = held;
             let (tx, rx) = oneshot::channel();
             let mut call = ServerCall::new(guard.id, &req, Reply::Unary(tx));
             *lock(&call.request) = Some(req.into_inner());
@@ -264,7 +320,9 @@ fn add_server_streaming(b: ServerBuilder, name: &str, d: Dispatch, idx: u32) -> 
     b.server_streaming(name, PbBytes, move |req: Request<Bytes>| {
         let d = d.clone();
         async move {
-            let guard = d.guard();
+            let held = d.hold(req.get_ref().len())?;
+            let mut guard = d.guard();
+            guard.held = held;
             let (etx, erx) = oneshot::channel();
             let (stx, srx) = mpsc::channel(STREAM_QUEUE);
             let mut call = ServerCall::new(guard.id, &req, Reply::Stream(etx));

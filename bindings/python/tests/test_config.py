@@ -210,3 +210,65 @@ def test_channel_default_timeout() -> None:
         assert store.Get(kv_pb2.GetRequest(key="slow"), timeout=30).value == "late"
     finally:
         server.stop(1)
+
+
+class HeldPuts(kv_server.SyncStore):
+    """Puts that wait (holding their request) until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(kv_server.Store())
+        self.release = threading.Event()
+
+    def Put(
+        self, request: kv_pb2.PutRequest, context: topspin.ServicerContext
+    ) -> kv_pb2.PutResponse:
+        self.release.wait(30)
+        return kv_pb2.PutResponse(version=1)
+
+
+def test_requests_held_by_python_handlers_stay_within_the_memory_budget() -> None:
+    # 3 MiB requests, a few KB on the wire (zstd): each is charged twice its size while its
+    # handler runs (its bytes and the parsed message), so with a 20 MiB budget two handlers
+    # hold theirs and the other calls are refused RESOURCE_EXHAUSTED before Python sees them.
+    # (Before: every call got in, Python's copies outside any budget: 20 such 60 MiB requests
+    # took a Python kvstore server to 1.2 GB with a 1 GiB budget.)
+    servicer = HeldPuts()
+    server = topspin.Server(memory_budget=20 * 1024 * 1024)
+    kv_topspin.add_StoreServicer_to_server(servicer, server)
+    bound = server.start("tcp://127.0.0.1:0")
+    results: List[object] = []
+    lock = threading.Lock()
+    store = kv_topspin.StoreClient(topspin.Channel(bound, compression="zstd"))
+    value = compressible(3 * 1024 * 1024)
+
+    def put() -> None:
+        try:
+            store.Put(kv_pb2.PutRequest(key="k", value=value), timeout=30)
+            outcome: object = "ok"
+        except topspin.StatusError as e:
+            outcome = e.code
+        with lock:
+            results.append(outcome)
+
+    try:
+        threads = [threading.Thread(target=put) for _ in range(5)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with lock:
+                if len(results) >= 3:
+                    break
+            time.sleep(0.05)
+        with lock:
+            refused = list(results)
+        assert refused == [topspin.Code.RESOURCE_EXHAUSTED] * 3, refused
+        servicer.release.set()
+        for t in threads:
+            t.join(30)
+        assert results.count("ok") == 2, results
+        # Their charges went with them: the next one gets in.
+        store.Put(kv_pb2.PutRequest(key="k", value=value), timeout=30)
+    finally:
+        servicer.release.set()
+        server.stop(1)

@@ -269,6 +269,11 @@ class Server:
     `interceptors` (`topspin.ServerInterceptor`s, or `topspin.aio.ServerInterceptor`s: all of
     one sort) see every call before its handler, the first outermost.
 
+    `memory_budget` (bytes; default: the process's, 1 GiB, shared by every server and channel
+    that has none of its own) bounds what received messages hold: a request of 64 KiB or more
+    is charged twice its size (its `bytes` and the message parsed from them) while its handler
+    runs, and a call that finds no room is refused `RESOURCE_EXHAUSTED` before its handler.
+
     `start(address)` serves from a thread of its own (its own asyncio loop for `async def`
     handlers; `def` handlers run on a thread pool of `max_workers`). Inside a running loop use
     `await start_async(address)`: the handlers then run on that loop.
@@ -284,7 +289,9 @@ class Server:
         ws_allow_origins: Optional[Sequence[str]] = None,
         ws_allow_any_origin: bool = False,
         interceptors: Optional[Sequence[Any]] = None,
+        memory_budget: Optional[int] = None,
     ) -> None:
+        self._memory_budget = memory_budget
         self._interceptors = tuple(interceptors or ())
         self._interceptors_async = False
         if self._interceptors:
@@ -352,6 +359,7 @@ class Server:
             ),
             ws_allow_origins=self._ws_allow_origins,
             ws_allow_any_origin=self._ws_allow_any_origin,
+            memory_budget=self._memory_budget,
         )
         for m in self._methods:
             n.add_method(m.name, m.kind)

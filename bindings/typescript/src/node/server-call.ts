@@ -96,10 +96,14 @@ export function callIO(engine: Connection, driver: Driver, call: ServerCall, set
       yield route.decode(reqDecoder === null ? r.value : await decodeMessage(r.value, reqDecoder, limit));
     }
   })();
+  let answered = false;
   const send = async (v: unknown): Promise<void> => {
     // No response is produced while the peer does not read (§7): the wait comes before the
-    // encoding, so calls waiting for room hold their values, not their encoded answers.
+    // encoding, so calls waiting for room hold their values, not their encoded answers. While a
+    // call waits for room for its first answer the connection is not read (Driver.firstRoom).
+    if (!answered) await driver.firstRoom(() => call.done);
     while (driver.full && !call.done) await driver.room();
+    answered = true;
     const plain = route.encode(v);
     const bytes = respEncoder === null ? plain : await driver.produce(plain.length, () => encodeMessage(plain, respEncoder), () => call.done);
     sendHeaders();
@@ -124,7 +128,7 @@ export function callIO(engine: Connection, driver: Driver, call: ServerCall, set
 
 /** @internal Runs the handler by its kind, sending what it returns. */
 export async function runHandler(route: Route, io: CallIO, ctx: HandlerContext, driver: Driver, call: ServerCall): Promise<void> {
-  while (driver.full && !call.done) await driver.room(); // no new handler while the peer does not read (§7)
+  await driver.firstRoom(() => call.done); // no new handler while the peer does not read (§7)
   if (call.done) return;
   const h = route.handler;
   switch (route.kind) {

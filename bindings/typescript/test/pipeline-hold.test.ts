@@ -29,8 +29,9 @@ function drivers(server: Server): Driver[] {
 
 test("pipelined calls never read: no call starts and nothing more is read while earlier calls wait for room; cut at the write timeout", async () => {
   let started = 0; // handlers run
+  let encoded = 0; // answers encoded
   const server = new Server({ maxSendBuffer: BOUND, writeTimeoutMs: WRITE_MS, grpc: false })
-    .route("/t.T/Get", { kind: "unary", decode: (b) => b, encode: (v) => v as Uint8Array, handler: () => (started++, new Uint8Array(ANSWER).fill(7)) })
+    .route("/t.T/Get", { kind: "unary", decode: (b) => b, encode: (v) => (encoded++, v as Uint8Array), handler: () => (started++, new Uint8Array(ANSWER).fill(7)) })
     .route("/t.T/Echo", { kind: "unary", decode: (b) => b, encode: (v) => v as Uint8Array, handler: (r) => r });
   const addr = await server.listen("tcp://127.0.0.1:0");
   const engine = new Connection("client");
@@ -66,8 +67,13 @@ test("pipelined calls never read: no call starts and nothing more is read while 
     // what started holds its answer (64 KiB each): the calls of about one read
     assert.ok(most < ONE_READ * ANSWER + (4 << 20), `array buffers grew ${most} bytes`);
     assert.ok(await until(() => good.served() >= 20), "a good client on another connection is served meanwhile");
+    const encodedBefore = encoded;
     assert.ok(await until(() => closed || drivers(server).length === 1, WRITE_MS + 5000), "the never-reading connection is cut at the write timeout");
     assert.ok(await until(() => drivers(server).length === 1, 2000), "only the good client's connection is left");
+    // the calls that waited were cancelled with their connection: none encodes its answer now
+    // (before: every waiting call encoded its answer for nobody, 1,000 x 1 MiB in attack 4)
+    await sleep(100);
+    assert.equal(encoded, encodedBefore, "answers encoded after the connection was cut");
     assert.ok((await good.stop()) >= 20);
   } finally {
     await good.stop().catch(() => undefined);

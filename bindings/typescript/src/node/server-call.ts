@@ -101,14 +101,17 @@ export function callIO(engine: Connection, driver: Driver, call: ServerCall, set
     // No response is produced while the peer does not read (§7): the wait comes before the
     // encoding, so calls waiting for room hold their values, not their encoded answers. While a
     // call waits for room for its first answer the connection is not read (Driver.firstRoom).
-    if (!answered) await driver.firstRoom(() => call.done);
-    while (driver.full && !call.done) await driver.room();
+    // (the check and the encoding below run with no await between them: one call's turn)
+    while (driver.full && !call.done) await (answered ? driver.room() : driver.firstRoom(() => call.done));
     answered = true;
+    // A call that ended while it waited (its connection cut) encodes nothing for nobody.
+    const over = (): TopspinError => call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
+    if (call.done) throw over();
     const plain = route.encode(v);
-    const bytes = respEncoder === null ? plain : await driver.produce(plain.length, () => encodeMessage(plain, respEncoder), () => call.done);
+    const bytes = respEncoder === null ? plain : await driver.produce(plain.length, () => (call.done ? Promise.reject(over()) : encodeMessage(plain, respEncoder)), () => call.done);
     sendHeaders();
     for (;;) {
-      if (call.done) throw call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
+      if (call.done) throw over();
       if (engine.sendMessage(call.id, bytes)) {
         driver.pump();
         return;

@@ -9,7 +9,7 @@
 import type * as grpc from "@grpc/grpc-js";
 import type { Readable } from "node:stream";
 import type { MemoryBudget } from "../connection.js";
-import type { Metadata } from "../frame.js";
+import { metadataSize, type Metadata } from "../frame.js";
 import { Code, DETAILS_KEY, TopspinError } from "../status.js";
 import type { HandlerContext, Route } from "./server.js";
 
@@ -22,6 +22,8 @@ export const CHARGE_THRESHOLD = 64 * 1024;
 export interface GrpcCallEnv {
   grpc: typeof grpc;
   budget: MemoryBudget;
+  /** Request metadata, bytes (the native `maxMetadataSize`; counted as on the native face). */
+  maxMetadataSize: number;
   /** Bookkeeping of open calls (the idle timer and graceful shutdown look at it). */
   started: () => void;
   ended: () => void;
@@ -179,15 +181,23 @@ async function write(call: grpc.ServerWritableStream<Buffer, Buffer> | grpc.Serv
   });
 }
 
-/** Refuses a call before its handler runs when the memory budget is spent (as the native face does). */
-function budgetRefusal(env: GrpcCallEnv): TopspinError | null {
+/**
+ * Refuses a call before its handler runs (as the native face does): metadata over
+ * `maxMetadataSize` (HTTP/2's header list bound leaves 4 KiB more for its own fields), or the
+ * memory budget spent.
+ */
+function budgetRefusal(env: GrpcCallEnv, md: grpc.Metadata): TopspinError | null {
+  const size = metadataSize(fromGrpcMetadata(md));
+  if (size > env.maxMetadataSize) {
+    return new TopspinError(Code.RESOURCE_EXHAUSTED, `request metadata of ${size} bytes exceeds the server's limit of ${env.maxMetadataSize} bytes (max_metadata_size)`);
+  }
   return env.budget.exhausted ? new TopspinError(Code.RESOURCE_EXHAUSTED, "the server's memory budget is spent; try again later") : null;
 }
 
 /** The grpc-js handler of a unary or client-streaming route. */
 function singleResponse(env: GrpcCallEnv, route: Route, method: string): grpc.handleUnaryCall<Buffer, Buffer> | grpc.handleClientStreamingCall<Buffer, Buffer> {
   return (call: grpc.ServerUnaryCall<Buffer, Buffer> | grpc.ServerReadableStream<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
-    const refused = budgetRefusal(env);
+    const refused = budgetRefusal(env, call.metadata);
     if (refused !== null) return callback(grpcStatus(env.grpc, refused, []));
     const st = new CallState(env, call, method);
     const run = async (): Promise<Uint8Array> => {
@@ -218,7 +228,7 @@ function singleResponse(env: GrpcCallEnv, route: Route, method: string): grpc.ha
 /** The grpc-js handler of a server-streaming or bidi route. */
 function streamResponse(env: GrpcCallEnv, route: Route, method: string): grpc.handleServerStreamingCall<Buffer, Buffer> | grpc.handleBidiStreamingCall<Buffer, Buffer> {
   return (call: grpc.ServerWritableStream<Buffer, Buffer> | grpc.ServerDuplexStream<Buffer, Buffer>) => {
-    const refused = budgetRefusal(env);
+    const refused = budgetRefusal(env, call.metadata);
     if (refused !== null) {
       call.emit("error", grpcStatus(env.grpc, refused, []));
       return;

@@ -74,7 +74,7 @@ export class GrpcFace {
     routes: Map<string, Route>,
   ) {
     this.server = new g.Server(grpcOptions(bounds));
-    this.env = { grpc: g, budget: bounds.budget, started: () => this.calls++, ended: () => this.calls-- };
+    this.env = { grpc: g, budget: bounds.budget, maxMetadataSize: bounds.maxMetadataSize, started: () => this.calls++, ended: () => this.calls-- };
     for (const [path, route] of routes) this.register(path, route);
     // The header list bound (as Rust: the metadata bound + 4 KiB for HTTP/2's own fields):
     // grpc-js has no option for it, but passes these (internal) HTTP/2 options on.

@@ -12,6 +12,7 @@ import type * as net from "node:net";
 import type * as http2 from "node:http2";
 import type { MemoryBudget } from "../connection.js";
 import { grpcHandler, grpcHandlerType, type GrpcCallEnv } from "./grpc-calls.js";
+import { ConnGuard } from "./grpc-guard.js";
 import type { Route } from "./server.js";
 
 /** The bounds the face is given, from the server's own options. */
@@ -29,6 +30,10 @@ export interface GrpcFaceBounds {
   keepaliveTimeoutMs: number;
   /** Charged with large request messages while held; spent: new calls `RESOURCE_EXHAUSTED`. */
   budget: MemoryBudget;
+  /** A peer that takes none of our bytes for this long is cut (0: none). */
+  writeMs: number;
+  /** A request message that stops arriving for this long while it is read is cut (0: none). */
+  frameMs: number;
 }
 
 const identity = (b: Buffer): Buffer => b;
@@ -67,10 +72,13 @@ export class GrpcFace {
   readonly sockets = new Set<net.Socket>();
   /** Calls open now. */
   calls = 0;
+  /** The guard of the socket being handed to grpc-js (its HTTP/2 session is made meanwhile). */
+  private injecting: ConnGuard | null = null;
+  private readonly guards = new WeakMap<http2.Http2Session, ConnGuard>();
 
   constructor(
     g: typeof grpc,
-    bounds: GrpcFaceBounds,
+    private readonly bounds: GrpcFaceBounds,
     routes: Map<string, Route>,
   ) {
     this.server = new g.Server(grpcOptions(bounds));
@@ -81,6 +89,23 @@ export class GrpcFace {
     const common = (this.server as unknown as { commonServerOptions?: http2.ServerOptions }).commonServerOptions;
     if (common !== undefined) common.settings = { ...common.settings, maxHeaderListSize: bounds.maxMetadataSize + 4096 };
     this.injector = this.server.createConnectionInjector(g.ServerCredentials.createInsecure());
+    this.guardSessions();
+  }
+
+  /**
+   * Watches the request streams of every session the injector's HTTP/2 server makes
+   * (grpc-guard.ts); that server is grpc-js's (internal) and made by `createConnectionInjector`.
+   */
+  private guardSessions(): void {
+    const servers = (this.server as unknown as { http2Servers?: Map<http2.Http2Server, unknown> }).http2Servers;
+    const h2 = servers === undefined ? undefined : [...servers.keys()].pop();
+    if (h2 === undefined) return; // another grpc-js: the face runs without these bounds
+    h2.on("session", (session: http2.ServerHttp2Session) => {
+      if (this.injecting === null) return;
+      this.injecting.session = session;
+      this.guards.set(session, this.injecting);
+    });
+    h2.on("stream", (stream: http2.ServerHttp2Stream) => this.guards.get(stream.session as http2.Http2Session)?.watch(stream));
   }
 
   /** Serves `path` with a route (replacing the one it had, as `Server.route` does). */
@@ -93,7 +118,12 @@ export class GrpcFace {
   inject(socket: net.Socket): void {
     this.sockets.add(socket);
     socket.once("close", () => this.sockets.delete(socket));
-    this.injector.injectConnection(socket);
+    this.injecting = new ConnGuard(socket, { writeMs: this.bounds.writeMs, frameMs: this.bounds.frameMs, budget: this.bounds.budget });
+    try {
+      this.injector.injectConnection(socket);
+    } finally {
+      this.injecting = null;
+    }
     socket.resume();
   }
 

@@ -81,6 +81,24 @@ function frame(type: number, flags: number, stream: number, payload: Buffer): Bu
   return Buffer.concat([h, payload]);
 }
 
+/** Bytes of a raw HTTP/2 client: preface, SETTINGS INITIAL_WINDOW_SIZE `window` (and the connection's window opened as far), then `calls` unary calls of `path` with a 1-byte request. */
+function rawCalls(window: number, path: string, calls: number): Buffer {
+  const settings = Buffer.alloc(6);
+  settings.writeUInt16BE(4, 0); // INITIAL_WINDOW_SIZE
+  settings.writeUInt32BE(window, 2);
+  const out = [Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), frame(4, 0, 0, settings)];
+  if (window > 65_535) {
+    const update = Buffer.alloc(4);
+    update.writeUInt32BE(window - 65_535, 0);
+    out.push(frame(8, 0, 0, update));
+  }
+  for (let i = 0, id = 1; i < calls; i++, id += 2) {
+    const head = [literal(":method", "POST"), literal(":scheme", "http"), literal(":path", path), literal(":authority", "x"), literal("content-type", "application/grpc"), literal("te", "trailers")];
+    out.push(frame(1, 4, id, Buffer.concat(head)), frame(0, 1, id, Buffer.concat([prefix(1), Buffer.from([0])])));
+  }
+  return Buffer.concat(out);
+}
+
 test("gRPC face: a client that opens its windows, asks for 8 MiB answers and never reads is cut at the write timeout", async () => {
   const srv = server({ writeTimeoutMs: 500 });
   const addr = await srv.listen("tcp://127.0.0.1:0");
@@ -92,17 +110,7 @@ test("gRPC face: a client that opens its windows, asks for 8 MiB answers and nev
   sock.on("close", () => (closed = true));
   try {
     await new Promise((r) => sock.once("connect", r));
-    const settings = Buffer.alloc(6);
-    settings.writeUInt16BE(4, 0); // INITIAL_WINDOW_SIZE
-    settings.writeUInt32BE(2 ** 31 - 1, 2);
-    const update = Buffer.alloc(4);
-    update.writeUInt32BE(2 ** 31 - 1 - 65_535, 0);
-    const out = [Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), frame(4, 0, 0, settings), frame(8, 0, 0, update)];
-    for (let id = 1; id <= 7; id += 2) {
-      const head = [literal(":method", "POST"), literal(":scheme", "http"), literal(":path", "/t.T/Big"), literal(":authority", "x"), literal("content-type", "application/grpc"), literal("te", "trailers")];
-      out.push(frame(1, 4, id, Buffer.concat(head)), frame(0, 1, id, Buffer.concat([prefix(1), Buffer.from([0])])));
-    }
-    sock.write(Buffer.concat(out));
+    sock.write(rawCalls(2 ** 31 - 1, "/t.T/Big", 4));
     sock.pause(); // and never reads: 32 MiB of answers, more than the kernel's buffers
     const face = (srv as unknown as { face: { sockets: Set<unknown> } }).face;
     assert.ok(await until(() => face.sockets.size === 2, 2000), "both connected");
@@ -111,6 +119,42 @@ test("gRPC face: a client that opens its windows, asks for 8 MiB answers and nev
     assert.ok(Date.now() - t0 >= 400, `cut after ${Date.now() - t0} ms, not before the write timeout`);
     sock.resume(); // what was in flight, then the end
     assert.ok(await until(() => closed, 5000), "the client sees the connection closed");
+    assert.equal((await unaryRaw(good, "/t.T/Echo", new Uint8Array([7]))).value[0], 7, "a good client is served");
+  } finally {
+    sock.destroy();
+    good.close();
+    await srv.close(200);
+  }
+});
+
+test("gRPC face: a client that grants no window (INITIAL_WINDOW_SIZE 0) and asks for 40 answers of 8 MiB is held to the send buffer", async () => {
+  let encoded = 0;
+  const value = new Uint8Array(8 * MiB).fill(3); // one stored value (as kvstore's Get); each answer a copy
+  const srv = server({ maxSendBuffer: 4 * MiB }).route("/t.T/Big", {
+    kind: "unary",
+    decode: (b) => b,
+    encode: (v) => (encoded++, (v as Uint8Array).slice()),
+    handler: () => value,
+  });
+  const addr = await srv.listen("tcp://127.0.0.1:0");
+  const good = grpcClient(addr);
+  assert.equal((await unaryRaw(good, "/t.T/Echo", new Uint8Array([6]))).value[0], 6, "the good client connects");
+  const sock = net.connect(Number(addr.split(":").pop()), "127.0.0.1");
+  sock.on("error", () => undefined);
+  sock.on("data", () => undefined); // reads, but grants no window: no answer can go out
+  const base = process.memoryUsage().arrayBuffers;
+  try {
+    await new Promise((r) => sock.once("connect", r));
+    sock.write(rawCalls(0, "/t.T/Big", 40));
+    let most = 0;
+    for (let i = 0; i < 50; i++) {
+      await sleep(10);
+      most = Math.max(most, process.memoryUsage().arrayBuffers - base);
+    }
+    // answers wait for the window in their streams and count as unsent: past the send buffer
+    // (4 MiB) no answer is produced and no new call starts (before: 40 answers, 320 MiB held)
+    assert.ok(encoded <= 2, `${encoded} of 40 answers produced`);
+    assert.ok(most < 24 * MiB, `array buffers grew ${most} bytes`);
     assert.equal((await unaryRaw(good, "/t.T/Echo", new Uint8Array([7]))).value[0], 7, "a good client is served");
   } finally {
     sock.destroy();

@@ -18,6 +18,8 @@ export const GRPC_DETAILS_KEY = "grpc-status-details-bin";
 /** Request messages larger than this are charged to the memory budget while held (as native frames over 64 KiB). */
 export const CHARGE_THRESHOLD = 64 * 1024;
 
+type AnyCall = grpc.ServerUnaryCall<Buffer, Buffer> | grpc.ServerReadableStream<Buffer, Buffer> | grpc.ServerWritableStream<Buffer, Buffer> | grpc.ServerDuplexStream<Buffer, Buffer>;
+
 /** What a gRPC call needs from the server. */
 export interface GrpcCallEnv {
   grpc: typeof grpc;
@@ -27,6 +29,22 @@ export interface GrpcCallEnv {
   /** Bookkeeping of open calls (the idle timer and graceful shutdown look at it). */
   started: () => void;
   ended: () => void;
+  /** Whether the call's connection has its unsent answers under the send buffer. */
+  hasRoom: (call: AnyCall) => boolean;
+  /** Resolves when the call's connection may have room (in turn with other calls), or `stop()`. */
+  room: (call: AnyCall, stop: () => boolean) => Promise<void>;
+}
+
+/**
+ * Runs `answer` (which encodes a response and hands it to grpc-js, with no await between) once
+ * the call's connection has room (§7: no answer is produced while the peer does not take them;
+ * the check and the answer in one turn, so that one call's answer shows before the next looks).
+ */
+async function whenRoom(env: GrpcCallEnv, call: AnyCall, st: CallState, answer: () => void): Promise<void> {
+  const stop = (): boolean => st.abort.signal.aborted;
+  while (!env.hasRoom(call) && !stop()) await env.room(call, stop);
+  if (stop()) throw TopspinError.from(st.abort.signal.reason, Code.CANCELLED);
+  answer();
 }
 
 /** gRPC's own headers, which handlers do not see (as on the native face). */
@@ -70,7 +88,6 @@ function grpcStatus(g: typeof grpc, err: unknown, trailers: Metadata): grpc.Serv
   return e;
 }
 
-type AnyCall = grpc.ServerUnaryCall<Buffer, Buffer> | grpc.ServerReadableStream<Buffer, Buffer> | grpc.ServerWritableStream<Buffer, Buffer> | grpc.ServerDuplexStream<Buffer, Buffer>;
 
 /** One gRPC call's context, cancellation and bookkeeping. */
 class CallState {
@@ -200,22 +217,23 @@ function singleResponse(env: GrpcCallEnv, route: Route, method: string): grpc.ha
     const refused = budgetRefusal(env, call.metadata);
     if (refused !== null) return callback(grpcStatus(env.grpc, refused, []));
     const st = new CallState(env, call, method);
-    const run = async (): Promise<Uint8Array> => {
+    const run = async (): Promise<void> => {
+      await whenRoom(env, call, st, () => undefined); // past the send buffer, calls wait to start
       let input: unknown;
       if (route.kind === "unary") {
         const req = (call as grpc.ServerUnaryCall<Buffer, Buffer>).request;
         st.charge(req.length);
         input = route.decode(req);
       } else input = requests(call as grpc.ServerReadableStream<Buffer, Buffer>, st, route);
-      return route.encode(await route.handler(input, st.ctx));
-    };
-    run().then(
-      (bytes) => {
-        if (st.abort.signal.aborted) return st.done();
+      const v = await route.handler(input, st.ctx);
+      await whenRoom(env, call, st, () => {
+        const bytes = route.encode(v);
         st.sendHeaders();
         callback(null, Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length), st.trailers());
-        st.done();
-      },
+      });
+    };
+    run().then(
+      () => st.done(),
       (err: unknown) => {
         st.sendHeaders();
         callback(st.error(err));
@@ -235,13 +253,20 @@ function streamResponse(env: GrpcCallEnv, route: Route, method: string): grpc.ha
     }
     const st = new CallState(env, call, method);
     const run = async (): Promise<void> => {
+      await whenRoom(env, call, st, () => undefined); // past the send buffer, calls wait to start
       let input: unknown;
       if (route.kind === "server_streaming") {
         const req = (call as grpc.ServerWritableStream<Buffer, Buffer>).request;
         st.charge(req.length);
         input = route.decode(req);
       } else input = requests(call as grpc.ServerDuplexStream<Buffer, Buffer>, st, route);
-      for await (const v of route.handler(input, st.ctx) as AsyncIterable<unknown>) await write(call, st, route.encode(v));
+      for await (const v of route.handler(input, st.ctx) as AsyncIterable<unknown>) {
+        let sent: Promise<void> = Promise.resolve();
+        await whenRoom(env, call, st, () => {
+          sent = write(call, st, route.encode(v));
+        });
+        await sent;
+      }
     };
     run().then(
       () => {

@@ -34,6 +34,19 @@ export interface GrpcFaceBounds {
   writeMs: number;
   /** A request message that stops arriving for this long while it is read is cut (0: none). */
   frameMs: number;
+  /** Unsent bytes of a connection past which its new calls wait to start (0: none). */
+  maxSendBuffer: number;
+}
+
+/** The HTTP/2 stream of a grpc-js server call (internal: the call's `call`, through its interceptors' `nextCall`). */
+function streamOf(call: unknown): http2.ServerHttp2Stream | undefined {
+  let c = (call as { call?: unknown }).call;
+  for (let i = 0; i < 16 && typeof c === "object" && c !== null; i++) {
+    const s = (c as { stream?: unknown }).stream;
+    if (typeof s === "object" && s !== null) return s as http2.ServerHttp2Stream;
+    c = (c as { nextCall?: unknown }).nextCall;
+  }
+  return undefined;
 }
 
 const identity = (b: Buffer): Buffer => b;
@@ -82,7 +95,15 @@ export class GrpcFace {
     routes: Map<string, Route>,
   ) {
     this.server = new g.Server(grpcOptions(bounds));
-    this.env = { grpc: g, budget: bounds.budget, maxMetadataSize: bounds.maxMetadataSize, started: () => this.calls++, ended: () => this.calls-- };
+    this.env = {
+      grpc: g,
+      budget: bounds.budget,
+      maxMetadataSize: bounds.maxMetadataSize,
+      started: () => this.calls++,
+      ended: () => this.calls--,
+      hasRoom: (call) => this.guardOf(call)?.hasRoom() ?? true,
+      room: (call, stop) => this.guardOf(call)?.room(stop) ?? Promise.resolve(),
+    };
     for (const [path, route] of routes) this.register(path, route);
     // The header list bound (as Rust: the metadata bound + 4 KiB for HTTP/2's own fields):
     // grpc-js has no option for it, but passes these (internal) HTTP/2 options on.
@@ -108,6 +129,12 @@ export class GrpcFace {
     h2.on("stream", (stream: http2.ServerHttp2Stream) => this.guards.get(stream.session as http2.Http2Session)?.watch(stream));
   }
 
+  /** The guard of a grpc-js call's connection. */
+  private guardOf(call: unknown): ConnGuard | undefined {
+    const stream = streamOf(call);
+    return stream === undefined ? undefined : this.guards.get(stream.session as http2.Http2Session);
+  }
+
   /** Serves `path` with a route (replacing the one it had, as `Server.route` does). */
   register(path: string, route: Route): void {
     this.server.unregister(path);
@@ -118,7 +145,8 @@ export class GrpcFace {
   inject(socket: net.Socket): void {
     this.sockets.add(socket);
     socket.once("close", () => this.sockets.delete(socket));
-    this.injecting = new ConnGuard(socket, { writeMs: this.bounds.writeMs, frameMs: this.bounds.frameMs, budget: this.bounds.budget });
+    const b = this.bounds;
+    this.injecting = new ConnGuard(socket, { writeMs: b.writeMs, frameMs: b.frameMs, budget: b.budget, maxSendBuffer: b.maxSendBuffer });
     try {
       this.injector.injectConnection(socket);
     } finally {

@@ -10,7 +10,10 @@
  * - a request message that stops arriving while its stream is read is cut after the frame
  *   timeout (RST_STREAM CANCEL; the time does not count while this side withholds a window);
  * - a peer that takes none of our bytes (the socket's write queue stays as it was) for the write
- *   timeout: the connection is closed.
+ *   timeout: the connection is closed;
+ * - answers not yet taken (in the streams, waiting for the peer's window, and in the socket's
+ *   write queue) count as the connection's unsent bytes: past the send buffer new calls wait to
+ *   start, one by one as it drains.
  * @module
  */
 import type * as http2 from "node:http2";
@@ -27,6 +30,8 @@ export interface GuardBounds {
   writeMs: number;
   frameMs: number;
   budget: MemoryBudget;
+  /** Unsent bytes past which new calls wait to start (0: none). */
+  maxSendBuffer: number;
 }
 
 /** One request stream: the gRPC message it is receiving (5-byte prefix, then the body). */
@@ -197,7 +202,7 @@ export class ConnGuard {
    */
   private checkWrites(now: number): void {
     if (this.b.writeMs <= 0) return;
-    const q = (this.socket as unknown as { _handle?: { writeQueueSize?: number } | null })._handle?.writeQueueSize ?? 0;
+    const q = this.writeQueue();
     if (q === 0 || q !== this.lastQueue) {
       this.lastQueue = q;
       this.stallSince = q === 0 ? 0 : now;
@@ -211,7 +216,63 @@ export class ConnGuard {
     this.socket.destroy();
   }
 
+  /** The socket's write queue (libuv's: HTTP/2 writes through the handle). */
+  private writeQueue(): number {
+    return (this.socket as unknown as { _handle?: { writeQueueSize?: number } | null })._handle?.writeQueueSize ?? 0;
+  }
+
+  /** Answers not yet taken: in the streams (waiting for the peer's window or the socket) and the socket's queue. */
+  unsent(): number {
+    let n = this.writeQueue();
+    for (const w of this.watches) n += w.stream.writableLength;
+    return n;
+  }
+
+  private readonly roomWaiters: { stop: () => boolean; go: () => void }[] = [];
+  private roomTimer: ReturnType<typeof setTimeout> | undefined;
+  private closed = false;
+
+  /**
+   * Resolves when a new call may start: at once while the unsent bytes are under the send
+   * buffer and no call waits before it; else in turn, one every 5 ms at most once there is
+   * room (its answer shows in the unsent bytes before the next starts), or when `stop()`.
+   */
+  room(stop: () => boolean): Promise<void> {
+    if (this.roomWaiters.length === 0 && this.hasRoom()) return Promise.resolve();
+    return new Promise((go) => {
+      this.roomWaiters.push({ stop, go });
+      this.pollRoom();
+    });
+  }
+
+  /** Whether the unsent bytes are under the send buffer (or there is none, or the connection closed). */
+  hasRoom(): boolean {
+    return this.b.maxSendBuffer <= 0 || this.closed || this.unsent() < this.b.maxSendBuffer;
+  }
+
+  private pollRoom(): void {
+    if (this.roomTimer !== undefined || this.roomWaiters.length === 0) return;
+    this.roomTimer = setTimeout(() => {
+      this.roomTimer = undefined;
+      let free = this.hasRoom();
+      for (let i = 0; i < this.roomWaiters.length; ) {
+        const w = this.roomWaiters[i] as { stop: () => boolean; go: () => void };
+        if (!free && !w.stop() && !this.closed) {
+          i++;
+          continue;
+        }
+        this.roomWaiters.splice(i, 1);
+        if (!w.stop() && !this.closed) free = false; // one call starts per look
+        w.go();
+      }
+      this.pollRoom();
+    }, 5);
+  }
+
   private close(): void {
+    this.closed = true;
+    for (const w of this.roomWaiters.splice(0)) w.go();
+    clearTimeout(this.roomTimer);
     clearInterval(this.timer);
     this.unsubscribe?.();
     this.unsubscribe = null;

@@ -466,6 +466,7 @@ export class Server {
           budget: o.memoryBudget ?? processMemoryBudget,
           writeMs: this.bounds.writeMs,
           frameMs: this.bounds.frameMs,
+          maxSendBuffer: o.maxSendBuffer ?? SERVER_DEFAULTS.maxSendBuffer,
         },
         this.routes,
       );

@@ -12,6 +12,9 @@ const schedule: (f: () => void) => void =
     ? (f) => void (globalThis as unknown as { setImmediate: (f: () => void) => unknown }).setImmediate(f)
     : (f) => queueMicrotask(f);
 
+/** What a server keeps undecoded after a resume at most (beyond one turn's reads), bytes. */
+const STASH_MAX = 256 * 1024;
+
 /** Runs one engine over one stream. */
 export class Driver {
   private pumping = false;
@@ -44,13 +47,16 @@ export class Driver {
   ) {
     io.onData = (b) => {
       this.reads++;
-      if (this.holding || this.cautious) this.stash.push(b); // passed after a pause, or a resume's backlog
-      else this.take(b);
+      if (this.holding || this.cautious) {
+        this.stash.push(b); // passed after a pause, or a resume's backlog
+        this.stashed += b.length;
+      } else this.take(b);
     };
     engine.onWake = () => this.pump();
     io.onClose = (reason) => {
       this.ioClosed = true;
       this.stash = [];
+      this.stashed = 0;
       engine.transportClosed(reason);
       this.pump();
       this.wakeRoom();
@@ -155,6 +161,8 @@ export class Driver {
   private holding = false;
   /** Bytes the stream passed while reading was held (the peer's calls, not yet decoded). */
   private stash: Uint8Array[] = [];
+  /** Their length. */
+  private stashed = 0;
   /** A watch of the output draining runs (it wakes the producers waiting for room). */
   private watching = false;
   /** Calls waiting for room before their handler starts or before their first answer. */
@@ -239,6 +247,7 @@ export class Driver {
     this.holding = false;
     if (this.ioClosed) {
       this.stash = [];
+      this.stashed = 0;
       return;
     }
     this.io.resume?.();
@@ -252,17 +261,26 @@ export class Driver {
    * After a resume, one read per turn of the event loop (what was kept, then the backlog the
    * stream passes at once): the calls one read starts run, and may fill the output again, before
    * the next read is decoded. Ends (reads go straight to the engine again) once nothing is kept.
+   * A peer that sends faster than a read a turn meanwhile has more taken, so that what is kept
+   * stays under {@link STASH_MAX}.
    */
   private cautious = false;
   private readonly takeStashed = (): void => {
-    const b = this.holding || this.ioClosed ? undefined : this.stash.shift();
-    if (b === undefined) {
+    if (this.holding || this.ioClosed || this.stash.length === 0) {
       this.cautious = false;
       return;
     }
-    this.take(b);
+    do this.takeOne();
+    while (!this.holding && this.stashed > STASH_MAX);
     schedule(this.takeStashed);
   };
+
+  private takeOne(): void {
+    const b = this.stash.shift();
+    if (b === undefined) return;
+    this.stashed -= b.length;
+    this.take(b);
+  }
 
   /**
    * Wakes the producers waiting for room once the output drained to half the bound: checked

@@ -8,10 +8,10 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as net from "node:net";
-import { Connection } from "../src/index.js";
+import { Connection, HeldDuplex, PREFACE, encodeFrame } from "../src/index.js";
 import { Server } from "../src/node/index.js";
-import type { Driver } from "../src/driver.js";
-import { goodClient, sleep, until } from "./hostile.js";
+import { Driver } from "../src/driver.js";
+import { extensionHeader, goodClient, sleep, until } from "./hostile.js";
 
 const CALLS = 1000; // within max_concurrent_calls (1,024)
 /** Metadata that makes a call ~250 bytes: the 1,000 calls span several reads of the socket. */
@@ -80,4 +80,33 @@ test("pipelined calls never read: no call starts and nothing more is read while 
     sock.destroy();
     await server.close(200);
   }
+});
+
+test("after a resume, a peer that sends faster than one read a turn is taken faster: what is kept undecoded stays bounded", async () => {
+  let pending = 0;
+  let drained: (() => void) | null = null;
+  let paused = false;
+  const io = new HeldDuplex(
+    () => undefined,
+    () => undefined,
+    { pending: () => pending, pause: () => (paused = true), resume: () => (paused = false), onDrain: (f) => (drained = f) },
+  );
+  const engine = new Connection("server");
+  const driver = new Driver(engine, io, () => undefined, 1000);
+  io.deliver(Buffer.concat([PREFACE, encodeFrame({ type: "SETTINGS", flags: 0, callId: 0, entries: [] })]));
+  const chunk = Buffer.concat([extensionHeader(64 * 1024 - 12), Buffer.alloc(64 * 1024 - 12)]); // ignored frames
+  pending = 2000; // the output is full: reading is held
+  void driver.room();
+  assert.ok(driver.readsPaused && paused, "reading held");
+  io.deliver(chunk); // passed after the pause: kept
+  pending = 0;
+  (drained as (() => void) | null)?.(); // the output drained: reading resumes, one read a turn
+  assert.ok(!driver.readsPaused, "reading resumed");
+  for (let i = 0; i < 100; i++) io.deliver(chunk); // 6.4 MB at once
+  await new Promise((r) => setImmediate(r));
+  await new Promise((r) => setImmediate(r));
+  const kept = (driver as unknown as { stash: Uint8Array[] }).stash.reduce((n, b) => n + b.length, 0);
+  assert.ok(kept <= 256 * 1024 + chunk.length, `${kept} bytes kept undecoded`);
+  assert.ok(!engine.closed, "the frames were fine");
+  driver.abortIo();
 });

@@ -58,6 +58,7 @@ class StreamWatch {
   /** Bytes of the stream's DATA, as the stream passes them on. */
   feed(b: Uint8Array): void {
     this.lastData = Date.now();
+    this.conn.lastData = this.lastData;
     let p = 0;
     while (p < b.length) {
       if (this.left === 0) {
@@ -94,6 +95,8 @@ export class ConnGuard {
   private readonly timer: ReturnType<typeof setInterval> | undefined;
   private stallSince = 0;
   private lastQueue = 0;
+  /** When a byte of a request message last arrived on any stream of this connection. */
+  lastData = Date.now();
 
   constructor(
     private readonly socket: net.Socket,
@@ -145,7 +148,11 @@ export class ConnGuard {
     if (this.over()) {
       if (this.favoured === null || !this.favoured.partial) this.favoured = [...this.watches].find((w) => w.partial) ?? null;
       for (const w of this.watches) {
-        if (w === this.favoured || w.pausedByUs || !w.partial || w.stream.readableFlowing !== true) continue;
+        if (w === this.favoured) {
+          if (w.pausedByUs) this.unpause(w, Date.now()); // the one that goes on
+          continue;
+        }
+        if (w.pausedByUs || !w.partial || w.stream.readableFlowing !== true) continue;
         w.pausedByUs = true;
         w.stream.pause();
       }
@@ -155,12 +162,13 @@ export class ConnGuard {
     this.unsubscribe?.();
     this.unsubscribe = null;
     const now = Date.now();
-    for (const w of this.watches) {
-      if (!w.pausedByUs) continue;
-      w.pausedByUs = false;
-      w.lastData = now; // its time starts when it is read again
-      w.stream.resume();
-    }
+    for (const w of this.watches) if (w.pausedByUs) this.unpause(w, now);
+  }
+
+  private unpause(w: StreamWatch, now: number): void {
+    w.pausedByUs = false;
+    w.lastData = now; // its time starts when it is read again
+    w.stream.resume();
   }
 
   /** The timers: messages that stopped arriving, output the peer does not take. */
@@ -173,12 +181,25 @@ export class ConnGuard {
       // streams left the connection's window spent, or grpc-js does not read the stream (its
       // handler takes no message now): the time starts again.
       if (starved || w.pausedByUs || w.stream.readableFlowing !== true) w.lastData = now;
-      else if (this.b.frameMs > 0 && now - w.lastData >= this.b.frameMs) {
-        this.release(w);
-        w.stream.close(CANCEL);
-      }
+      else if (this.b.frameMs > 0 && now - w.lastData >= this.b.frameMs) this.cut(w);
+    }
+    // Paused streams' unread data spent the connection's window and nothing arrived for the
+    // frame timeout: the stream holding most is reset, which gives its share and window back
+    // (else such a peer would hold its share for ever).
+    if (starved && this.b.frameMs > 0 && now - this.lastData >= this.b.frameMs) {
+      const most = [...this.watches].filter((w) => w.partial).sort((a, b) => b.charged - a.charged)[0];
+      this.lastData = now;
+      if (most !== undefined) this.cut(most);
     }
     this.checkWrites(now);
+  }
+
+  /** Resets a stream whose message stopped arriving (RST_STREAM CANCEL), giving back what it held. */
+  private cut(w: StreamWatch): void {
+    this.watches.delete(w);
+    if (this.favoured === w) this.favoured = null;
+    this.release(w); // (another stream is favoured, and resumed, if the connection is still over)
+    w.stream.close(CANCEL);
   }
 
   /** The HTTP/2 session of this connection (set when Node makes it). */

@@ -12,6 +12,9 @@ const schedule: (f: () => void) => void =
     ? (f) => void (globalThis as unknown as { setImmediate: (f: () => void) => unknown }).setImmediate(f)
     : (f) => queueMicrotask(f);
 
+/** What a server keeps undecoded after a resume at most (beyond one turn's reads), bytes. */
+const STASH_MAX = 256 * 1024;
+
 /** Runs one engine over one stream. */
 export class Driver {
   private pumping = false;
@@ -44,17 +47,27 @@ export class Driver {
   ) {
     io.onData = (b) => {
       this.reads++;
-      engine.receive(b);
-      this.onRead?.(b.length);
-      this.pump();
+      if (this.holding || this.cautious) {
+        this.stash.push(b); // passed after a pause, or a resume's backlog
+        this.stashed += b.length;
+      } else this.take(b);
     };
     engine.onWake = () => this.pump();
     io.onClose = (reason) => {
       this.ioClosed = true;
+      this.stash = [];
+      this.stashed = 0;
       engine.transportClosed(reason);
       this.pump();
       this.wakeRoom();
     };
+    this.pump();
+  }
+
+  /** Hands received bytes to the engine and its events to the handler. */
+  private take(b: Uint8Array): void {
+    this.engine.receive(b);
+    this.onRead?.(b.length);
     this.pump();
   }
 
@@ -102,7 +115,7 @@ export class Driver {
       this.ioClosed = true;
       this.io.close();
       this.wakeRoom();
-    } else if (this.full && !this.paused) this.block();
+    } else this.settle();
   }
 
   /**
@@ -139,12 +152,21 @@ export class Driver {
     return this.written - this.unsent;
   }
 
-  /** Whether reading is stopped because the output is full (the peer does not read). */
+  /** Whether reading is held (a server whose peer does not read: see {@link Driver.firstRoom}). */
   get readsPaused(): boolean {
-    return this.paused && this.pauseReads;
+    return this.holding;
   }
 
-  private paused = false;
+  /** Reading is held: the stream is paused and what it still passes waits in {@link Driver.stash}, not decoded. */
+  private holding = false;
+  /** Bytes the stream passed while reading was held (the peer's calls, not yet decoded). */
+  private stash: Uint8Array[] = [];
+  /** Their length. */
+  private stashed = 0;
+  /** A watch of the output draining runs (it wakes the producers waiting for room). */
+  private watching = false;
+  /** Calls waiting for room before their handler starts or before their first answer. */
+  private firstWaits = 0;
   /** Producers waiting for the output to drain (at most one per call of the connection). */
   private roomWaiters: (() => void)[] = [];
 
@@ -180,21 +202,93 @@ export class Driver {
     }
   }
 
-  /** Resolves once the output is below the bound again (at once when it is, or the stream closed). */
+  /** Resolves once the output drained to half the bound (at once when it is not full, or the stream closed). */
   room(): Promise<void> {
     if (!this.full) return Promise.resolve();
-    if (!this.paused) this.block();
-    return new Promise((r) => this.roomWaiters.push(r));
+    const p = new Promise<void>((r) => this.roomWaiters.push(r));
+    this.settle();
+    return p;
   }
 
   /**
-   * Stops reading (when `pauseReads`) until the output drained below half the bound: checked
+   * A server call's wait before its handler starts and before its first answer (§7, the Rust
+   * server's rule for calls that arrive while the send buffer is full): while the output is full
+   * the call waits for room, and while any call waits so the connection is not read (what the
+   * stream still passes is kept undecoded) — not even once the output drained to half its bound,
+   * until those calls have answered. So a peer that pipelines calls and never reads makes the
+   * server hold its output bound and the calls of about one read, not every call it sent.
+   */
+  async firstRoom(stop: () => boolean): Promise<void> {
+    if (!this.full || stop()) return;
+    this.firstWaits++;
+    try {
+      while (this.full && !stop()) await this.room();
+    } finally {
+      this.firstWaits--;
+      if (this.firstWaits === 0) this.settle();
+    }
+  }
+
+  /**
+   * Holds reading (when `pauseReads`) while the output is full or calls wait in
+   * {@link Driver.firstRoom}; resumes it, decoding what was kept meanwhile, once neither is so;
+   * watches the output drain while it is full.
+   */
+  private settle(): void {
+    if (this.full && !this.watching) this.watch();
+    if (this.pauseReads && !this.ioClosed && (this.full || this.firstWaits > 0)) {
+      if (!this.holding) {
+        this.holding = true;
+        this.io.pause?.();
+      }
+      return;
+    }
+    if (!this.holding) return;
+    this.holding = false;
+    if (this.ioClosed) {
+      this.stash = [];
+      this.stashed = 0;
+      return;
+    }
+    this.io.resume?.();
+    if (!this.cautious) {
+      this.cautious = true;
+      schedule(this.takeStashed);
+    }
+  }
+
+  /**
+   * After a resume, one read per turn of the event loop (what was kept, then the backlog the
+   * stream passes at once): the calls one read starts run, and may fill the output again, before
+   * the next read is decoded. Ends (reads go straight to the engine again) once nothing is kept.
+   * A peer that sends faster than a read a turn meanwhile has more taken, so that what is kept
+   * stays under {@link STASH_MAX}.
+   */
+  private cautious = false;
+  private readonly takeStashed = (): void => {
+    if (this.holding || this.ioClosed || this.stash.length === 0) {
+      this.cautious = false;
+      return;
+    }
+    do this.takeOne();
+    while (!this.holding && this.stashed > STASH_MAX);
+    schedule(this.takeStashed);
+  };
+
+  private takeOne(): void {
+    const b = this.stash.shift();
+    if (b === undefined) return;
+    this.stashed -= b.length;
+    this.take(b);
+  }
+
+  /**
+   * Wakes the producers waiting for room once the output drained to half the bound: checked
    * when the transport says it drained (`onDrain`: a socket's 'drain') and every 5 ms meanwhile
    * (transports without a drain event: a WebSocket's `bufferedAmount`).
    */
-  private block(): void {
-    this.paused = true;
-    if (this.pauseReads) this.io.pause?.();
+  private watch(): void {
+    this.watching = true;
     let timer: ReturnType<typeof setTimeout> | undefined;
     let done = false;
     const check = (): void => {
@@ -205,9 +299,9 @@ export class Driver {
         return;
       }
       done = true;
-      this.paused = false;
-      if (!this.ioClosed && this.pauseReads) this.io.resume?.();
+      this.watching = false;
       this.wakeRoom();
+      this.settle(); // reading resumes unless woken calls still wait for their first answer
     };
     this.io.onDrain?.(check);
     timer = setTimeout(check, 5);

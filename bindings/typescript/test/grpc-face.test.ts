@@ -374,3 +374,22 @@ test("gRPC face bounds: idleTimeoutMs closes a gRPC connection without calls (GO
     await server.close(500);
   }
 });
+
+test("gRPC face: metadata over maxMetadataSize (under the HTTP/2 header list bound) is RESOURCE_EXHAUSTED", async () => {
+  const srv = rawServer();
+  const addr = await srv.listen("tcp://127.0.0.1:0");
+  const c = grpcClient(addr);
+  try {
+    const md = new grpc.Metadata();
+    md.set("x-big", "a".repeat(17_000)); // over 16 KiB, under 16 KiB + 4 KiB
+    const e = await grpcError(unaryRaw(c, "/t.T/Echo", new Uint8Array([1]), md));
+    assert.equal(e.code, grpc.status.RESOURCE_EXHAUSTED);
+    assert.match(e.details, /max_metadata_size/);
+    const ok = new grpc.Metadata();
+    ok.set("x-big", "a".repeat(15_000));
+    assert.equal((await unaryRaw(c, "/t.T/Echo", new Uint8Array([2]), ok)).value[0], 2);
+  } finally {
+    c.close();
+    await srv.close(200);
+  }
+});

@@ -9,7 +9,7 @@
 import type * as grpc from "@grpc/grpc-js";
 import type { Readable } from "node:stream";
 import type { MemoryBudget } from "../connection.js";
-import type { Metadata } from "../frame.js";
+import { metadataSize, type Metadata } from "../frame.js";
 import { Code, DETAILS_KEY, TopspinError } from "../status.js";
 import type { HandlerContext, Route } from "./server.js";
 
@@ -18,13 +18,33 @@ export const GRPC_DETAILS_KEY = "grpc-status-details-bin";
 /** Request messages larger than this are charged to the memory budget while held (as native frames over 64 KiB). */
 export const CHARGE_THRESHOLD = 64 * 1024;
 
+type AnyCall = grpc.ServerUnaryCall<Buffer, Buffer> | grpc.ServerReadableStream<Buffer, Buffer> | grpc.ServerWritableStream<Buffer, Buffer> | grpc.ServerDuplexStream<Buffer, Buffer>;
+
 /** What a gRPC call needs from the server. */
 export interface GrpcCallEnv {
   grpc: typeof grpc;
   budget: MemoryBudget;
+  /** Request metadata, bytes (the native `maxMetadataSize`; counted as on the native face). */
+  maxMetadataSize: number;
   /** Bookkeeping of open calls (the idle timer and graceful shutdown look at it). */
   started: () => void;
   ended: () => void;
+  /** Whether the call's connection has its unsent answers under the send buffer. */
+  hasRoom: (call: AnyCall) => boolean;
+  /** Resolves when the call's connection may have room (in turn with other calls), or `stop()`. */
+  room: (call: AnyCall, stop: () => boolean) => Promise<void>;
+}
+
+/**
+ * Runs `answer` (which encodes a response and hands it to grpc-js, with no await between) once
+ * the call's connection has room (§7: no answer is produced while the peer does not take them;
+ * the check and the answer in one turn, so that one call's answer shows before the next looks).
+ */
+async function whenRoom(env: GrpcCallEnv, call: AnyCall, st: CallState, answer: () => void): Promise<void> {
+  const stop = (): boolean => st.abort.signal.aborted;
+  while (!env.hasRoom(call) && !stop()) await env.room(call, stop);
+  if (stop()) throw TopspinError.from(st.abort.signal.reason, Code.CANCELLED);
+  answer();
 }
 
 /** gRPC's own headers, which handlers do not see (as on the native face). */
@@ -68,7 +88,6 @@ function grpcStatus(g: typeof grpc, err: unknown, trailers: Metadata): grpc.Serv
   return e;
 }
 
-type AnyCall = grpc.ServerUnaryCall<Buffer, Buffer> | grpc.ServerReadableStream<Buffer, Buffer> | grpc.ServerWritableStream<Buffer, Buffer> | grpc.ServerDuplexStream<Buffer, Buffer>;
 
 /** One gRPC call's context, cancellation and bookkeeping. */
 class CallState {
@@ -179,33 +198,42 @@ async function write(call: grpc.ServerWritableStream<Buffer, Buffer> | grpc.Serv
   });
 }
 
-/** Refuses a call before its handler runs when the memory budget is spent (as the native face does). */
-function budgetRefusal(env: GrpcCallEnv): TopspinError | null {
+/**
+ * Refuses a call before its handler runs (as the native face does): metadata over
+ * `maxMetadataSize` (HTTP/2's header list bound leaves 4 KiB more for its own fields), or the
+ * memory budget spent.
+ */
+function budgetRefusal(env: GrpcCallEnv, md: grpc.Metadata): TopspinError | null {
+  const size = metadataSize(fromGrpcMetadata(md));
+  if (size > env.maxMetadataSize) {
+    return new TopspinError(Code.RESOURCE_EXHAUSTED, `request metadata of ${size} bytes exceeds the server's limit of ${env.maxMetadataSize} bytes (max_metadata_size)`);
+  }
   return env.budget.exhausted ? new TopspinError(Code.RESOURCE_EXHAUSTED, "the server's memory budget is spent; try again later") : null;
 }
 
 /** The grpc-js handler of a unary or client-streaming route. */
 function singleResponse(env: GrpcCallEnv, route: Route, method: string): grpc.handleUnaryCall<Buffer, Buffer> | grpc.handleClientStreamingCall<Buffer, Buffer> {
   return (call: grpc.ServerUnaryCall<Buffer, Buffer> | grpc.ServerReadableStream<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
-    const refused = budgetRefusal(env);
+    const refused = budgetRefusal(env, call.metadata);
     if (refused !== null) return callback(grpcStatus(env.grpc, refused, []));
     const st = new CallState(env, call, method);
-    const run = async (): Promise<Uint8Array> => {
+    const run = async (): Promise<void> => {
+      await whenRoom(env, call, st, () => undefined); // past the send buffer, calls wait to start
       let input: unknown;
       if (route.kind === "unary") {
         const req = (call as grpc.ServerUnaryCall<Buffer, Buffer>).request;
         st.charge(req.length);
         input = route.decode(req);
       } else input = requests(call as grpc.ServerReadableStream<Buffer, Buffer>, st, route);
-      return route.encode(await route.handler(input, st.ctx));
-    };
-    run().then(
-      (bytes) => {
-        if (st.abort.signal.aborted) return st.done();
+      const v = await route.handler(input, st.ctx);
+      await whenRoom(env, call, st, () => {
+        const bytes = route.encode(v);
         st.sendHeaders();
         callback(null, Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length), st.trailers());
-        st.done();
-      },
+      });
+    };
+    run().then(
+      () => st.done(),
       (err: unknown) => {
         st.sendHeaders();
         callback(st.error(err));
@@ -218,20 +246,27 @@ function singleResponse(env: GrpcCallEnv, route: Route, method: string): grpc.ha
 /** The grpc-js handler of a server-streaming or bidi route. */
 function streamResponse(env: GrpcCallEnv, route: Route, method: string): grpc.handleServerStreamingCall<Buffer, Buffer> | grpc.handleBidiStreamingCall<Buffer, Buffer> {
   return (call: grpc.ServerWritableStream<Buffer, Buffer> | grpc.ServerDuplexStream<Buffer, Buffer>) => {
-    const refused = budgetRefusal(env);
+    const refused = budgetRefusal(env, call.metadata);
     if (refused !== null) {
       call.emit("error", grpcStatus(env.grpc, refused, []));
       return;
     }
     const st = new CallState(env, call, method);
     const run = async (): Promise<void> => {
+      await whenRoom(env, call, st, () => undefined); // past the send buffer, calls wait to start
       let input: unknown;
       if (route.kind === "server_streaming") {
         const req = (call as grpc.ServerWritableStream<Buffer, Buffer>).request;
         st.charge(req.length);
         input = route.decode(req);
       } else input = requests(call as grpc.ServerDuplexStream<Buffer, Buffer>, st, route);
-      for await (const v of route.handler(input, st.ctx) as AsyncIterable<unknown>) await write(call, st, route.encode(v));
+      for await (const v of route.handler(input, st.ctx) as AsyncIterable<unknown>) {
+        let sent: Promise<void> = Promise.resolve();
+        await whenRoom(env, call, st, () => {
+          sent = write(call, st, route.encode(v));
+        });
+        await sent;
+      }
     };
     run().then(
       () => {

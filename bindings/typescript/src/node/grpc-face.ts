@@ -12,6 +12,7 @@ import type * as net from "node:net";
 import type * as http2 from "node:http2";
 import type { MemoryBudget } from "../connection.js";
 import { grpcHandler, grpcHandlerType, type GrpcCallEnv } from "./grpc-calls.js";
+import { ConnGuard } from "./grpc-guard.js";
 import type { Route } from "./server.js";
 
 /** The bounds the face is given, from the server's own options. */
@@ -29,6 +30,23 @@ export interface GrpcFaceBounds {
   keepaliveTimeoutMs: number;
   /** Charged with large request messages while held; spent: new calls `RESOURCE_EXHAUSTED`. */
   budget: MemoryBudget;
+  /** A peer that takes none of our bytes for this long is cut (0: none). */
+  writeMs: number;
+  /** A request message that stops arriving for this long while it is read is cut (0: none). */
+  frameMs: number;
+  /** Unsent bytes of a connection past which its new calls wait to start (0: none). */
+  maxSendBuffer: number;
+}
+
+/** The HTTP/2 stream of a grpc-js server call (internal: the call's `call`, through its interceptors' `nextCall`). */
+function streamOf(call: unknown): http2.ServerHttp2Stream | undefined {
+  let c = (call as { call?: unknown }).call;
+  for (let i = 0; i < 16 && typeof c === "object" && c !== null; i++) {
+    const s = (c as { stream?: unknown }).stream;
+    if (typeof s === "object" && s !== null) return s as http2.ServerHttp2Stream;
+    c = (c as { nextCall?: unknown }).nextCall;
+  }
+  return undefined;
 }
 
 const identity = (b: Buffer): Buffer => b;
@@ -67,20 +85,54 @@ export class GrpcFace {
   readonly sockets = new Set<net.Socket>();
   /** Calls open now. */
   calls = 0;
+  /** The guard of the socket being handed to grpc-js (its HTTP/2 session is made meanwhile). */
+  private injecting: ConnGuard | null = null;
+  private readonly guards = new WeakMap<http2.Http2Session, ConnGuard>();
 
   constructor(
     g: typeof grpc,
-    bounds: GrpcFaceBounds,
+    private readonly bounds: GrpcFaceBounds,
     routes: Map<string, Route>,
   ) {
     this.server = new g.Server(grpcOptions(bounds));
-    this.env = { grpc: g, budget: bounds.budget, started: () => this.calls++, ended: () => this.calls-- };
+    this.env = {
+      grpc: g,
+      budget: bounds.budget,
+      maxMetadataSize: bounds.maxMetadataSize,
+      started: () => this.calls++,
+      ended: () => this.calls--,
+      hasRoom: (call) => this.guardOf(call)?.hasRoom() ?? true,
+      room: (call, stop) => this.guardOf(call)?.room(stop) ?? Promise.resolve(),
+    };
     for (const [path, route] of routes) this.register(path, route);
     // The header list bound (as Rust: the metadata bound + 4 KiB for HTTP/2's own fields):
     // grpc-js has no option for it, but passes these (internal) HTTP/2 options on.
     const common = (this.server as unknown as { commonServerOptions?: http2.ServerOptions }).commonServerOptions;
     if (common !== undefined) common.settings = { ...common.settings, maxHeaderListSize: bounds.maxMetadataSize + 4096 };
     this.injector = this.server.createConnectionInjector(g.ServerCredentials.createInsecure());
+    this.guardSessions();
+  }
+
+  /**
+   * Watches the request streams of every session the injector's HTTP/2 server makes
+   * (grpc-guard.ts); that server is grpc-js's (internal) and made by `createConnectionInjector`.
+   */
+  private guardSessions(): void {
+    const servers = (this.server as unknown as { http2Servers?: Map<http2.Http2Server, unknown> }).http2Servers;
+    const h2 = servers === undefined ? undefined : [...servers.keys()].pop();
+    if (h2 === undefined) return; // another grpc-js: the face runs without these bounds
+    h2.on("session", (session: http2.ServerHttp2Session) => {
+      if (this.injecting === null) return;
+      this.injecting.session = session;
+      this.guards.set(session, this.injecting);
+    });
+    h2.on("stream", (stream: http2.ServerHttp2Stream) => this.guards.get(stream.session as http2.Http2Session)?.watch(stream));
+  }
+
+  /** The guard of a grpc-js call's connection. */
+  private guardOf(call: unknown): ConnGuard | undefined {
+    const stream = streamOf(call);
+    return stream === undefined ? undefined : this.guards.get(stream.session as http2.Http2Session);
   }
 
   /** Serves `path` with a route (replacing the one it had, as `Server.route` does). */
@@ -93,7 +145,13 @@ export class GrpcFace {
   inject(socket: net.Socket): void {
     this.sockets.add(socket);
     socket.once("close", () => this.sockets.delete(socket));
-    this.injector.injectConnection(socket);
+    const b = this.bounds;
+    this.injecting = new ConnGuard(socket, { writeMs: b.writeMs, frameMs: b.frameMs, budget: b.budget, maxSendBuffer: b.maxSendBuffer });
+    try {
+      this.injector.injectConnection(socket);
+    } finally {
+      this.injecting = null;
+    }
     socket.resume();
   }
 

@@ -96,15 +96,22 @@ export function callIO(engine: Connection, driver: Driver, call: ServerCall, set
       yield route.decode(reqDecoder === null ? r.value : await decodeMessage(r.value, reqDecoder, limit));
     }
   })();
+  let answered = false;
   const send = async (v: unknown): Promise<void> => {
     // No response is produced while the peer does not read (§7): the wait comes before the
-    // encoding, so calls waiting for room hold their values, not their encoded answers.
-    while (driver.full && !call.done) await driver.room();
+    // encoding, so calls waiting for room hold their values, not their encoded answers. While a
+    // call waits for room for its first answer the connection is not read (Driver.firstRoom).
+    // (the check and the encoding below run with no await between them: one call's turn)
+    while (driver.full && !call.done) await (answered ? driver.room() : driver.firstRoom(() => call.done));
+    answered = true;
+    // A call that ended while it waited (its connection cut) encodes nothing for nobody.
+    const over = (): TopspinError => call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
+    if (call.done) throw over();
     const plain = route.encode(v);
-    const bytes = respEncoder === null ? plain : await driver.produce(plain.length, () => encodeMessage(plain, respEncoder), () => call.done);
+    const bytes = respEncoder === null ? plain : await driver.produce(plain.length, () => (call.done ? Promise.reject(over()) : encodeMessage(plain, respEncoder)), () => call.done);
     sendHeaders();
     for (;;) {
-      if (call.done) throw call.reason ?? new TopspinError(Code.CANCELLED, "the call is over");
+      if (call.done) throw over();
       if (engine.sendMessage(call.id, bytes)) {
         driver.pump();
         return;
@@ -124,7 +131,7 @@ export function callIO(engine: Connection, driver: Driver, call: ServerCall, set
 
 /** @internal Runs the handler by its kind, sending what it returns. */
 export async function runHandler(route: Route, io: CallIO, ctx: HandlerContext, driver: Driver, call: ServerCall): Promise<void> {
-  while (driver.full && !call.done) await driver.room(); // no new handler while the peer does not read (§7)
+  await driver.firstRoom(() => call.done); // no new handler while the peer does not read (§7)
   if (call.done) return;
   const h = route.handler;
   switch (route.kind) {

@@ -464,6 +464,9 @@ export class Server {
           keepaliveIntervalMs: ka?.intervalMs ?? 0,
           keepaliveTimeoutMs: ka?.timeoutMs ?? 20_000,
           budget: o.memoryBudget ?? processMemoryBudget,
+          writeMs: this.bounds.writeMs,
+          frameMs: this.bounds.frameMs,
+          maxSendBuffer: o.maxSendBuffer ?? SERVER_DEFAULTS.maxSendBuffer,
         },
         this.routes,
       );

@@ -161,24 +161,34 @@ where
     };
     let lapse = tokio::time::sleep_until(started.into());
     tokio::pin!(lapse);
+    // When `lapse` is due; moved only when the next deadline comes earlier (a deadline that
+    // moves later, as the idle timeout does with every read, leaves it: firing early only
+    // makes the loop look again), so most turns touch no timer.
+    let mut armed: Option<Instant> = None;
     loop {
         let next = timers.next(calls.is_empty() && !going_away);
-        if next.is_some_and(|t| lapse.deadline() != t.into()) {
-            lapse.as_mut().reset(next.unwrap_or(started).into());
+        if let Some(t) = next {
+            if armed.is_none_or(|a| t < a) {
+                lapse.as_mut().reset(t.into());
+                armed = Some(t);
+            }
         }
         tokio::select! {
-            () = &mut lapse, if next.is_some() => match timers.lapsed(calls.is_empty() && !going_away) {
-                Some(Lapse::Close(why)) => {
-                    tracing::debug!(peer = %face.peer.addr, "gRPC connection closed: {why}");
-                    break;
+            () = &mut lapse, if next.is_some() => {
+                armed = None;
+                match timers.lapsed(calls.is_empty() && !going_away) {
+                    Some(Lapse::Close(why)) => {
+                        tracing::debug!(peer = %face.peer.addr, "gRPC connection closed: {why}");
+                        break;
+                    }
+                    Some(Lapse::Idle) => {
+                        tracing::debug!(peer = %face.peer.addr, "gRPC connection idle for {:?}: going away", config.idle_timeout());
+                        going_away = true;
+                        conn.graceful_shutdown();
+                    }
+                    None => {}
                 }
-                Some(Lapse::Idle) => {
-                    tracing::debug!(peer = %face.peer.addr, "gRPC connection idle for {:?}: going away", config.idle_timeout());
-                    going_away = true;
-                    conn.graceful_shutdown();
-                }
-                None => {}
-            },
+            }
             accepted = conn.accept() => match accepted {
                 Some(Ok((req, respond))) => calls.push(face.call(req, respond)),
                 Some(Err(e)) => {
@@ -189,7 +199,7 @@ where
             },
             Some(()) = calls.next(), if !calls.is_empty() => {}
             // A frame became incomplete or writes stalled: re-arm for its timer.
-            () = changed.notified() => {}
+            () = poll_fn(|_| if changed.take() { Poll::Ready(()) } else { Poll::Pending }) => {}
             () = shutdown.token.cancelled(), if !shutting => {
                 // GOAWAY (unless the age sent it); calls in flight get the shutdown's grace,
                 // or what is left of the age's if that ends first.

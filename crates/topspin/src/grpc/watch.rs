@@ -7,11 +7,11 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 
 /// The client connection preface's length (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE: usize = 24;
@@ -34,7 +34,25 @@ pub(crate) struct Tracker {
     /// Since when the client has taken none of our bytes (`write_timeout`).
     pub(crate) write_stalled_since: Option<Instant>,
     /// Told when a timer starts (a frame incomplete, writes stalled): the loop re-arms.
-    pub(crate) changed: Arc<Notify>,
+    pub(crate) changed: Arc<Changed>,
+}
+
+/// Set when a timer starts (a frame became incomplete, writes stalled), and the connection's
+/// task woken: h2 reads and writes from that task, so the loop sees it on its next turn. A
+/// flag rather than a `Notify`, whose future the loop would register and drop on every turn.
+#[derive(Debug, Default)]
+pub(crate) struct Changed(AtomicBool);
+
+impl Changed {
+    /// Whether a timer started since the last look.
+    pub(crate) fn take(&self) -> bool {
+        self.0.swap(false, Ordering::AcqRel)
+    }
+
+    fn set(&self, cx: &Context<'_>) {
+        self.0.store(true, Ordering::Release);
+        cx.waker().wake_by_ref();
+    }
 }
 
 impl Tracker {
@@ -48,7 +66,7 @@ impl Tracker {
             partial_since: None,
             last_read: now,
             write_stalled_since: None,
-            changed: Arc::new(Notify::new()),
+            changed: Arc::new(Changed::default()),
         }
     }
 
@@ -109,7 +127,7 @@ impl Tracker {
 pub(crate) struct Watched<IO> {
     io: IO,
     tracker: Arc<Mutex<Tracker>>,
-    changed: Arc<Notify>,
+    changed: Arc<Changed>,
     /// The last write (or flush) was refused for want of room.
     stalled: bool,
 }
@@ -129,12 +147,12 @@ impl<IO> Watched<IO> {
     }
 
     /// Starts the write-stall clock at a refused write, stops it when bytes go.
-    fn note_write<T>(&mut self, r: &Poll<io::Result<T>>) {
+    fn note_write<T>(&mut self, cx: &Context<'_>, r: &Poll<io::Result<T>>) {
         match r {
             Poll::Pending if !self.stalled => {
                 self.stalled = true;
                 read(&self.tracker).write_stalled_since = Some(Instant::now());
-                self.changed.notify_one();
+                self.changed.set(cx);
             }
             Poll::Ready(Ok(_)) if self.stalled => {
                 self.stalled = false;
@@ -161,7 +179,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
         if let Poll::Ready(Ok(())) = r {
             let new = &buf.filled()[before..];
             if !new.is_empty() && read(&self.tracker).feed(new, Instant::now()) {
-                self.changed.notify_one();
+                self.changed.set(cx);
             }
         }
         r
@@ -175,7 +193,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.note_write(&r);
+        self.note_write(cx, &r);
         r
     }
 
@@ -185,7 +203,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.note_write(&r);
+        self.note_write(cx, &r);
         r
     }
 
@@ -195,7 +213,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let r = Pin::new(&mut self.io).poll_flush(cx);
-        self.note_write(&r);
+        self.note_write(cx, &r);
         r
     }
 

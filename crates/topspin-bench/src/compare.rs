@@ -10,14 +10,28 @@
 
 use crate::report::{self, Record, Run};
 
-pub(crate) const USAGE: &str =
-    "usage: topspin-bench compare BEFORE.json AFTER.json [--threshold PCT]
+// The `compare` subcommand's arguments (its help text is on `Sub::Compare` in main.rs).
+#[derive(clap::Args, Debug)]
+pub(crate) struct CompareArgs {
+    /// The earlier run's report (topspin-bench --json FILE)
+    #[arg(value_name = "BEFORE.json")]
+    pub(crate) before: String,
+    /// The later run's report
+    #[arg(value_name = "AFTER.json")]
+    pub(crate) after: String,
+    /// Marks ratios more than PCT % away from 1.00× as worse or better (and "within noise"
+    /// when the two runs' ranges overlap); a trailing % is allowed
+    #[arg(long, value_name = "PCT", value_parser = percentage)]
+    pub(crate) threshold: Option<f64>,
+}
 
-  Prints, for every row (system at a point) of both reports, each figure before and after,
-  after ÷ before, and each run's spread over its repetitions (min–max (n)). Rows in one report
-  only are listed. --threshold PCT marks ratios more than PCT % away from 1.00× as worse or
-  better (and \"within noise\" when the two runs' ranges overlap). Exits 0, or 2 when a report
-  cannot be read.";
+/// `--threshold`: a percentage ≥ 0, with or without `%`.
+fn percentage(v: &str) -> Result<f64, String> {
+    match v.trim_end_matches('%').parse::<f64>() {
+        Ok(p) if p >= 0.0 => Ok(p),
+        _ => Err("needs a percentage (e.g. 5)".into()),
+    }
+}
 
 /// A figure of a record that the comparison shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -444,35 +458,10 @@ pub(crate) fn load(path: &str) -> Result<Run, String> {
     Ok(run)
 }
 
-/// The subcommand: `args` are the arguments after `compare`. Returns the exit code.
-pub(crate) fn main(args: &[String]) -> i32 {
-    let mut files = Vec::new();
-    let mut threshold = None;
-    let mut it = args.iter();
-    while let Some(x) = it.next() {
-        match x.as_str() {
-            "--threshold" => match it.next().map(|v| v.trim_end_matches('%').parse::<f64>()) {
-                Some(Ok(p)) if p >= 0.0 => threshold = Some(p),
-                _ => {
-                    eprintln!("--threshold needs a percentage (e.g. 5)\n{USAGE}");
-                    return 2;
-                }
-            },
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return 0;
-            }
-            f if !f.starts_with("--") => files.push(f.to_string()),
-            o => {
-                eprintln!("unknown argument {o}\n{USAGE}");
-                return 2;
-            }
-        }
-    }
-    let [bp, ap] = &files[..] else {
-        eprintln!("compare needs two reports\n{USAGE}");
-        return 2;
-    };
+/// The subcommand. Returns the exit code.
+pub(crate) fn main(args: &CompareArgs) -> i32 {
+    let (bp, ap) = (&args.before, &args.after);
+    let threshold = args.threshold;
     let (b, a) = match (load(bp), load(ap)) {
         (Ok(b), Ok(a)) => (b, a),
         (b, a) => {
@@ -709,13 +698,21 @@ mod tests {
     fn unreadable_files_exit_2() {
         let missing = "/nonexistent/topspin-bench-compare.json";
         assert!(load(missing).err().expect("fails").contains("cannot read"));
-        let args = [missing.to_string(), missing.to_string()];
+        let args = CompareArgs {
+            before: missing.into(),
+            after: missing.into(),
+            threshold: None,
+        };
         assert_eq!(super::main(&args), 2);
         let not_json = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
         assert!(load(not_json)
             .err()
             .expect("fails")
             .contains("not a topspin-bench JSON report"));
-        assert_eq!(super::main(&["only-one.json".to_string()]), 2);
+        // Usage errors are clap's: exit code 2 as well.
+        use clap::Parser;
+        let e = crate::Cli::try_parse_from(["topspin-bench", "compare", "only-one.json"])
+            .expect_err("needs two reports");
+        assert_eq!(e.exit_code(), 2);
     }
 }

@@ -12,8 +12,10 @@ mod compare;
 mod plots;
 mod report;
 
+use clap::{ArgAction, Parser};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use report::{Record, Run};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
@@ -418,6 +420,83 @@ impl Peer {
     }
 }
 
+/// topspin against the raw-socket floor and tonic, tarpc, capnp-rpc and Thrift, on the
+/// workloads of docs/benchmarks.md: one table per workload, optionally a JSON report and PNG
+/// plots. Without --quick or --smoke it is the full run: every workload and size (~12 min).
+#[derive(Parser, Debug)]
+#[command(
+    name = "topspin-bench",
+    args_override_self = true,
+    disable_help_subcommand = true,
+    after_help = SYSTEMS_HELP,
+    override_usage = USAGE
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+    /// Echo 20/20000/2000000, answer, blob 1 MiB, structs, throughput (1,64), burst, allocs;
+    /// every system; under 90 s
+    #[arg(long, overrides_with_all = ["smoke", "full"])]
+    quick: bool,
+    /// Every workload, few calls, one repetition: checks every system returns correct data;
+    /// exits non-zero on any failure; asserts no timings (CI)
+    #[arg(long, overrides_with_all = ["quick", "full"])]
+    smoke: bool,
+    /// The full run (the default): every workload and size of docs/benchmarks.md (~12 min)
+    #[arg(long, overrides_with_all = ["quick", "smoke"])]
+    full: bool,
+    /// Writes the JSON report (schema: docs/benchmarks.md) to FILE
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draws PNG plots into DIR
+    #[arg(long, value_name = "DIR")]
+    plots: Option<PathBuf>,
+    /// Only these systems, comma-separated (see the list below)
+    #[arg(long, value_name = "raw,topspin,...", value_delimiter = ',', action = ArgAction::Set)]
+    systems: Option<Vec<String>>,
+    /// Only these workloads (or peer commands such as allocs_echo), comma-separated
+    #[arg(long, value_name = "echo,answer,...", value_delimiter = ',', action = ArgAction::Set)]
+    workloads: Option<Vec<String>>,
+    /// Repetitions of every series (default: 3; 1 with --smoke)
+    #[arg(long, value_name = "N")]
+    reps: Option<usize>,
+    /// Where the peer binaries are (default: this program's directory)
+    #[arg(long, value_name = "DIR")]
+    bin_dir: Option<PathBuf>,
+    /// Instructions per call of topspin's echo 20 B (one at a time, and 64 in flight), answer
+    /// and structs (client + server), from two valgrind runs of different lengths (needs
+    /// valgrind)
+    #[arg(long)]
+    callgrind: bool,
+    /// Syscalls and write syscalls per call (echo 20 B; burst of 8) of every system, counted
+    /// with strace -f -c (needs strace)
+    #[arg(long)]
+    syscalls: bool,
+    /// Every system's server in a process of its own (a child of its peer process), its client
+    /// in the peer process, over loopback TCP / a Unix socket — how services run (default:
+    /// client and server of a system share one process). TLS and WebSocket rows keep one
+    /// process. CPU and allocations per call stay client + server
+    #[arg(long)]
+    separate_processes: bool,
+    /// A reproducible background load: one busy thread per allowed CPU, at normal priority,
+    /// started by the benchmark and running through every measurement (the same for every
+    /// system); its tables say LOADED
+    #[arg(long)]
+    loaded: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Sub {
+    /// Two --json reports row by row: each figure before, after, after/before and each run's
+    /// spread over its repetitions
+    ///
+    /// Prints, for every row (system at a point) of both reports, each figure before and after,
+    /// after ÷ before, and each run's spread over its repetitions (min–max (n)). Rows in one
+    /// report only are listed. Exits 0, or 2 when a report cannot be read.
+    #[command(long_flag = "compare")]
+    Compare(compare::CompareArgs),
+}
+
 struct Args {
     mode: Mode,
     json: Option<PathBuf>,
@@ -432,85 +511,47 @@ struct Args {
     loaded: bool,
 }
 
-const USAGE: &str = "usage: topspin-bench [--quick | --smoke] [--json FILE] [--plots DIR]
+impl From<Cli> for Args {
+    fn from(c: Cli) -> Args {
+        Args {
+            mode: if c.smoke {
+                Mode::Smoke
+            } else if c.quick {
+                Mode::Quick
+            } else {
+                Mode::Full
+            },
+            json: c.json,
+            plots: c.plots,
+            systems: c.systems,
+            workloads: c.workloads,
+            reps: c.reps,
+            bin_dir: c.bin_dir.unwrap_or_else(|| {
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|p| p.parent().map(Path::to_path_buf))
+                    .unwrap_or_else(|| PathBuf::from("."))
+            }),
+            callgrind: c.callgrind,
+            syscalls: c.syscalls,
+            separate: c.separate_processes,
+            loaded: c.loaded,
+        }
+    }
+}
+
+const USAGE: &str = "topspin-bench [--quick | --smoke] [--json FILE] [--plots DIR]
                      [--systems raw,topspin,...] [--workloads echo,answer,...] [--reps N]
                      [--separate-processes] [--loaded] [--bin-dir DIR]
        topspin-bench --callgrind [--bin-dir DIR]
        topspin-bench --syscalls [--systems ...] [--bin-dir DIR]
-       topspin-bench compare BEFORE.json AFTER.json [--threshold PCT]
+       topspin-bench compare BEFORE.json AFTER.json [--threshold PCT]";
 
-  (default)    the full run: every workload and size of docs/benchmarks.md (~12 min)
-  --quick      echo 20/20000/2000000, answer, blob 1 MiB, structs, throughput (1,64), burst,
-               allocs; every system; under 90 s
-  --smoke      every workload, few calls, one repetition: checks every system returns correct
-               data; exits non-zero on any failure; asserts no timings (CI)
-  --syscalls   syscalls and write syscalls per call (echo 20 B; burst of 8) of every system,
-               counted with strace -f -c (needs strace)
-  --callgrind  instructions per call of topspin's echo 20 B (one at a time, and 64 in flight), answer
-               and structs (client + server), from
-               two valgrind runs of different lengths (needs valgrind)
-  compare      two --json reports row by row: each figure before, after, after/before and each
-               run's spread over its repetitions (compare --help)
-  --separate-processes
-               every system's server in a process of its own (a child of its peer process),
-               its client in the peer process, over loopback TCP / a Unix socket — how services
-               run (default: client and server of a system share one process). TLS and
-               WebSocket rows keep one process. CPU and allocations per call stay client + server
-  --loaded     a reproducible background load: one busy thread per allowed CPU, at normal
-               priority, started by the benchmark and running through every measurement (the
-               same for every system); its tables say LOADED
-  systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
-           raw-tls topspin-tls tonic-tls raw-ws topspin-ws raw-shm topspin-shm topspin-grpc (TLS,
-           WebSocket, shared-memory and topspin-grpc, the server's gRPC face under tonic's
-           client: in --smoke, otherwise only when named with --systems)";
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        mode: Mode::Full,
-        json: None,
-        plots: None,
-        systems: None,
-        workloads: None,
-        reps: None,
-        bin_dir: std::env::current_exe()
-            .ok()
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-            .unwrap_or_else(|| PathBuf::from(".")),
-        callgrind: false,
-        syscalls: false,
-        separate: false,
-        loaded: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(x) = it.next() {
-        let mut val = |name: &str| it.next().ok_or(format!("{name} needs a value"));
-        match x.as_str() {
-            "--quick" => a.mode = Mode::Quick,
-            "--smoke" => a.mode = Mode::Smoke,
-            "--full" => a.mode = Mode::Full,
-            "--json" => a.json = Some(val("--json")?.into()),
-            "--plots" => a.plots = Some(val("--plots")?.into()),
-            "--systems" => {
-                a.systems = Some(val("--systems")?.split(',').map(str::to_string).collect())
-            }
-            "--workloads" => {
-                a.workloads = Some(val("--workloads")?.split(',').map(str::to_string).collect())
-            }
-            "--reps" => a.reps = Some(val("--reps")?.parse().map_err(|e| format!("--reps: {e}"))?),
-            "--bin-dir" => a.bin_dir = val("--bin-dir")?.into(),
-            "--callgrind" => a.callgrind = true,
-            "--syscalls" => a.syscalls = true,
-            "--separate-processes" => a.separate = true,
-            "--loaded" => a.loaded = true,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            o => return Err(format!("unknown argument {o}\n{USAGE}")),
-        }
-    }
-    Ok(a)
-}
+const SYSTEMS_HELP: &str = "\
+Systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
+         raw-tls topspin-tls tonic-tls raw-ws topspin-ws raw-shm topspin-shm topspin-grpc (TLS,
+         WebSocket, shared-memory and topspin-grpc, the server's gRPC face under tonic's
+         client: in --smoke, otherwise only when named with --systems)";
 
 fn load_avg() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
@@ -520,20 +561,11 @@ fn load_avg() -> f64 {
 }
 
 fn main() {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    if matches!(
-        argv.first().map(String::as_str),
-        Some("compare" | "--compare")
-    ) {
-        std::process::exit(compare::main(&argv[1..]));
+    let mut cli = Cli::parse();
+    if let Some(Sub::Compare(c)) = cli.command.take() {
+        std::process::exit(compare::main(&c));
     }
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::from(cli);
     if args.callgrind {
         std::process::exit(callgrind(&args.bin_dir));
     }
@@ -592,27 +624,50 @@ fn main() {
     }
     let load = args.loaded.then(Load::start);
     let mut records: Vec<Record> = Vec::new();
-    for it in &items {
+    // On a terminal, a bar (series of how many, which one, ETA); otherwise (CI logs) a dot per
+    // series as before.
+    let n_peers = peers.len();
+    let bar = progress((items.len() * reps * n_peers) as u64, "series");
+    for (n, it) in items.iter().enumerate() {
         let cmd = command(args.mode, it);
         let mut outs: Vec<Vec<Outcome>> = vec![Vec::new(); peers.len()];
-        for _ in 0..reps {
+        for rep in 0..reps {
             for (i, p) in peers.iter_mut().enumerate() {
+                bar.set_message(format!(
+                    "{} ({}/{}) · {} ({}/{n_peers}){}",
+                    series_name(it),
+                    n + 1,
+                    items.len(),
+                    p.sys.name,
+                    i + 1,
+                    if reps > 1 {
+                        format!(" · rep {}/{reps}", rep + 1)
+                    } else {
+                        String::new()
+                    },
+                ));
                 outs[i].push(p.run(&cmd));
+                bar.inc(1);
             }
         }
         for (p, o) in peers.iter().zip(outs) {
             let r = Record::aggregate(it, p.sys.name, p.sys.transport, &o);
             if let Some(e) = &r.error {
                 let msg = format!("{} {} size {:?}: {e}", p.sys.name, it.cmd, it.size);
-                eprintln!("topspin-bench: FAILED {msg}");
+                bar.suspend(|| eprintln!("topspin-bench: FAILED {msg}"));
                 failures.push(msg);
             }
             records.push(r);
         }
-        eprint!(".");
-        let _ = std::io::stderr().flush();
+        if bar.is_hidden() {
+            eprint!(".");
+            let _ = std::io::stderr().flush();
+        }
     }
-    eprintln!();
+    if bar.is_hidden() {
+        eprintln!();
+    }
+    bar.finish_and_clear();
     let load_threads = load.map_or(0, Load::stop);
     for p in &mut peers {
         p.stop();
@@ -690,6 +745,33 @@ fn main() {
     }
 }
 
+/// A progress bar over `total` steps on stderr, drawn only when stderr is a terminal (hidden,
+/// so drawing nothing, in CI logs and when stderr is redirected).
+fn progress(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let style = ProgressStyle::with_template(&format!(
+        "{{bar:20}} {{pos}}/{{len}} {what} · ETA {{eta}} · {{wide_msg}}"
+    ))
+    .expect("valid template");
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    bar.set_style(style);
+    bar.enable_steady_tick(Duration::from_millis(500));
+    bar
+}
+
+/// A series as the progress bar names it: `echo 20 B`, `throughput 4×64`, `answer`.
+fn series_name(it: &Item) -> String {
+    match (it.workload, it.size) {
+        ("throughput", _) => format!("throughput {}×{}", it.connections, it.in_flight),
+        ("burst", _) => format!("burst of {}", it.in_flight),
+        (w, Some(n)) if w.starts_with("nymph_array") => format!("{w} {n}"),
+        (_, Some(n)) if it.cmd != "allocs_answer" => format!("{} {n} B", it.cmd),
+        _ => it.cmd.to_string(),
+    }
+}
+
 /// Instructions per call of topspin's hot path under callgrind: (Ir(N2) − Ir(N1)) / (N2 − N1)
 /// cancels start-up, connection set-up and warm-up.
 fn callgrind(bin_dir: &Path) -> i32 {
@@ -700,13 +782,15 @@ fn callgrind(bin_dir: &Path) -> i32 {
     }
     let dir = std::env::temp_dir().join(format!("topspin-callgrind-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    for (workload, transport, inflight) in [
+    let runs = [
         ("echo", "tcp", 1),
         ("answer", "tcp", 1),
         ("echo", "uds", 1),
         ("echo", "tcp", 64),
         ("structs", "tcp", 1),
-    ] {
+    ];
+    let bar = progress(runs.len() as u64 * 6, "valgrind runs");
+    for (workload, transport, inflight) in runs {
         // A structs call is ~50 M instructions: fewer calls (after 5 warm-up calls).
         let (n1, n2) = if workload == "structs" {
             (10u64, 30u64)
@@ -721,6 +805,10 @@ fn callgrind(bin_dir: &Path) -> i32 {
             let mut irs = Vec::new();
             for n in [n1, n2] {
                 let out = dir.join(format!("{workload}-{transport}-x{inflight}-{n}-{rep}.out"));
+                bar.set_message(format!(
+                    "{workload} {transport} ×{inflight} · {n} calls · pair {}/3",
+                    rep + 1
+                ));
                 let mut c = Command::new("valgrind");
                 c.arg("--tool=callgrind")
                     .arg(format!("--callgrind-out-file={}", out.display()))
@@ -730,9 +818,12 @@ fn callgrind(bin_dir: &Path) -> i32 {
                 if transport == "uds" {
                     c.arg("--uds");
                 }
-                match c.stdout(Stdio::null()).stderr(Stdio::null()).status() {
+                let status = c.stdout(Stdio::null()).stderr(Stdio::null()).status();
+                bar.inc(1);
+                match status {
                     Ok(s) if s.success() => {}
                     other => {
+                        bar.finish_and_clear();
                         eprintln!("valgrind failed: {other:?} (is valgrind installed?)");
                         return 1;
                     }
@@ -748,6 +839,7 @@ fn callgrind(bin_dir: &Path) -> i32 {
                 match total {
                     Some(t) => irs.push(t),
                     None => {
+                        bar.finish_and_clear();
                         eprintln!("no instruction total in {}", out.display());
                         return 1;
                     }
@@ -758,7 +850,8 @@ fn callgrind(bin_dir: &Path) -> i32 {
         }
         let all = per_call.clone();
         per_call.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-        println!(
+        bar.suspend(|| {
+            println!(
             "topspin {workload} {}{transport}{}: {:.0} instructions per call (client + server; \
              median of 3: {}); profile: {}",
             if workload == "echo" { "20 B " } else { "" },
@@ -773,8 +866,10 @@ fn callgrind(bin_dir: &Path) -> i32 {
                 .collect::<Vec<_>>()
                 .join(", "),
             last.map(|p| p.display().to_string()).unwrap_or_default()
-        );
+        )
+        });
     }
+    bar.finish_and_clear();
     println!("inspect a profile with: callgrind_annotate --inclusive=yes <file> | head -60");
     0
 }
@@ -793,15 +888,26 @@ fn syscalls(args: &Args) -> i32 {
         "  {:<12} {:>16} {:>16} {:>16}   echo: top syscalls",
         "system", "echo 20 B: all", "echo: writes", "burst: writes"
     );
-    for sys in SYSTEMS.iter().filter(|s| match &args.systems {
-        Some(l) => l.iter().any(|n| n == s.name),
-        None => !matches!(s.transport, "tls" | "ws" | "shm") && !opt_in(s),
-    }) {
+    let systems: Vec<&System> = SYSTEMS
+        .iter()
+        .filter(|s| match &args.systems {
+            Some(l) => l.iter().any(|n| n == s.name),
+            None => !matches!(s.transport, "tls" | "ws" | "shm") && !opt_in(s),
+        })
+        .collect();
+    let bar = progress(systems.len() as u64 * 4, "strace runs");
+    for (i, sys) in systems.iter().enumerate() {
         let mut cols: Vec<String> = Vec::new();
         let mut top = String::new();
         for workload in ["echo", "burst"] {
             let mut counts = Vec::new();
             for n in [n1, n2] {
+                bar.set_message(format!(
+                    "{} ({}/{}) · {workload} · {n} calls",
+                    sys.name,
+                    i + 1,
+                    systems.len()
+                ));
                 let out = dir.join(format!("{}-{workload}-{n}.txt", sys.name));
                 let cmd = Cmd {
                     workload: workload.into(),
@@ -823,6 +929,7 @@ fn syscalls(args: &Args) -> i32 {
                     .stderr(Stdio::null())
                     .spawn();
                 let Ok(mut child) = child else {
+                    bar.finish_and_clear();
                     eprintln!("could not run strace (is it installed?)");
                     return 1;
                 };
@@ -839,6 +946,7 @@ fn syscalls(args: &Args) -> i32 {
                     }
                 }
                 let _ = child.wait();
+                bar.inc(1);
                 let o: Outcome = serde_json::from_str(&reply).unwrap_or_default();
                 counts.push((strace_counts(&out), o.unsupported));
             }
@@ -876,11 +984,14 @@ fn syscalls(args: &Args) -> i32 {
         while cols.len() < 3 {
             cols.push("—".into());
         }
-        println!(
-            "  {:<12} {:>16} {:>16} {:>16}   {}",
-            sys.name, cols[0], cols[1], cols[2], top
-        );
+        bar.suspend(|| {
+            println!(
+                "  {:<12} {:>16} {:>16} {:>16}   {}",
+                sys.name, cols[0], cols[1], cols[2], top
+            )
+        });
     }
+    bar.finish_and_clear();
     0
 }
 
@@ -901,4 +1012,113 @@ fn strace_counts(path: &Path) -> std::collections::HashMap<String, u64> {
         }
     }
     m
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Args {
+        let cli = Cli::try_parse_from(std::iter::once("topspin-bench").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        assert!(cli.command.is_none());
+        Args::from(cli)
+    }
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// The forms scripts/bench.sh, scripts/test.sh, CI and the README use.
+    #[test]
+    fn every_option_keeps_its_spelling() {
+        assert_eq!(parse(&[]).mode, Mode::Full);
+        assert_eq!(parse(&["--full"]).mode, Mode::Full);
+        let a = parse(&[
+            "--quick",
+            "--json",
+            "out/quick.json",
+            "--plots",
+            "out",
+            "--systems",
+            "raw,topspin,tarpc",
+            "--workloads",
+            "echo,allocs_echo",
+            "--reps",
+            "2",
+            "--bin-dir",
+            "/x",
+            "--separate-processes",
+            "--loaded",
+        ]);
+        assert_eq!(a.mode, Mode::Quick);
+        assert_eq!(a.json, Some(PathBuf::from("out/quick.json")));
+        assert_eq!(a.plots, Some(PathBuf::from("out")));
+        assert_eq!(
+            a.systems,
+            Some(vec!["raw".into(), "topspin".into(), "tarpc".into()])
+        );
+        assert_eq!(a.workloads, Some(vec!["echo".into(), "allocs_echo".into()]));
+        assert_eq!(a.reps, Some(2));
+        assert_eq!(a.bin_dir, PathBuf::from("/x"));
+        assert!(a.separate && a.loaded && !a.callgrind && !a.syscalls);
+        let a = parse(&["--smoke", "--systems", "raw"]);
+        assert_eq!(a.mode, Mode::Smoke);
+        assert!(parse(&["--callgrind"]).callgrind);
+        assert!(parse(&["--syscalls", "--systems", "raw"]).syscalls);
+    }
+
+    /// As the hand-written parser had it: the last of the modes and of a repeated option wins.
+    #[test]
+    fn the_last_one_wins() {
+        assert_eq!(parse(&["--quick", "--smoke"]).mode, Mode::Smoke);
+        assert_eq!(parse(&["--smoke", "--quick"]).mode, Mode::Quick);
+        assert_eq!(parse(&["--smoke", "--full"]).mode, Mode::Full);
+        let a = parse(&[
+            "--systems",
+            "raw,tonic",
+            "--systems",
+            "topspin",
+            "--reps",
+            "1",
+            "--reps",
+            "4",
+        ]);
+        assert_eq!(a.systems, Some(vec!["topspin".into()]));
+        assert_eq!(a.reps, Some(4));
+    }
+
+    #[test]
+    fn compare_and_its_flag_form() {
+        for first in ["compare", "--compare"] {
+            let cli = Cli::try_parse_from([
+                "topspin-bench",
+                first,
+                "b.json",
+                "a.json",
+                "--threshold",
+                "5%",
+            ])
+            .unwrap_or_else(|e| panic!("{first}: {e}"));
+            let Some(Sub::Compare(c)) = cli.command else {
+                panic!("{first}: no compare");
+            };
+            assert_eq!((c.before.as_str(), c.after.as_str()), ("b.json", "a.json"));
+            assert_eq!(c.threshold, Some(5.0));
+        }
+        for bad in [
+            &["compare", "b.json", "a.json", "--threshold", "-1"][..],
+            &["compare", "b.json", "a.json", "--threshold", "x"],
+            &["compare", "b.json"],
+            &["--reps", "many"],
+            &["--quik"],
+        ] {
+            let e =
+                Cli::try_parse_from(std::iter::once("topspin-bench").chain(bad.iter().copied()))
+                    .expect_err("rejected");
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+    }
 }

@@ -32,32 +32,22 @@ const BIDI: &str = "/soak.S/Bidi";
 /// The server's `max_message_size`; the oversize calls send one byte more.
 const MAX_MESSAGE: usize = 1 << 20;
 
+/// A soak test: a server and several clients in one process making mixed calls (unary,
+/// streaming, cancelled, past their deadline, oversized, dropped mid-call, aborted mid-frame)
+/// while a line of gauges is printed every second; exits non-zero if a call or a reserved byte
+/// is left over at the end, or a call that should have succeeded failed.
+#[derive(clap::Parser, Debug)]
+#[command(name = "soak")]
 struct Args {
+    /// How long the clients keep calling
+    #[arg(long, value_name = "N", default_value_t = 60)]
     seconds: u64,
+    /// Client tasks, each with channels of its own
+    #[arg(long, value_name = "N", default_value_t = 4)]
     clients: usize,
+    /// Where the per-second gauges go (CSV, the printed columns)
+    #[arg(long, value_name = "PATH", default_value = "soak.csv")]
     csv: String,
-}
-
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        seconds: 60,
-        clients: 4,
-        csv: "soak.csv".into(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--seconds" => a.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?,
-            "--clients" => a.clients = value()?.parse().map_err(|e| format!("--clients: {e}"))?,
-            "--csv" => a.csv = value()?,
-            "-h" | "--help" => {
-                return Err("usage: soak [--seconds N] [--clients N] [--csv PATH]".into())
-            }
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(a)
 }
 
 /// Outcomes by name ("ok", a status code's name, or "unexpected").
@@ -375,13 +365,7 @@ async fn quiet(gauges: &Gauges, within: Duration) -> GaugeSnapshot {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let a = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("soak: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a: Args = clap::Parser::parse();
     let server = server_builder().bind("tcp://127.0.0.1:0").await?;
     let addr = server.local_addr().clone();
     let tcp = match &addr {

@@ -9,7 +9,8 @@
 //! the child's CPU time is read through its CPU-time clock (`clock_getcpuclockid`). So CPU and
 //! allocations per call stay client + server in both placements.
 //!
-//! A peer's `main` does:
+//! A peer's command line flattens [`Placement`] into its own (clap) arguments and hands it to
+//! [`init`] first; then its `main` does:
 //! ```ignore
 //! let addr = match placement::separate_server() {
 //!     Some(a) => a,                  // the server is a child process at `a`
@@ -41,14 +42,40 @@ struct ServerChild {
 static CHILD: OnceLock<Option<Mutex<ServerChild>>> = OnceLock::new();
 static CHILD_PID: AtomicI32 = AtomicI32::new(0);
 
+/// The placement flags every peer accepts (`#[command(flatten)]` into its arguments).
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct Placement {
+    /// The server in a child process of its own (this program again, with --server-only),
+    /// over loopback TCP or a Unix socket; default: in this process beside the client
+    #[arg(long = "separate-processes")]
+    pub separate: bool,
+    /// Run as that child: bind the server, print `listening ADDR`, serve until stdin closes
+    #[arg(long = "server-only", hide_short_help = true)]
+    pub server_only: bool,
+}
+
+static PLACEMENT: OnceLock<Placement> = OnceLock::new();
+
+/// Sets this process's placement (from its parsed arguments); call it before anything else of
+/// this module.
+pub fn init(p: Placement) {
+    let _ = PLACEMENT.set(p);
+}
+
+fn placement() -> Placement {
+    *PLACEMENT
+        .get()
+        .expect("placement::init with the parsed arguments first")
+}
+
 /// True when this process was started with `--separate-processes`.
 pub fn is_separate() -> bool {
-    std::env::args().any(|a| a == SEPARATE)
+    placement().separate
 }
 
 /// True when this process is a server-only child.
 pub fn is_server_only() -> bool {
-    std::env::args().any(|a| a == SERVER_ONLY)
+    placement().server_only
 }
 
 /// With `--separate-processes`: starts (once) the server child and returns the address it
@@ -63,7 +90,11 @@ pub fn separate_server() -> Option<String> {
     let mut addr = None;
     CHILD.get_or_init(|| {
         let exe = std::env::current_exe().expect("own executable");
-        let args: Vec<String> = std::env::args().skip(1).filter(|a| a != SEPARATE).collect();
+        // The same arguments, passed on as they came, less the one that made the child.
+        let args: Vec<std::ffi::OsString> = std::env::args_os()
+            .skip(1)
+            .filter(|a| a != SEPARATE)
+            .collect();
         let mut child = Command::new(exe)
             .args(&args)
             .arg(SERVER_ONLY)

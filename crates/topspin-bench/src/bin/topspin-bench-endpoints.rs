@@ -21,6 +21,7 @@
 //!   capacity, as real services have): what more endpoints buy.
 
 use bytes::Bytes;
+use clap::Parser;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,34 +38,60 @@ const COUNTS: [usize; 3] = [1, 2, 4];
 /// connections tells what comes from more connections rather than more servers.
 const POINTS: [(usize, usize); 4] = [(1, 1), (1, 4), (2, 1), (4, 1)];
 
-fn flag(name: &str) -> Option<String> {
-    let mut args = std::env::args();
-    while let Some(a) = args.next() {
-        if a == name {
-            return args.next();
-        }
-    }
-    None
+/// Endpoint scaling: a balanced topspin channel over 1, 2 and 4 servers, calls per second
+/// (an echo workload and a fixed-capacity one). As root (where `ip netns` works) every server
+/// runs in a network namespace of its own, otherwise on loopback ports.
+#[derive(Parser, Debug)]
+#[command(name = env!("CARGO_BIN_NAME"))]
+struct Cli {
+    #[command(subcommand)]
+    role: Option<Role>,
+    /// Servers on loopback ports even as root (no network namespaces)
+    #[arg(long)]
+    loopback: bool,
+    /// Seconds per point
+    #[arg(long, value_name = "S", default_value_t = 3.0)]
+    secs: f64,
+    /// Unary calls the client keeps in flight
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    inflight: usize,
+}
+
+/// The processes this program starts of itself.
+#[derive(clap::Subcommand, Debug)]
+enum Role {
+    /// One server on ADDRESS (started by this program): `Echo` answers at once, `Work` takes
+    /// 2 ms, at most 16 at a time; prints `LISTENING ADDRESS`
+    Serve { address: String },
+    /// The client (started by this program): balances over ADDRESS… and prints
+    /// `RATE <calls/s>`
+    Drive {
+        /// echo, or anything else for the fixed-capacity work
+        workload: String,
+        secs: f64,
+        inflight: usize,
+        /// Connections per endpoint
+        connections: usize,
+        #[arg(required = true)]
+        addresses: Vec<String>,
+    },
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    match args.get(1).map(String::as_str) {
-        Some("serve") => return serve(&args[2]),
-        Some("drive") => return drive(&args[2..]),
-        Some("--help") | Some("-h") => {
-            println!(
-                "topspin-bench-endpoints [--loopback] [--secs S] [--inflight N]: calls/s over 1, 2, 4 endpoints"
-            );
-            return;
-        }
-        _ => {}
+    let cli = Cli::parse();
+    match cli.role {
+        Some(Role::Serve { address }) => return serve(&address),
+        Some(Role::Drive {
+            workload,
+            secs,
+            inflight,
+            connections,
+            addresses,
+        }) => return drive(&workload, secs, inflight, connections, addresses),
+        None => {}
     }
-    let secs: f64 = flag("--secs").and_then(|s| s.parse().ok()).unwrap_or(3.0);
-    let inflight: usize = flag("--inflight")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(128);
-    let netns = !args.iter().any(|a| a == "--loopback") && netns_usable();
+    let (secs, inflight) = (cli.secs, cli.inflight);
+    let netns = !cli.loopback && netns_usable();
     cleanup();
     let result = std::panic::catch_unwind(|| run(netns, secs, inflight));
     cleanup();
@@ -283,12 +310,8 @@ fn serve(address: &str) {
 }
 
 /// The client: `drive WORKLOAD SECS INFLIGHT CONNECTIONS ADDRESS…`; prints `RATE <calls/s>`.
-fn drive(args: &[String]) {
-    let method = if args[0] == "echo" { ECHO } else { WORK };
-    let secs: f64 = args[1].parse().unwrap_or(3.0);
-    let inflight: usize = args[2].parse().unwrap_or(128);
-    let connections: usize = args[3].parse().unwrap_or(1);
-    let addresses = args[4..].to_vec();
+fn drive(workload: &str, secs: f64, inflight: usize, connections: usize, addresses: Vec<String>) {
+    let method = if workload == "echo" { ECHO } else { WORK };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -20,6 +20,7 @@
 //! blocking tungstenite, the crate topspin's WebSocket uses: the WebSocket floor).
 
 use bytes::Bytes;
+use clap::{CommandFactory, Parser};
 use prost::Message;
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -734,19 +735,54 @@ fn layered_main(tls: bool) {
     }
 }
 
+/// The raw-socket floor: length-prefixed frames over blocking sockets, no framework (peer `raw`
+/// over TCP by default). A topspin-bench peer: started by topspin-bench, it prints `ready NAME`,
+/// then answers one JSON command per line of stdin until `quit`.
+#[derive(Parser, Debug)]
+#[command(name = env!("CARGO_BIN_NAME"))]
+struct Cli {
+    /// Over a Unix socket (`raw-uds`)
+    #[arg(long)]
+    uds: bool,
+    /// Through a shared-memory ring per direction (`raw-shm`)
+    #[arg(long, hide = cfg!(feature = "layered"))]
+    shm: bool,
+    /// Over blocking rustls (`raw-tls`; the topspin-bench-raw-layered build)
+    #[arg(long, hide = cfg!(not(feature = "layered")))]
+    tls: bool,
+    /// In binary messages of blocking tungstenite (`raw-ws`; the topspin-bench-raw-layered
+    /// build)
+    #[arg(long, hide = cfg!(not(feature = "layered")))]
+    ws: bool,
+    #[command(flatten)]
+    placement: common::placement::Placement,
+}
+
 fn main() {
-    #[cfg(feature = "layered")]
-    {
-        let tls = std::env::args().any(|a| a == "--tls");
-        if tls || std::env::args().any(|a| a == "--ws") {
-            return layered_main(tls);
-        }
+    let cli = Cli::parse();
+    let (build, unbuilt) = if cfg!(feature = "layered") {
+        ("topspin-bench-raw-layered", [("--shm", cli.shm)])
+    } else {
+        ("topspin-bench-raw", [("--tls or --ws", cli.tls || cli.ws)])
+    };
+    if let Some((flag, _)) = unbuilt.iter().find(|f| f.1) {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("{flag} is not in the {build} build"),
+            )
+            .exit();
     }
-    let uds = std::env::args().any(|a| a == "--uds");
+    common::placement::init(cli.placement);
+    #[cfg(feature = "layered")]
+    if cli.tls || cli.ws {
+        return layered_main(cli.tls);
+    }
+    let uds = cli.uds;
     common::blob_pool();
     structs_encoded();
     #[cfg(not(feature = "layered"))]
-    if std::env::args().any(|a| a == "--shm") {
+    if cli.shm {
         let mut clients: Vec<_> = (0..CONNS)
             .map(|_| {
                 let (c, s) = shm::pair();

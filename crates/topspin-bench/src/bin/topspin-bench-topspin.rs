@@ -7,6 +7,7 @@
 //! `websocket`) as `topspin-bench-topspin-layered`: `--tls` is `topspin-tls` (tls://, a
 //! certificate made at start, ALPN topspin/1), `--ws` is `topspin-ws` (ws://127.0.0.1:P/).
 
+use clap::{CommandFactory, Parser};
 use std::time::Duration;
 #[cfg(feature = "layered")]
 #[path = "../../peers/layered/src/pki.rs"]
@@ -210,14 +211,59 @@ impl AsyncCall for Client {
 
 const CONNS: usize = 4;
 
+/// topspin's generated `BenchClient` and `BenchServer`, default settings (peer `topspin` over
+/// tcp:// by default). A topspin-bench peer: started by topspin-bench, it prints `ready NAME`,
+/// then answers one JSON command per line of stdin until `quit`.
+#[derive(Parser, Debug)]
+#[command(name = env!("CARGO_BIN_NAME"))]
+struct Cli {
+    /// Over a Unix socket, unix:// (`topspin-uds`)
+    #[arg(long)]
+    uds: bool,
+    /// Through shared memory, shm:// (`topspin-shm`)
+    #[arg(long)]
+    shm: bool,
+    /// Over tls:// (`topspin-tls`; the topspin-bench-topspin-layered build)
+    #[arg(long, hide = cfg!(not(feature = "layered")))]
+    tls: bool,
+    /// Over ws:// (`topspin-ws`; the topspin-bench-topspin-layered build)
+    #[arg(long, hide = cfg!(not(feature = "layered")))]
+    ws: bool,
+    /// No commands on stdin: 200 warm-up calls (5 for structs), then N calls, then exit; for
+    /// instruction counts under valgrind (topspin-bench --callgrind runs it twice with
+    /// different N). The server gets one worker thread
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "1000")]
+    callgrind: Option<u32>,
+    /// With --callgrind: the call, echo (20 B), answer or structs
+    #[arg(
+        long,
+        value_name = "WORKLOAD",
+        default_value = "echo",
+        requires = "callgrind"
+    )]
+    workload: String,
+    /// With --callgrind: K calls at a time (the throughput shape), N in all
+    #[arg(long, value_name = "K", default_value_t = 1, requires = "callgrind")]
+    inflight: u32,
+    #[command(flatten)]
+    placement: common::placement::Placement,
+}
+
 fn main() {
-    let uds = std::env::args().any(|a| a == "--uds");
-    let shm = std::env::args().any(|a| a == "--shm");
+    let cli = Cli::parse();
+    if cfg!(not(feature = "layered")) && (cli.tls || cli.ws) {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--tls and --ws are in the topspin-bench-topspin-layered build",
+            )
+            .exit();
+    }
+    common::placement::init(cli.placement);
+    let (uds, shm, tls, ws) = (cli.uds, cli.shm, cli.tls, cli.ws);
     common::blob_pool();
     common::students();
-    let callgrind_mode = std::env::args().any(|a| a == "--callgrind");
-    let tls = std::env::args().any(|a| a == "--tls");
-    let ws = std::env::args().any(|a| a == "--ws");
+    let callgrind_mode = cli.callgrind.is_some();
     #[cfg(feature = "layered")]
     let pki = pki::make();
     // The server: in this process on its own runtime (default), or a child process of its own
@@ -296,8 +342,8 @@ fn main() {
         (true, _, _) => "topspin-uds",
         _ => "topspin",
     };
-    if callgrind_mode {
-        callgrind(&rt, &clients[0]);
+    if let Some(n) = cli.callgrind {
+        callgrind(&rt, &clients[0], n, &cli.workload, cli.inflight);
     } else {
         common::serve_commands(name, |cmd| rt.block_on(common::run_async(&clients, cmd)));
     }
@@ -309,28 +355,14 @@ fn main() {
 
 /// `--callgrind N`: 200 warm-up echo calls of 20 B, then N more; run under valgrind twice with
 /// different N and divide the difference of instruction counts by the difference of N.
-fn callgrind(rt: &tokio::runtime::Runtime, c: &Client) {
-    let n: u32 = std::env::args()
-        .skip_while(|a| a != "--callgrind")
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1000);
-    let what = std::env::args()
-        .skip_while(|a| a != "--workload")
-        .nth(1)
-        .unwrap_or_else(|| "echo".into());
-    let input = match what.as_str() {
+/// `inflight` (`--inflight K`): K calls at a time (the throughput shape), n in all.
+fn callgrind(rt: &tokio::runtime::Runtime, c: &Client, n: u32, what: &str, inflight: u32) {
+    let input = match what {
         "answer" => Input::Answer(common::ANSWER_N),
         "structs" => Input::Structs,
         _ => Input::Echo(common::payload(20)),
     };
-    // `--inflight K`: K calls at a time (the throughput shape), n in all.
-    let inflight: u32 = std::env::args()
-        .skip_while(|a| a != "--inflight")
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
-        .max(1);
+    let inflight = inflight.max(1);
     rt.block_on(async {
         let warm = if what == "structs" { 5 } else { 200 };
         for i in 0..warm {

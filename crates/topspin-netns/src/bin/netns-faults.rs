@@ -32,10 +32,30 @@ const PORT: u16 = 50051;
 /// Replica 3 is reached through the fault proxy.
 const PROXIED: usize = 3;
 
+/// The fault test of balanced channels across network namespaces (run as root): builds the
+/// network, starts four netns-server replicas and a client, injects the faults, checks every
+/// call against the servers' logs. Prints SKIP (exit 0) where namespaces cannot be used, unless
+/// TOPSPIN_REQUIRE_NETNS is set.
+#[derive(clap::Parser, Debug)]
+#[command(name = "netns-faults")]
+struct Args {
+    #[command(subcommand)]
+    role: Option<Role>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Role {
+    /// The client, in its namespace (started by the orchestrator): takes the phases on stdin
+    Client {
+        /// The run's directory
+        dir: std::path::PathBuf,
+    },
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("client") {
-        return client::main(&args[2..]);
+    let args: Args = clap::Parser::parse();
+    if let Some(Role::Client { dir }) = args.role {
+        return client::main(dir);
     }
     if let Some(why) = unavailable() {
         println!("SKIP netns fault test: {why}");
@@ -567,11 +587,7 @@ mod client {
         }
     }
 
-    pub(super) fn main(args: &[String]) {
-        let Some(dir) = args.first().map(std::path::PathBuf::from) else {
-            eprintln!("usage: netns-faults client DIR");
-            std::process::exit(2);
-        };
+    pub(super) fn main(dir: std::path::PathBuf) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

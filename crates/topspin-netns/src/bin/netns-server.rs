@@ -18,23 +18,26 @@ use topspin::{Request, Response, Server, Status};
 /// The replica's method.
 const CALL: &str = "/netns.Replica/Call";
 
-fn arg(name: &str) -> Option<String> {
-    let mut args = std::env::args();
-    while let Some(a) = args.next() {
-        if a == name {
-            return args.next();
-        }
-    }
-    None
+/// One replica of the netns fault test: answers `/netns.Replica/Call` with NAME after appending
+/// the request's id to FILE. SIGUSR1: health NOT_SERVING, SIGUSR2: SERVING; SIGTERM or Ctrl-C:
+/// graceful shutdown.
+#[derive(clap::Parser, Debug)]
+#[command(name = "netns-server")]
+struct Args {
+    /// Where to listen, e.g. tcp://10.77.1.2:50051
+    #[arg(long, value_name = "ADDRESS")]
+    listen: String,
+    /// The name it answers with (s1, s2, …)
+    #[arg(long)]
+    name: String,
+    /// The execution log: one `id.attempt` line per call run, written before the answer
+    #[arg(long, value_name = "FILE")]
+    log: String,
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let (Some(listen), Some(name), Some(log)) = (arg("--listen"), arg("--name"), arg("--log"))
-    else {
-        eprintln!("usage: netns-server --listen ADDRESS --name NAME --log FILE");
-        std::process::exit(2);
-    };
+    let Args { listen, name, log } = clap::Parser::parse();
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

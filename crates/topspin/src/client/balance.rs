@@ -24,7 +24,7 @@ use super::pool::{Pending, Pool};
 use super::resolve::{DnsResolver, Resolver};
 use super::{Channel, Endpoint};
 use crate::{Address, Code, Request, Status};
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::stream::{BoxStream, StreamExt};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -743,27 +743,53 @@ impl Keeper {
 /// The `grpc.health.v1.Health/Watch` method.
 const WATCH: &str = "/grpc.health.v1.Health/Watch";
 
-/// Protobuf messages encoded by hand: bytes both ways under the protobuf codec id, which is
-/// what a `grpc.health.v1` server (such as `topspin-health`) registers.
-#[derive(Clone, Copy, Debug)]
-struct Protobuf;
+/// `grpc.health.v1.HealthCheckRequest`, as `topspin-health`'s proto/grpc/health/v1/health.proto
+/// has it (that crate depends on this one, so its generated types cannot be used here).
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckRequest {
+    #[prost(string, tag = "1")]
+    service: String,
+}
 
-impl crate::codec::Codec for Protobuf {
-    type Encode = Bytes;
-    type Decode = Bytes;
+/// `grpc.health.v1.HealthCheckResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckResponse {
+    #[prost(enumeration = "ServingStatus", tag = "1")]
+    status: i32,
+}
+
+/// `grpc.health.v1.HealthCheckResponse.ServingStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+enum ServingStatus {
+    Unknown = 0,
+    Serving = 1,
+    NotServing = 2,
+    ServiceUnknown = 3,
+}
+
+/// The health messages through prost, under the protobuf codec id (what a `grpc.health.v1`
+/// server such as `topspin-health` registers). An answer that does not decode is `None` (the
+/// endpoint counts as not serving) rather than an error that would end the watch.
+#[derive(Clone, Copy, Debug)]
+struct HealthCodec;
+
+impl crate::codec::Codec for HealthCodec {
+    type Encode = HealthCheckRequest;
+    type Decode = Option<HealthCheckResponse>;
     const ID: u8 = crate::codec::CODEC_PROTOBUF;
-    fn encode(&self, item: Bytes) -> Result<Bytes, Status> {
-        Ok(item)
+    fn encode(&self, item: HealthCheckRequest) -> Result<Bytes, Status> {
+        Ok(prost::Message::encode_to_vec(&item).into())
     }
-    fn decode(&self, buf: Bytes) -> Result<Bytes, Status> {
-        Ok(buf)
+    fn decode(&self, buf: Bytes) -> Result<Option<HealthCheckResponse>, Status> {
+        Ok(prost::Message::decode(buf).ok())
     }
 }
 
 /// Watches one endpoint's health for as long as the subchannel lives.
 async fn watch_health(pool: Arc<Pool>, st: Arc<SubState>, changed: Arc<Notify>, service: String) {
     let channel = Channel::from_shared(pool.clone());
-    let request = health_request(&service);
+    let request = HealthCheckRequest { service };
     let set = |v: u8| {
         if st.health.swap(v, Ordering::AcqRel) != v {
             changed.notify_waiters();
@@ -771,7 +797,7 @@ async fn watch_health(pool: Arc<Pool>, st: Arc<SubState>, changed: Arc<Notify>, 
     };
     loop {
         let r = channel
-            .server_streaming(Protobuf, WATCH, Request::new(request.clone()))
+            .server_streaming(HealthCodec, WATCH, Request::new(request.clone()))
             .await;
         // A call that fails before any answer fails on its stream's first item.
         let end = match r {
@@ -779,8 +805,8 @@ async fn watch_health(pool: Arc<Pool>, st: Arc<SubState>, changed: Arc<Notify>, 
                 let mut answers = resp.into_inner();
                 loop {
                     match answers.message().await {
-                        Ok(Some(m)) => set(match health_status(&m) {
-                            Some(1) => SERVING,
+                        Ok(Some(m)) => set(match m.map(|r| r.status()) {
+                            Some(ServingStatus::Serving) => SERVING,
                             _ => NOT_SERVING,
                         }),
                         Ok(None) => break None,
@@ -802,61 +828,6 @@ async fn watch_health(pool: Arc<Pool>, st: Arc<SubState>, changed: Arc<Notify>, 
         let pause = Duration::from_millis(250 + fastrand::u64(..250));
         tokio::time::sleep(pause).await;
     }
-}
-
-/// A `HealthCheckRequest { string service = 1; }`.
-fn health_request(service: &str) -> Bytes {
-    // Sized by the application's own service name, not by anything a peer sends.
-    let mut b = BytesMut::with_capacity(service.len() + 6);
-    if !service.is_empty() {
-        b.put_u8(0x0a);
-        put_varint(&mut b, service.len() as u64);
-        b.put_slice(service.as_bytes());
-    }
-    b.freeze()
-}
-
-fn put_varint(b: &mut BytesMut, mut v: u64) {
-    while v >= 0x80 {
-        b.put_u8((v as u8) | 0x80);
-        v >>= 7;
-    }
-    b.put_u8(v as u8);
-}
-
-fn varint(b: &mut &[u8]) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&byte, rest) = b.split_first()?;
-        *b = rest;
-        v |= u64::from(byte & 0x7f) << shift;
-        if byte < 0x80 {
-            return Some(v);
-        }
-    }
-    None
-}
-
-/// The `status` of a `HealthCheckResponse` (0 when absent); `None` if malformed.
-fn health_status(mut m: &[u8]) -> Option<u64> {
-    let mut status = 0;
-    while !m.is_empty() {
-        let key = varint(&mut m)?;
-        match (key >> 3, key & 7) {
-            (1, 0) => status = varint(&mut m)?,
-            (_, 0) => {
-                varint(&mut m)?;
-            }
-            (_, 1) => m = m.get(8..)?,
-            (_, 5) => m = m.get(4..)?,
-            (_, 2) => {
-                let len = usize::try_from(varint(&mut m)?).ok()?;
-                m = m.get(len..)?;
-            }
-            _ => return None,
-        }
-    }
-    Some(status)
 }
 
 #[cfg(test)]
@@ -906,12 +877,26 @@ mod tests {
 
     #[test]
     fn health_messages() {
-        assert!(health_request("").is_empty());
-        assert_eq!(&health_request("kv")[..], &[0x0a, 2, b'k', b'v']);
-        assert_eq!(health_status(&[0x08, 1]), Some(1));
-        assert_eq!(health_status(&[]), Some(0));
-        assert_eq!(health_status(&[0x12, 1, b'x', 0x08, 2]), Some(2));
-        assert_eq!(health_status(&[0x08]), None);
-        assert_eq!(health_status(&[0x12, 9, 1]), None);
+        use crate::codec::Codec;
+        let request = |service: &str| {
+            HealthCodec
+                .encode(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .expect("encodes")
+        };
+        assert!(request("").is_empty());
+        assert_eq!(&request("kv")[..], &[0x0a, 2, b'k', b'v']);
+        let status = |b: &'static [u8]| {
+            HealthCodec
+                .decode(Bytes::from_static(b))
+                .expect("never an error")
+                .map(|r| r.status)
+        };
+        assert_eq!(status(&[0x08, 1]), Some(1));
+        assert_eq!(status(&[]), Some(0));
+        assert_eq!(status(&[0x12, 1, b'x', 0x08, 2]), Some(2));
+        assert_eq!(status(&[0x08]), None);
+        assert_eq!(status(&[0x12, 9, 1]), None);
     }
 }

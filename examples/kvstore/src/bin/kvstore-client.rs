@@ -9,59 +9,95 @@
 //! kvstore-client ADDRESS get-many KEY...     one bidirectional stream
 //! ```
 
+use clap::{Parser, Subcommand};
 use futures_util::stream;
 use kvstore::kv::{self, event::Kind, mutation::Op};
 use topspin::{Request, Status};
 
-const USAGE: &str = "usage: kvstore-client ADDRESS (get KEY | put KEY VALUE | delete KEY | watch [PREFIX] | apply KEY=VALUE... | get-many KEY...)";
+/// A command-line client of the key-value store (the generated `StoreClient`).
+#[derive(Parser, Debug)]
+#[command(name = "kvstore-client")]
+struct Args {
+    /// The server: tcp://HOST:PORT, unix://PATH, ws://…
+    address: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Prints KEY's value and version
+    Get {
+        #[arg(allow_hyphen_values = true)]
+        key: String,
+    },
+    /// Sets KEY to VALUE; prints the new version
+    Put {
+        #[arg(allow_hyphen_values = true)]
+        key: String,
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+    /// Deletes KEY; prints `deleted` or `absent`
+    Delete {
+        #[arg(allow_hyphen_values = true)]
+        key: String,
+    },
+    /// Prints the entries under PREFIX (default: all), then every change, until Ctrl-C
+    Watch {
+        #[arg(allow_hyphen_values = true)]
+        prefix: Option<String>,
+    },
+    /// Puts every KEY=VALUE in one client stream
+    Apply {
+        #[arg(value_name = "KEY=VALUE", allow_hyphen_values = true)]
+        pairs: Vec<String>,
+    },
+    /// Gets every KEY over one bidirectional stream
+    GetMany {
+        #[arg(value_name = "KEY", allow_hyphen_values = true)]
+        keys: Vec<String>,
+    },
+}
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() < 2 {
-        eprintln!("{USAGE}");
-        std::process::exit(2);
-    }
-    if let Err(e) = run(&args[0], &args[1], &args[2..]).await {
+    let args = Args::parse();
+    if let Err(e) = run(&args.address, args.command).await {
         eprintln!("kvstore-client: {e}");
         std::process::exit(1);
     }
 }
 
-async fn run(address: &str, command: &str, rest: &[String]) -> Result<(), Status> {
+async fn run(address: &str, command: Command) -> Result<(), Status> {
     let client = kv::StoreClient::connect(address).await?;
-    let key = |i: usize| -> Result<String, Status> {
-        rest.get(i)
-            .cloned()
-            .ok_or_else(|| Status::invalid_argument(USAGE))
-    };
     match command {
-        "get" => {
+        Command::Get { key } => {
             let e = client
-                .get(Request::new(kv::GetRequest { key: key(0)? }))
+                .get(Request::new(kv::GetRequest { key }))
                 .await?
                 .into_inner();
             println!("{} = {} (version {})", e.key, e.value, e.version);
         }
-        "put" => {
+        Command::Put { key, value } => {
             let put = kv::PutRequest {
-                key: key(0)?,
-                value: key(1)?,
+                key,
+                value,
                 expected_version: None,
             };
             let r = client.put(Request::new(put)).await?.into_inner();
             println!("version {}", r.version);
         }
-        "delete" => {
+        Command::Delete { key } => {
             let r = client
-                .delete(Request::new(kv::DeleteRequest { key: key(0)? }))
+                .delete(Request::new(kv::DeleteRequest { key }))
                 .await?
                 .into_inner();
             println!("{}", if r.existed { "deleted" } else { "absent" });
         }
-        "watch" => {
+        Command::Watch { prefix } => {
             let req = kv::WatchRequest {
-                prefix: rest.first().cloned().unwrap_or_default(),
+                prefix: prefix.unwrap_or_default(),
                 include_existing: true,
             };
             let mut events = client.watch(Request::new(req)).await?.into_inner();
@@ -75,9 +111,9 @@ async fn run(address: &str, command: &str, rest: &[String]) -> Result<(), Status
                 }
             }
         }
-        "apply" => {
+        Command::Apply { pairs } => {
             let mut mutations = Vec::new();
-            for kv in rest {
+            for kv in &pairs {
                 let (k, v) = kv
                     .split_once('=')
                     .ok_or_else(|| Status::invalid_argument(format!("{kv:?} is not KEY=VALUE")))?;
@@ -95,11 +131,9 @@ async fn run(address: &str, command: &str, rest: &[String]) -> Result<(), Status
                 .into_inner();
             println!("{} puts, {} deletes", r.puts, r.deletes);
         }
-        "get-many" => {
-            let keys: Vec<kv::GetRequest> = rest
-                .iter()
-                .map(|k| kv::GetRequest { key: k.clone() })
-                .collect();
+        Command::GetMany { keys } => {
+            let keys: Vec<kv::GetRequest> =
+                keys.into_iter().map(|key| kv::GetRequest { key }).collect();
             let mut entries = client
                 .get_many(Request::new(stream::iter(keys)))
                 .await?
@@ -108,7 +142,6 @@ async fn run(address: &str, command: &str, rest: &[String]) -> Result<(), Status
                 println!("{} = {} (version {})", e.key, e.value, e.version);
             }
         }
-        _ => return Err(Status::invalid_argument(USAGE)),
     }
     Ok(())
 }

@@ -6,28 +6,28 @@
 //! connections. `--allow-origin` lets web pages of that origin (`http://localhost:*` for any
 //! port) call it over `ws://`, besides pages the server itself serves.
 
+use clap::Parser;
 use std::io::Write;
 use std::time::Duration;
 
+/// Serves the key-value store (with server reflection and health) until Ctrl-C or SIGTERM,
+/// then drains: calls in flight get 5 s. Prints `listening on ADDRESS` once it accepts
+/// connections.
+#[derive(Parser, Debug)]
+#[command(name = "kvstore-server")]
+struct Args {
+    /// Where to listen: tcp://HOST:PORT (port 0 picks one), unix://PATH, ws://HOST:PORT/PATH…
+    #[arg(default_value = "tcp://127.0.0.1:50051")]
+    address: String,
+    /// Lets web pages of ORIGIN call it over ws:// (`http://localhost:*` for any port), besides
+    /// pages the server itself serves; repeatable
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    origins: Vec<String>,
+}
+
 #[tokio::main]
 async fn main() {
-    let mut args = std::env::args().skip(1);
-    let (mut address, mut origins) = (None, Vec::new());
-    while let Some(a) = args.next() {
-        if a == "--allow-origin" {
-            let Some(o) = args.next() else {
-                eprintln!("kvstore-server: --allow-origin needs an origin");
-                std::process::exit(2);
-            };
-            origins.push(o);
-        } else if address.is_none() {
-            address = Some(a);
-        } else {
-            eprintln!("kvstore-server: unexpected argument {a}");
-            std::process::exit(2);
-        }
-    }
-    let address = address.unwrap_or_else(|| "tcp://127.0.0.1:50051".to_owned());
+    let Args { address, origins } = Args::parse();
     let ws = topspin::ws::WebSocketSettings::default().allow_origins(origins);
     let server = match kvstore::server_builder(kvstore::KvStore::default())
         .websocket(ws)

@@ -317,7 +317,17 @@ impl AsyncCall for Client {
 
 const CONNS: usize = 4;
 
+/// capnp-rpc, two-party VatNetwork over TCP (peer `capnp`). A topspin-bench peer: started by
+/// topspin-bench, it prints `ready NAME`, then answers one JSON command per line of stdin until
+/// `quit`.
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    placement: common::placement::Placement,
+}
+
 fn main() {
+    common::placement::init(<Cli as clap::Parser>::parse().placement);
     common::blob_pool();
     common::students();
     // The server: on its own thread in this process, or a child process of its own

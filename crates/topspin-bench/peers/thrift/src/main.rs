@@ -177,7 +177,17 @@ fn run(c: &mut C, cmd: &Cmd) -> Outcome {
     }
 }
 
+/// Apache Thrift, framed transport, binary protocol (peer `thrift`). A topspin-bench peer: started
+/// by topspin-bench, it prints `ready NAME`, then answers one JSON command per line of stdin until
+/// `quit`.
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    placement: common::placement::Placement,
+}
+
 fn main() {
+    common::placement::init(<Cli as clap::Parser>::parse().placement);
     common::blob_pool();
     native_students();
     // The server: its threads in this process, or a child process of its own

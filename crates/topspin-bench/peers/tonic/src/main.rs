@@ -179,7 +179,17 @@ fn make_pki() -> (String, String, String) {
     (ca.pem(), cert.pem(), key.serialize_pem())
 }
 
+/// tonic 0.14 over HTTP/2 (peer `tonic`; the topspin-bench-tonic-tls build: `tonic-tls`, over TLS).
+/// A topspin-bench peer: started by topspin-bench, it prints `ready NAME`, then answers one JSON
+/// command per line of stdin until `quit`.
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    placement: common::placement::Placement,
+}
+
 fn main() {
+    common::placement::init(<Cli as clap::Parser>::parse().placement);
     #[cfg(feature = "tls")]
     let pki = make_pki();
     common::blob_pool();

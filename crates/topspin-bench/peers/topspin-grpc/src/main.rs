@@ -165,23 +165,44 @@ const CONNS: usize = 4;
 /// workloads (the topspin server's limit is its default, 64 MiB).
 const MAX_MESSAGE: usize = 64 << 20;
 
+/// topspin's server answering gRPC on its tcp:// port, called by tonic's client (peer
+/// `topspin-grpc`). A topspin-bench peer: started by topspin-bench, it prints `ready NAME`, then
+/// answers one JSON command per line of stdin until `quit`.
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    placement: common::placement::Placement,
+}
+
 fn main() {
+    common::placement::init(<Cli as clap::Parser>::parse().placement);
     common::blob_pool();
     common::students();
-    let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("server runtime");
-    let addr = server_rt.block_on(async {
-        let server = Server::builder()
-            .add_service(BenchServer::new(Svc))
-            .bind("tcp://127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = server.local_addr().to_string().replace("tcp://", "");
-        tokio::spawn(server.serve());
-        addr
-    });
+    // The server: on its own runtime in this process, or a child process of its own
+    // (`--separate-processes`, see common::placement).
+    let _server_rt;
+    let addr = match common::placement::separate_server() {
+        Some(a) => a,
+        None => {
+            let server_rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("server runtime");
+            let addr = server_rt.block_on(async {
+                let server = Server::builder()
+                    .add_service(BenchServer::new(Svc))
+                    .bind("tcp://127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                let addr = server.local_addr().to_string().replace("tcp://", "");
+                tokio::spawn(server.serve());
+                addr
+            });
+            common::placement::server_only(&addr);
+            _server_rt = server_rt;
+            addr
+        }
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

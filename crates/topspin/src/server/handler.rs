@@ -289,10 +289,16 @@ fn call_codec<C: Codec>(
     md: &Metadata,
     ctx: &ServerContext,
 ) -> Result<Compressed<C>, Status> {
-    let mut c =
-        Compressed::for_server_call(codec.clone(), md, ctx.conn.compression, || ctx.conn.room())?;
-    c.face_compresses = ctx.conn.protocol == crate::Protocol::Grpc;
-    Ok(c)
+    if ctx.conn.protocol == crate::Protocol::Grpc {
+        // The gRPC face compresses and decompresses in its own frames (`grpc-encoding`): the
+        // handler's messages go plain, and nothing in the metadata is looked up.
+        let mut c = Compressed::for_server_call(codec.clone(), &Metadata::new(), None, || {
+            crate::compression::Room::default()
+        })?;
+        c.face_compresses = true;
+        return Ok(c);
+    }
+    Compressed::for_server_call(codec.clone(), md, ctx.conn.compression, || ctx.conn.room())
 }
 
 async fn stream_out<C, S>(

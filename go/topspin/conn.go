@@ -43,7 +43,7 @@ type conn struct {
 	drained  chan struct{}
 	maxSend  int
 	writingN int   // bytes taken by the writing goroutine, not yet written
-	held     []job // server: calls that arrived while the send buffer was full
+	held     []job // server: calls that arrived while the send buffer was full; at most MaxConcurrentCalls (each is an open call of streams, which the engine caps)
 
 	timers     timers
 	dog        *time.Timer // the watchdog (watchdog.go), set for dogAt

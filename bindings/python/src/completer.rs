@@ -29,6 +29,9 @@ pub(crate) enum Outcome {
 }
 
 pub(crate) struct CompleterInner {
+    /// Outcomes waiting for the loop to drain them: a few per call (its start, its reply or
+    /// cancellation), so bounded by the calls in flight (`max_concurrent_calls` per connection,
+    /// `max_connections`) and by the loop draining at every wake-up.
     pub(crate) queue: Mutex<Vec<(Arc<Py<PyAny>>, Outcome)>>,
     pub(crate) wake: UnixStream,
     pub(crate) read: UnixStream,

@@ -159,7 +159,11 @@ export class Driver {
 
   /** Reading is held: the stream is paused and what it still passes waits in {@link Driver.stash}, not decoded. */
   private holding = false;
-  /** Bytes the stream passed while reading was held (the peer's calls, not yet decoded). */
+  /**
+   * Bytes the stream passed while reading was held (the peer's calls, not yet decoded). Bounded:
+   * while held the stream is paused, so it passes at most the read under way; once resumed,
+   * {@link Driver.takeStashed} keeps it under {@link STASH_MAX} (plus one read).
+   */
   private stash: Uint8Array[] = [];
   /** Their length. */
   private stashed = 0;

@@ -510,16 +510,22 @@ impl<C: Codec> Compressed<C> {
     ) -> Result<Compressed<C>, Status> {
         if md.is_empty() && ours.is_none() {
             // The common case: no compression either way, nothing to look up.
-            return Ok(Compressed {
-                inner,
-                send: None,
-                recv: None,
-                room: Room::default(),
-                accepts: 0,
-                face_compresses: false,
-            });
+            return Ok(Compressed::plain(inner));
         }
         Compressed::negotiate(inner, md, ours, room())
+    }
+
+    /// `inner` with no compression either way.
+    #[inline]
+    pub(crate) fn plain(inner: C) -> Compressed<C> {
+        Compressed {
+            inner,
+            send: None,
+            recv: None,
+            room: Room::default(),
+            accepts: 0,
+            face_compresses: false,
+        }
     }
 
     #[cold]

@@ -100,12 +100,8 @@ fn pump<C: Codec, S>(
         None => call::pump(codec, tx, token, requests),
         Some(c) => call::pump(
             compression::Compressed {
-                inner: codec,
                 send: Some(c),
-                recv: None,
-                room: compression::Room::default(),
-                accepts: 0,
-                face_compresses: false,
+                ..compression::Compressed::plain(codec)
             },
             tx,
             token,
@@ -610,12 +606,9 @@ fn decoder_for<C: Codec>(
     Ok(match compression::encoding_of(headers)? {
         None => decoder(codec),
         Some(e) => decoder(compression::Compressed {
-            inner: codec,
-            send: None,
             recv: Some(e),
             room,
-            accepts: 0,
-            face_compresses: false,
+            ..compression::Compressed::plain(codec)
         }),
     })
 }

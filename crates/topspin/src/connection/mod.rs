@@ -672,7 +672,7 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 
 /// Whether a timer armed for `armed` is due no later than `next` needs.
 #[inline]
-fn covers(armed: Option<Instant>, next: Option<Instant>) -> bool {
+pub(crate) fn covers(armed: Option<Instant>, next: Option<Instant>) -> bool {
     match (armed, next) {
         (_, None) => true,
         (Some(a), Some(n)) => a <= n,

@@ -163,15 +163,14 @@ where
     tokio::pin!(lapse);
     // When `lapse` is due; moved only when the next deadline comes earlier (a deadline that
     // moves later, as the idle timeout does with every read, leaves it: firing early only
-    // makes the loop look again), so most turns touch no timer.
+    // makes the loop look again), so most turns touch no timer — the native connection's
+    // rule (`connection::covers`).
     let mut armed: Option<Instant> = None;
     loop {
         let next = timers.next(calls.is_empty() && !going_away);
-        if let Some(t) = next {
-            if armed.is_none_or(|a| t < a) {
-                lapse.as_mut().reset(t.into());
-                armed = Some(t);
-            }
+        if let Some(t) = next.filter(|_| !crate::connection::covers(armed, next)) {
+            lapse.as_mut().reset(t.into());
+            armed = Some(t);
         }
         tokio::select! {
             () = &mut lapse, if next.is_some() => {

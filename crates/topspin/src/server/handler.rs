@@ -292,9 +292,7 @@ fn call_codec<C: Codec>(
     if ctx.conn.protocol == crate::Protocol::Grpc {
         // The gRPC face compresses and decompresses in its own frames (`grpc-encoding`): the
         // handler's messages go plain, and nothing in the metadata is looked up.
-        let mut c = Compressed::for_server_call(codec.clone(), &Metadata::new(), None, || {
-            crate::compression::Room::default()
-        })?;
+        let mut c = Compressed::plain(codec.clone());
         c.face_compresses = true;
         return Ok(c);
     }

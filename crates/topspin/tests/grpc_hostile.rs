@@ -369,6 +369,45 @@ async fn an_idle_grpc_connection_goes_away() {
     s.shutdown.shutdown(Duration::from_secs(1)).await;
 }
 
+/// A connection that made calls and then fell quiet is still sent GOAWAY after `idle_timeout`:
+/// the loop's timer, polled once when set and then only when the timer wheel fires it, is
+/// re-armed as calls come and go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_connection_idle_after_calls_goes_away() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = start(Config::default().with_idle_timeout(Some(Duration::from_millis(800)))).await;
+    let tcp = tokio::net::TcpStream::connect(&s.hp).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    for round in 0..3 {
+        for _ in 0..20 {
+            client = client.ready().await.unwrap();
+            let (resp, mut send) = client.send_request(request(&s.hp, &[]), false).unwrap();
+            send.send_data(grpc_frame(false, b"hi"), true).unwrap();
+            let mut body = resp.await.unwrap().into_body();
+            while let Some(chunk) = body.data().await {
+                let n = chunk.unwrap().len();
+                let _ = body.flow_control().release_capacity(n);
+            }
+            assert_eq!(body.trailers().await.unwrap().unwrap()["grpc-status"], "0");
+        }
+        // Quiet for less than the idle timeout: the connection stays.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            !conn.is_finished(),
+            "closed while calls came (round {round})"
+        );
+    }
+    let t0 = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(ended.is_ok(), "the idle connection is still open after 5 s");
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(300), "closed after {took:?}");
+    drop(client);
+    s.good_call().await;
+    s.shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
 /// Row 3: one client-streaming call sends 20 messages, each a 2 KB zstd frame of 60 MiB, to a
 /// handler slow to read. A message counts in the handler's queue by its decompressed size, so
 /// the next is not read before the handler takes it, and each is charged to the budget while

@@ -25,6 +25,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use topspin_proto::{Code, Metadata};
 
@@ -126,6 +127,7 @@ where
         max_metadata_size: config.max_metadata_size() as usize,
         window: window as usize,
         frame_timeout: config.frame_timeout(),
+        far: started + FOREVER,
         compression: config.compression(),
         // The connection's share of the process budget: one peer cannot spend it all (the
         // native engine's rule, `topspin_proto::SHARE_OF_BUDGET`).
@@ -166,14 +168,26 @@ where
     // makes the loop look again), so most turns touch no timer — the native connection's
     // rule (`connection::covers`).
     let mut armed: Option<Instant> = None;
+    // `lapse` was polled since it was last set, so it holds this task's waker (the task's
+    // waker is `Coalesced`'s, the same every turn): until the timer wheel takes it out, polling
+    // it again would say nothing new, and most turns skip it.
+    let mut lapse_polled = false;
     loop {
         let next = timers.next(calls.is_empty() && !going_away);
         if let Some(t) = next.filter(|_| !crate::connection::covers(armed, next)) {
             lapse.as_mut().reset(t.into());
             armed = Some(t);
+            lapse_polled = false;
         }
         tokio::select! {
-            () = &mut lapse, if next.is_some() => {
+            () = poll_fn(|cx| {
+                if lapse_polled && !lapse.is_elapsed() {
+                    return Poll::Pending;
+                }
+                // A poll refused for want of coop budget registers nothing: poll again then.
+                lapse_polled = tokio::task::coop::has_budget_remaining();
+                lapse.as_mut().poll(cx)
+            }), if next.is_some() => {
                 armed = None;
                 match timers.lapsed(calls.is_empty() && !going_away) {
                     Some(Lapse::Close(why)) => {
@@ -437,6 +451,9 @@ impl Unsent {
 
     /// Waits until the connection's unsent bytes are within the bound.
     async fn room(&self) {
+        if self.get() <= self.max {
+            return; // the common case: no waiter to register
+        }
         loop {
             let notified = self.room.notified();
             tokio::pin!(notified);
@@ -489,6 +506,8 @@ struct Face {
     /// A request message that stops arriving (no byte for this long while the window is
     /// open) ends its call: `Config::frame_timeout`, as a stalled native frame.
     frame_timeout: Duration,
+    /// Where a call's timers wait while not armed (no deadline, nothing withheld or stalled).
+    far: Instant,
     compression: Option<Compression>,
     /// What large request messages are reserved against (shared with native calls).
     budget: Arc<topspin_proto::MemoryBudget>,
@@ -533,7 +552,7 @@ impl Face {
             trailers_only(&mut respond, &st, false);
             return;
         };
-        let deadline = match headers.get("grpc-timeout") {
+        let deadline = match headers.get(wire::GRPC_TIMEOUT) {
             None => None,
             Some(v) => match wire::parse_timeout(v.as_bytes()) {
                 Ok(d) => Instant::now().checked_add(d),
@@ -544,8 +563,9 @@ impl Face {
             Ok(e) => e,
             Err(st) => return trailers_only(&mut respond, &st, true),
         };
-        let negotiating = recv.is_some() || headers.contains_key("grpc-accept-encoding");
         let accepts = wire::accepted_encodings(headers);
+        let negotiating = recv.is_some() || accepts.is_some();
+        let accepts = accepts.unwrap_or(0);
         let send = self
             .compression
             .filter(|c| accepts & c.encoding().bit() != 0);
@@ -585,6 +605,19 @@ impl Face {
         self.unsent.room().await;
         call.run(self, handler, metadata, ctx, body).await;
     }
+}
+
+/// Sets a call's timer to ring at `at`, making it the first time.
+fn arm(mut timer: Pin<&mut Option<Sleep>>, at: Instant) {
+    match timer.as_mut().as_pin_mut() {
+        Some(t) => t.reset(at.into()),
+        None => timer.set(Some(tokio::time::sleep_until(at.into()))),
+    }
+}
+
+/// Whether a call's timer (if armed) has rung.
+fn poll_armed(timer: Pin<&mut Option<Sleep>>, cx: &mut std::task::Context<'_>) -> bool {
+    timer.as_pin_mut().is_some_and(|t| t.poll(cx).is_ready())
 }
 
 /// Where the response stands.
@@ -666,11 +699,9 @@ impl Call {
     ) {
         let kind = handler.kind();
         let deadline = ctx.deadline;
-        let sleep = tokio::time::sleep_until(
-            deadline
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365))
-                .into(),
-        );
+        // The call's timers exist only once armed: most calls have none (a `Sleep` made per
+        // call reads the runtime's handle and the clock).
+        let sleep: Option<Sleep> = deadline.map(|d| tokio::time::sleep_until(d.into()));
         tokio::pin!(sleep);
         let abort = face.abort.cancelled();
         tokio::pin!(abort);
@@ -692,14 +723,15 @@ impl Call {
         // Window taken off h2 while an unfinished message is held and the memory budget is
         // spent: given back once there is room (as native chunk credit is withheld).
         let mut withheld = 0usize;
-        let retry = tokio::time::sleep(RETRY_WINDOW);
+        let retry: Option<Sleep> = None;
         tokio::pin!(retry);
         // Armed while part of a message is held and the window is open (the client can send).
         // Re-armed lazily: bytes only move `last_bytes`, the timer is reset when it rings early.
-        let stall = tokio::time::sleep(face.frame_timeout);
+        let stall: Option<Sleep> = None;
         tokio::pin!(stall);
         let mut stall_armed = false;
-        let mut last_bytes = Instant::now();
+        // When bytes last came, while `stall` is armed (read from the clock only then).
+        let mut last_bytes = face.far;
         let (mut rx, io) = if kind == crate::CallKind::Unary {
             (
                 None,
@@ -745,7 +777,11 @@ impl Call {
                 if self.out.poll_reset(cx).is_ready() {
                     return Poll::Ready(Ev::Reset);
                 }
-                if deadline.is_some() && sleep.as_mut().poll(cx).is_ready() {
+                if sleep
+                    .as_mut()
+                    .as_pin_mut()
+                    .is_some_and(|s| s.poll(cx).is_ready())
+                {
                     return Poll::Ready(Ev::Deadline);
                 }
                 if abort.as_mut().poll(cx).is_ready() {
@@ -768,10 +804,10 @@ impl Call {
                         return Poll::Ready(Ev::Cmd(c));
                     }
                 }
-                if withheld > 0 && retry.as_mut().poll(cx).is_ready() {
+                if withheld > 0 && poll_armed(retry.as_mut(), cx) {
                     return Poll::Ready(Ev::Retry);
                 }
-                if stall_armed && stall.as_mut().poll(cx).is_ready() {
+                if stall_armed && poll_armed(stall.as_mut(), cx) {
                     return Poll::Ready(Ev::Stalled);
                 }
                 if body_open && outstanding < face.window {
@@ -811,21 +847,17 @@ impl Call {
                 }
                 Ev::Retry => {
                     if deframer.must_wait() {
-                        retry.as_mut().reset((Instant::now() + RETRY_WINDOW).into());
+                        arm(retry.as_mut(), Instant::now() + RETRY_WINDOW);
                     } else {
                         let _ = body.flow_control().release_capacity(withheld);
                         withheld = 0;
                         last_bytes = Instant::now();
                         stall_armed = !deframer.is_empty();
-                        stall
-                            .as_mut()
-                            .reset((last_bytes + face.frame_timeout).into());
+                        arm(stall.as_mut(), last_bytes + face.frame_timeout);
                     }
                 }
                 Ev::Stalled if last_bytes + face.frame_timeout > Instant::now() => {
-                    stall
-                        .as_mut()
-                        .reset((last_bytes + face.frame_timeout).into());
+                    arm(stall.as_mut(), last_bytes + face.frame_timeout);
                 }
                 Ev::Stalled => {
                     let st = Status::new(
@@ -869,7 +901,7 @@ impl Call {
                     // unless an unfinished message is held with the memory budget spent.
                     if deframer.must_wait() {
                         if withheld == 0 {
-                            retry.as_mut().reset((Instant::now() + RETRY_WINDOW).into());
+                            arm(retry.as_mut(), Instant::now() + RETRY_WINDOW);
                         }
                         withheld += n;
                     } else {
@@ -878,12 +910,12 @@ impl Call {
                     }
                     // Bytes came: a message still incomplete has `frame_timeout` from now
                     // (not while its window is withheld: the client cannot send then).
-                    last_bytes = Instant::now();
                     let partial = withheld == 0 && !deframer.is_empty();
-                    if partial && !stall_armed {
-                        stall
-                            .as_mut()
-                            .reset((last_bytes + face.frame_timeout).into());
+                    if partial {
+                        last_bytes = Instant::now();
+                        if !stall_armed {
+                            arm(stall.as_mut(), last_bytes + face.frame_timeout);
+                        }
                     }
                     stall_armed = partial;
                 }
@@ -1003,6 +1035,12 @@ impl Call {
             *pending = None;
             return;
         };
+        // h2 wakes the task its `poll_reset` holds when it assigns capacity, which it does at
+        // once when the window has room: that task is this call's, which looks at the capacity
+        // right here, so the wake would only cost the connection a turn for nothing. A no-op
+        // waker takes its place meanwhile; the call's next poll registers it again (it polls
+        // `poll_reset` and, with a message still pending, `poll_capacity` before it waits).
+        let _ = s.poll_reset(&mut std::task::Context::from_waker(std::task::Waker::noop()));
         while let Some(q) = pending.as_mut() {
             s.reserve_capacity(q.frame.remaining());
             let cap = s.capacity();
@@ -1027,13 +1065,24 @@ impl Call {
 
     /// Sends the response headers if they have not gone yet; false if the stream is gone.
     fn headers(&mut self, md: &Metadata) -> bool {
+        if matches!(self.out, Out::Head(_)) {
+            self.choose_compression(md);
+        }
+        self.send_headers(md)
+    }
+
+    /// The handler's own compression choice (`Response::with_compression`), if it made one
+    /// and the client accepts it.
+    fn choose_compression(&mut self, md: &Metadata) {
+        if let Some(choice) = wire::chosen_compression(md) {
+            self.send = choice.filter(|c| self.accepts & c.encoding().bit() != 0);
+        }
+    }
+
+    /// [`Call::headers`] with the compression already chosen.
+    fn send_headers(&mut self, md: &Metadata) -> bool {
         match std::mem::replace(&mut self.out, Out::Closed) {
             Out::Head(mut respond) => {
-                // The handler's own choice (`Response::with_compression`), if the client
-                // accepts it.
-                if let Some(choice) = wire::chosen_compression(md) {
-                    self.send = choice.filter(|c| self.accepts & c.encoding().bit() != 0);
-                }
                 let mut resp = http::Response::new(());
                 *resp.headers_mut() = wire::response_headers(md, self.send, self.negotiating);
                 match respond.send_response(resp, false) {
@@ -1075,9 +1124,7 @@ impl Call {
                 // The handler's compression choice applies to this very message: taken before
                 // it is framed (the headers that announce it go after, if framing succeeds).
                 if matches!(self.out, Out::Head(_)) {
-                    if let Some(choice) = wire::chosen_compression(&headers) {
-                        self.send = choice.filter(|c| self.accepts & c.encoding().bit() != 0);
-                    }
+                    self.choose_compression(&headers);
                 }
                 let frame = match Frame::new(message, self.send) {
                     Ok(f) => f,
@@ -1086,7 +1133,7 @@ impl Call {
                         return None;
                     }
                 };
-                if !self.headers(&headers) {
+                if !self.send_headers(&headers) {
                     return None;
                 }
                 let mut q = Some(Queued::new(frame, None, unsent));

@@ -91,10 +91,17 @@ pub(crate) fn timeout_header(d: Duration) -> HeaderValue {
     HeaderValue::from_static("99999999H")
 }
 
+/// gRPC's request headers, named once (a `&str` name is parsed at every lookup).
+pub(crate) const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+/// `grpc-accept-encoding`.
+pub(crate) const GRPC_ACCEPT_ENCODING: HeaderName = HeaderName::from_static("grpc-accept-encoding");
+/// `grpc-timeout`.
+pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
 /// The message encoding in `grpc-encoding`: `Ok(None)` for none or `identity`, `Err(name)`
 /// for one this side does not have.
 pub(crate) fn header_encoding(headers: &HeaderMap) -> Result<Option<Encoding>, String> {
-    let Some(v) = headers.get("grpc-encoding") else {
+    let Some(v) = headers.get(GRPC_ENCODING) else {
         return Ok(None);
     };
     let name = v.to_str().unwrap_or("").trim();
@@ -117,16 +124,19 @@ pub(crate) fn request_encoding(headers: &HeaderMap) -> Result<Option<Encoding>, 
     })
 }
 
-/// The encodings a client's `grpc-accept-encoding` names (a bit per [`Encoding`]).
+/// The encodings a client's `grpc-accept-encoding` names (a bit per [`Encoding`]); `None`
+/// when it sent no such header.
 #[cfg(feature = "grpc")]
-pub(crate) fn accepted_encodings(headers: &HeaderMap) -> u8 {
-    headers
-        .get_all("grpc-accept-encoding")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| Encoding::from_name(n.trim()))
-        .fold(0, |bits, e| bits | e.bit())
+pub(crate) fn accepted_encodings(headers: &HeaderMap) -> Option<u8> {
+    let mut values = headers.get_all(GRPC_ACCEPT_ENCODING).iter().peekable();
+    values.peek()?;
+    Some(
+        values
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| Encoding::from_name(n.trim()))
+            .fold(0, |bits, e| bits | e.bit()),
+    )
 }
 
 /// The response compression a handler chose ([`crate::Response::with_compression`]), from

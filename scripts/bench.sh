@@ -29,10 +29,46 @@ for a in "$@"; do
     esac
 done
 
-packages=(topspin-bench topspin-bench-tonic topspin-bench-tarpc topspin-bench-capnp topspin-bench-thrift
-          topspin-bench-layered topspin-bench-tonic-tls topspin-bench-topspin-grpc)
+# Only the peers this run uses: the quick and full runs' default systems, or those named with
+# --systems; --smoke runs every system. (TLS, WebSocket and topspin-grpc rows run only when
+# named, so a first run does not build them.)
+systems=""
+prev=""
+for a in "${args[@]}"; do
+    case "$a" in
+        --systems=*) systems="${a#--systems=}" ;;
+        *) [ "$prev" = --systems ] && systems="$a" ;;
+    esac
+    prev="$a"
+done
+peer_package() {
+    case "$1" in
+        raw|raw-uds|raw-shm|topspin|topspin-uds|topspin-shm) echo topspin-bench ;;
+        tonic) echo topspin-bench-tonic ;;
+        tonic-tls) echo topspin-bench-tonic-tls ;;
+        topspin-grpc) echo topspin-bench-topspin-grpc ;;
+        raw-tls|raw-ws|topspin-tls|topspin-ws) echo topspin-bench-layered ;;
+        tarpc|capnp|thrift) echo "topspin-bench-$1" ;;
+        *) echo "bench.sh: unknown system '$1' (topspin-bench --help lists them)" >&2; exit 2 ;;
+    esac
+}
+packages=(topspin-bench)
+if [ "$mode" = --smoke ]; then
+    packages+=(topspin-bench-tonic topspin-bench-tarpc topspin-bench-capnp topspin-bench-thrift
+               topspin-bench-layered topspin-bench-tonic-tls topspin-bench-topspin-grpc)
+elif [ "$mode" != --callgrind ]; then
+    IFS=, read -r -a wanted <<< "${systems:-raw,topspin,tonic,tarpc,capnp,thrift}"
+    for s in "${wanted[@]}"; do
+        p="$(peer_package "$s")"
+        [[ " ${packages[*]} " == *" $p "* ]] || packages+=("$p")
+    done
+fi
+# Each peer is built by a cargo of its own (see above); cargo shows what it compiles.
+i=0
 for p in "${packages[@]}"; do
-    cargo build --release --locked -q -p "$p"
+    i=$((i + 1))
+    echo "== [$i/${#packages[@]}] building $p (release) ==" >&2
+    cargo build --release --locked -p "$p"
 done
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 out="${BENCH_OUT:-$root/bench-out}"

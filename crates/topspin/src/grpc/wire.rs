@@ -94,8 +94,10 @@ pub(crate) fn timeout_header(d: Duration) -> HeaderValue {
 /// gRPC's request headers, named once (a `&str` name is parsed at every lookup).
 pub(crate) const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 /// `grpc-accept-encoding`.
+#[cfg(feature = "grpc")]
 pub(crate) const GRPC_ACCEPT_ENCODING: HeaderName = HeaderName::from_static("grpc-accept-encoding");
 /// `grpc-timeout`.
+#[cfg(feature = "grpc")]
 pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// The message encoding in `grpc-encoding`: `Ok(None)` for none or `identity`, `Err(name)`

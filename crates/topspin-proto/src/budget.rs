@@ -90,6 +90,9 @@ impl MemoryBudget {
     /// Takes `n` bytes even past the limit: for bytes that already arrived within the peer's
     /// credit and must be held (the budget then stays spent until they are given back).
     pub fn charge(&self, n: usize) {
+        if n == 0 {
+            return; // no write to a counter other threads share
+        }
         let _ = self
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -121,6 +124,9 @@ impl MemoryBudget {
 
     /// Gives back `n` bytes taken earlier with [`MemoryBudget::try_reserve`].
     pub fn release(&self, n: usize) {
+        if n == 0 {
+            return; // no write to a counter other threads share
+        }
         self.release_local(n);
         if let Some(p) = &self.parent {
             p.release(n);

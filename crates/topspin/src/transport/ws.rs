@@ -567,6 +567,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
         let Some(b) = &self.held.bounds else { return };
         let held = self.ws.get_ref().read + self.pending.len();
         let due = held.saturating_sub(FREE_HELD);
+        if due == self.held.charged {
+            return; // the common case: a message under FREE_HELD, nothing charged
+        }
         if due > self.held.charged {
             b.budget.charge(due - self.held.charged);
         } else {

@@ -112,16 +112,10 @@ func h2Attacker(t *testing.T, addr string, announced int, sizes ...int) net.Conn
 		t.Fatalf("preface: %v", err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/h.S/Sink"},
-		{":authority", "x"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
 	for i, n := range sizes {
 		id := uint32(2*i + 1)
 		msg := append([]byte{0, byte(announced >> 24), byte(announced >> 16), byte(announced >> 8), byte(announced)}, make([]byte, n)...)
-		err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+		err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: sinkHeaders(), EndHeaders: true})
 		for len(msg) > 0 && err == nil {
 			k := min(len(msg), 16384)
 			err, msg = fr.WriteData(id, false, msg[:k]), msg[k:]
@@ -131,6 +125,17 @@ func h2Attacker(t *testing.T, addr string, announced int, sizes ...int) net.Conn
 		}
 	}
 	return nc
+}
+
+// sinkHeaders is the header block of a call to /h.S/Sink.
+func sinkHeaders() []byte {
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/h.S/Sink"},
+		{":authority", "x"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return hb.Bytes()
 }
 
 // cutWithin waits until the server closed nc (its reads end) and returns how long that took.
@@ -173,6 +178,47 @@ func TestGRPCAStalledRequestMessageIsCutAtTheFrameTimeout(t *testing.T) {
 	t.Logf("cut %v after the stream went quiet (frame timeout %v)", took.Round(time.Millisecond), ft)
 	if took < ft/2 || took > 2*ft+time.Second {
 		t.Errorf("cut %v after the stream went quiet, frame timeout %v", took, ft)
+	}
+	done()
+	h.after(t)
+}
+
+// A frame that starts and stalls halfway, whatever its type, or half a frame header: the
+// connection is cut at the frame timeout, as on the Rust face (before: only request
+// messages were timed, and these were held for as long as the client kept the socket open).
+// A DATA frame whose header alone came is timed too: the client had the window for all of
+// it before it began (RFC 9113 §6.9), so the stall is its own.
+func TestGRPCAFrameStalledHalfwayIsCutAtTheFrameTimeout(t *testing.T) {
+	const ft = 300 * time.Millisecond
+	h := startHostile(t, topspin.WithFrameTimeout(ft))
+	done := h.probe(t)
+	header := func(length int, typ http2.FrameType, flags http2.Flags, stream uint32) []byte {
+		return []byte{byte(length >> 16), byte(length >> 8), byte(length), byte(typ), byte(flags),
+			byte(stream >> 24), byte(stream >> 16), byte(stream >> 8), byte(stream)}
+	}
+	hb := sinkHeaders()
+	opened := append(header(len(hb), http2.FrameHeaders, http2.FlagHeadersEndHeaders, 1), hb...)
+	for _, c := range []struct {
+		name  string
+		bytes []byte
+	}{
+		{"half a frame header", header(100, http2.FramePing, 0, 0)[:4]},
+		{"a HEADERS frame, 10 bytes of 100", append(header(100, http2.FrameHeaders, http2.FlagHeadersEndHeaders, 1), hb[:10]...)},
+		{"a SETTINGS frame, 6 bytes of 12", append(header(12, http2.FrameSettings, 0, 0), 0, 4, 0, 1, 0, 0)},
+		{"an unknown frame, 3 bytes of 1000", append(header(1000, 0xfa, 0, 0), 1, 2, 3)},
+		{"a DATA frame's header alone", append(opened, header(100, http2.FrameData, 0, 1)...)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			nc := h2Attacker(t, h.addr, 0)
+			if _, err := nc.Write(c.bytes); err != nil {
+				t.Fatal(err)
+			}
+			took := cutWithin(t, nc, 3*time.Second)
+			t.Logf("cut %v after it stalled (frame timeout %v)", took.Round(time.Millisecond), ft)
+			if took < ft/2 || took > ft+time.Second {
+				t.Errorf("cut %v after it stalled, frame timeout %v", took, ft)
+			}
+		})
 	}
 	done()
 	h.after(t)

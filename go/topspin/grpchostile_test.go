@@ -6,9 +6,12 @@ package topspin_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"io"
 	"net"
+	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +24,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	grpcgzip "google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -240,4 +244,97 @@ func TestGRPCMetadataOverTheLimitIsRefused(t *testing.T) {
 	if out, err := unary(ctx10(t), cc, "/f.S/Echo", []byte("ok")); err != nil || string(out) != "ok" {
 		t.Fatalf("after: %q, %v", out, err)
 	}
+}
+
+// bombGzip is a gRPC client's gzip compressor that sends its bomb whatever the message
+// (grpc-go compressing 60 MiB itself would put them on the heap the test measures).
+type bombGzip struct{ bomb []byte }
+
+func (c bombGzip) Do(w io.Writer, _ []byte) error {
+	_, err := w.Write(c.bomb)
+	return err
+}
+
+func (bombGzip) Type() string { return grpcgzip.Name }
+
+// Eight gzip bombs at once (61 KB each, 60 MiB inflated), twice, against a 128 MiB budget:
+// each is charged to the budget as it inflates, those that find no room are refused
+// RESOURCE_EXHAUSTED, and the heap stays within the budget + 96 MiB of what it was (measured
+// +123 to +164 MiB: what the budget counts, plus up to 16 MiB of inflate pieces kept for
+// reuse, uncharged, and pieces of refused bombs the collector has not taken yet under the
+// soft Go memory limit; the bodies are 61 KB each); a good client is served and
+// a gzip call that fits still succeeds (before: grpc-go inflated each bomb, uncharged, into
+// its pool's buffers and the bridge copied it whole: the heap grew by 500 MiB and more).
+func TestGRPCGzipBombsAreChargedAsTheyInflate(t *testing.T) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		t.Skip("GOMEMLIMIT is set: the process has its own limit")
+	}
+	const size, budget = 60 * mib, 128 * mib
+	h := startHostile(t, topspin.WithMemoryBudget(wire.NewMemoryBudget(budget)), topspin.WithMaxMessageSize(64*mib))
+	var zb bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&zb, gzip.BestCompression)
+	if _, err := zw.Write(make([]byte, size)); err != nil || zw.Close() != nil || zb.Len() > 100_000 {
+		t.Fatalf("bomb: %d bytes, %v", zb.Len(), err)
+	}
+	//lint:ignore SA1019 a per-connection compressor: the test's bomb, not a process-wide one
+	cc := grpcClient(t, "tcp", h.addr, grpc.WithCompressor(bombGzip{zb.Bytes()}))
+	done := h.probeSpent(t)
+	runtime.GC()
+	base := heapObjects()
+	var peak atomic.Int64
+	stop := make(chan struct{}) // a signal: closed, never sent on
+	sampled := make(chan struct{})
+	go func() { // the heap every millisecond, for 30 s at most
+		defer close(sampled)
+		for i := 0; i < 30_000; i++ {
+			peak.Store(max(peak.Load(), heapObjects()))
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int64
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2 {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				out, err := unary(ctx, cc, "/h.S/Len", []byte("x"))
+				cancel()
+				switch {
+				case err == nil && len(out) == 1 && out[0] == size>>20:
+					ok.Add(1)
+				case status.Code(err) == codes.ResourceExhausted && strings.Contains(err.Error(), wire.NoRoomReason):
+					refused.Add(1)
+				default:
+					t.Errorf("bomb: %v, %v", out, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-sampled
+	done()
+	grew := peak.Load() - base
+	t.Logf("%d bombs answered, %d refused; heap %d MiB before, peak +%d MiB (budget %d MiB)",
+		ok.Load(), refused.Load(), base>>20, grew>>20, budget>>20)
+	if refused.Load() == 0 {
+		t.Errorf("no bomb refused: %d answered", ok.Load())
+	}
+	if grew > budget+96*mib {
+		t.Errorf("the heap grew by %d MiB with a %d MiB budget", grew>>20, budget>>20)
+	}
+	good := grpcClient(t, "tcp", h.addr)
+	msg := bytes.Repeat([]byte("good "), 40_000)
+	if out, err := unary(ctx10(t), good, "/h.S/Echo", msg, grpc.UseCompressor(grpcgzip.Name)); err != nil || !bytes.Equal(out, msg) {
+		t.Fatalf("a good gzip call: %d bytes, %v", len(out), err)
+	}
+	_, _ = cc.Close(), good.Close()
+	h.after(t)
 }

@@ -50,6 +50,7 @@ func (s *Server) bridge(_ any, gs grpc.ServerStream) error {
 	}
 	s.compressFor(ctx)
 	g := &grpcCall{gs: gs, ctx: ctx, budget: s.opts.memoryBudget()}
+	g.gzip = s.gzipReader(ctx)
 	ss := &ServerStream{method: method, md: md, g: g, srv: s, kind: entry.kind}
 	ss.deadline, ss.hasDL = ctx.Deadline()
 	s.grpcCalls.Add(1)
@@ -154,9 +155,10 @@ type grpcCall struct {
 
 	// The request message the handler took last is charged to the memory budget until the
 	// next one arrives or the handler returns (a decompressed one with what its decompression
-	// reserved, see grpcChargedZstd).
+	// reserved, see grpcCharged).
 	budget *wire.MemoryBudget
 	held   int64
+	gzip   *grpcGzip // reads the request messages of a gzip call (nil: grpc-go does)
 
 	mu      sync.Mutex
 	trailer Metadata
@@ -164,7 +166,13 @@ type grpcCall struct {
 
 func (g *grpcCall) recv() ([]byte, error) {
 	var m grpcMsg
-	if err := g.gs.RecvMsg(&m); err != nil {
+	var err error
+	if g.gzip != nil {
+		err = g.gzip.recv(&m)
+	} else {
+		err = g.gs.RecvMsg(&m)
+	}
+	if err != nil {
 		if err == io.EOF {
 			return nil, io.EOF
 		}
@@ -292,7 +300,7 @@ func (bridgeCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		if len(data) == 1 {
 			if sb, ok := data[0].(mem.SliceBuffer); ok {
 				if m.charge = takeCharge(sb); m.charge != (grpcCharge{}) {
-					// grpcChargedZstd's output: taken as it is, with its charge.
+					// grpcCharged's output: taken as it is, with its charge.
 					m.b = sb[:len(sb):len(sb)]
 					return nil
 				}

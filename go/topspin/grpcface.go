@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/topspin-rpc/topspin/go/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -76,6 +77,10 @@ func grpcWindow(o *options) int32 {
 	return int32(min(max(o.settings.InitialCallWindow, 64<<10), 1<<30))
 }
 
+// grpcMaxRecv is the largest request message of the gRPC face: the max message size, within
+// what grpc-go takes (an int32).
+func grpcMaxRecv(o *options) uint32 { return min(o.settings.MaxMessageSize, 1<<31-1) }
+
 // grpcOptions are the gRPC face's bounds, taken from the server's options.
 func (s *Server) grpcOptions() []grpc.ServerOption {
 	o := &s.opts
@@ -88,9 +93,9 @@ func (s *Server) grpcOptions() []grpc.ServerOption {
 		grpc.UnknownServiceHandler(s.bridge),
 		grpc.ForceServerCodecV2(bridgeCodec{}),
 		grpc.Creds(doneTLS{}),
-		grpc.MaxRecvMsgSize(int(min(o.settings.MaxMessageSize, 1<<31-1))),
+		grpc.MaxRecvMsgSize(int(grpcMaxRecv(o))),
 		//lint:ignore SA1019 the only per-server decompressor: zstd requests charged to this server's budget
-		grpc.RPCDecompressor(grpcChargedZstd{budget: o.memoryBudget(), limit: min(o.settings.MaxMessageSize, 1<<31-1)}),
+		grpc.RPCDecompressor(grpcCharged{enc: wire.EncodingZstd, budget: o.memoryBudget(), limit: grpcMaxRecv(o)}),
 		grpc.MaxConcurrentStreams(o.settings.MaxConcurrentCalls),
 		grpc.MaxHeaderListSize(min(o.settings.MaxMetadataSize, math.MaxUint32-grpcHeaderRoom) + grpcHeaderRoom),
 		grpc.InitialWindowSize(win),

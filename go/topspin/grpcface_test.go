@@ -360,6 +360,8 @@ func TestGRPCFaceCompression(t *testing.T) {
 			t.Fatalf("the answer to a %s call came with encoding %v", comp, inCompression)
 		}
 		mu.Unlock()
+		// Streams of several requests, each compressed (the bridge reads gzip's itself).
+		checkStreams(t, ctx, grpcClient(t, "tcp", addr, grpc.WithDefaultCallOptions(grpc.UseCompressor(comp))))
 	}
 
 	// A server WithCompression("zstd") answers an uncompressed call in zstd (the client

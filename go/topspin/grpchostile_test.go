@@ -6,9 +6,12 @@ package topspin_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"io"
 	"net"
+	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +24,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	grpcgzip "google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -112,16 +116,10 @@ func h2Attacker(t *testing.T, addr string, announced int, sizes ...int) net.Conn
 		t.Fatalf("preface: %v", err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/h.S/Sink"},
-		{":authority", "x"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
 	for i, n := range sizes {
 		id := uint32(2*i + 1)
 		msg := append([]byte{0, byte(announced >> 24), byte(announced >> 16), byte(announced >> 8), byte(announced)}, make([]byte, n)...)
-		err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+		err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: sinkHeaders(), EndHeaders: true})
 		for len(msg) > 0 && err == nil {
 			k := min(len(msg), 16384)
 			err, msg = fr.WriteData(id, false, msg[:k]), msg[k:]
@@ -131,6 +129,17 @@ func h2Attacker(t *testing.T, addr string, announced int, sizes ...int) net.Conn
 		}
 	}
 	return nc
+}
+
+// sinkHeaders is the header block of a call to /h.S/Sink.
+func sinkHeaders() []byte {
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/h.S/Sink"},
+		{":authority", "x"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return hb.Bytes()
 }
 
 // cutWithin waits until the server closed nc (its reads end) and returns how long that took.
@@ -178,6 +187,47 @@ func TestGRPCAStalledRequestMessageIsCutAtTheFrameTimeout(t *testing.T) {
 	h.after(t)
 }
 
+// A frame that starts and stalls halfway, whatever its type, or half a frame header: the
+// connection is cut at the frame timeout, as on the Rust face (before: only request
+// messages were timed, and these were held for as long as the client kept the socket open).
+// A DATA frame whose header alone came is timed too: the client had the window for all of
+// it before it began (RFC 9113 §6.9), so the stall is its own.
+func TestGRPCAFrameStalledHalfwayIsCutAtTheFrameTimeout(t *testing.T) {
+	const ft = 300 * time.Millisecond
+	h := startHostile(t, topspin.WithFrameTimeout(ft))
+	done := h.probe(t)
+	header := func(length int, typ http2.FrameType, flags http2.Flags, stream uint32) []byte {
+		return []byte{byte(length >> 16), byte(length >> 8), byte(length), byte(typ), byte(flags),
+			byte(stream >> 24), byte(stream >> 16), byte(stream >> 8), byte(stream)}
+	}
+	hb := sinkHeaders()
+	opened := append(header(len(hb), http2.FrameHeaders, http2.FlagHeadersEndHeaders, 1), hb...)
+	for _, c := range []struct {
+		name  string
+		bytes []byte
+	}{
+		{"half a frame header", header(100, http2.FramePing, 0, 0)[:4]},
+		{"a HEADERS frame, 10 bytes of 100", append(header(100, http2.FrameHeaders, http2.FlagHeadersEndHeaders, 1), hb[:10]...)},
+		{"a SETTINGS frame, 6 bytes of 12", append(header(12, http2.FrameSettings, 0, 0), 0, 4, 0, 1, 0, 0)},
+		{"an unknown frame, 3 bytes of 1000", append(header(1000, 0xfa, 0, 0), 1, 2, 3)},
+		{"a DATA frame's header alone", append(opened, header(100, http2.FrameData, 0, 1)...)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			nc := h2Attacker(t, h.addr, 0)
+			if _, err := nc.Write(c.bytes); err != nil {
+				t.Fatal(err)
+			}
+			took := cutWithin(t, nc, 3*time.Second)
+			t.Logf("cut %v after it stalled (frame timeout %v)", took.Round(time.Millisecond), ft)
+			if took < ft/2 || took > ft+time.Second {
+				t.Errorf("cut %v after it stalled, frame timeout %v", took, ft)
+			}
+		})
+	}
+	done()
+	h.after(t)
+}
+
 // Request metadata over MaxMetadataSize is refused RESOURCE_EXHAUSTED naming the setting on
 // the gRPC face too (before: only the header list was bounded, at no less than 8 KiB, and a
 // 200-byte value passed a 64-byte limit); the connection goes on.
@@ -194,4 +244,97 @@ func TestGRPCMetadataOverTheLimitIsRefused(t *testing.T) {
 	if out, err := unary(ctx10(t), cc, "/f.S/Echo", []byte("ok")); err != nil || string(out) != "ok" {
 		t.Fatalf("after: %q, %v", out, err)
 	}
+}
+
+// bombGzip is a gRPC client's gzip compressor that sends its bomb whatever the message
+// (grpc-go compressing 60 MiB itself would put them on the heap the test measures).
+type bombGzip struct{ bomb []byte }
+
+func (c bombGzip) Do(w io.Writer, _ []byte) error {
+	_, err := w.Write(c.bomb)
+	return err
+}
+
+func (bombGzip) Type() string { return grpcgzip.Name }
+
+// Eight gzip bombs at once (61 KB each, 60 MiB inflated), twice, against a 128 MiB budget:
+// each is charged to the budget as it inflates, those that find no room are refused
+// RESOURCE_EXHAUSTED, and the heap stays within the budget + 96 MiB of what it was (measured
+// +123 to +164 MiB: what the budget counts, plus up to 16 MiB of inflate pieces kept for
+// reuse, uncharged, and pieces of refused bombs the collector has not taken yet under the
+// soft Go memory limit; the bodies are 61 KB each); a good client is served and
+// a gzip call that fits still succeeds (before: grpc-go inflated each bomb, uncharged, into
+// its pool's buffers and the bridge copied it whole: the heap grew by 500 MiB and more).
+func TestGRPCGzipBombsAreChargedAsTheyInflate(t *testing.T) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		t.Skip("GOMEMLIMIT is set: the process has its own limit")
+	}
+	const size, budget = 60 * mib, 128 * mib
+	h := startHostile(t, topspin.WithMemoryBudget(wire.NewMemoryBudget(budget)), topspin.WithMaxMessageSize(64*mib))
+	var zb bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&zb, gzip.BestCompression)
+	if _, err := zw.Write(make([]byte, size)); err != nil || zw.Close() != nil || zb.Len() > 100_000 {
+		t.Fatalf("bomb: %d bytes, %v", zb.Len(), err)
+	}
+	//lint:ignore SA1019 a per-connection compressor: the test's bomb, not a process-wide one
+	cc := grpcClient(t, "tcp", h.addr, grpc.WithCompressor(bombGzip{zb.Bytes()}))
+	done := h.probeSpent(t)
+	runtime.GC()
+	base := heapObjects()
+	var peak atomic.Int64
+	stop := make(chan struct{}) // a signal: closed, never sent on
+	sampled := make(chan struct{})
+	go func() { // the heap every millisecond, for 30 s at most
+		defer close(sampled)
+		for i := 0; i < 30_000; i++ {
+			peak.Store(max(peak.Load(), heapObjects()))
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int64
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2 {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				out, err := unary(ctx, cc, "/h.S/Len", []byte("x"))
+				cancel()
+				switch {
+				case err == nil && len(out) == 1 && out[0] == size>>20:
+					ok.Add(1)
+				case status.Code(err) == codes.ResourceExhausted && strings.Contains(err.Error(), wire.NoRoomReason):
+					refused.Add(1)
+				default:
+					t.Errorf("bomb: %v, %v", out, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-sampled
+	done()
+	grew := peak.Load() - base
+	t.Logf("%d bombs answered, %d refused; heap %d MiB before, peak +%d MiB (budget %d MiB)",
+		ok.Load(), refused.Load(), base>>20, grew>>20, budget>>20)
+	if refused.Load() == 0 {
+		t.Errorf("no bomb refused: %d answered", ok.Load())
+	}
+	if grew > budget+96*mib {
+		t.Errorf("the heap grew by %d MiB with a %d MiB budget", grew>>20, budget>>20)
+	}
+	good := grpcClient(t, "tcp", h.addr)
+	msg := bytes.Repeat([]byte("good "), 40_000)
+	if out, err := unary(ctx10(t), good, "/h.S/Echo", msg, grpc.UseCompressor(grpcgzip.Name)); err != nil || !bytes.Equal(out, msg) {
+		t.Fatalf("a good gzip call: %d bytes, %v", len(out), err)
+	}
+	_, _ = cc.Close(), good.Close()
+	h.after(t)
 }

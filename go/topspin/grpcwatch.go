@@ -25,7 +25,11 @@ import (
 //   - closes a connection one of whose streams has an incomplete message that got no byte
 //     for the frame timeout while the stream and the connection had window open (time the
 //     client waits for our window does not count): grpc-go gives no way to end that one call,
-//     where the Rust face ends it UNAVAILABLE.
+//     where the Rust face ends it UNAVAILABLE;
+//   - closes a connection whose frame (or frame header) stays incomplete for the frame
+//     timeout, whatever its type, as the Rust face: grpc-go reads a frame whole and waits for
+//     ever on one that stops halfway. Windows play no part: a client sends a DATA frame only
+//     with window for all of it (RFC 9113 §6.9), so a frame that stops halfway is its doing.
 //
 // Frames are parsed from their 9-byte headers; DATA frames' payloads to find the gRPC
 // messages' 5-byte prefixes. What the client sends goes through watchIn, what grpc-go sends
@@ -87,6 +91,9 @@ type h2Parser struct {
 	left   int     // of which still to come
 	pad    int     // its trailing padding (DATA; -1 while the pad length is unknown)
 	head   [4]byte // the first bytes of its payload (a WINDOW_UPDATE's increment)
+	// since is when the frame now incomplete started to arrive (zero: none is). It is set
+	// once per read at most, from the time the read already took.
+	since time.Time
 }
 
 // h2Frame is a frame the parser finished.
@@ -97,19 +104,20 @@ type h2Frame struct {
 	head       [4]byte
 }
 
-// feed parses b, calling onData with each piece of a DATA frame's content (padding left
-// out) and onFrame once each frame has passed whole.
-func (p *h2Parser) feed(b []byte, onData func(stream uint32, d []byte), onFrame func(f h2Frame)) {
+// feed parses b, which arrived at now, calling onData with each piece of a DATA frame's
+// content (padding left out) and onFrame once each frame has passed whole.
+func (p *h2Parser) feed(b []byte, now time.Time, onData func(stream uint32, d []byte), onFrame func(f h2Frame)) {
 	if p.skip > 0 {
 		k := min(p.skip, len(b))
 		p.skip, b = p.skip-k, b[k:]
 	}
+	whole := false // a frame completed in b
 	for len(b) > 0 {
 		if p.nhdr < 9 {
 			k := copy(p.hdr[p.nhdr:], b)
 			p.nhdr, b = p.nhdr+k, b[k:]
 			if p.nhdr < 9 {
-				return
+				break
 			}
 			p.length = int(p.hdr[0])<<16 | int(p.hdr[1])<<8 | int(p.hdr[2])
 			p.typ, p.flags = p.hdr[3], p.hdr[4]
@@ -122,9 +130,16 @@ func (p *h2Parser) feed(b []byte, onData func(stream uint32, d []byte), onFrame 
 			b = p.payload(b, onData)
 		}
 		if p.nhdr == 9 && p.left == 0 {
-			p.nhdr = 0
+			p.nhdr, whole = 0, true
 			onFrame(h2Frame{p.typ, p.flags, p.stream, p.length, p.head})
 		}
+	}
+	// A frame left incomplete started in b if one completed in b or none was incomplete.
+	switch {
+	case p.nhdr == 0:
+		p.since = time.Time{}
+	case whole || p.since.IsZero():
+		p.since = now
 	}
 }
 
@@ -153,7 +168,7 @@ func (p *h2Parser) payload(b []byte, onData func(stream uint32, d []byte)) []byt
 func (w *grpcWatch) in(b []byte, now time.Time) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.fromClient.feed(b, func(id uint32, d []byte) { w.inData(id, d, now) }, w.inFrame)
+	w.fromClient.feed(b, now, func(id uint32, d []byte) { w.inData(id, d, now) }, w.inFrame)
 	if w.share != nil && w.share.Used() > w.share.Limit() && w.cut == "" {
 		var most int64
 		for _, st := range w.streams {
@@ -218,7 +233,7 @@ func (w *grpcWatch) inFrame(f h2Frame) {
 func (w *grpcWatch) out(b []byte, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.toClient.feed(b, func(uint32, []byte) {}, func(f h2Frame) {
+	w.toClient.feed(b, now, func(uint32, []byte) {}, func(f h2Frame) {
 		switch {
 		case f.typ == h2WindowUpdate:
 			inc := int64(binary.BigEndian.Uint32(f.head[:]) & 0x7fffffff)
@@ -257,12 +272,20 @@ func (w *grpcWatch) end(id uint32) {
 	}
 }
 
-// stalled returns why the connection must close: a request message under way that got no
-// byte for the frame timeout while it had window ("" if none).
+// stalled returns why the connection must close: a frame from the client incomplete for the
+// frame timeout, or a request message under way that got no byte for it while it had window
+// ("" if none).
 func (w *grpcWatch) stalled(now time.Time) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.cut != "" || w.timeout <= 0 || w.connWin <= 0 {
+	if w.cut != "" || w.timeout <= 0 {
+		return w.cut
+	}
+	if since := w.fromClient.since; !since.IsZero() && now.Sub(since) >= w.timeout {
+		w.cut = fmt.Sprintf("an HTTP/2 frame stayed incomplete for the frame_timeout (%v)", w.timeout)
+		return w.cut
+	}
+	if w.connWin <= 0 {
 		return w.cut
 	}
 	for _, st := range w.streams {

@@ -88,44 +88,56 @@ func (r *zstdReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// grpcChargedZstd decodes the gRPC face's zstd requests for one server (its
-// grpc.RPCDecompressor, which grpc-go prefers to the registered compressor): the output is
-// capped at the server's MAX_MESSAGE_SIZE and charged to its memory budget as it grows (a
+// grpcCharged decodes the gRPC face's requests in one encoding for one server: the output
+// is capped at the server's MAX_MESSAGE_SIZE and charged to its memory budget as it grows (a
 // request that finds no room fails, and the bridge ends it RESOURCE_EXHAUSTED). The charge
-// is handed to the call with the message (grpcCharges) and given back when the handler is
-// done with it.
-type grpcChargedZstd struct {
+// is handed to the call with the message and given back when the handler is done with it.
+// zstd's is grpc-go's per-server decompressor (grpc.RPCDecompressor, which grpc-go prefers
+// to the registered compressor); gzip's is used by the bridge itself (grpcgzip.go), as
+// grpc-go takes one per-server decompressor only.
+type grpcCharged struct {
+	enc    string
 	budget *wire.MemoryBudget
 	limit  uint32
 }
 
-func (grpcChargedZstd) Type() string { return "zstd" }
+func (d grpcCharged) Type() string { return d.enc }
 
-func (d grpcChargedZstd) Do(r io.Reader) ([]byte, error) {
+// Do decodes a message for grpc-go, its charge kept by the output's first byte
+// (grpcCharges) until bridgeCodec.Unmarshal takes it.
+func (d grpcCharged) Do(r io.Reader) ([]byte, error) {
 	body, err := io.ReadAll(r) // the compressed message: within MaxRecvMsgSize already
 	if err != nil {
 		return nil, err
 	}
-	out, charged, err := wire.InflateCharged(wire.EncodingZstd, body, d.limit, d.budget)
+	out, c, err := d.inflate(body)
+	if err == nil && c != (grpcCharge{}) {
+		grpcCharges.Store(unsafe.SliceData(out), c)
+	}
+	return out, err
+}
+
+// inflate decodes body: the message and its charge, or a one-byte mark and the refusal of a
+// message that found no room or passed the limit (grpc-go would end the call INTERNAL with
+// a decompressor's error: the mark carries the refusal to the bridge, which ends the call
+// RESOURCE_EXHAUSTED).
+func (d grpcCharged) inflate(body []byte) ([]byte, grpcCharge, error) {
+	out, charged, err := wire.InflateCharged(d.enc, body, d.limit, d.budget)
 	var ce *wire.CallError
 	if errors.As(err, &ce) && ce.Code == wire.ResourceExhausted {
-		// grpc-go would end the call INTERNAL with a decompressor's error: a message of
-		// its own carries the refusal to the bridge, which ends the call RESOURCE_EXHAUSTED.
-		mark := make([]byte, 1)
-		grpcCharges.Store(unsafe.SliceData(mark), grpcCharge{refused: ce.Message})
-		return mark, nil
+		return make([]byte, 1), grpcCharge{refused: ce.Message}, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, grpcCharge{}, err
 	}
-	if charged > 0 {
-		if len(out) == 0 {
-			d.budget.Release(charged)
-		} else {
-			grpcCharges.Store(unsafe.SliceData(out), grpcCharge{budget: d.budget, n: charged})
-		}
+	if charged > 0 && len(out) == 0 { // nothing to hold the charge by
+		d.budget.Release(charged)
+		charged = 0
 	}
-	return out, nil
+	if charged == 0 {
+		return out, grpcCharge{}, nil
+	}
+	return out, grpcCharge{budget: d.budget, n: charged}, nil
 }
 
 // grpcCharge is the memory budget charge of a decompressed gRPC message, from its

@@ -39,9 +39,11 @@
 
 //!
 //! `wire.rs`, gRPC's wire details free of I/O, is built always: the client's gRPC mode
-//! (`client/grpc.rs`) uses it too. Only `server.rs` and `watch.rs` (the frame boundaries the
-//! timers read) are behind the feature `grpc`.
+//! (`client/grpc.rs`) uses it too. Only `server.rs` (a connection), `call.rs` (a call) and `watch.rs`
+//! (the frame boundaries the timers read) are behind the feature `grpc`.
 
+#[cfg(feature = "grpc")]
+mod call;
 #[cfg(feature = "grpc")]
 pub(crate) mod server;
 #[cfg(feature = "grpc")]

@@ -1,0 +1,796 @@
+//! One call of the gRPC face, from its request headers to its trailers: [`Face::call`] checks
+//! the headers and runs a [`Call`], which gathers the request messages (`wire::Deframer`, the
+//! memory budget), hands them to the method's handler — the same type-erased handler
+//! (`server::handler`) native calls get, first polled inline, then on a task of its own if it
+//! waits — and sends its response within the stream's send capacity. Every call runs on its
+//! connection's task (`server.rs`).
+
+use super::server::Peer;
+use super::wire::{self, Deframer, Frame};
+use crate::request::{Cancellation, ServerContext};
+use crate::server::handler::{
+    CallIo, Done, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit, Spawned,
+};
+use crate::server::Registry;
+use crate::streaming::Item;
+use crate::{Compression, Encoding, Status};
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use http::HeaderMap;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::time::Sleep;
+use tokio_util::sync::CancellationToken;
+use topspin_proto::{Code, Metadata};
+
+/// Commands a streaming call's handler may have queued to its call (headers, a message
+/// waiting for its acknowledgement, credit for consumed requests). The handler waits for room.
+const CALL_QUEUE: usize = 64;
+
+/// Response bytes of one connection's calls that h2 has not been given yet (it is given them
+/// only within each stream's send capacity): past `max` (`Config::max_send_buffer`) new calls
+/// wait to start, as on a native connection, so a client that never reads cannot make the
+/// server produce more.
+pub(super) struct Unsent {
+    pub(super) bytes: std::sync::atomic::AtomicUsize,
+    pub(super) max: usize,
+    pub(super) room: tokio::sync::Notify,
+}
+
+impl Unsent {
+    pub(super) fn get(&self) -> usize {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self, n: usize) {
+        self.bytes
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn sub(&self, n: usize) {
+        let before = self
+            .bytes
+            .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+        if before > self.max && before - n <= self.max {
+            self.room.notify_waiters();
+        }
+    }
+
+    /// Waits until the connection's unsent bytes are within the bound.
+    async fn room(&self) {
+        if self.get() <= self.max {
+            return; // the common case: no waiter to register
+        }
+        loop {
+            let notified = self.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.get() <= self.max {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A response message waiting for send capacity: counted in its connection's [`Unsent`]
+/// until h2 has taken all of it or the call ends.
+struct Queued<'a> {
+    frame: Frame,
+    /// A streaming handler waiting for its message to be taken.
+    ack: Option<Ack>,
+    unsent: &'a Unsent,
+}
+
+impl<'a> Queued<'a> {
+    fn new(frame: Frame, ack: Option<Ack>, unsent: &'a Unsent) -> Queued<'a> {
+        unsent.add(bytes::Buf::remaining(&frame));
+        Queued { frame, ack, unsent }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.unsent.sub(bytes::Buf::remaining(&self.frame));
+        if let Some(ack) = self.ack.take() {
+            let _ = ack.send(Err(Status::cancelled("the call is over")));
+        }
+    }
+}
+
+/// What every call of one connection shares.
+pub(super) struct Face {
+    pub(super) unsent: Unsent,
+    pub(super) registry: Arc<Registry>,
+    pub(super) peer: Peer,
+    /// Every call's share of the connection's context.
+    pub(super) context: Arc<crate::request::ConnContext>,
+    pub(super) max_message_size: u32,
+    /// The request metadata's limit, as on the native face (the header list may be larger by
+    /// the HTTP/2 and gRPC headers themselves).
+    pub(super) max_metadata_size: usize,
+    pub(super) window: usize,
+    /// A request message that stops arriving (no byte for this long while the window is
+    /// open) ends its call: `Config::frame_timeout`, as a stalled native frame.
+    pub(super) frame_timeout: Duration,
+    /// Where a call's timers wait while not armed (no deadline, nothing withheld or stalled).
+    pub(super) far: Instant,
+    pub(super) compression: Option<Compression>,
+    /// What large request messages are reserved against (shared with native calls).
+    pub(super) budget: Arc<topspin_proto::MemoryBudget>,
+    /// The `CallIo` of unary handlers, which send nothing through it.
+    pub(super) unary_tx: mpsc::Sender<SCmd>,
+    pub(super) _unary_rx: mpsc::Receiver<SCmd>,
+    /// The grace period of a shutdown is over: calls end `UNAVAILABLE`.
+    pub(super) abort: CancellationToken,
+}
+
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(wire::CONTENT_TYPE.as_bytes()))
+}
+
+/// Answers a call with a trailers-only response (HEADERS with END_STREAM).
+fn trailers_only(respond: &mut SendResponse<Frame>, status: &Status, negotiating: bool) {
+    let mut h = wire::response_headers(&Metadata::new(), None, negotiating);
+    wire::status_trailers(&mut h, status, &Metadata::new());
+    let mut resp = http::Response::new(());
+    *resp.headers_mut() = h;
+    let _ = respond.send_response(resp, true);
+}
+
+impl Face {
+    /// One call, from its request headers to its trailers.
+    pub(super) async fn call(
+        &self,
+        req: http::Request<RecvStream>,
+        mut respond: SendResponse<Frame>,
+    ) {
+        let (parts, body) = req.into_parts();
+        let headers = &parts.headers;
+        if !is_grpc(headers) {
+            // gRPC's rule for a request that is not gRPC.
+            let mut resp = http::Response::new(());
+            *resp.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            let _ = respond.send_response(resp, true);
+            return;
+        }
+        let method = parts.uri.path();
+        let Some(handler) = self.registry.get(method) else {
+            let st =
+                Status::unimplemented(format!("method {method} is not implemented by this server"));
+            trailers_only(&mut respond, &st, false);
+            return;
+        };
+        let deadline = match headers.get(wire::GRPC_TIMEOUT) {
+            None => None,
+            Some(v) => match wire::parse_timeout(v.as_bytes()) {
+                Ok(d) => Instant::now().checked_add(d),
+                Err(st) => return trailers_only(&mut respond, &st, false),
+            },
+        };
+        let recv = match wire::request_encoding(headers) {
+            Ok(e) => e,
+            Err(st) => return trailers_only(&mut respond, &st, true),
+        };
+        let accepts = wire::accepted_encodings(headers);
+        let negotiating = recv.is_some() || accepts.is_some();
+        let accepts = accepts.unwrap_or(0);
+        let send = self
+            .compression
+            .filter(|c| accepts & c.encoding().bit() != 0);
+        let metadata = wire::metadata_from_headers(headers);
+        let md_len = metadata.encoded_len();
+        if md_len > self.max_metadata_size {
+            let st = Status::new(
+                Code::ResourceExhausted,
+                format!(
+                    "request metadata of {md_len} bytes exceeds this server's limit of {} bytes (max_metadata_size)",
+                    self.max_metadata_size
+                ),
+            );
+            return trailers_only(&mut respond, &st, negotiating);
+        }
+        let cancel = Cancellation::default();
+        let ctx = ServerContext {
+            deadline,
+            encoding: recv,
+            method: bytestring::ByteString::from(method),
+            cancel: cancel.clone(),
+            conn: self.context.clone(),
+        };
+        let mut call = Call {
+            id: respond.stream_id().as_u32(),
+            out: Out::Head(respond),
+            send,
+            recv,
+            accepts,
+            negotiating,
+            guard: CancelGuard {
+                cancel,
+                armed: true,
+            },
+        };
+        // A connection whose client does not read what it was sent starts no more handlers.
+        self.unsent.room().await;
+        call.run(self, handler, metadata, ctx, body).await;
+    }
+}
+
+/// Sets a call's timer to ring at `at`, making it the first time.
+fn arm(mut timer: Pin<&mut Option<Sleep>>, at: Instant) {
+    match timer.as_mut().as_pin_mut() {
+        Some(t) => t.reset(at.into()),
+        None => timer.set(Some(tokio::time::sleep_until(at.into()))),
+    }
+}
+
+/// Whether a call's timer (if armed) has rung.
+fn poll_armed(timer: Pin<&mut Option<Sleep>>, cx: &mut std::task::Context<'_>) -> bool {
+    timer.as_pin_mut().is_some_and(|t| t.poll(cx).is_ready())
+}
+
+/// Where the response stands.
+enum Out {
+    /// Nothing sent yet.
+    Head(SendResponse<Frame>),
+    /// Headers sent: messages and trailers go here.
+    Body(SendStream<Frame>),
+    /// Trailers sent (or the stream is gone).
+    Closed,
+}
+
+impl Out {
+    /// Ready when the client reset the stream (or the connection failed).
+    fn poll_reset(&mut self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        match self {
+            Out::Head(r) => r.poll_reset(cx).map(|_| ()),
+            Out::Body(s) => s.poll_reset(cx).map(|_| ()),
+            Out::Closed => Poll::Pending,
+        }
+    }
+}
+
+/// Cancels the handler's call if the call ends (or its connection goes) before the handler
+/// returned: its `Request::cancellation()` fires and its future is dropped.
+struct CancelGuard {
+    cancel: Cancellation,
+    armed: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cancel.cancel();
+        }
+    }
+}
+
+/// What woke a call up.
+enum Ev {
+    Reset,
+    Deadline,
+    Abort,
+    Done(Done),
+    Capacity(Option<Result<usize, h2::Error>>),
+    Cmd(Option<SCmd>),
+    Data(Option<Result<Bytes, h2::Error>>),
+    /// Time to look again whether withheld window can be given back.
+    Retry,
+    /// A request message stopped arriving for `frame_timeout` while the window was open.
+    Stalled,
+}
+
+/// How often a call whose window is withheld (memory budget spent) looks for room again.
+const RETRY_WINDOW: Duration = Duration::from_millis(20);
+
+type Ack = tokio::sync::oneshot::Sender<Result<(), Status>>;
+
+struct Call {
+    id: u32,
+    out: Out,
+    send: Option<Compression>,
+    recv: Option<Encoding>,
+    /// The encodings the client accepts (`grpc-accept-encoding`, a bit per encoding).
+    accepts: u8,
+    negotiating: bool,
+    guard: CancelGuard,
+}
+
+impl Call {
+    #[allow(clippy::too_many_lines)]
+    async fn run(
+        &mut self,
+        face: &Face,
+        handler: HandlerRef,
+        metadata: Metadata,
+        ctx: ServerContext,
+        mut body: RecvStream,
+    ) {
+        let kind = handler.kind();
+        let deadline = ctx.deadline;
+        // The call's timers exist only once armed: most calls have none (a `Sleep` made per
+        // call reads the runtime's handle and the clock).
+        let sleep: Option<Sleep> = deadline.map(|d| tokio::time::sleep_until(d.into()));
+        tokio::pin!(sleep);
+        let abort = face.abort.cancelled();
+        tokio::pin!(abort);
+        let limit = face.max_message_size;
+        let mut deframer = Deframer::new(face.window, Some(face.budget.clone()));
+        let mut body_open = !body.is_end_stream();
+        // Unary and server-streaming: the one request message, and what the handler needs
+        // once it has arrived.
+        let mut one: Option<Bytes> = None;
+        let mut waiting = Some((handler, metadata, ctx));
+        let mut inbound: Option<mpsc::UnboundedSender<Item>> = None;
+        let mut exec: Option<Spawned> = None;
+        // Request bytes handed to the handler and not consumed yet; the body is read only while
+        // they are under the stream window, so a handler that does not read bounds the client.
+        let mut outstanding = 0usize;
+        let mut pending: Option<Queued<'_>> = None;
+        // A unary reply's trailers, sent once its message has gone to h2.
+        let mut finish: Option<Metadata> = None;
+        // Window taken off h2 while an unfinished message is held and the memory budget is
+        // spent: given back once there is room (as native chunk credit is withheld).
+        let mut withheld = 0usize;
+        let retry: Option<Sleep> = None;
+        tokio::pin!(retry);
+        // Armed while part of a message is held and the window is open (the client can send).
+        // Re-armed lazily: bytes only move `last_bytes`, the timer is reset when it rings early.
+        let stall: Option<Sleep> = None;
+        tokio::pin!(stall);
+        let mut stall_armed = false;
+        // When bytes last came, while `stall` is armed (read from the clock only then).
+        let mut last_bytes = face.far;
+        let (mut rx, io) = if kind == crate::CallKind::Unary {
+            (
+                None,
+                CallIo {
+                    tx: face.unary_tx.clone(),
+                    id: self.id,
+                },
+            )
+        } else {
+            let (tx, rx) = mpsc::channel(CALL_QUEUE);
+            (Some(rx), CallIo { tx, id: self.id })
+        };
+        if kind.client_streams() {
+            // Requests arrive as a stream: the handler starts now.
+            // Bounded by flow control: the stream's window is given back to the peer only as
+            // the handler consumes messages, so at most one window of requests waits here.
+            let (tx, in_rx) = mpsc::unbounded_channel();
+            inbound = Some(tx);
+            let credit = Box::new(ServerCredit {
+                tx: io.tx.clone(),
+                id: self.id,
+            });
+            let (handler, md, ctx) = waiting.take().expect("not started");
+            let input = Input::Stream { rx: in_rx, credit };
+            match self.start(&handler, input, md, ctx, io.clone()) {
+                Started::Done(d) => match self.done(d, rx.as_mut(), &face.unsent) {
+                    Some((q, t)) => (pending, finish) = (Some(q), Some(t)),
+                    None => return,
+                },
+                Started::Running(s) => exec = Some(s),
+                Started::Ended => return,
+            }
+        }
+        loop {
+            if finish.is_some() {
+                self.push(&mut pending);
+                if pending.is_none() {
+                    let trailers = finish.take().unwrap_or_default();
+                    return self.end(&Status::ok(), &trailers);
+                }
+            }
+            let ev = poll_fn(|cx| {
+                if self.out.poll_reset(cx).is_ready() {
+                    return Poll::Ready(Ev::Reset);
+                }
+                if sleep
+                    .as_mut()
+                    .as_pin_mut()
+                    .is_some_and(|s| s.poll(cx).is_ready())
+                {
+                    return Poll::Ready(Ev::Deadline);
+                }
+                if abort.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ev::Abort);
+                }
+                if let Some(e) = exec.as_mut() {
+                    if let Poll::Ready(d) = Pin::new(e).poll(cx) {
+                        return Poll::Ready(Ev::Done(d));
+                    }
+                }
+                if pending.is_some() {
+                    if let Out::Body(s) = &mut self.out {
+                        if let Poll::Ready(c) = s.poll_capacity(cx) {
+                            return Poll::Ready(Ev::Capacity(c));
+                        }
+                    }
+                }
+                if let Some(rx) = rx.as_mut() {
+                    if let Poll::Ready(c) = rx.poll_recv(cx) {
+                        return Poll::Ready(Ev::Cmd(c));
+                    }
+                }
+                if withheld > 0 && poll_armed(retry.as_mut(), cx) {
+                    return Poll::Ready(Ev::Retry);
+                }
+                if stall_armed && poll_armed(stall.as_mut(), cx) {
+                    return Poll::Ready(Ev::Stalled);
+                }
+                if body_open && outstanding < face.window {
+                    if let Poll::Ready(d) = body.poll_data(cx) {
+                        return Poll::Ready(Ev::Data(d));
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
+            match ev {
+                // The client cancelled (RST_STREAM): the guard cancels the handler.
+                Ev::Reset => return,
+                Ev::Deadline => {
+                    let st = Status::new(Code::DeadlineExceeded, "the call's deadline passed");
+                    return self.end(&st, &Metadata::new());
+                }
+                Ev::Abort => {
+                    let st = Status::unavailable("the server shut down before the call finished");
+                    return self.end(&st, &Metadata::new());
+                }
+                Ev::Done(d) => {
+                    exec = None;
+                    match self.done(d, rx.as_mut(), &face.unsent) {
+                        Some((q, t)) => (pending, finish) = (Some(q), Some(t)),
+                        None => return,
+                    }
+                }
+                Ev::Capacity(Some(Ok(n))) if n > 0 => self.push(&mut pending),
+                Ev::Capacity(Some(Ok(_))) => {}
+                Ev::Capacity(_) => return, // the stream is gone
+                Ev::Cmd(None) => rx = None,
+                Ev::Cmd(Some(cmd)) => {
+                    if let Err(st) = self.apply(cmd, &mut pending, &mut outstanding, &face.unsent) {
+                        return self.end(&st, &Metadata::new());
+                    }
+                }
+                Ev::Retry => {
+                    if deframer.must_wait() {
+                        arm(retry.as_mut(), Instant::now() + RETRY_WINDOW);
+                    } else {
+                        let _ = body.flow_control().release_capacity(withheld);
+                        withheld = 0;
+                        last_bytes = Instant::now();
+                        stall_armed = !deframer.is_empty();
+                        arm(stall.as_mut(), last_bytes + face.frame_timeout);
+                    }
+                }
+                Ev::Stalled if last_bytes + face.frame_timeout > Instant::now() => {
+                    arm(stall.as_mut(), last_bytes + face.frame_timeout);
+                }
+                Ev::Stalled => {
+                    let st = Status::new(
+                        Code::Unavailable,
+                        format!(
+                            "a request message stayed incomplete for {:?} (frame_timeout)",
+                            face.frame_timeout
+                        ),
+                    );
+                    return self.end(&st, &Metadata::new());
+                }
+                Ev::Data(Some(Ok(chunk))) => {
+                    let n = chunk.len();
+                    deframer.push(chunk);
+                    loop {
+                        match deframer.next(limit, self.recv) {
+                            Ok(Some(r)) => {
+                                if let Some(tx) = &inbound {
+                                    // Counted as the larger of its wire and decompressed
+                                    // sizes: a slow reader's queue holds at most a window of
+                                    // what the handler will see.
+                                    let cost = r.wire_len.max(r.message.len());
+                                    outstanding += cost;
+                                    let credit = u32::try_from(cost).unwrap_or(u32::MAX);
+                                    let _ = tx.send(Item::Message(r.message, credit));
+                                } else if one.is_none() && waiting.is_some() {
+                                    one = Some(r.message);
+                                } else {
+                                    let st = Status::invalid_argument(format!(
+                                        "{} takes one request message, got more",
+                                        method_of(&waiting)
+                                    ));
+                                    return self.end(&st, &Metadata::new());
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(st) => return self.end(&st, &Metadata::new()),
+                        }
+                    }
+                    // Taken off h2's buffer: the window reopens (bounded by `outstanding`),
+                    // unless an unfinished message is held with the memory budget spent.
+                    if deframer.must_wait() {
+                        if withheld == 0 {
+                            arm(retry.as_mut(), Instant::now() + RETRY_WINDOW);
+                        }
+                        withheld += n;
+                    } else {
+                        let _ = body.flow_control().release_capacity(n + withheld);
+                        withheld = 0;
+                    }
+                    // Bytes came: a message still incomplete has `frame_timeout` from now
+                    // (not while its window is withheld: the client cannot send then).
+                    let partial = withheld == 0 && !deframer.is_empty();
+                    if partial {
+                        last_bytes = Instant::now();
+                        if !stall_armed {
+                            arm(stall.as_mut(), last_bytes + face.frame_timeout);
+                        }
+                    }
+                    stall_armed = partial;
+                }
+                Ev::Data(Some(Err(_))) => return, // reset or connection error
+                Ev::Data(None) => {
+                    body_open = false;
+                    if !deframer.is_empty() {
+                        let st = Status::internal("the request stream ended inside a message");
+                        return self.end(&st, &Metadata::new());
+                    }
+                    if let Some(tx) = inbound.take() {
+                        let _ = tx.send(Item::End(Ok(Metadata::new())));
+                        continue;
+                    }
+                    let Some((handler, md, ctx)) = waiting.take() else {
+                        continue;
+                    };
+                    let Some(m) = one.take() else {
+                        let st = Status::invalid_argument(format!(
+                            "{} takes one request message, got none",
+                            &*ctx.method
+                        ));
+                        return self.end(&st, &Metadata::new());
+                    };
+                    match self.start(&handler, Input::One(m), md, ctx, io.clone()) {
+                        Started::Done(d) => match self.done(d, rx.as_mut(), &face.unsent) {
+                            Some((q, t)) => (pending, finish) = (Some(q), Some(t)),
+                            None => return,
+                        },
+                        Started::Running(s) => exec = Some(s),
+                        Started::Ended => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Builds the handler's future and polls it once on this task; one that is not done goes
+    /// on on a task of its own (`server::handler::Spawned`, as native calls do).
+    fn start(
+        &mut self,
+        handler: &HandlerRef,
+        input: Input,
+        md: Metadata,
+        ctx: ServerContext,
+        io: CallIo,
+    ) -> Started {
+        // A call whose deadline passed on its way in is not started.
+        if ctx.deadline.is_some_and(|d| d <= Instant::now()) {
+            let st = Status::new(
+                Code::DeadlineExceeded,
+                "the deadline passed before the handler started",
+            );
+            self.end(&st, &Metadata::new());
+            return Started::Ended;
+        }
+        let mut running = Running {
+            id: self.id,
+            cancel: self.guard.cancel.clone(),
+            fut: Some(handler.call(input, md, ctx, io.as_ref(), None)),
+        };
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        // As on a native connection: polled inline unless its method is known to block.
+        let polled = if running.cancel.is_cancelled() {
+            Pin::new(&mut running).poll(&mut cx)
+        } else {
+            running.poll_first(&mut cx, handler.inline())
+        };
+        match polled {
+            Poll::Ready(done) => Started::Done(done),
+            Poll::Pending => Started::Running(Spawned::spawn(running)),
+        }
+    }
+
+    /// Applies a streaming handler's command.
+    fn apply<'f>(
+        &mut self,
+        cmd: SCmd,
+        pending: &mut Option<Queued<'f>>,
+        outstanding: &mut usize,
+        unsent: &'f Unsent,
+    ) -> Result<(), Status> {
+        match cmd {
+            SCmd::Headers { metadata, .. } => {
+                self.headers(&metadata);
+            }
+            SCmd::Credit { bytes, .. } => {
+                *outstanding = outstanding.saturating_sub(bytes as usize);
+            }
+            SCmd::Send { message, ack, .. } => {
+                if pending.is_some() || !self.headers(&Metadata::new()) {
+                    let _ = ack.send(Err(Status::cancelled("the call is over")));
+                    return Ok(());
+                }
+                let frame = match Frame::new(message, self.send) {
+                    Ok(f) => f,
+                    Err(st) => {
+                        let _ = ack.send(Err(st.clone()));
+                        return Err(st);
+                    }
+                };
+                // The handler's next message waits until h2 has taken all of this one.
+                *pending = Some(Queued::new(frame, Some(ack), unsent));
+                self.push(pending);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives h2 as much of the queued message as the stream's send capacity allows (h2 then
+    /// holds at most its per-stream send buffer, whatever the message's size), in pieces that
+    /// share the message's buffers; once all of it is taken, the handler is told.
+    fn push(&mut self, pending: &mut Option<Queued<'_>>) {
+        use bytes::Buf;
+        let Out::Body(s) = &mut self.out else {
+            *pending = None;
+            return;
+        };
+        // h2 wakes the task its `poll_reset` holds when it assigns capacity, which it does at
+        // once when the window has room: that task is this call's, which looks at the capacity
+        // right here, so the wake would only cost the connection a turn for nothing. A no-op
+        // waker takes its place meanwhile; the call's next poll registers it again (it polls
+        // `poll_reset` and, with a message still pending, `poll_capacity` before it waits).
+        let _ = s.poll_reset(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        while let Some(q) = pending.as_mut() {
+            s.reserve_capacity(q.frame.remaining());
+            let cap = s.capacity();
+            if cap == 0 {
+                return; // Ev::Capacity comes back here
+            }
+            let piece = q.frame.take_piece(cap);
+            q.unsent.sub(piece.remaining());
+            if s.send_data(piece, false).is_err() {
+                *pending = None; // the stream is gone: the handler hears so
+                return;
+            }
+            if !q.frame.has_remaining() {
+                if let Some(mut q) = pending.take() {
+                    if let Some(ack) = q.ack.take() {
+                        let _ = ack.send(Ok(()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends the response headers if they have not gone yet; false if the stream is gone.
+    fn headers(&mut self, md: &Metadata) -> bool {
+        if matches!(self.out, Out::Head(_)) {
+            self.choose_compression(md);
+        }
+        self.send_headers(md)
+    }
+
+    /// The handler's own compression choice (`Response::with_compression`), if it made one
+    /// and the client accepts it.
+    fn choose_compression(&mut self, md: &Metadata) {
+        if let Some(choice) = wire::chosen_compression(md) {
+            self.send = choice.filter(|c| self.accepts & c.encoding().bit() != 0);
+        }
+    }
+
+    /// [`Call::headers`] with the compression already chosen.
+    fn send_headers(&mut self, md: &Metadata) -> bool {
+        match std::mem::replace(&mut self.out, Out::Closed) {
+            Out::Head(mut respond) => {
+                let mut resp = http::Response::new(());
+                *resp.headers_mut() = wire::response_headers(md, self.send, self.negotiating);
+                match respond.send_response(resp, false) {
+                    Ok(s) => {
+                        self.out = Out::Body(s);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            out @ Out::Body(_) => {
+                self.out = out;
+                true
+            }
+            Out::Closed => false,
+        }
+    }
+
+    /// The handler returned (or was cancelled: `None`). A unary reply's message is returned to
+    /// go out within the stream's send capacity, with the trailers to send after it.
+    fn done<'f>(
+        &mut self,
+        (_, outcome, _): Done,
+        rx: Option<&mut mpsc::Receiver<SCmd>>,
+        unsent: &'f Unsent,
+    ) -> Option<(Queued<'f>, Metadata)> {
+        let outcome = outcome?;
+        self.guard.armed = false;
+        if let Some(rx) = rx {
+            // A response stream's headers are queued, not awaited: they go before the trailers.
+            while let Ok(cmd) = rx.try_recv() {
+                if let SCmd::Headers { metadata, .. } = cmd {
+                    self.headers(&metadata);
+                }
+            }
+        }
+        match outcome {
+            Outcome::Reply(Ok((message, headers, trailers))) => {
+                // The handler's compression choice applies to this very message: taken before
+                // it is framed (the headers that announce it go after, if framing succeeds).
+                if matches!(self.out, Out::Head(_)) {
+                    self.choose_compression(&headers);
+                }
+                let frame = match Frame::new(message, self.send) {
+                    Ok(f) => f,
+                    Err(st) => {
+                        self.end(&st, &Metadata::new());
+                        return None;
+                    }
+                };
+                if !self.send_headers(&headers) {
+                    return None;
+                }
+                let mut q = Some(Queued::new(frame, None, unsent));
+                self.push(&mut q);
+                match q {
+                    Some(q) => return Some((q, trailers)),
+                    None => self.end(&Status::ok(), &trailers),
+                }
+            }
+            Outcome::Reply(Err(st)) | Outcome::Finished(Err(st)) => {
+                self.end(&st, &Metadata::new());
+            }
+            Outcome::Finished(Ok(trailers)) => self.end(&Status::ok(), &trailers),
+        }
+        None
+    }
+
+    /// Ends the call with `status`: trailers, or a trailers-only response if nothing was sent.
+    /// A handler still running is cancelled (by the guard, when the call is dropped).
+    fn end(&mut self, status: &Status, trailers: &Metadata) {
+        match std::mem::replace(&mut self.out, Out::Closed) {
+            Out::Head(mut respond) => trailers_only(&mut respond, status, self.negotiating),
+            Out::Body(mut s) => {
+                let mut h = HeaderMap::new();
+                wire::status_trailers(&mut h, status, trailers);
+                let _ = s.send_trailers(h);
+            }
+            Out::Closed => {}
+        }
+    }
+}
+
+fn method_of(waiting: &Option<(HandlerRef, Metadata, ServerContext)>) -> &str {
+    waiting
+        .as_ref()
+        .map_or("the method", |(_, _, c)| &*c.method)
+}
+
+enum Started {
+    Done(Done),
+    Running(Spawned),
+    /// Answered without running (its deadline had passed).
+    Ended,
+}

@@ -38,12 +38,14 @@
 //! connection whose PING is not answered within `keepalive_timeout`.
 
 //!
-//! `wire.rs`, gRPC's wire details free of I/O, is built always: the client's gRPC mode
-//! (`client/grpc.rs`) uses it too. Only `server.rs` (a connection), `call.rs` (a call) and `watch.rs`
-//! (the frame boundaries the timers read) are behind the feature `grpc`.
+//! `wire.rs` (headers, metadata, status, `grpc-timeout`) and `framing.rs` (the message prefix
+//! and the deframers), gRPC's wire details free of I/O, are built always: the client's gRPC
+//! mode (`client/grpc.rs`) uses them too. Only `server.rs` (a connection), `call.rs` (a call)
+//! and `watch.rs` (the frame boundaries the timers read) are behind the feature `grpc`.
 
 #[cfg(feature = "grpc")]
 mod call;
+mod framing;
 #[cfg(feature = "grpc")]
 pub(crate) mod server;
 #[cfg(feature = "grpc")]

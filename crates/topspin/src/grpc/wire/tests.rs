@@ -1,4 +1,5 @@
 use super::*;
+use bytes::Buf;
 
 #[test]
 fn timeouts() {

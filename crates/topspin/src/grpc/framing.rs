@@ -1,0 +1,514 @@
+//! gRPC's message framing, free of I/O and shared by both sides (the server's gRPC face and
+//! the client's gRPC mode): the 5-byte prefix, a response message framed for h2 (`Frame`,
+//! feature `grpc`), and the deframers that gather request and response messages (a message's
+//! buffer charged to the memory budget; per-message flow-control credit). The header side of
+//! gRPC is `wire.rs`, which re-exports these names.
+
+#[cfg(feature = "grpc")]
+use crate::compression::Compression;
+use crate::compression::{self, Encoding};
+use crate::Status;
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Bytes before each message: the compressed flag and the length (big-endian u32).
+pub(crate) const PREFIX: usize = 5;
+
+/// The 5-byte prefix of a message of `len` bytes.
+pub(crate) fn prefix(compressed: bool, len: usize) -> Result<[u8; PREFIX], Status> {
+    let len = u32::try_from(len).map_err(|_| {
+        Status::resource_exhausted(format!(
+            "a message of {len} bytes is larger than gRPC's 4 GiB message limit"
+        ))
+    })?;
+    let l = len.to_be_bytes();
+    Ok([u8::from(compressed), l[0], l[1], l[2], l[3]])
+}
+
+/// A message's prefix read (`head` holds at least its 5 bytes): whether it is compressed and
+/// its length. `Err`: a flag other than 0 or 1 (INTERNAL) or a length over `limit`
+/// (RESOURCE_EXHAUSTED), found before any of the message is buffered.
+fn parse_prefix(head: &[u8], limit: usize) -> Result<(bool, usize), Status> {
+    let (&flag, rest) = head
+        .split_first()
+        .ok_or_else(|| Status::internal("a gRPC message prefix is 5 bytes"))?;
+    let len = match rest {
+        [a, b, c, d, ..] => u32::from_be_bytes([*a, *b, *c, *d]) as usize,
+        _ => return Err(Status::internal("a gRPC message prefix is 5 bytes")),
+    };
+    if flag > 1 {
+        return Err(Status::internal(format!(
+            "invalid compressed flag {flag} (gRPC allows 0 or 1)"
+        )));
+    }
+    if len > limit {
+        return Err(Status::resource_exhausted(format!(
+            "a message of {len} bytes is over the max_message_size of {limit} bytes"
+        )));
+    }
+    Ok((flag == 1, len))
+}
+
+/// A received message's bytes: decompressed with the call's `grpc-encoding` if its flag says
+/// so (to at most `limit` bytes, charged to `budget` while the message lives). `Err` (INTERNAL): a compressed message without an encoding.
+pub(crate) fn unframe(
+    compressed: bool,
+    body: Bytes,
+    encoding: Option<Encoding>,
+    limit: usize,
+    budget: Option<&std::sync::Arc<topspin_proto::MemoryBudget>>,
+) -> Result<Bytes, Status> {
+    match (compressed, encoding) {
+        (false, _) => Ok(body),
+        (true, Some(e)) => {
+            let room = compression::Room::new(limit, budget.cloned());
+            compression::inflate(e, &body, &room)
+        }
+        (true, None) => Err(Status::internal(
+            "a compressed message on a call without grpc-encoding",
+        )),
+    }
+}
+
+/// The segments of `message` after its first `skip` bytes (none empty).
+pub(crate) fn segments_after(
+    message: &crate::codec::Payload,
+    mut skip: usize,
+) -> impl Iterator<Item = Bytes> + '_ {
+    message.segments().iter().filter_map(move |s| {
+        let k = skip.min(s.len());
+        skip -= k;
+        (k < s.len()).then(|| if k == 0 { s.clone() } else { s.slice(k..) })
+    })
+}
+
+/// One outgoing gRPC message (the server's): the 5-byte prefix and the message, sent from the
+/// message's own segments without a copy (h2 writes them as successive DATA).
+#[cfg(feature = "grpc")]
+#[derive(Debug)]
+pub(crate) struct Frame {
+    pub(super) head: [u8; 5],
+    /// Where the prefix left to send ends (5 but in a piece that ends inside it).
+    head_end: usize,
+    pos: usize,
+    body: crate::codec::Payload,
+    /// Where the rest of `body` starts: a segment and an offset in it.
+    seg: usize,
+    off: usize,
+    /// Bytes of `body` not yet taken.
+    left: usize,
+}
+
+#[cfg(feature = "grpc")]
+impl Frame {
+    /// The frame of `message`, compressed with `c` when given (and worth it).
+    pub(crate) fn new(
+        message: crate::codec::Payload,
+        c: Option<Compression>,
+    ) -> Result<Frame, Status> {
+        let (flag, body) = match c {
+            // `encode_payload` writes topspin's flag byte first: gRPC's flag has the same
+            // meaning.
+            Some(c) => {
+                let e = c.encode_payload(message)?;
+                let flag = e.segments().iter().find_map(|s| s.first()).copied();
+                (flag.unwrap_or(0), e)
+            }
+            None => (0, message),
+        };
+        let skip = usize::from(c.is_some()).min(body.len());
+        let mut f = Frame {
+            head: prefix(flag == 1, body.len() - skip)?,
+            head_end: 5,
+            pos: 0,
+            left: body.len(),
+            body,
+            seg: 0,
+            off: 0,
+        };
+        f.skip_body(skip);
+        Ok(f)
+    }
+
+    /// The next `n` bytes (at most what is left) as a frame of their own, sharing the
+    /// message's buffers (no copy); this frame goes on after them. How a large message goes to
+    /// HTTP/2 a stream's send capacity at a time.
+    pub(crate) fn take_piece(&mut self, n: usize) -> Frame {
+        if n >= self.remaining() {
+            // All of it (the usual case): moved, not shared.
+            let empty = Frame {
+                head: [0; 5],
+                head_end: 0,
+                pos: 0,
+                body: crate::codec::Payload::default(),
+                seg: 0,
+                off: 0,
+                left: 0,
+            };
+            return std::mem::replace(self, empty);
+        }
+        let head_end = self.head_end.min(self.pos + n);
+        let body = n - (head_end - self.pos);
+        let piece = Frame {
+            head: self.head,
+            head_end,
+            pos: self.pos,
+            body: self.body.clone(),
+            seg: self.seg,
+            off: self.off,
+            left: body,
+        };
+        self.advance(n);
+        piece
+    }
+
+    /// Moves past `n` bytes of the body.
+    fn skip_body(&mut self, mut n: usize) {
+        let segs = self.body.segments();
+        self.left -= n;
+        while n > 0 {
+            let k = (segs[self.seg].len() - self.off).min(n);
+            n -= k;
+            self.off += k;
+            if self.off == segs[self.seg].len() {
+                self.seg += 1;
+                self.off = 0;
+            }
+        }
+        // Past empty segments, so `chunk` is never empty while bytes are left.
+        while self.left > 0 && self.off == segs[self.seg].len() {
+            self.seg += 1;
+            self.off = 0;
+        }
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl Buf for Frame {
+    fn remaining(&self) -> usize {
+        (self.head_end - self.pos) + self.left
+    }
+
+    fn chunk(&self) -> &[u8] {
+        if self.pos < self.head_end {
+            &self.head[self.pos..self.head_end]
+        } else if self.left > 0 {
+            let s = &self.body.segments()[self.seg][self.off..];
+            &s[..s.len().min(self.left)]
+        } else {
+            &[]
+        }
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        let h = n.min(self.head_end - self.pos);
+        self.pos += h;
+        n -= h;
+        assert!(n <= self.left, "advance past the end of a gRPC frame");
+        self.skip_body(n);
+    }
+
+    fn chunks_vectored<'a>(&'a self, dst: &mut [std::io::IoSlice<'a>]) -> usize {
+        let mut i = 0;
+        if self.pos < self.head_end {
+            if let Some(d) = dst.get_mut(i) {
+                *d = std::io::IoSlice::new(&self.head[self.pos..self.head_end]);
+                i += 1;
+            }
+        }
+        if self.left > 0 {
+            let segs = &self.body.segments()[self.seg..];
+            let mut left = self.left;
+            for (k, s) in segs.iter().enumerate() {
+                let s = if k == 0 { &s[self.off..] } else { &s[..] };
+                let s = &s[..s.len().min(left)];
+                left -= s.len();
+                if s.is_empty() {
+                    if left == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                let Some(d) = dst.get_mut(i) else { break };
+                *d = std::io::IoSlice::new(s);
+                i += 1;
+            }
+        }
+        i
+    }
+}
+
+/// One received message: its bytes (decompressed) and the bytes it took on the wire.
+#[cfg(feature = "grpc")]
+#[derive(Debug)]
+pub(crate) struct Received {
+    pub(crate) message: Bytes,
+    pub(crate) wire_len: usize,
+}
+
+/// Cuts gRPC messages out of a request body's DATA chunks (the server's; the client's is
+/// [`CreditDeframer`], which also accounts each message's flow-control credit). A message inside one chunk is a
+/// slice of it (no copy); the rest is copied into a buffer as it arrives, so that h2's receive
+/// buffer is never held and is reused in place (holding its chunks until a large message is
+/// complete made h2 allocate afresh for every 16 KiB frame). A message is at most `limit`
+/// bytes (checked on its prefix, before any of it is buffered); the buffer is reserved for it
+/// whole if the process's memory budget (`Config::memory_budget`, as for native calls) has
+/// room, else up to `reserve` bytes (the stream window), then grows as bytes come.
+#[cfg(feature = "grpc")]
+pub(crate) struct Deframer {
+    buf: BytesMut,
+    fresh: Option<Bytes>,
+    reserve: usize,
+    budget: Option<std::sync::Arc<topspin_proto::MemoryBudget>>,
+    /// Bytes of the budget held for the message being gathered.
+    held: usize,
+    /// The buffer grew past what the budget had room for.
+    over: bool,
+}
+
+#[cfg(feature = "grpc")]
+impl Drop for Deframer {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl Deframer {
+    /// A deframer that reserves a message whole if `budget` has room for it, else at most
+    /// `reserve` bytes ahead of what arrived.
+    pub(crate) fn new(
+        reserve: usize,
+        budget: Option<std::sync::Arc<topspin_proto::MemoryBudget>>,
+    ) -> Deframer {
+        Deframer {
+            buf: BytesMut::new(),
+            fresh: None,
+            reserve,
+            budget,
+            held: 0,
+            over: false,
+        }
+    }
+
+    fn release(&mut self) {
+        if self.held > 0 {
+            if let Some(b) = &self.budget {
+                b.release(self.held);
+            }
+            self.held = 0;
+        }
+    }
+
+    /// Adds a received chunk (call [`Deframer::next`] until `None` before the next one).
+    pub(crate) fn push(&mut self, b: Bytes) {
+        if let Some(old) = self.fresh.replace(b) {
+            // Not drained: keep the order.
+            self.buf.extend_from_slice(&old);
+            if let Some(b) = self.fresh.take() {
+                self.buf.extend_from_slice(&b);
+            }
+        }
+    }
+
+    /// Whether bytes of an unfinished message are left.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.buf.is_empty() && self.fresh.as_ref().is_none_or(|f| f.is_empty())
+    }
+
+    /// The next whole message, if it has arrived. `Err`: over `limit` (RESOURCE_EXHAUSTED), an
+    /// invalid flag or a compressed message without an encoding (INTERNAL), or one that does
+    /// not decompress.
+    pub(crate) fn next(
+        &mut self,
+        limit: u32,
+        encoding: Option<Encoding>,
+    ) -> Result<Option<Received>, Status> {
+        if self.buf.is_empty() {
+            if let Some(f) = self.fresh.as_mut() {
+                if f.len() >= 5 {
+                    let n = Self::length(f, limit)?;
+                    if f.len() >= 5 + n {
+                        // The whole message is in this chunk: a slice of it.
+                        let flag = f[0];
+                        f.advance(5);
+                        let body = f.split_to(n);
+                        if f.is_empty() {
+                            self.fresh = None;
+                        }
+                        return self.finish(flag, body, n, limit, encoding).map(Some);
+                    }
+                    let whole = 5 + n;
+                    let want = if whole > self.reserve
+                        && self.budget.as_ref().is_some_and(|b| b.try_reserve(whole))
+                    {
+                        self.held = whole;
+                        whole
+                    } else {
+                        whole.min(self.reserve.max(5))
+                    };
+                    self.buf.reserve(want);
+                }
+            }
+        }
+        if let Some(f) = self.fresh.take() {
+            self.buf.extend_from_slice(&f);
+            self.charge_growth();
+        }
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        let n = Self::length(&self.buf, limit)?;
+        if self.buf.len() < 5 + n {
+            return Ok(None);
+        }
+        let flag = self.buf[0];
+        self.buf.advance(5);
+        let body = self.buf.split_to(n).freeze();
+        // The message is the handler's now, still charged until the handler drops it.
+        // Complete, it is no longer the connection's incomplete data: the charge moves from
+        // the connection's share to the process budget, until the handler drops it.
+        let body = match (&self.budget, std::mem::take(&mut self.held)) {
+            (Some(b), held) if held > 0 => {
+                b.hand_to_whole(held);
+                let whole = b.whole().unwrap_or(b).clone();
+                crate::compression::charged_bytes(body, whole, held)
+            }
+            _ => body,
+        };
+        self.finish(flag, body, n, limit, encoding).map(Some)
+    }
+
+    /// Charges the buffer's growth past what is held to the budget, if it has room; else
+    /// marks the deframer as over it (the bytes already here arrived within the stream's
+    /// window and are kept, uncharged: at most a window per stream).
+    fn charge_growth(&mut self) {
+        let cap = self.buf.capacity();
+        self.over = false;
+        if let (Some(b), true) = (&self.budget, cap > self.held) {
+            if b.try_reserve(cap - self.held) {
+                self.held = cap;
+            } else {
+                self.over = true;
+            }
+        }
+    }
+
+    /// Whether an unfinished message is held that the memory budget has no room for: the
+    /// stream's window is then not given back until there is room (as native chunk credit is
+    /// withheld), so a peer cannot make the server hold more than its budget plus a window per
+    /// stream. Looks for room again.
+    pub(crate) fn must_wait(&mut self) -> bool {
+        if self.buf.is_empty() {
+            return false;
+        }
+        if self.over {
+            self.charge_growth();
+        }
+        self.over
+    }
+
+    fn length(b: &[u8], limit: u32) -> Result<usize, Status> {
+        parse_prefix(b, limit as usize).map(|(_, n)| n)
+    }
+
+    fn finish(
+        &self,
+        flag: u8,
+        body: Bytes,
+        n: usize,
+        limit: u32,
+        encoding: Option<Encoding>,
+    ) -> Result<Received, Status> {
+        // Decompressed bytes are charged to the process budget, as on the native face.
+        let budget = self.budget.as_ref().map(|b| b.whole().unwrap_or(b));
+        let message = unframe(flag == 1, body, encoding, limit as usize, budget)?;
+        Ok(Received {
+            message,
+            wire_len: PREFIX + n,
+        })
+    }
+}
+
+/// One message out of a response's DATA: its compressed flag and bytes, and how many of the
+/// DATA bytes of the chunk that completed it belong to it (the credit it holds).
+pub(crate) struct Framed {
+    pub(crate) compressed: bool,
+    pub(crate) message: Bytes,
+    pub(crate) credit: usize,
+}
+
+/// Cuts messages out of a response's DATA chunks (the client's). A message inside one chunk is a slice of it (no copy);
+/// one split over chunks is gathered, its buffer growing as bytes arrive (a length prefix
+/// alone never makes it allocate), and never past `limit`.
+#[derive(Default)]
+pub(crate) struct CreditDeframer {
+    head: [u8; PREFIX],
+    head_len: usize,
+    /// Body bytes still wanted by the message being read (after its prefix).
+    want: usize,
+    /// The part of a split message gathered so far.
+    pub(super) body: BytesMut,
+    in_body: bool,
+    /// The compressed flag of the message being read.
+    compressed: bool,
+}
+
+impl CreditDeframer {
+    /// Feeds one DATA chunk; `out` gets every message it completes. Returns the chunk's bytes
+    /// that belong to a message not yet complete (their credit is released at once: without
+    /// that a message larger than the window could never arrive).
+    pub(crate) fn push(
+        &mut self,
+        mut chunk: Bytes,
+        limit: usize,
+        mut out: impl FnMut(Framed) -> Result<(), Status>,
+    ) -> Result<usize, Status> {
+        let total = chunk.len();
+        // Where in the chunk the last completed message ended.
+        let mut done_at = 0;
+        while !chunk.is_empty() || (self.in_body && self.want == 0) {
+            if !self.in_body {
+                let n = (PREFIX - self.head_len).min(chunk.len());
+                self.head[self.head_len..self.head_len + n].copy_from_slice(&chunk[..n]);
+                self.head_len += n;
+                chunk.advance(n);
+                if self.head_len < PREFIX {
+                    break;
+                }
+                let (compressed, len) = parse_prefix(&self.head, limit)?;
+                self.compressed = compressed;
+                self.want = len;
+                self.in_body = true;
+            }
+            let message = if self.body.is_empty() && chunk.len() >= self.want {
+                chunk.split_to(self.want)
+            } else {
+                let n = self.want.min(chunk.len());
+                self.body.extend_from_slice(&chunk[..n]);
+                chunk.advance(n);
+                self.want -= n;
+                if self.want > 0 {
+                    break;
+                }
+                self.body.split().freeze()
+            };
+            let end = total - chunk.len();
+            let compressed = self.compressed;
+            self.head_len = 0;
+            self.want = 0;
+            self.in_body = false;
+            out(Framed {
+                compressed,
+                message,
+                credit: end - done_at,
+            })?;
+            done_at = end;
+        }
+        Ok(total - done_at)
+    }
+
+    /// Whether a message was cut off by the end of the stream.
+    pub(crate) fn partial(&self) -> bool {
+        self.head_len > 0 || self.in_body
+    }
+}

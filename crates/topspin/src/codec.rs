@@ -103,7 +103,7 @@ const ENCODE_POOL_MAX: usize = 64 * 1024;
 #[cfg(feature = "prost")]
 const ENCODE_POOL_CHUNK: usize = 256 * 1024;
 
-/// In a message larger than [`ENCODE_POOL_MAX`] sent with [`Codec::encode_payload`], a `bytes`
+/// In a message larger than 64 KiB (the encode buffer pool's limit) sent with [`Codec::encode_payload`], a `bytes`
 /// field of at least this size is sent from the caller's buffer by reference (a segment of its
 /// own); smaller fields, and everything else, are copied into the segments between them. (A
 /// field generated as `Vec<u8>` rather than `Bytes` is still copied, into a segment of its own.)

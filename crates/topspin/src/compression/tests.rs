@@ -143,8 +143,10 @@ fn bad_flags_and_garbage_are_call_errors() {
 /// alike.
 #[test]
 fn shared_vectors() {
-    let doc: serde_json::Value =
-        serde_json::from_str(include_str!("../../../../testdata/vectors/compression.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../../testdata/vectors/compression.json"
+    ))
+    .unwrap();
     let cases = doc["vectors"].as_array().unwrap();
     assert_eq!(doc["version"], 1);
     assert!(cases.len() >= 10);

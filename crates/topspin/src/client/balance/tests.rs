@@ -1,4 +1,6 @@
+use super::health::*;
 use super::*;
+use bytes::Bytes;
 
 fn addrs(n: usize) -> Vec<Address> {
     (0..n)

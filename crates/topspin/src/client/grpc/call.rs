@@ -1,0 +1,634 @@
+//! One call of the client's gRPC mode on its h2 stream: the request headers, the request
+//! messages written within the stream's capacity, the response headers, messages (a
+//! `CreditDeframer`, credit given back as the consumer takes them) and trailers, mapped to
+//! the same call events a native call gives.
+
+use super::*;
+
+/// One call on its h2 stream.
+pub(super) struct GrpcCall {
+    base: Arc<Base>,
+    method: bytestring::ByteString,
+    /// `None` once the call's result went out.
+    sink: Option<Sink>,
+    /// Whether request messages carry topspin's flag byte (the call compresses).
+    compressed: bool,
+    /// Response headers (unary-response calls keep them for the `Response`).
+    headers: Metadata,
+    /// The one response message of a unary-response call.
+    message: Option<Bytes>,
+    /// The response's message encoding (`grpc-encoding`).
+    encoding: Option<Encoding>,
+    deframer: CreditDeframer,
+    /// Credit of response messages handed to the stream's consumer and not given back yet.
+    unconsumed: usize,
+    /// Credit of parts of a message not yet complete, kept back while the consumer still has
+    /// messages to take (released once it has taken them all): a reader that stops reading
+    /// holds the server at the window, not the window plus the message under way.
+    deferred: usize,
+    /// The pump's ack for the message queued last, sent once h2 has window for it.
+    unacked: Option<Ack>,
+    half_close_after: bool,
+    half_closed: bool,
+    /// The call's deadline, if it has one.
+    deadline: Option<Instant>,
+}
+
+/// The encoding of a call's request messages: topspin's compression names it in the call's
+/// metadata (and puts its flag byte before each message).
+pub(super) fn request_encoding(md: &Metadata) -> Option<Encoding> {
+    md.get(compression::ENCODING_KEY)
+        .and_then(|e| std::str::from_utf8(e).ok())
+        .and_then(Encoding::from_name)
+}
+
+/// What a response body gave.
+pub(super) enum BodyEvent {
+    Data(Option<Result<Bytes, h2::Error>>),
+    Trailers(Result<Option<http::HeaderMap>, h2::Error>),
+}
+
+/// How a call's loop goes on after a step.
+pub(super) enum Step {
+    Go,
+    Done,
+}
+
+impl GrpcCall {
+    pub(super) fn new(base: Arc<Base>, method: bytestring::ByteString, sink: Sink) -> GrpcCall {
+        GrpcCall {
+            base,
+            method,
+            sink: Some(sink),
+            compressed: false,
+            headers: Metadata::new(),
+            message: None,
+            encoding: None,
+            deframer: CreditDeframer::default(),
+            unconsumed: 0,
+            deferred: 0,
+            unacked: None,
+            half_close_after: false,
+            half_closed: false,
+            deadline: None,
+        }
+    }
+
+    fn fail(&mut self, status: Status) {
+        if let Some(sink) = self.sink.take() {
+            sink.fail(status);
+        }
+        if let Some(ack) = self.unacked.take() {
+            let _ = ack.send(Err(Status::cancelled("the call is over")));
+        }
+    }
+
+    fn h2_error(&self, e: &h2::Error) -> Status {
+        let method = &*self.method;
+        let address = &self.base.address;
+        if let Some(why) = self.base.closed.get() {
+            return Status::unavailable(format!("connection to {address} closed: {why}"));
+        }
+        match (e.is_remote(), e.is_go_away(), e.is_reset(), e.reason()) {
+            // The server's GOAWAY: streams past its last one were never processed.
+            (true, true, _, _) => Status::unavailable(format!(
+                "{address} is going away ({e}); {method} was not processed and is safe to retry"
+            )),
+            // A server whose copy of the deadline (`grpc-timeout`) ran out first cancels the
+            // stream; past the deadline that cancellation is the deadline's (as grpc-go reads it).
+            (true, _, true, Some(h2::Reason::CANCEL))
+                if self.deadline.is_some_and(|d| d <= Instant::now()) =>
+            {
+                Status::deadline_exceeded(format!(
+                    "deadline exceeded: the server cancelled {method} when its deadline passed"
+                ))
+            }
+            (true, _, true, Some(reason)) => Status::new(
+                wire::reset_code(reason),
+                format!("the server reset {method} ({reason})"),
+            ),
+            // h2 closed the connection over what the server sent.
+            (false, true, _, Some(h2::Reason::ENHANCE_YOUR_CALM)) => Status::resource_exhausted(
+                format!(
+                    "{method}: the server's response headers are far over this channel's max_metadata_size; the connection to {address} was closed ({e})"
+                ),
+            ),
+            // h2 refused one response (the connection goes on).
+            (false, false, true, _) => Status::internal(format!(
+                "{method}: the response was rejected ({e}): malformed, or its headers are over this channel's max_metadata_size of {} bytes",
+                self.base.max_metadata
+            )),
+            _ if e.is_io() => {
+                Status::unavailable(format!("connection to {address} lost: {e}"))
+            }
+            (true, ..) => Status::unavailable(format!("connection to {address} failed: {e}")),
+            _ => Status::internal(format!("{method} on {address}: HTTP/2 error: {e}")),
+        }
+    }
+
+    /// The request's head: `:path` = the method, gRPC's headers, the call's metadata.
+    fn request(&self, call: &CallStart) -> Result<http::Request<()>, Status> {
+        let path =
+            PathAndQuery::from_maybe_shared(call.method.as_bytes().clone()).map_err(|_| {
+                Status::invalid_argument(format!(
+                    "{:?} is not a valid gRPC method path",
+                    &*call.method
+                ))
+            })?;
+        let uri = http::Uri::builder()
+            .scheme(self.base.scheme.clone())
+            .authority(self.base.authority.clone())
+            .path_and_query(path)
+            .build()
+            .map_err(|e| Status::invalid_argument(format!("{}: {e}", &*call.method)))?;
+        let mut req = http::Request::new(());
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = uri;
+        *req.version_mut() = http::Version::HTTP_2;
+        let h = req.headers_mut();
+        // The message format as gRPC names it: protobuf (and raw bytes, which are protobuf
+        // to the server) is plain `application/grpc`.
+        let content_type = match call.codec {
+            crate::codec::CODEC_JSON => "application/grpc+json",
+            _ => "application/grpc",
+        };
+        h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        h.insert(TE, HeaderValue::from_static("trailers"));
+        if let Some(d) = call.deadline {
+            h.insert(
+                "grpc-timeout",
+                wire::timeout_header(d.saturating_duration_since(Instant::now())),
+            );
+        }
+        if let Some(e) = request_encoding(&call.metadata) {
+            h.insert("grpc-encoding", HeaderValue::from_static(e.name()));
+        }
+        h.insert("grpc-accept-encoding", ACCEPT_ENCODING);
+        wire::metadata_to_headers(&call.metadata, h)?;
+        if !h.contains_key(USER_AGENT) {
+            h.insert(
+                USER_AGENT,
+                HeaderValue::from_static(concat!("topspin/", env!("CARGO_PKG_VERSION"))),
+            );
+        }
+        Ok(req)
+    }
+
+    /// Queues one request message (prefixed) on the stream: a small one copied behind its
+    /// prefix as one DATA chunk, a large one as the prefix and then each of its segments as
+    /// they are (no copy).
+    fn write(
+        &self,
+        stream: &mut SendStream<Bytes>,
+        message: crate::codec::Payload,
+        end: bool,
+    ) -> Result<(), Status> {
+        let (flag, skip) = if self.compressed {
+            // topspin's compression put its flag byte first: 0 as is, 1 compressed — gRPC's
+            // compressed flag has the same meaning.
+            let Some(&f) = message.segments().iter().find_map(|s| s.first()) else {
+                return Err(Status::internal(
+                    "a compressed call's message lacks its flag byte",
+                ));
+            };
+            (f == 1, 1)
+        } else {
+            (false, 0)
+        };
+        let len = message.len() - skip;
+        let prefix = wire::prefix(flag, len)?;
+        let sent = if len < COPY_BELOW {
+            // Our own request message, below COPY_BELOW: small and not peer-sized.
+            let mut b = BytesMut::with_capacity(wire::PREFIX + len);
+            b.put_slice(&prefix);
+            for s in wire::segments_after(&message, skip) {
+                b.put_slice(&s);
+            }
+            stream.send_data(b.freeze(), end)
+        } else {
+            let mut r = stream.send_data(Bytes::copy_from_slice(&prefix), false);
+            let mut left = len;
+            for s in wire::segments_after(&message, skip) {
+                left -= s.len();
+                r = r.and_then(|()| stream.send_data(s, end && left == 0));
+            }
+            r
+        };
+        sent.map_err(|e| self.h2_error(&e))
+    }
+
+    pub(super) async fn run(
+        mut self,
+        send: SendRequest<Bytes>,
+        mut call: CallStart,
+        mut rx: mpsc::UnboundedReceiver<CallCmd>,
+    ) {
+        let deadline = call.deadline;
+        self.deadline = deadline;
+        let sleep = tokio::time::sleep_until(
+            deadline
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365))
+                .into(),
+        );
+        tokio::pin!(sleep);
+        if deadline.is_some_and(|d| d <= Instant::now()) {
+            let m = format!(
+                "the deadline of {} passed before it was sent",
+                &*self.method
+            );
+            return self.fail(Status::deadline_exceeded(m));
+        }
+        self.compressed = request_encoding(&call.metadata).is_some();
+        let req = match self.request(&call) {
+            Ok(r) => r,
+            Err(s) => return self.fail(s),
+        };
+        // Wait for the server's concurrent-stream limit; a stream message or half-close of
+        // the call may arrive meanwhile.
+        let mut early: Option<(crate::codec::Payload, Ack)> = None;
+        let mut early_half_close = false;
+        let ready = send.ready();
+        tokio::pin!(ready);
+        let mut send = loop {
+            tokio::select! {
+                r = &mut ready => match r {
+                    Ok(s) => break s,
+                    Err(e) => {
+                        self.base.shared.unusable.store(true, Ordering::Release);
+                        let st = self.h2_error(&e);
+                        return self.fail(Status::unavailable(format!(
+                            "{}; the call was not sent and is safe to retry", st.message()
+                        )));
+                    }
+                },
+                () = &mut sleep, if deadline.is_some() => {
+                    let m = format!(
+                        "deadline exceeded while {} waited for the server's concurrent-stream limit",
+                        &*self.method
+                    );
+                    return self.fail(Status::deadline_exceeded(m));
+                }
+                cmd = rx.recv() => match cmd {
+                    Some(CallCmd::Send(m, ack)) => early = Some((m, ack)),
+                    Some(CallCmd::HalfClose) => early_half_close = true,
+                    Some(CallCmd::Credit(_)) => {}
+                    Some(CallCmd::Cancel) | None => return,
+                },
+            }
+        };
+        let one = call.message.take();
+        let (response, mut stream) = match send.send_request(req, false) {
+            Ok(r) => r,
+            Err(e) => {
+                if e.is_go_away() || e.is_io() {
+                    self.base.shared.unusable.store(true, Ordering::Release);
+                }
+                let st = self.h2_error(&e);
+                return self.fail(st);
+            }
+        };
+        drop(send);
+        let queued = match one {
+            Some(m) => {
+                self.half_closed = true;
+                self.write(&mut stream, m, true)
+            }
+            None => {
+                let mut r = Ok(());
+                if let Some((m, ack)) = early {
+                    r = self.write(&mut stream, m, false);
+                    self.unacked = Some(ack);
+                    stream.reserve_capacity(1);
+                }
+                if early_half_close {
+                    self.half_close(&mut stream);
+                }
+                r
+            }
+        };
+        if let Err(s) = queued {
+            stream.send_reset(h2::Reason::CANCEL);
+            return self.fail(s);
+        }
+        self.exchange(response, stream, rx, sleep, deadline.is_some())
+            .await;
+    }
+
+    fn half_close(&mut self, stream: &mut SendStream<Bytes>) {
+        if self.half_closed {
+            return;
+        }
+        if self.unacked.is_some() {
+            self.half_close_after = true;
+            return;
+        }
+        self.half_closed = true;
+        let _ = stream.send_data(Bytes::new(), true);
+    }
+
+    /// The call's life once its stream is open.
+    async fn exchange(
+        mut self,
+        response: ResponseFuture,
+        mut stream: SendStream<Bytes>,
+        mut rx: mpsc::UnboundedReceiver<CallCmd>,
+        mut sleep: std::pin::Pin<&mut tokio::time::Sleep>,
+        has_deadline: bool,
+    ) {
+        let mut response = Some(response);
+        let mut body: Option<RecvStream> = None;
+        let mut data_done = false;
+        loop {
+            let step = tokio::select! {
+                r = async { response.as_mut().expect("guarded").await }, if response.is_some() => {
+                    response = None;
+                    match r {
+                        Ok(r) => self.on_response(r, &mut body),
+                        Err(e) => {
+                            let st = self.h2_error(&e);
+                            self.fail(st);
+                            Step::Done
+                        }
+                    }
+                }
+                ev = async {
+                    let b = body.as_mut().expect("guarded");
+                    if data_done {
+                        BodyEvent::Trailers(b.trailers().await)
+                    } else {
+                        BodyEvent::Data(b.data().await)
+                    }
+                }, if body.is_some() => match ev {
+                    BodyEvent::Data(Some(Ok(chunk))) => {
+                        let b = body.as_mut().expect("guarded");
+                        self.on_data(chunk, b)
+                    }
+                    BodyEvent::Data(Some(Err(e))) => {
+                        let st = self.h2_error(&e);
+                        self.fail(st);
+                        Step::Done
+                    }
+                    BodyEvent::Data(None) => {
+                        data_done = true;
+                        Step::Go
+                    }
+                    BodyEvent::Trailers(Ok(t)) => {
+                        self.on_trailers(t.as_ref());
+                        data_done = true;
+                        Step::Done
+                    }
+                    BodyEvent::Trailers(Err(e)) => {
+                        let st = self.h2_error(&e);
+                        self.fail(st);
+                        Step::Done
+                    }
+                },
+                cap = std::future::poll_fn(|cx| {
+                    if stream.capacity() > 0 {
+                        return std::task::Poll::Ready(Some(Ok(0)));
+                    }
+                    stream.poll_capacity(cx)
+                }), if self.unacked.is_some() => {
+                    if let Some(ack) = self.unacked.take() {
+                        match cap {
+                            Some(Ok(_)) => {
+                                let _ = ack.send(Ok(()));
+                            }
+                            Some(Err(e)) => {
+                                let _ = ack.send(Err(self.h2_error(&e)));
+                            }
+                            None => {
+                                let _ = ack.send(Err(Status::cancelled("the call is over")));
+                            }
+                        }
+                    }
+                    if std::mem::take(&mut self.half_close_after) {
+                        self.half_close(&mut stream);
+                    }
+                    Step::Go
+                }
+                cmd = rx.recv() => match cmd {
+                    Some(CallCmd::Send(m, ack)) => {
+                        if self.half_closed || self.sink.is_none() {
+                            let _ = ack.send(Err(Status::cancelled("the call is over")));
+                            Step::Go
+                        } else {
+                            match self.write(&mut stream, m, false) {
+                                Ok(()) => {
+                                    self.unacked = Some(ack);
+                                    stream.reserve_capacity(1);
+                                    Step::Go
+                                }
+                                Err(s) => {
+                                    let _ = ack.send(Err(s.clone()));
+                                    stream.send_reset(h2::Reason::CANCEL);
+                                    self.fail(s);
+                                    Step::Done
+                                }
+                            }
+                        }
+                    }
+                    Some(CallCmd::HalfClose) => {
+                        self.half_close(&mut stream);
+                        Step::Go
+                    }
+                    Some(CallCmd::Credit(n)) => {
+                        self.consumed(n as usize, body.as_mut());
+                        Step::Go
+                    }
+                    Some(CallCmd::Cancel) | None => {
+                        // RST_STREAM(CANCEL): the server's handler sees the call cancelled.
+                        stream.send_reset(h2::Reason::CANCEL);
+                        return;
+                    }
+                },
+                () = &mut sleep, if has_deadline => {
+                    stream.send_reset(h2::Reason::CANCEL);
+                    let m = format!("deadline exceeded waiting for {}", &*self.method);
+                    self.fail(Status::deadline_exceeded(m));
+                    Step::Done
+                }
+            };
+            if let Step::Done = step {
+                if self.sink.is_none() && !data_done {
+                    // Ended early (an error on this side): the server is told.
+                    stream.send_reset(h2::Reason::CANCEL);
+                }
+                return;
+            }
+        }
+    }
+
+    /// The response's head: a trailers-only response ends the call here.
+    fn on_response(
+        &mut self,
+        r: http::Response<RecvStream>,
+        body: &mut Option<RecvStream>,
+    ) -> Step {
+        let (head, recv) = r.into_parts();
+        if head.headers.contains_key("grpc-status") {
+            // Trailers-only: the whole answer is in these headers.
+            self.on_trailers(Some(&head.headers));
+            return Step::Done;
+        }
+        if head.status != http::StatusCode::OK {
+            let code = wire::http_status_code(head.status);
+            self.fail(Status::new(
+                code,
+                format!(
+                    "{} answered {} with HTTP status {} and no grpc-status (is it a gRPC server?)",
+                    self.base.address, &*self.method, head.status
+                ),
+            ));
+            return Step::Done;
+        }
+        let grpc = head
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+        if !grpc {
+            self.fail(Status::internal(format!(
+                "{} answered {} with content-type {:?}, not application/grpc",
+                self.base.address,
+                &*self.method,
+                head.headers.get(CONTENT_TYPE)
+            )));
+            return Step::Done;
+        }
+        match wire::header_encoding(&head.headers) {
+            Ok(e) => self.encoding = e,
+            Err(name) => {
+                self.fail(Status::internal(format!(
+                    "the server compresses {} with {name:?}, which this client does not decode (it accepts {})",
+                    &*self.method,
+                    wire::ACCEPT
+                )));
+                return Step::Done;
+            }
+        }
+        let md = wire::metadata_from_headers(&head.headers);
+        match &mut self.sink {
+            Some(Sink::Stream { headers, .. }) => {
+                if let Some(h) = headers.take() {
+                    let _ = h.send(Ok(md));
+                }
+            }
+            _ => self.headers = md,
+        }
+        *body = Some(recv);
+        Step::Go
+    }
+
+    /// The stream's consumer took messages worth `n` bytes of credit: given back, and the
+    /// parts of a message under way kept back meanwhile once it has taken them all.
+    fn consumed(&mut self, n: usize, body: Option<&mut RecvStream>) {
+        self.unconsumed = self.unconsumed.saturating_sub(n);
+        let mut release = n;
+        if self.unconsumed == 0 {
+            release += std::mem::take(&mut self.deferred);
+        }
+        if let Some(b) = body {
+            let _ = b.flow_control().release_capacity(release);
+        }
+    }
+
+    /// One DATA chunk: the messages it completes go to the sink.
+    fn on_data(&mut self, chunk: Bytes, body: &mut RecvStream) -> Step {
+        let n = chunk.len();
+        let (limit, budget) = (self.base.limit, &self.base.budget);
+        let (encoding, method) = (self.encoding, self.method.clone());
+        let sink = &mut self.sink;
+        let message = &mut self.message;
+        let mut held = 0usize;
+        let r = self.deframer.push(chunk, limit, |f: Framed| {
+            let m = wire::unframe(f.compressed, f.message, encoding, limit, Some(budget))?;
+            match sink {
+                Some(Sink::Stream { items, .. }) => {
+                    held += f.credit;
+                    // The consumer gives this credit back (Cmd::Credit) as it takes the message.
+                    let _ = items.send(Item::Message(m, f.credit as u32));
+                    Ok(())
+                }
+                Some(Sink::Unary(_)) if message.is_none() => {
+                    *message = Some(m);
+                    Ok(())
+                }
+                Some(Sink::Unary(_)) => Err(Status::internal(format!(
+                    "the server sent more than one response message for {}, which expects one",
+                    &*method
+                ))),
+                None => Ok(()),
+            }
+        });
+        // What no stream consumer holds is released now: parts of messages not yet complete
+        // (a message larger than the window could otherwise never arrive) — unless the
+        // consumer has messages still to take: then once it has taken them — and the one
+        // response of a unary-response call (bounded by max_message_size).
+        self.unconsumed += held;
+        let free = n - held;
+        if self.unconsumed == 0 {
+            let _ = body.flow_control().release_capacity(free);
+        } else {
+            self.deferred += free;
+        }
+        match r {
+            Ok(_) => Step::Go,
+            Err(s) => {
+                self.fail(s);
+                Step::Done
+            }
+        }
+    }
+
+    /// The end of the call: its status from the trailers.
+    fn on_trailers(&mut self, trailers: Option<&http::HeaderMap>) {
+        let status = match trailers {
+            Some(t) => wire::status_of(t, &self.method),
+            None => Status::internal(format!(
+                "the server ended {} without trailers (no grpc-status)",
+                &*self.method
+            )),
+        };
+        if status.is_ok() && self.deframer.partial() {
+            return self.fail(Status::internal(format!(
+                "the response stream of {} ended in the middle of a message",
+                &*self.method
+            )));
+        }
+        if let Some(ack) = self.unacked.take() {
+            let _ = ack.send(Err(Status::cancelled("the call is over")));
+        }
+        let Some(sink) = self.sink.take() else {
+            return;
+        };
+        if !status.is_ok() {
+            return sink.fail(status);
+        }
+        let md = trailers
+            .map(wire::metadata_from_headers)
+            .unwrap_or_default();
+        match sink {
+            Sink::Unary(tx) => {
+                let r = match self.message.take() {
+                    Some(m) => Ok(Response::from_parts(
+                        m,
+                        std::mem::take(&mut self.headers),
+                        md,
+                    )),
+                    None => Err(Status::internal(format!(
+                        "the server ended {} with OK but sent no response message",
+                        &*self.method
+                    ))),
+                };
+                let _ = tx.send(r);
+            }
+            Sink::Stream { headers, items } => {
+                if let Some(h) = headers {
+                    let _ = h.send(Ok(Metadata::new()));
+                }
+                let _ = items.send(Item::End(Ok(md)));
+            }
+        }
+    }
+}

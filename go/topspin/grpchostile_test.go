@@ -281,20 +281,7 @@ func TestGRPCGzipBombsAreChargedAsTheyInflate(t *testing.T) {
 	done := h.probeSpent(t)
 	runtime.GC()
 	base := heapObjects()
-	var peak atomic.Int64
-	stop := make(chan struct{}) // a signal: closed, never sent on
-	sampled := make(chan struct{})
-	go func() { // the heap every millisecond, for 30 s at most
-		defer close(sampled)
-		for i := 0; i < 30_000; i++ {
-			peak.Store(max(peak.Load(), heapObjects()))
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}()
+	peakHeap := sampleHeap(30 * time.Second)
 	var wg sync.WaitGroup
 	var ok, refused atomic.Int64
 	for range 8 {
@@ -318,10 +305,8 @@ func TestGRPCGzipBombsAreChargedAsTheyInflate(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(stop)
-	<-sampled
 	done()
-	grew := peak.Load() - base
+	grew := peakHeap() - base
 	t.Logf("%d bombs answered, %d refused; heap %d MiB before, peak +%d MiB (budget %d MiB)",
 		ok.Load(), refused.Load(), base>>20, grew>>20, budget>>20)
 	if refused.Load() == 0 {

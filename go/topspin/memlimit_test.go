@@ -23,6 +23,30 @@ func heapObjects() int64 {
 	return int64(s[0].Value.Uint64())
 }
 
+// sampleHeap samples heapObjects every millisecond, for at most limit; the function it
+// returns stops the sampling and gives the peak seen.
+func sampleHeap(limit time.Duration) func() int64 {
+	var peak atomic.Int64
+	stop := make(chan struct{}) // a signal: closed, never sent on
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for end := time.Now().Add(limit); time.Now().Before(end); {
+			peak.Store(max(peak.Load(), heapObjects()))
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	return func() int64 {
+		close(stop)
+		<-sampled
+		return peak.Load()
+	}
+}
+
 // zstd bombs (1 KB each, 32 MiB inflated), 12 at a time for 120 calls, against a 256 MiB
 // budget: the decompressed requests are charged (those that find no room are refused), and
 // the heap stays within the budget + 192 MiB of what it was (measured +322 to +345 MiB on 2
@@ -43,20 +67,7 @@ func TestZstdBombsKeepTheHeapNearTheBudget(t *testing.T) {
 	done := h.probeSpent(t)
 	runtime.GC()
 	base := heapObjects()
-	var peak atomic.Int64
-	stop := make(chan struct{}) // a signal: closed, never sent on
-	sampled := make(chan struct{})
-	go func() { // the heap every millisecond, for 60 s at most
-		defer close(sampled)
-		for i := 0; i < 60_000; i++ {
-			peak.Store(max(peak.Load(), heapObjects()))
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}()
+	peakHeap := sampleHeap(60 * time.Second)
 	cc := dial(t, "tcp://"+h.addr)
 	ctx := topspin.WithOutgoingMetadata(context.Background(), topspin.MD(wire.KeyEncoding, wire.EncodingZstd))
 	var wg sync.WaitGroup
@@ -83,10 +94,8 @@ func TestZstdBombsKeepTheHeapNearTheBudget(t *testing.T) {
 	}
 	wg.Wait()
 	_ = cc.Close()
-	close(stop)
-	<-sampled
 	done()
-	grew := peak.Load() - base
+	grew := peakHeap() - base
 	t.Logf("%d bombs answered, %d refused; heap %d MiB before, peak +%d MiB (budget %d MiB), Go memory limit %d MiB",
 		ok.Load(), refused.Load(), base>>20, grew>>20, budget>>20, debug.SetMemoryLimit(-1)>>20)
 	if ok.Load() < 12 {

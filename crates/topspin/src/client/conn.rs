@@ -60,6 +60,36 @@ impl Sink {
         }
     }
 
+    /// The call ended OK (its `trailers` received): a unary call gets its one response
+    /// message, with the response `headers` — INTERNAL if the server sent none — and a response
+    /// stream its end. The rule of both modes, native and gRPC.
+    #[inline]
+    pub(crate) fn end_ok(
+        self,
+        message: Option<Bytes>,
+        headers: Metadata,
+        trailers: Metadata,
+        method: &str,
+    ) {
+        match self {
+            Sink::Unary(tx) => {
+                let r = match message {
+                    Some(m) => Ok(Response::from_parts(m, headers, trailers)),
+                    None => Err(Status::internal(format!(
+                        "the server ended {method} with OK but sent no response message"
+                    ))),
+                };
+                let _ = tx.send(r);
+            }
+            Sink::Stream { headers, items } => {
+                if let Some(h) = headers {
+                    let _ = h.send(Ok(Metadata::new()));
+                }
+                let _ = items.send(Item::End(Ok(trailers)));
+            }
+        }
+    }
+
     pub(crate) fn abandoned(&self) -> bool {
         match self {
             Sink::Unary(tx) => tx.is_closed(),
@@ -980,24 +1010,7 @@ impl ClientRole {
             sink.fail(status);
             return;
         }
-        match sink {
-            Sink::Unary(tx) => {
-                let r = match call.message.take() {
-                    Some(m) => Ok(Response::from_parts(m, call.headers, trailers)),
-                    None => Err(Status::internal(format!(
-                        "the server ended {} with OK but sent no response message",
-                        &*call.method
-                    ))),
-                };
-                let _ = tx.send(r);
-            }
-            Sink::Stream { headers, items } => {
-                if let Some(h) = headers {
-                    let _ = h.send(Ok(Metadata::new()));
-                }
-                let _ = items.send(Item::End(Ok(trailers)));
-            }
-        }
+        sink.end_ok(call.message.take(), call.headers, trailers, &call.method);
     }
 
     fn on_writable(&mut self, id: CallId, conn: &mut Connection) {

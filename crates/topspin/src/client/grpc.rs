@@ -17,7 +17,7 @@ use crate::compression::{self, Encoding};
 use crate::connection::Ack;
 use crate::grpc::wire::{self, CreditDeframer, Framed};
 use crate::streaming::Item;
-use crate::{Address, Config, Metadata, Response, Status};
+use crate::{Address, Config, Metadata, Status};
 use bytes::{BufMut, Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{RecvStream, SendStream};

@@ -210,6 +210,7 @@ impl Transport for SocketTransport {
         true
     }
 
+    #[inline]
     fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // Dropping the guard leaves the readiness set; `try_read_buf` clears it.
         self.fd()?.poll_read_ready(cx).map_ok(|_guard| ())

@@ -608,27 +608,7 @@ impl GrpcCall {
         let md = trailers
             .map(wire::metadata_from_headers)
             .unwrap_or_default();
-        match sink {
-            Sink::Unary(tx) => {
-                let r = match self.message.take() {
-                    Some(m) => Ok(Response::from_parts(
-                        m,
-                        std::mem::take(&mut self.headers),
-                        md,
-                    )),
-                    None => Err(Status::internal(format!(
-                        "the server ended {} with OK but sent no response message",
-                        &*self.method
-                    ))),
-                };
-                let _ = tx.send(r);
-            }
-            Sink::Stream { headers, items } => {
-                if let Some(h) = headers {
-                    let _ = h.send(Ok(Metadata::new()));
-                }
-                let _ = items.send(Item::End(Ok(md)));
-            }
-        }
+        let headers = std::mem::take(&mut self.headers);
+        sink.end_ok(self.message.take(), headers, md, &self.method);
     }
 }

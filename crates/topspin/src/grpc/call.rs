@@ -362,8 +362,10 @@ impl Call {
         };
         if kind.client_streams() {
             // Requests arrive as a stream: the handler starts now.
-            // Bounded by flow control: the stream's window is given back to the peer only as
-            // the handler consumes messages, so at most one window of requests waits here.
+            // Unbounded as a channel, bounded by what is sent into it: the body is read only
+            // while `outstanding` (each queued message counted at the larger of its wire and
+            // decompressed sizes, given back as the handler consumes it) is under
+            // `face.window`, so at most one window plus one message waits here.
             let (tx, in_rx) = mpsc::unbounded_channel();
             inbound = Some(tx);
             let credit = Box::new(ServerCredit {

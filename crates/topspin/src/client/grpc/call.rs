@@ -198,7 +198,8 @@ impl GrpcCall {
         let len = message.len() - skip;
         let prefix = wire::prefix(flag, len)?;
         let sent = if len < COPY_BELOW {
-            // Our own request message, below COPY_BELOW: small and not peer-sized.
+            // Our own request message, below COPY_BELOW (16 KiB): sized by the caller, never
+            // by the peer.
             let mut b = BytesMut::with_capacity(wire::PREFIX + len);
             b.put_slice(&prefix);
             for s in wire::segments_after(&message, skip) {

@@ -446,6 +446,7 @@ impl<S> Metered<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
+    #[inline]
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -459,6 +460,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
+    #[inline]
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -467,6 +469,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
+    #[inline]
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -479,6 +482,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
         self.inner.is_write_vectored()
     }
 
+    #[inline]
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_flush(cx)
     }
@@ -541,7 +545,11 @@ fn io_error(e: WsError) -> io::Error {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
-    fn new(ws: WebSocketStream<Metered<S>>, bounds: Option<Bounds>) -> WsStream<S> {
+    fn new(mut ws: WebSocketStream<Metered<S>>, bounds: Option<Bounds>) -> WsStream<S> {
+        // The upgrade's HTTP bytes were read through the meter; they are no message. (What
+        // the handshake read past its blank line, the start of a first frame, goes uncounted
+        // until that message's end: at most one handshake read, far under FREE_HELD.)
+        ws.get_mut().read = 0;
         WsStream {
             ws,
             pending: Bytes::new(),
@@ -563,6 +571,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
 
     /// Brings the budget charge to what is held past [`FREE_HELD`]: the bytes read of a message
     /// not yet complete and the undelivered rest of the last one.
+    #[inline]
     fn settle(&mut self) {
         let Some(b) = &self.held.bounds else { return };
         let held = self.ws.get_ref().read + self.pending.len();
@@ -692,6 +701,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
             }
             this.settle();
             let Poll::Ready(next) = next else {
+                if this.ws.get_ref().read == 0 {
+                    return Poll::Pending; // no message begun: no frame deadline to run
+                }
                 ready!(this.poll_stalled(cx, false))?;
                 continue;
             };

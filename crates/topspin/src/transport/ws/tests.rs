@@ -41,3 +41,31 @@ async fn an_endless_head_is_refused() {
     });
     assert!(read_head(&mut b).await.unwrap_err().contains("passed"));
 }
+
+/// The upgrade's HTTP bytes are not part of a message: after the handshake, a connection on
+/// which no message has begun waits for one without a frame deadline (the handshake's bytes
+/// used to count as a message being received, so the first wait armed `frame_timeout` and a
+/// timer stayed in the runtime's wheel, costing every park of the runtime).
+#[tokio::test]
+async fn the_handshake_is_not_a_message_being_received() {
+    let config = crate::Config::default().with_frame_timeout(std::time::Duration::from_millis(50));
+    let settings = WebSocketSettings::default().bounded_by(&config);
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let server = {
+        let settings = settings.clone();
+        tokio::spawn(async move { settings.accept(b, "/").await })
+    };
+    let mut client = settings.connect(a, "ws://localhost/").await.unwrap();
+    let mut server = server.await.unwrap().unwrap();
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    for side in [
+        &mut client as &mut (dyn tokio::io::AsyncRead + Unpin + Send),
+        &mut server,
+    ] {
+        // Nothing is sent: the read waits well past the frame timeout, and is not failed.
+        let waited =
+            tokio::time::timeout(std::time::Duration::from_millis(300), side.read(&mut byte)).await;
+        assert!(waited.is_err(), "the read ended: {waited:?}");
+    }
+}

@@ -113,7 +113,7 @@ ln -s "$(cd "$(dirname "$TOPSPIN_CLI")" && pwd)/$(basename "$TOPSPIN_CLI")" "$wo
 cli_path="$work/bin:$PATH"
 block "topspin-readme-sh" '```sh' | sed "s/localhost:50051/$addr/g" > "$work/topspin.sh"
 [ "$(grep -c '^topspin ' "$work/topspin.sh")" -ge 5 ] || { echo "test-grpc: README topspin block not found"; exit 1; }
-readme_cli() { (cd "$work" && PATH="$cli_path" bash -c "$1") > "$work/out" 2>&1 || fail "README: $1"; }
+readme_cli() { (cd "$work" && PATH="$cli_path" bash -c "$1") < /dev/null > "$work/out" 2>&1 || fail "README: $1"; }
 while IFS= read -r line; do
   case "$line" in
     "topspin list "*) readme_cli "$line"; grep -qx "kv.v1.Store" "$work/out" || fail "README: $line: no kv.v1.Store" ;;
@@ -124,10 +124,11 @@ while IFS= read -r line; do
       # It streams until it is stopped, printing the changes made while it runs (not the
       # entries already there): it must print, as a JSON line, a Put made meanwhile, and still
       # be running then.
-      (cd "$work" && PATH="$cli_path" exec timeout 60 bash -c "$line") > "$work/watch.out" 2>&1 &
+      (cd "$work" && PATH="$cli_path" exec timeout 60 bash -c "$line") < /dev/null > "$work/watch.out" 2>&1 &
       watch_pid=$!
       for i in $(seq 100); do
-        "$TOPSPIN_CLI" call "$addr" kv.v1.Store/Put -d "{\"key\": \"watched\", \"value\": \"$i\"}" > /dev/null
+        "$TOPSPIN_CLI" call "$addr" kv.v1.Store/Put -d "{\"key\": \"watched\", \"value\": \"$i\"}" \
+          < /dev/null > "$work/out" 2>&1 || fail "a Put while the README's Watch runs"
         grep -qF '"key":"watched"' "$work/watch.out" && break
         sleep 0.2
       done
@@ -146,9 +147,9 @@ echo "ok: the README's topspin commands"
 block "echo-readme-sh" '```sh' > "$work/echo.sh"
 server_line=$(grep -m1 -- '--example echo_server' "$work/echo.sh" | sed 's/[[:space:]]*#.*$//')
 client_line=$(grep -m1 -- '--example echo_client' "$work/echo.sh")
-[ -n "$server_line" ] && [ -n "$client_line" ] || { echo "test-grpc: README echo block not found"; exit 1; }
+if [ -z "$server_line" ] || [ -z "$client_line" ]; then echo "test-grpc: README echo block not found"; exit 1; fi
 cargo build -q -p topspin --example echo_server --example echo_client
-(exec bash -c "exec $server_line -- tcp://127.0.0.1:0") > "$work/echo-server.out" 2>&1 &
+(exec bash -c "exec $server_line -- tcp://127.0.0.1:0") < /dev/null > "$work/echo-server.out" 2>&1 &
 echo_pid=$!
 for _ in $(seq 600); do
   grep -q "echo server listening on" "$work/echo-server.out" 2>/dev/null && break
@@ -157,7 +158,7 @@ done
 echo_addr=$(sed -n 's/^echo server listening on //p' "$work/echo-server.out")
 [ -n "$echo_addr" ] || { echo "test-grpc: the echo server did not start:"; cat "$work/echo-server.out"; exit 1; }
 client_line=${client_line//tcp:\/\/127.0.0.1:50051/$echo_addr}
-bash -c "$client_line" > "$work/out" 2>&1 || fail "README: $client_line"
+bash -c "$client_line" < /dev/null > "$work/out" 2>&1 || fail "README: $client_line"
 grep -qF 'Echo: "hello there"' "$work/out" || fail "README: $client_line: no echo"
 grep -qF 'Chat: "THERE"' "$work/out" || fail "README: $client_line: no chat reply"
 stop "$echo_pid"; echo_pid=""

@@ -27,6 +27,17 @@ if ! have cargo; then
   echo "setup: cargo not found. Install Rust first: https://rustup.rs (this machine kind ships it)." >&2
   exit 1
 fi
+# The crates' rust-version (Cargo.toml's [workspace.package]), checked before anything is
+# installed: an older toolchain fails later with errors that do not say so.
+rust_min=$(sed -n 's/^rust-version *= *"\([0-9.]*\)".*/\1/p' Cargo.toml | head -n1)
+cargo_v=$(cargo --version 2>/dev/null | awk '{print $2}')
+need_version "Rust (cargo)" "${cargo_v%%-*}" "$rust_min" \
+  "Update the toolchain: rustup update stable (or install a newer one: https://rustup.rs)." || exit 1
+if have rustc; then
+  rustc_v=$(rustc --version 2>/dev/null | awk '{print $2}')
+  need_version "Rust (rustc)" "${rustc_v%%-*}" "$rust_min" \
+    "Update the toolchain: rustup update stable (or install a newer one: https://rustup.rs)." || exit 1
+fi
 
 components=()
 if wants rustfmt && ! cargo fmt --version >/dev/null 2>&1; then components+=(rustfmt); fi

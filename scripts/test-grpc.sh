@@ -8,6 +8,10 @@
 #   - grpc-go (crates/topspin/tests/grpc-go-client, modules from the Go proxy, message types
 #     built at run time from the .proto): every kind, a deadline, NOT_FOUND, details, metadata,
 #     gzip, cancellation of a stream
+#   - the README's terminal commands as written (only the address differs): its grpcurl
+#     block, its grpcio program, its `topspin` block (list, describe, health, a Put, a Watch
+#     that streams the Put made while it runs) and its "Two terminals" block (the echo
+#     example's server and client, through `cargo run`)
 # Installs what it needs first (scripts/setup-grpc.sh, idempotent). Exits non-zero on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,17 +19,25 @@ root=$PWD
 ./scripts/setup-grpc.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
 export PATH="$PATH:/usr/local/go/bin"
-# A prebuilt server can be given through KVSTORE_SERVER (scripts/test.sh does).
+# A prebuilt server and CLI can be given through KVSTORE_SERVER and TOPSPIN_CLI (scripts/test.sh
+# does).
 if [ -z "${KVSTORE_SERVER:-}" ]; then
   cargo build -q -p kvstore --bin kvstore-server
   KVSTORE_SERVER="$CARGO_TARGET_DIR/debug/kvstore-server"
 fi
+if [ -z "${TOPSPIN_CLI:-}" ]; then
+  cargo build -q -p topspin-cli
+  TOPSPIN_CLI="$CARGO_TARGET_DIR/debug/topspin"
+fi
 GRPCURL=$root/target/grpc-tools/grpcurl
 PY=$root/bindings/python/.venv-grpc/bin/python
 work=$(mktemp -d)
-server_pid=""
+server_pid="" watch_pid="" echo_pid=""
+stop() { if [ -n "$1" ]; then kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; fi; }
 cleanup() {
-  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+  stop "$watch_pid"
+  stop "$echo_pid"
+  stop "$server_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -93,4 +105,62 @@ block "grpc-readme-py" '```python' | sed "s/127.0.0.1:50051/$addr/g" > "$work/re
 (cd "$work" && "$PY" readme.py) > "$work/out" 2>&1 || fail "README's Python program"
 grep -qx "2" "$work/out" && grep -qF 'StatusCode.NOT_FOUND no key "nope"' "$work/out" || fail "README's Python output"
 echo "ok: the README's grpcio program"
-echo "test-grpc: grpcurl, grpcio and grpc-go against the topspin server's gRPC face: ok"
+
+# The README's `topspin` block, as written (only the address differs), with the CLI first on
+# PATH under the name the README uses.
+mkdir -p "$work/bin"
+ln -s "$(cd "$(dirname "$TOPSPIN_CLI")" && pwd)/$(basename "$TOPSPIN_CLI")" "$work/bin/topspin"
+cli_path="$work/bin:$PATH"
+block "topspin-readme-sh" '```sh' | sed "s/localhost:50051/$addr/g" > "$work/topspin.sh"
+[ "$(grep -c '^topspin ' "$work/topspin.sh")" -ge 5 ] || { echo "test-grpc: README topspin block not found"; exit 1; }
+readme_cli() { (cd "$work" && PATH="$cli_path" bash -c "$1") < /dev/null > "$work/out" 2>&1 || fail "README: $1"; }
+while IFS= read -r line; do
+  case "$line" in
+    "topspin list "*) readme_cli "$line"; grep -qx "kv.v1.Store" "$work/out" || fail "README: $line: no kv.v1.Store" ;;
+    "topspin describe "*) readme_cli "$line"; grep -qF "rpc Put(" "$work/out" || fail "README: $line: no rpc Put" ;;
+    "topspin health "*) readme_cli "$line"; grep -qx "SERVING" "$work/out" || fail "README: $line: not SERVING" ;;
+    *"/Put "*) readme_cli "$line"; grep -qF '"version": "' "$work/out" || fail "README: $line: no version in the reply" ;;
+    *"/Watch "*)
+      # It streams until it is stopped, printing the changes made while it runs (not the
+      # entries already there): it must print, as a JSON line, a Put made meanwhile, and still
+      # be running then.
+      (cd "$work" && PATH="$cli_path" exec timeout 60 bash -c "$line") < /dev/null > "$work/watch.out" 2>&1 &
+      watch_pid=$!
+      for i in $(seq 100); do
+        "$TOPSPIN_CLI" call "$addr" kv.v1.Store/Put -d "{\"key\": \"watched\", \"value\": \"$i\"}" \
+          < /dev/null > "$work/out" 2>&1 || fail "a Put while the README's Watch runs"
+        grep -qF '"key":"watched"' "$work/watch.out" && break
+        sleep 0.2
+      done
+      cp "$work/watch.out" "$work/out"
+      grep -q '^{.*"key":"watched"' "$work/out" || fail "README: $line: no JSON line for the Put"
+      kill -0 "$watch_pid" 2>/dev/null || fail "README: $line: it ended instead of streaming"
+      stop "$watch_pid"; watch_pid="" ;;
+    *) fail "README: an unexpected line in the topspin block: $line" ;;
+  esac
+done < "$work/topspin.sh"
+echo "ok: the README's topspin commands"
+
+# The README's "Two terminals": the echo example's server and client through `cargo run`, as
+# written except that the server is given a free port (its argument; the README's default is
+# 50051), which the client's line then names.
+block "echo-readme-sh" '```sh' > "$work/echo.sh"
+server_line=$(grep -m1 -- '--example echo_server' "$work/echo.sh" | sed 's/[[:space:]]*#.*$//')
+client_line=$(grep -m1 -- '--example echo_client' "$work/echo.sh")
+if [ -z "$server_line" ] || [ -z "$client_line" ]; then echo "test-grpc: README echo block not found"; exit 1; fi
+cargo build -q -p topspin --example echo_server --example echo_client
+(exec bash -c "exec $server_line -- tcp://127.0.0.1:0") < /dev/null > "$work/echo-server.out" 2>&1 &
+echo_pid=$!
+for _ in $(seq 600); do
+  grep -q "echo server listening on" "$work/echo-server.out" 2>/dev/null && break
+  sleep 0.1
+done
+echo_addr=$(sed -n 's/^echo server listening on //p' "$work/echo-server.out")
+[ -n "$echo_addr" ] || { echo "test-grpc: the echo server did not start:"; cat "$work/echo-server.out"; exit 1; }
+client_line=${client_line//tcp:\/\/127.0.0.1:50051/$echo_addr}
+bash -c "$client_line" < /dev/null > "$work/out" 2>&1 || fail "README: $client_line"
+grep -qF 'Echo: "hello there"' "$work/out" || fail "README: $client_line: no echo"
+grep -qF 'Chat: "THERE"' "$work/out" || fail "README: $client_line: no chat reply"
+stop "$echo_pid"; echo_pid=""
+echo "ok: the README's echo server and client"
+echo "test-grpc: grpcurl, grpcio and grpc-go against the topspin server's gRPC face, and the README's terminal commands: ok"

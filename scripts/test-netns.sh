@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault test of balanced channels across a real (simulated) network (issue 15): four
+# The fault test of balanced channels across a real (simulated) network: four
 # topspin servers in network namespaces of their own, a client in a fifth balancing over
 # `dns:///svc.topspin.test:50051` under bounded load, and faults — a server not serving
 # (health), a link cut on the server's side and restored, a server killed (SIGKILL) and

@@ -3,7 +3,10 @@
 server's RSS (VmRSS, VmHWM from /proc every 100 ms) and a well-behaved client making a unary
 call every 200 ms. Prints a table (markdown) and writes JSON if asked.
 
-  python3 scripts/attacks/run.py --server /work/main/target/release/kvstore-server [--only a,b] [--json out.json]
+  python3 scripts/attacks/run.py [--server PATH] [--only a,b] [--json out.json]
+
+--server defaults to the release kvstore-server of this checkout (target/release/, or under
+$CARGO_TARGET_DIR): cargo build --release -p kvstore --bin kvstore-server.
 """
 import argparse, json, os, subprocess, sys, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -11,6 +14,8 @@ from common import *
 import grpc_attacks, native_attacks, ws_attacks, idle, shm_attacks
 
 MiB = 1 << 20
+# The repository root: two directories above this script.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ATTACKS = [
     # name, function, transport, claimed bound (crates/topspin/README.md, docs/hardening.md)
     ("1-grpc-zstd-window0", grpc_attacks.attack_grpc_zstd_never_read, "tcp",
@@ -94,7 +99,9 @@ def run_one(name, fn, transport, claim, server_bin):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--server", required=True)
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+    ap.add_argument("--server", default=os.path.join(target, "release", "kvstore-server"),
+                    help="the kvstore-server binary (default: %(default)s)")
     ap.add_argument("--only", default="", help="comma-separated attack name prefixes")
     ap.add_argument("--json")
     a = ap.parse_args()

@@ -1,5 +1,6 @@
 //! Latency of a 20-byte unary echo over TCP and a Unix socket, beside a raw blocking-socket echo
-//! measured in the same run (the kernel's floor): `cargo run --release -p topspin --example latency`.
+//! measured in the same run (the kernel's floor): `cargo run --release -p topspin --example latency`
+//! (`-- --help` for the options).
 //!
 //! The server and client share the process, on loopback, as in the published RPC comparisons.
 //! Rounds alternate raw and topspin so drift on a noisy machine hits both.
@@ -11,6 +12,16 @@ use topspin::codec::RawCodec;
 use topspin::{Channel, Request, Response, Server};
 
 const PAYLOAD: &[u8; 20] = b"twenty-byte-payload!";
+
+/// Latency of a 20-byte unary echo over TCP and a Unix socket, topspin against a raw
+/// blocking-socket echo measured in the same run.
+#[derive(clap::Parser, Debug)]
+#[command(name = "latency")]
+struct Args {
+    /// Calls per system, after 2000 of warm-up (run in four alternating rounds)
+    #[arg(default_value_t = 20_000)]
+    rounds: usize,
+}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
@@ -100,10 +111,7 @@ fn report(name: &str, mut t: Vec<Duration>, floor: Option<Duration>) -> Duration
 }
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20_000);
+    let Args { rounds } = clap::Parser::parse();
     // The server runs on its own runtime thread, the client on this one.
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

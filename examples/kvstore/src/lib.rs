@@ -279,3 +279,9 @@ impl kv::Store for KvStore {
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeExamples;
+
+/// docs/deploying.md's Rust examples (balancing, connection age, shutdown, retries), compiled
+/// as doctests of this crate too (`no_run`: they name hosts that are not there).
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/deploying.md")]
+pub struct DeployingExamples;

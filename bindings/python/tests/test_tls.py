@@ -1,5 +1,6 @@
-"""TLS (`tls://`, `wss://`, mutual TLS) and WebSocket (`ws://`) transports: a Python client
-against a Python server, with certificates generated at test time (`cryptography`)."""
+"""TLS (`tls://`, `wss://`, mutual TLS), WebSocket (`ws://`) and shared-memory (`shm://`)
+transports: a Python client against a Python server, with certificates generated at test time
+(`cryptography`)."""
 
 from __future__ import annotations
 
@@ -221,6 +222,21 @@ def test_ws_blocking_and_asyncio() -> None:
     server, bound = serve("ws://127.0.0.1:0/kv")
     try:
         assert bound.startswith("ws://127.0.0.1:"), bound
+        round_trip(topspin.Channel(bound))
+
+        async def main() -> None:
+            client = kv_topspin.StoreAsyncClient(topspin.AsyncChannel(bound))
+            assert (await client.Get(kv_pb2.GetRequest(key="k"), timeout=10)).value == "v"
+
+        asyncio.run(main())
+    finally:
+        server.stop(1)
+
+
+def test_shm_blocking_and_asyncio() -> None:
+    server, bound = serve(f"shm://topspin-py-test-{os.getpid()}")
+    try:
+        assert bound == f"shm://topspin-py-test-{os.getpid()}", bound
         round_trip(topspin.Channel(bound))
 
         async def main() -> None:

@@ -68,7 +68,14 @@ i=0
 for p in "${packages[@]}"; do
     i=$((i + 1))
     echo "== [$i/${#packages[@]}] building $p (release) ==" >&2
-    cargo build --release --locked -p "$p"
+    if [ "$p" = topspin-bench ]; then
+        # Its harness and the raw and topspin peers; not topspin-bench-endpoints (a separate
+        # command, README "Other commands"), which no mode of this script runs.
+        cargo build --release --locked -p "$p" \
+            --bin topspin-bench --bin topspin-bench-raw --bin topspin-bench-topspin
+    else
+        cargo build --release --locked -p "$p"
+    fi
 done
 bin="${CARGO_TARGET_DIR:-$root/target}/release"
 out="${BENCH_OUT:-$root/bench-out}"

@@ -42,14 +42,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# listening FILE PREFIX TRIES: the address a server printed after PREFIX in FILE, waiting up to
+# TRIES tenths of a second for it; fails the script if it never came.
+listening() {
+  local line=""
+  for _ in $(seq "$3"); do
+    line=$(sed -n "s|^$2||p" "$1" 2>/dev/null | head -n1)
+    [ -n "$line" ] && { echo "$line"; return; }
+    sleep 0.1
+  done
+  echo "test-grpc: the server did not start:" >&2; cat "$1" >&2; exit 1
+}
+
 "$KVSTORE_SERVER" tcp://127.0.0.1:0 > "$work/server.out" 2>&1 &
 server_pid=$!
-for _ in $(seq 100); do
-  grep -q "listening on" "$work/server.out" 2>/dev/null && break
-  sleep 0.1
-done
-addr=$(sed -n 's/^listening on tcp:\/\///p' "$work/server.out")
-[ -n "$addr" ] || { echo "test-grpc: the server did not start:"; cat "$work/server.out"; exit 1; }
+addr=$(listening "$work/server.out" "listening on tcp://" 100)
 
 fail() { echo "test-grpc: FAIL: $1"; echo "--- output:"; cat "$work/out"; exit 1; }
 # expect DESCRIPTION NEEDLE CMD...: runs CMD (any exit status), its output must contain NEEDLE.
@@ -151,12 +158,7 @@ if [ -z "$server_line" ] || [ -z "$client_line" ]; then echo "test-grpc: README 
 cargo build -q -p topspin --example echo_server --example echo_client
 (exec bash -c "exec $server_line -- tcp://127.0.0.1:0") < /dev/null > "$work/echo-server.out" 2>&1 &
 echo_pid=$!
-for _ in $(seq 600); do
-  grep -q "echo server listening on" "$work/echo-server.out" 2>/dev/null && break
-  sleep 0.1
-done
-echo_addr=$(sed -n 's/^echo server listening on //p' "$work/echo-server.out")
-[ -n "$echo_addr" ] || { echo "test-grpc: the echo server did not start:"; cat "$work/echo-server.out"; exit 1; }
+echo_addr=$(listening "$work/echo-server.out" "echo server listening on " 600)
 client_line=${client_line//tcp:\/\/127.0.0.1:50051/$echo_addr}
 bash -c "$client_line" < /dev/null > "$work/out" 2>&1 || fail "README: $client_line"
 grep -qF 'Echo: "hello there"' "$work/out" || fail "README: $client_line: no echo"

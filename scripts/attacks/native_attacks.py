@@ -64,7 +64,7 @@ def preface_and_settings(s):
     typ, _, _, _ = read_nframe(s)
     assert typ == T_SETTINGS
 
-def attack_native_pipeline_never_read(srv, dur=None):
+def attack_native_pipeline_never_read(srv, dur=None, n_calls=100000):
     """#4: one connection pipelines up to 100,000 Gets of the 1 MiB value and never reads.
     It stays 58 s (ATTACK_NEVER_READ_SECS: e.g. 75 to see the 60 s write_timeout cut it)."""
     if dur is None:
@@ -87,9 +87,9 @@ def attack_native_pipeline_never_read(srv, dur=None):
     n_sent = 0; pending = b""; queued = 0; last = time.monotonic()
     while time.monotonic() - t0 < 20:
         if not pending:
-            if queued >= 100000:
+            if queued >= n_calls:
                 break
-            pending = calls(queued, min(queued + 1000, 100000)); queued = min(queued + 1000, 100000)
+            pending = calls(queued, min(queued + 1000, n_calls)); queued = min(queued + 1000, n_calls)
         try:
             k = s.send(pending)
             pending = pending[k:]; n_sent += k; last = time.monotonic()
@@ -105,10 +105,18 @@ def attack_native_pipeline_never_read(srv, dur=None):
     w = CutWatcher([s], t0, mode="state")
     while time.monotonic() - t0 < dur:
         time.sleep(0.2)
-    note = ("wrote %d bytes (~%d of 100,000 calls) before the server stopped reading (%.1f s); never read; %s" %
-            (n_sent, approx_calls, send_t, w.summary()))
+    note = ("wrote %d bytes (~%d of %s calls) %s (%.1f s); never read; %s" %
+            (n_sent, approx_calls, "{:,}".format(n_calls),
+             "before the server stopped reading" if n_sent < len(calls(0, 1)) + (n_calls - 1) * per_call else "all sent, none held back by the server",
+             send_t, w.summary()))
     w.close_all()
     return {"notes": note, "t0": t0}
+
+def attack_native_pipeline_1000_never_read(srv, dur=None):
+    """#4 under max_concurrent_calls: one connection pipelines 1,000 Gets of the 1 MiB value
+    (1 GB of answers) and never reads, so the send buffer, not the refused-call limit, has to
+    bound what the server holds. Stays as long as #4."""
+    return attack_native_pipeline_never_read(srv, dur, n_calls=1000)
 
 def attack_native_zstd_bombs(srv, dur=20, encoding="zstd", bomb=None):
     """#5: 20 connections, each one Get whose message (topspin-encoding: zstd, flag byte 1) is a

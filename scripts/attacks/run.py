@@ -59,7 +59,7 @@ ATTACKS = [
      "h2 Rapid Reset limits; header list max_metadata_size+4 KiB; ping_rate"),
     # Run by default on Go and Node only (the Rust runs recorded in README.md had none of
     # these, and `--only x-` still means what it did); on Rust they run when an --only prefix
-    # matches nothing else (e.g. --only x-native-gzip,x-grpc-gzip,x-native-zstd-big).
+    # matches nothing else (e.g. --only x-native-gzip,x-grpc-gzip,x-native-zstd-big,x-native-pipeline-1000).
     ("x-native-gzip-bombs", native_attacks.attack_native_gzip_bombs, "tcp",
      "max_message_size 64 MiB; decompressed charged to memory_budget 1 GiB"),
     ("x-grpc-gzip-window0", grpc_attacks.attack_grpc_gzip_window0, "tcp",
@@ -68,8 +68,11 @@ ATTACKS = [
      "decompression stops at max_message_size 64 MiB; charged to budget while held"),
     ("x-native-zstd-big-window", native_attacks.attack_native_zstd_big_window, "tcp",
      "zstd window over 8 MiB refused from the frame header"),
+    ("x-native-pipeline-1000-noread", native_attacks.attack_native_pipeline_1000_never_read, "tcp",
+     "max_send_buffer 4 MiB (+1 msg); reading stops; write_timeout 60 s"),
 ]
-EXTRA_NOT_RUST = {"x-native-gzip-bombs", "x-grpc-gzip-window0", "x-grpc-gzip-apply-bombs", "x-native-zstd-big-window"}
+EXTRA_NOT_RUST = {"x-native-gzip-bombs", "x-grpc-gzip-window0", "x-grpc-gzip-apply-bombs", "x-native-zstd-big-window",
+                  "x-native-pipeline-1000-noread"}
 
 # Per server: the transports its kvstore example serves and the bounds its documentation
 # claims where they differ from the Rust server's (go/README.md "Bounds" and "gRPC on the same
@@ -97,6 +100,7 @@ LANGS = {
             "2b-grpc-announce-only": "charged as bytes arrive (never to the announced size); no byte for 30 s: RST_STREAM",
             "3-grpc-apply-bombs": "zstd not decoded on the gRPC face (grpc-js): refused",
             "4-native-pipeline-noread": "maxSendBuffer 4 MiB (+1 answer); reading stops; writeTimeout 60 s",
+            "x-native-pipeline-1000-noread": "maxSendBuffer 4 MiB (+1 answer); reading stops; writeTimeout 60 s",
             "5-native-zstd-bombs": "zstd not decoded by default (nodeServerCodecs: gzip): UNIMPLEMENTED",
             "6-websocket": "Origin 403; msg > 4 MiB -> 1009; partial msg charged past 64 KiB, frameTimeoutMs 30 s -> 1008",
             "x-native-announced-frames": "buffers grow as bytes arrive, charged past 64 KiB; frameTimeoutMs 30 s",

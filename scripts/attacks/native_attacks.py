@@ -113,10 +113,30 @@ def attack_native_pipeline_never_read(srv, dur=None, n_calls=100000):
     return {"notes": note, "t0": t0}
 
 def attack_native_pipeline_1000_never_read(srv, dur=None):
-    """#4 under max_concurrent_calls: one connection pipelines 1,000 Gets of the 1 MiB value
-    (1 GB of answers) and never reads, so the send buffer, not the refused-call limit, has to
-    bound what the server holds. Stays as long as #4."""
-    return attack_native_pipeline_never_read(srv, dur, n_calls=1000)
+    """#4 under max_concurrent_calls: one connection (ATTACK_PIPELINE_CONNS: more) pipelines
+    1,000 Gets of the 1 MiB value (1 GB of answers) and never reads, so the send buffer, not the
+    refused-call limit, has to bound what the server holds. Stays as long as #4."""
+    n_conns = int(os.environ.get("ATTACK_PIPELINE_CONNS", "1"))
+    if n_conns == 1:
+        return attack_native_pipeline_never_read(srv, dur, n_calls=1000)
+    if dur is None:
+        dur = float(os.environ.get("ATTACK_NEVER_READ_SECS", "58"))
+    body = get_request("big")
+    out = bytearray()
+    for i in range(1000):
+        cid = 1 + i
+        out += ncall(cid, GET, 1) if i == 0 else nframe(T_CALL, 0, cid, struct.pack("<HBBQ", 1, 0, 0, 0) + metadata())
+        out += nframe(T_MESSAGE, 1, cid, body)
+    socks = [native_connect(srv.host, srv.port) for _ in range(min(n_conns, 200))]
+    t0 = time.monotonic()
+    for s in socks:
+        s.sendall(bytes(out))
+    w = CutWatcher(socks, t0, mode="state")
+    while time.monotonic() - t0 < dur:
+        time.sleep(0.2)
+    note = "%d conns each wrote 1,000 Gets (%d bytes); never read; %s" % (len(socks), len(out), w.summary())
+    w.close_all()
+    return {"notes": note, "t0": t0}
 
 def attack_native_zstd_bombs(srv, dur=20, encoding="zstd", bomb=None):
     """#5: 20 connections, each one Get whose message (topspin-encoding: zstd, flag byte 1) is a

@@ -1,7 +1,7 @@
 """Shared pieces of the attack clients: server process, resource monitor, a well-behaved
 native client, and hand-built encoders (protobuf, zstd RLE frames, HTTP/2 + HPACK literals,
 native topspin frames). Python 3.11 standard library only."""
-import os, socket, struct, subprocess, threading, time, select
+import os, socket, struct, subprocess, threading, time, select, zlib
 
 # ---------------------------------------------------------------- protobuf
 def varint(n):
@@ -61,6 +61,28 @@ def zstd_bomb(prefix, fill_len, fill=b"a", window_log=20):
 def pb_bomb(msg, total):
     prefix, fill = padded_prefix(msg, total)
     return zstd_bomb(prefix, fill)
+
+_gzip_cache = {}
+
+def gzip_bomb(prefix, fill_len, fill=b"a"):
+    """A gzip member (RFC 1952, deflate level 9) whose output is prefix + fill*fill_len:
+    60 MiB of one byte compresses to about 61 KB (deflate's ratio tops out near 1:1030)."""
+    key = (prefix, fill_len, fill)
+    if key not in _gzip_cache:
+        c = zlib.compressobj(9, zlib.DEFLATED, 31)
+        out = [c.compress(prefix)]
+        chunk = fill[:1] * (1 << 20)
+        left = fill_len
+        while left > 0:
+            n = min(left, len(chunk))
+            out.append(c.compress(chunk[:n])); left -= n
+        out.append(c.flush())
+        _gzip_cache[key] = b"".join(out)
+    return _gzip_cache[key]
+
+def pb_gzip_bomb(msg, total):
+    prefix, fill = padded_prefix(msg, total)
+    return gzip_bomb(prefix, fill)
 
 # ---------------------------------------------------------------- native topspin
 PREFACE = b"TOPSPIN\x01"
@@ -251,8 +273,12 @@ class CutWatcher:
 
 # ---------------------------------------------------------------- server + monitor
 class Server:
-    def __init__(self, path, address="tcp://127.0.0.1:0", rss_limit_kib=3 * 1024 * 1024):
-        self.p = subprocess.Popen([path, address], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    """A server process started as `cmd + [address]` (cmd: a path or an argument list; the
+    process Popen starts is the one measured, so cmd must exec the server itself, not a shell
+    or a launcher that forks it). It must print `listening on ADDRESS` as its first line."""
+    def __init__(self, cmd, address="tcp://127.0.0.1:0", rss_limit_kib=3 * 1024 * 1024, cwd=None):
+        argv = [cmd] if isinstance(cmd, str) else list(cmd)
+        self.p = subprocess.Popen(argv + [address], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=cwd)
         line = self.p.stdout.readline().strip()
         if not line.startswith("listening on "):
             raise RuntimeError("server said %r" % line)

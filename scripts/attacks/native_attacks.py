@@ -64,7 +64,7 @@ def preface_and_settings(s):
     typ, _, _, _ = read_nframe(s)
     assert typ == T_SETTINGS
 
-def attack_native_pipeline_never_read(srv, dur=None):
+def attack_native_pipeline_never_read(srv, dur=None, n_calls=100000):
     """#4: one connection pipelines up to 100,000 Gets of the 1 MiB value and never reads.
     It stays 58 s (ATTACK_NEVER_READ_SECS: e.g. 75 to see the 60 s write_timeout cut it)."""
     if dur is None:
@@ -87,9 +87,9 @@ def attack_native_pipeline_never_read(srv, dur=None):
     n_sent = 0; pending = b""; queued = 0; last = time.monotonic()
     while time.monotonic() - t0 < 20:
         if not pending:
-            if queued >= 100000:
+            if queued >= n_calls:
                 break
-            pending = calls(queued, min(queued + 1000, 100000)); queued = min(queued + 1000, 100000)
+            pending = calls(queued, min(queued + 1000, n_calls)); queued = min(queued + 1000, n_calls)
         try:
             k = s.send(pending)
             pending = pending[k:]; n_sent += k; last = time.monotonic()
@@ -105,19 +105,50 @@ def attack_native_pipeline_never_read(srv, dur=None):
     w = CutWatcher([s], t0, mode="state")
     while time.monotonic() - t0 < dur:
         time.sleep(0.2)
-    note = ("wrote %d bytes (~%d of 100,000 calls) before the server stopped reading (%.1f s); never read; %s" %
-            (n_sent, approx_calls, send_t, w.summary()))
+    note = ("wrote %d bytes (~%d of %s calls) %s (%.1f s); never read; %s" %
+            (n_sent, approx_calls, "{:,}".format(n_calls),
+             "before the server stopped reading" if n_sent < len(calls(0, 1)) + (n_calls - 1) * per_call else "all sent, none held back by the server",
+             send_t, w.summary()))
     w.close_all()
     return {"notes": note, "t0": t0}
 
-def attack_native_zstd_bombs(srv, dur=20):
+def attack_native_pipeline_1000_never_read(srv, dur=None):
+    """#4 under max_concurrent_calls: one connection (ATTACK_PIPELINE_CONNS: more) pipelines
+    1,000 Gets of the 1 MiB value (1 GB of answers) and never reads, so the send buffer, not the
+    refused-call limit, has to bound what the server holds. Stays as long as #4."""
+    n_conns = int(os.environ.get("ATTACK_PIPELINE_CONNS", "1"))
+    if n_conns == 1:
+        return attack_native_pipeline_never_read(srv, dur, n_calls=1000)
+    if dur is None:
+        dur = float(os.environ.get("ATTACK_NEVER_READ_SECS", "58"))
+    body = get_request("big")
+    out = bytearray()
+    for i in range(1000):
+        cid = 1 + i
+        out += ncall(cid, GET, 1) if i == 0 else nframe(T_CALL, 0, cid, struct.pack("<HBBQ", 1, 0, 0, 0) + metadata())
+        out += nframe(T_MESSAGE, 1, cid, body)
+    socks = [native_connect(srv.host, srv.port) for _ in range(min(n_conns, 200))]
+    t0 = time.monotonic()
+    for s in socks:
+        s.sendall(bytes(out))
+    w = CutWatcher(socks, t0, mode="state")
+    while time.monotonic() - t0 < dur:
+        time.sleep(0.2)
+    note = "%d conns each wrote 1,000 Gets (%d bytes); never read; %s" % (len(socks), len(out), w.summary())
+    w.close_all()
+    return {"notes": note, "t0": t0}
+
+def attack_native_zstd_bombs(srv, dur=20, encoding="zstd", bomb=None):
     """#5: 20 connections, each one Get whose message (topspin-encoding: zstd, flag byte 1) is a
-    1.9 KB zstd frame inflating to 60 MiB; answers are read."""
-    bomb = pb_bomb(get_request("big"), 60 * MiB)
+    1.9 KB zstd frame inflating to 60 MiB; answers are read. (encoding="gzip": a 61 KB gzip
+    member inflating to 60 MiB; `bomb` replaces the compressed message.)"""
+    label = "bombs" if bomb is None and encoding == "zstd" else "%s bombs" % encoding
+    if bomb is None:
+        bomb = pb_bomb(get_request("big"), 60 * MiB) if encoding == "zstd" else pb_gzip_bomb(get_request("big"), 60 * MiB)
     socks = [native_connect(srv.host, srv.port) for _ in range(20)]
     t0 = time.monotonic()
     for s in socks:
-        s.sendall(ncall(1, GET, 0, [("topspin-encoding", "zstd")]) + nframe(T_MESSAGE, 1, 1, b"\x01" + bomb))
+        s.sendall(ncall(1, GET, 0, [("topspin-encoding", encoding)]) + nframe(T_MESSAGE, 1, 1, b"\x01" + bomb))
     rds = [NReader(s) for s in socks]
     for s in socks: s.settimeout(5)
     done_at = None
@@ -131,8 +162,20 @@ def attack_native_zstd_bombs(srv, dur=20):
         k = ("%d:%s" % r.ends[1]) [:60] if 1 in r.ends else ("closed" if r.eof else "pending")
         codes[k] = codes.get(k, 0) + 1
     for s in socks: s.close()
-    note = "20 x %d B bombs, all answered in %s; outcomes %s" % (len(bomb), "%.1f s" % done_at if done_at else "-", codes)
+    note = "20 x %d B %s, all answered in %s; outcomes %s" % (len(bomb), label, "%.1f s" % done_at if done_at else "-", codes)
     return {"notes": note, "t0": t0}
+
+def attack_native_gzip_bombs(srv, dur=20):
+    """#5 with gzip (the encoding every server decodes by default): 20 connections, each one Get
+    whose message is a 61 KB gzip member inflating to 60 MiB; answers are read."""
+    return attack_native_zstd_bombs(srv, dur, encoding="gzip")
+
+def attack_native_zstd_big_window(srv, dur=20):
+    """20 connections, each one Get whose message is a 530 B zstd frame declaring a 1 GiB window
+    (no content size) and inflating to 16 MiB: a decoder must refuse the window (8 MiB cap)
+    from the header rather than allocate it."""
+    prefix, fill = padded_prefix(get_request("big"), 16 * MiB)
+    return attack_native_zstd_bombs(srv, dur, encoding="zstd", bomb=zstd_bomb(prefix, fill, window_log=30))
 
 def attack_native_announced_frames(srv, dur=40):
     """Extra: 20 connections each start a Put, announce a 60 MiB MESSAGE frame, send 100 bytes

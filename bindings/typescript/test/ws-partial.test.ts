@@ -119,3 +119,21 @@ test("ws:// a connection with no message under way is not cut, and nothing stays
     await server.close(200);
   }
 });
+
+// A server that ends a WebSocket connection (here: no topspin handshake within its timeout) sends
+// a close frame; a peer that never answers it has its socket destroyed a second later, as the
+// Rust server does — not after the `ws` package's own 30 s close timeout.
+test("ws:// a peer that never answers the server's close is cut a second later", async () => {
+  const server = echoServer({ handshakeTimeoutMs: 300 });
+  const addr = await server.listen("ws://127.0.0.1:0/t");
+  const silent = await RawWs.open(addr); // upgraded, then silent: no hello, no close reply
+  const t0 = Date.now();
+  try {
+    assert.ok(await until(() => silent.closed, 5000), "the silent peer's socket was closed");
+    const took = Date.now() - t0;
+    assert.ok(took >= 250 && took < 2500, `closed after ${took} ms: the handshake timeout (300 ms) and the 1 s close grace`);
+  } finally {
+    silent.sock.destroy();
+    await server.close(200);
+  }
+});

@@ -211,19 +211,46 @@ function refuseUpgrade(socket: NodeDuplex, status: number, reason: string, body:
   socket.end(`HTTP/1.1 ${status} ${reason}\r\nconnection: close\r\ncontent-type: text/plain\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
 }
 
+/**
+ * How long a WebSocket the server closes waits for the peer's close frame before its socket is
+ * destroyed (as the Rust server): a peer that never answers is not held for the `ws` package's
+ * own 30 s close timeout.
+ */
+const WS_CLOSE_GRACE_MS = 1000;
+
+/**
+ * Closes `ws` with `code`, and destroys its socket if the peer has not answered within the grace
+ * — counted from when the peer stops taking what is still being sent to it (a slow reader gets
+ * the end of its data).
+ */
+function closeWebSocket(ws: WebSocket, code: number, reason?: string): void {
+  ws.close(code, reason);
+  let pending = ws.bufferedAmount;
+  const check = (): void => {
+    if (ws.readyState === ws.CLOSED) return;
+    if (ws.bufferedAmount > 0 && ws.bufferedAmount < pending) {
+      pending = ws.bufferedAmount;
+      setTimeout(check, WS_CLOSE_GRACE_MS).unref();
+      return;
+    }
+    ws.terminate();
+  };
+  setTimeout(check, WS_CLOSE_GRACE_MS).unref();
+}
+
 /** Wraps a server-side WebSocket (the `ws` package) as a {@link Duplex}: binary messages carry the stream. */
 function webSocketDuplex(ws: WebSocket): Duplex {
   const d = new HeldDuplex(
     (chunks) => {
       if (ws.readyState === ws.OPEN) sendAsMessages(chunks, (m) => ws.send(m, { binary: true }));
     },
-    () => ws.close(1000),
+    () => closeWebSocket(ws, 1000),
     { pending: () => ws.bufferedAmount, pause: () => ws.pause(), resume: () => ws.resume(), abort: () => ws.terminate() },
   );
   let why = "the peer closed the connection";
   ws.on("message", (data, isBinary) => {
     if (!isBinary) {
-      ws.close(1003, "text messages are not topspin");
+      closeWebSocket(ws, 1003, "text messages are not topspin");
       return;
     }
     if (Array.isArray(data)) for (const b of data) d.deliver(b);
@@ -288,8 +315,7 @@ function guardWebSocketInput(ws: WebSocket, socket: NodeDuplex, budget: MemoryBu
       timer = setTimeout(fire, frameMs);
       return;
     }
-    ws.close(1008, `a WebSocket message stayed incomplete for ${frameMs} ms (frame_timeout)`);
-    setTimeout(() => ws.terminate(), 1000).unref(); // a peer that does not answer the close
+    closeWebSocket(ws, 1008, `a WebSocket message stayed incomplete for ${frameMs} ms (frame_timeout)`);
   };
   const update = (): void => {
     const held = wsHeld(ws, since);

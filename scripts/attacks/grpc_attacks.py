@@ -68,6 +68,16 @@ def h2_connect_reading(srv, settings=()):
         rd.pump(0.1)
     return s, rd
 
+def read_until_cut(rd, t0, dur):
+    """Keeps reading (answering PINGs, draining) until `dur` s after `t0`; the time, from `t0`,
+    at which the server closed the connection, or None if it did not."""
+    cut = None
+    while time.monotonic() - t0 < dur:
+        rd.pump(0.1)
+        if rd.eof and cut is None:
+            cut = time.monotonic() - t0
+    return cut
+
 def send_data_windowed(s, rd, sid, data, end_stream, deadline):
     """Sends `data` on stream sid in DATA frames of at most 16 KiB (the default
     SETTINGS_MAX_FRAME_SIZE), each only within the peer's stream and connection windows
@@ -115,11 +125,7 @@ def attack_grpc_gzip_window0(srv, dur=20):
             sent += 1
         if rd.eof:
             break
-    cut = None
-    while time.monotonic() - t0 < dur:
-        rd.pump(0.1)
-        if rd.eof and cut is None:
-            cut = time.monotonic() - t0
+    cut = read_until_cut(rd, t0, dur)
     s.close()
     note = "sent %d/20 x %d B gzip bombs (60 MiB each inflated) in windows; answers unsendable (window 0); RST %d streams %s; GOAWAY %s; cut %s" % (
         sent, len(bomb), len(rd.rst), sorted(set(rd.rst.values())), rd.goaway[:2] if rd.goaway else None,
@@ -189,11 +195,7 @@ def _partial_streams(srv, n_streams, per_stream_target, announced, path, dur, se
     send_time = time.monotonic() - t0
     total = sum(sent.values())
     # quiet: keep reading (answer PINGs, drain) but send nothing more
-    cut_at = None
-    while time.monotonic() - t0 < dur:
-        rd.pump(0.1)
-        if rd.eof and cut_at is None:
-            cut_at = time.monotonic() - t0
+    cut_at = read_until_cut(rd, t0, dur)
     s.close()
     note = ("%d streams announcing %d MiB, sent %.1f MiB body in %.1f s (per stream %.1f-%.1f MiB), then quiet; "
             "RST %d streams %s; GOAWAY %s; cut %s" % (

@@ -391,7 +391,16 @@ async fn a_handler_that_blocks_holds_up_its_connection_once() {
         let ch = ch.clone();
         tokio::spawn(async move { ch.unary(RawCodec, "/t.S/Block", Bytes::new()).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The quick call goes once the blocking handler runs (a fixed sleep raced with a loaded
+    // machine, which may start the second call later than that).
+    let t0 = std::time::Instant::now();
+    while !BLOCKED.load(Ordering::SeqCst) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the blocking call never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let quick = ch
         .unary(RawCodec, "/t.S/Quick", Bytes::new())
         .await

@@ -7,7 +7,7 @@ use super::handler::{
     BoxFut, HandlerRef, Input, IoRef, Outcome, Running, SCmd, ServerCredit, Spawned,
 };
 use super::Registry;
-use crate::connection::{call_error_status, send_message, Ack, Blocked, Driver, Lapse, Role, Sent};
+use crate::connection::{Blocked, Driver, Lapse, Role};
 use crate::request::{Cancellation, ServerContext};
 use crate::streaming::Item;
 use crate::transport::Transport;
@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::WaitForCancellationFutureOwned;
-use topspin_proto::{CallError, CallId, Code, Connection, ErrorCode, Event, Metadata, Side};
+use topspin_proto::{CallId, Code, Connection, ErrorCode, Event, Metadata, Side};
 
 /// Commands from a connection's handlers queued before they wait for room.
 const COMMAND_QUEUE: usize = 1024;
@@ -61,7 +61,6 @@ pub(crate) async fn serve<T: Transport>(
     let peer = transport.peer_addr();
     #[cfg(feature = "tls")]
     let tls = transport.tls_peer();
-    let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
     let context = Arc::new(crate::request::ConnContext {
         peer,
         #[cfg(feature = "tls")]
@@ -71,31 +70,44 @@ pub(crate) async fn serve<T: Transport>(
         budget: config.memory_budget(),
         protocol: crate::request::Protocol::Topspin,
     });
-    let mut role = ServerRole {
-        registry,
-        context,
-        calls: FxHashMap::default(),
-        handlers: FuturesUnordered::new(),
-        tx,
-        rx,
-        shutdown_signal: Box::pin(shutdown.token.clone().cancelled_owned()),
-        shutdown_waker: None,
-        shutdown,
-        grace_deadline: None,
-        cancel_pool: Vec::new(),
-        fut_pool: Vec::new(),
-        by_id: Vec::new(),
-        go_away_pending: false,
-        deferred: VecDeque::new(),
-        held: 0,
-        room: usize::MAX,
-    };
-    // A shutdown that began before this connection was accepted applies at once.
-    if let Some(d) = role.shutdown.deadline() {
-        role.grace_deadline = Some(d);
-        role.go_away_pending = true;
-    }
+    let role = ServerRole::new(registry, context, shutdown);
     Driver::new(transport, role, config).run().await;
+}
+
+impl ServerRole {
+    /// The dispatch of one connection whose calls share `context`.
+    fn new(
+        registry: Arc<Registry>,
+        context: Arc<crate::request::ConnContext>,
+        shutdown: super::Shutdown,
+    ) -> ServerRole {
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let mut role = ServerRole {
+            registry,
+            context,
+            calls: FxHashMap::default(),
+            handlers: FuturesUnordered::new(),
+            tx,
+            rx,
+            shutdown_signal: Box::pin(shutdown.token.clone().cancelled_owned()),
+            shutdown_waker: None,
+            shutdown,
+            grace_deadline: None,
+            cancel_pool: Vec::new(),
+            fut_pool: Vec::new(),
+            by_id: Vec::new(),
+            go_away_pending: false,
+            deferred: VecDeque::new(),
+            held: 0,
+            room: usize::MAX,
+        };
+        // A shutdown that began before this connection was accepted applies at once.
+        if let Some(d) = role.shutdown.deadline() {
+            role.grace_deadline = Some(d);
+            role.go_away_pending = true;
+        }
+        role
+    }
 }
 
 /// The server's dispatch on one connection.
@@ -162,9 +174,12 @@ impl Role for ServerRole {
                 }
             }
             if let Poll::Ready(Some(cmd)) = self.rx.poll_recv(cx) {
-                self.apply(cmd, conn);
-                // What else is queued goes in the same write, up to the send buffer's room.
+                // What else is queued goes in the same write, up to the send buffer's room:
+                // counted from before the first command, so that at most one message goes
+                // past it (a handler on another thread may queue its next message while
+                // this batch is applied).
                 let base = conn.transmit_len();
+                self.apply(cmd, conn);
                 for _ in 0..COMMANDS_PER_TURN {
                     if conn.transmit_len().saturating_sub(base) >= room {
                         break;
@@ -566,248 +581,9 @@ impl ServerRole {
             }
         }
     }
-
-    /// The answer of a handler that returned in its first poll, its call not in `calls` (see
-    /// `run_inline`): the same steps as `finish` and `end`, the call put in `calls` only if
-    /// its reply or its END has to wait for the client.
-    fn reply_fresh(
-        &mut self,
-        id: u32,
-        reply: Result<(crate::codec::Payload, Metadata, Metadata), Status>,
-        cancel: Cancellation,
-        conn: &mut Connection,
-    ) {
-        let (message, headers, trailers) = match reply {
-            Ok(r) => r,
-            Err(status) => {
-                let trailers = status.wire_trailers();
-                self.end_fresh(id, status, trailers, cancel, conn);
-                return;
-            }
-        };
-        if !headers.is_empty() {
-            if let Err(e) = conn.send_headers(CallId(id), &headers) {
-                let st = self.local_error(e, "response headers");
-                self.end_fresh(id, st, Metadata::new(), cancel, conn);
-                return;
-            }
-        }
-        if !conn.is_writable(CallId(id)) {
-            // No credit yet (a client whose window is 0 grants it with its CALL): the reply
-            // and the END wait for Event::Writable (protocol.md §7).
-            let (ack, _) = tokio::sync::oneshot::channel();
-            self.held += message.len();
-            self.calls.insert(
-                id,
-                Call::Running {
-                    cancel,
-                    inbound: None,
-                    blocked: Some(Box::new((message, ack))),
-                    end: Some(Box::new((Status::ok(), trailers))),
-                    returned: true,
-                },
-            );
-            return;
-        }
-        match conn.send_message(CallId(id), message, false) {
-            Ok(()) => self.end_fresh(id, Status::ok(), trailers, cancel, conn),
-            Err(e) => {
-                let st = self.local_error(e, "response message");
-                self.end_fresh(id, st, Metadata::new(), cancel, conn);
-            }
-        }
-    }
-
-    /// `end` for a call whose handler returned and which is not in `calls`: it goes there only
-    /// if its END has to wait for a message still being sent.
-    fn end_fresh(
-        &mut self,
-        id: u32,
-        status: Status,
-        trailers: Metadata,
-        cancel: Cancellation,
-        conn: &mut Connection,
-    ) {
-        if let Err(CallError::WouldBlock) = conn.end_call(CallId(id), &status, &trailers) {
-            self.calls.insert(
-                id,
-                Call::Running {
-                    cancel,
-                    inbound: None,
-                    blocked: None,
-                    end: Some(Box::new((status, trailers))),
-                    returned: true,
-                },
-            );
-            return;
-        }
-        // The handler returned: the call was not cancelled, and its handle is reused.
-        cancel.recycle(&mut self.cancel_pool);
-    }
-
-    fn recycle(&mut self, fut: Option<BoxFut>) {
-        if let Some(f) = fut {
-            if self.fut_pool.len() < 64 {
-                self.fut_pool.push(f);
-            }
-        }
-    }
-
-    /// A handler returned.
-    fn finish(&mut self, id: u32, outcome: Outcome, conn: &mut Connection) {
-        if let Some(Call::Running { returned, .. }) = self.calls.get_mut(&id) {
-            *returned = true;
-        }
-        if let Outcome::Finished(_) = outcome {
-            // A response stream's headers are queued, not awaited: they go before its END.
-            for _ in 0..COMMAND_QUEUE {
-                match self.rx.try_recv() {
-                    Ok(cmd) => self.apply(cmd, conn),
-                    Err(_) => break,
-                }
-            }
-        }
-        match outcome {
-            Outcome::Reply(Ok((message, headers, trailers))) => {
-                if !self.calls.contains_key(&id) {
-                    return;
-                }
-                if !headers.is_empty() {
-                    if let Err(e) = conn.send_headers(CallId(id), &headers) {
-                        self.end(
-                            id,
-                            self.local_error(e, "response headers"),
-                            Metadata::new(),
-                            conn,
-                        );
-                        return;
-                    }
-                }
-                if !conn.is_writable(CallId(id)) {
-                    // No credit yet (a client whose window is 0 grants it with its CALL): the
-                    // reply and the END wait for Event::Writable (protocol.md §7).
-                    if let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) {
-                        let (ack, _) = tokio::sync::oneshot::channel();
-                        self.held += message.len();
-                        *blocked = Some(Box::new((message, ack)));
-                        *end = Some(Box::new((Status::ok(), trailers)));
-                        return;
-                    }
-                }
-                match conn.send_message(CallId(id), message, false) {
-                    Ok(()) => self.end(id, Status::ok(), trailers, conn),
-                    Err(e) => self.end(
-                        id,
-                        self.local_error(e, "response message"),
-                        Metadata::new(),
-                        conn,
-                    ),
-                }
-            }
-            Outcome::Reply(Err(status)) | Outcome::Finished(Err(status)) => {
-                let trailers = status.wire_trailers();
-                self.end(id, status, trailers, conn);
-            }
-            Outcome::Finished(Ok(trailers)) => self.end(id, Status::ok(), trailers, conn),
-        }
-    }
-
-    fn local_error(&self, e: CallError, what: &str) -> Status {
-        call_error_status(e, what)
-    }
-
-    /// Ends a call with a status (waiting for a message still being sent, if any). Also used
-    /// to refuse a call that never got state here (unknown method, wrong codec).
-    fn end(&mut self, id: u32, status: Status, trailers: Metadata, conn: &mut Connection) {
-        match conn.end_call(CallId(id), &status, &trailers) {
-            Ok(()) => {}
-            Err(CallError::WouldBlock) => {
-                if let Some(Call::Running { end, .. }) = self.calls.get_mut(&id) {
-                    *end = Some(Box::new((status, trailers)));
-                    return;
-                }
-            }
-            // A status too large for the client is shortened by the engine; anything else
-            // means the call is already over.
-            Err(_) => {}
-        }
-        if let Some(Call::Running {
-            cancel,
-            blocked,
-            returned,
-            ..
-        }) = self.calls.remove(&id)
-        {
-            if let Some((m, ack)) = blocked.map(|b| *b) {
-                self.held = self.held.saturating_sub(m.len());
-                let _ = ack.send(Err(Status::cancelled("the call ended")));
-            }
-            // A handler still running (its call ended without it) must stop; a call whose
-            // handler returned was not cancelled (a clone of the handle the application kept
-            // must not fire), and the handle is reused if nothing else holds it.
-            if !returned {
-                cancel.cancel();
-            }
-            cancel.recycle(&mut self.cancel_pool);
-        }
-    }
-
-    fn apply(&mut self, cmd: SCmd, conn: &mut Connection) {
-        match cmd {
-            SCmd::Headers { id, metadata } => {
-                if let Err(e) = conn.send_headers(CallId(id), &metadata) {
-                    if !matches!(e, CallError::NotOpen(_) | CallError::NotAllowed(_)) {
-                        self.end(
-                            id,
-                            self.local_error(e, "response headers"),
-                            Metadata::new(),
-                            conn,
-                        );
-                    }
-                }
-            }
-            SCmd::Send { id, message, ack } => self.send(id, message, ack, conn),
-            SCmd::Credit { id, bytes } => {
-                let _ = conn.grant_credit(CallId(id), bytes);
-            }
-        }
-    }
-
-    fn send(&mut self, id: u32, message: crate::codec::Payload, ack: Ack, conn: &mut Connection) {
-        match send_message(conn, CallId(id), message, ack) {
-            Sent::Done => {}
-            Sent::Blocked(b) => match self.calls.get_mut(&id) {
-                Some(Call::Running { blocked, .. }) => {
-                    self.held += b.0.len();
-                    *blocked = Some(b);
-                }
-                _ => {
-                    let _ = b.1.send(Err(Status::cancelled("the call is over")));
-                }
-            },
-            Sent::Refused(CallError::NotOpen(_), ack) => {
-                let _ = ack.send(Err(Status::cancelled("the call is over")));
-            }
-            Sent::Refused(e, ack) => {
-                let st = self.local_error(e, "response message");
-                let _ = ack.send(Err(st.clone()));
-                self.end(id, st, Metadata::new(), conn);
-            }
-        }
-    }
-
-    fn on_writable(&mut self, id: u32, conn: &mut Connection) {
-        let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) else {
-            return;
-        };
-        let blocked = blocked.take();
-        let end = end.take();
-        if let Some((message, ack)) = blocked.map(|b| *b) {
-            self.held = self.held.saturating_sub(message.len());
-            self.send(id, message, ack, conn);
-        }
-        if let Some((status, trailers)) = end.map(|b| *b) {
-            self.end(id, status, trailers, conn);
-        }
-    }
 }
+
+mod answer;
+
+#[cfg(test)]
+mod tests;

@@ -217,81 +217,60 @@ def measure_async(
     return asyncio.run(run())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--serve", choices=["topspin", "grpc", "raw"])
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--json")
-    ap.add_argument("--generate", action="store_true", help="only generate the code")
-    a = ap.parse_args()
-    if a.serve:
-        serve(a.serve)
-        return
-    generate()
-    if a.generate:
-        return
-    sys.path.insert(0, GEN)
-    import echo_pb2
-    import echo_pb2_grpc
-    import echo_topspin
-    import grpc
-
-    import topspin
-
-    small = echo_pb2.Msg(data=b"x" * 20)
-    big = echo_pb2.Msg(data=os.urandom(2 << 20))
-    opts = [
-        ("grpc.max_receive_message_length", 64 << 20),
-        ("grpc.max_send_message_length", 64 << 20),
-    ]
+def run_sync(
+    mods: Any, taddr: str, gaddr: str, raddr: str, pids: List[int], secs: float
+) -> List[Result]:
+    """Blocking clients; the floor: raw Python sockets (serialized message, no framework)."""
+    echo_pb2, echo_pb2_grpc, echo_topspin, grpc, topspin = mods
+    tpid, gpid, rpid = pids
     results: List[Result] = []
-    secs = a.seconds
-    tp, taddr = start_server("topspin")
-    gp, gaddr = start_server("grpc")
-    rp, raddr = start_server("raw")
-    try:
-        # blocking clients; the floor: raw Python sockets (serialized message, no framework)
-        raw = RawClient(raddr)
-        tc = echo_topspin.EchoClient(topspin.Channel(taddr))
-        gch = grpc.insecure_channel(gaddr, options=opts)
-        gc = echo_pb2_grpc.EchoStub(gch)
-        for label, msg, s in (("20 B", small, secs), ("2 MB", big, secs)):
-            payload = msg.SerializeToString()
-            results.append(
-                measure_sync(f"raw socket {label}", functools.partial(raw.echo, payload), s, rp.pid)
-            )
-            results.append(
-                measure_sync(f"topspin sync {label}", functools.partial(tc.Echo, msg), s, tp.pid)
-            )
-            results.append(
-                measure_sync(f"grpcio sync {label}", functools.partial(gc.Echo, msg), s, gp.pid)
-            )
-        gch.close()
+    raw = RawClient(raddr)
+    tc = echo_topspin.EchoClient(topspin.Channel(taddr))
+    gch = grpc.insecure_channel(gaddr, options=GRPC_OPTS)
+    gc = echo_pb2_grpc.EchoStub(gch)
+    for label, msg in (("20 B", small_msg(echo_pb2)), ("2 MB", big_msg(echo_pb2))):
+        payload = msg.SerializeToString()
+        results.append(
+            measure_sync(f"raw socket {label}", functools.partial(raw.echo, payload), secs, rpid)
+        )
+        results.append(
+            measure_sync(f"topspin sync {label}", functools.partial(tc.Echo, msg), secs, tpid)
+        )
+        results.append(
+            measure_sync(f"grpcio sync {label}", functools.partial(gc.Echo, msg), secs, gpid)
+        )
+    gch.close()
+    return results
 
-        # asyncio clients: one call at a time, then 64 in flight on one connection
-        ach = topspin.AsyncChannel(taddr)
-        atc = echo_topspin.EchoAsyncClient(ach)
-        for label, msg, n in (("20 B", small, 1), ("2 MB", big, 1), ("20 B x64", small, 64)):
-            results.append(
-                measure_async(
-                    f"topspin asyncio {label}", functools.partial(atc.Echo, msg), secs, tp.pid, n
-                )
+
+def run_async(mods: Any, taddr: str, gaddr: str, pids: List[int], secs: float) -> List[Result]:
+    """asyncio clients: one call at a time, then 64 in flight on one connection."""
+    echo_pb2, echo_pb2_grpc, echo_topspin, grpc, topspin = mods
+    tpid, gpid = pids
+    results: List[Result] = []
+    atc = echo_topspin.EchoAsyncClient(topspin.AsyncChannel(taddr))
+    small, big = small_msg(echo_pb2), big_msg(echo_pb2)
+    for label, msg, n in (("20 B", small, 1), ("2 MB", big, 1), ("20 B x64", small, 64)):
+        results.append(
+            measure_async(
+                f"topspin asyncio {label}", functools.partial(atc.Echo, msg), secs, tpid, n
             )
+        )
 
-            # grpc.aio channels belong to one loop: made inside it.
-            holder: Dict[str, Any] = {}
+        # grpc.aio channels belong to one loop: made inside it.
+        holder: Dict[str, Any] = {}
 
-            def gcall(m: Any = msg, h: Dict[str, Any] = holder) -> Awaitable[Any]:
-                if "c" not in h:
-                    h["c"] = echo_pb2_grpc.EchoStub(grpc.aio.insecure_channel(gaddr, options=opts))
-                r: Awaitable[Any] = h["c"].Echo(m)
-                return r
+        def gcall(m: Any = msg, h: Dict[str, Any] = holder) -> Awaitable[Any]:
+            if "c" not in h:
+                h["c"] = echo_pb2_grpc.EchoStub(grpc.aio.insecure_channel(gaddr, options=GRPC_OPTS))
+            r: Awaitable[Any] = h["c"].Echo(m)
+            return r
 
-            results.append(measure_async(f"grpc.aio {label}", gcall, secs, gp.pid, n))
-    finally:
-        tp.kill()
-        gp.kill()
-        rp.kill()
+        results.append(measure_async(f"grpc.aio {label}", gcall, secs, gpid, n))
+    return results
+
+
+def report(results: List[Result]) -> None:
     print(
         f"\n{'workload':<28} {'calls/s':>10} {'median us':>10} {'p99 us':>10} {'CPU us/call':>10}"
     )
@@ -317,6 +296,61 @@ def main() -> None:
             f"grpc.aio/topspin x{g.median_us / t.median_us:.2f}, CPU/call grpc.aio/topspin "
             f"x{g.cpu_us / t.cpu_us:.2f}"
         )
+
+
+GRPC_OPTS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
+
+
+def small_msg(echo_pb2: Any) -> Any:
+    return echo_pb2.Msg(data=b"x" * 20)
+
+
+_BIG: Dict[str, Any] = {}
+
+
+def big_msg(echo_pb2: Any) -> Any:
+    """One 2 MB message for the whole run (the same random bytes for every system)."""
+    if "m" not in _BIG:
+        _BIG["m"] = echo_pb2.Msg(data=os.urandom(2 << 20))
+    return _BIG["m"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--serve", choices=["topspin", "grpc", "raw"])
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--json")
+    ap.add_argument("--generate", action="store_true", help="only generate the code")
+    a = ap.parse_args()
+    if a.serve:
+        serve(a.serve)
+        return
+    generate()
+    if a.generate:
+        return
+    sys.path.insert(0, GEN)
+    import echo_pb2
+    import echo_pb2_grpc
+    import echo_topspin
+    import grpc
+
+    import topspin
+
+    mods = (echo_pb2, echo_pb2_grpc, echo_topspin, grpc, topspin)
+    tp, taddr = start_server("topspin")
+    gp, gaddr = start_server("grpc")
+    rp, raddr = start_server("raw")
+    try:
+        results = run_sync(mods, taddr, gaddr, raddr, [tp.pid, gp.pid, rp.pid], a.seconds)
+        results += run_async(mods, taddr, gaddr, [tp.pid, gp.pid], a.seconds)
+    finally:
+        tp.kill()
+        gp.kill()
+        rp.kill()
+    report(results)
     if a.json:
         with open(a.json, "w") as out:
             json.dump([r.__dict__ for r in results], out, indent=1)

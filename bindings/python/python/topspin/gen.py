@@ -19,7 +19,7 @@ import keyword
 import os
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from google.protobuf import descriptor_pb2
 
@@ -263,80 +263,94 @@ def gen_services(t: _Types, f: descriptor_pb2.FileDescriptorProto) -> Optional[s
 
     for s in f.service:
         full = f"{f.package}.{s.name}" if f.package else s.name
-        for asy in (False, True):
-            cls = f"{s.name}{'Async' if asy else ''}Client"
-            chan = "topspin.AsyncChannel" if asy else "topspin.Channel"
-            out += [
-                "",
-                f"class {cls}:",
-                f'    """Client of `{full}`{" (asyncio)" if asy else ""}."""',
-                "",
-                f"    def __init__(self, channel: {chan}) -> None:",
-            ]
-            for m in s.method:
-                _, kind = _KIND[(m.client_streaming, m.server_streaming)]
-                kind = ("Async" if asy else "") + kind
-                rq, rs = ref(m.input_type), ref(m.output_type)
-                out.append(
-                    f"        self.{m.name}: topspin.{kind}[{rq}, {rs}] = topspin.{kind}("
-                    f'channel, "/{full}/{m.name}", {rs})'
-                )
-        for asy in (False, True):
-            cls = f"{s.name}{'Async' if asy else ''}Servicer"
-            out += [
-                "",
-                f"class {cls}:",
-                f'    """Base class of a `{full}` server{" (async def handlers)" if asy else ""}:'
-                ' override the methods."""',
-            ]
-            for m in s.method:
-                rq, rs = ref(m.input_type), ref(m.output_type)
-                if asy:
-                    req = f"AsyncIterator[{rq}]" if m.client_streaming else rq
-                    if m.server_streaming:
-                        out += [
-                            "",
-                            f"    def {m.name}(self, request: {req}, "
-                            f"context: topspin.ServicerContext) -> AsyncIterator[{rs}]:",
-                            "        raise topspin.StatusError(topspin.Code.UNIMPLEMENTED, "
-                            f'"{m.name}")',
-                        ]
-                    else:
-                        out += [
-                            "",
-                            f"    async def {m.name}(self, request: {req}, "
-                            f"context: topspin.ServicerContext) -> {rs}:",
-                            "        raise topspin.StatusError(topspin.Code.UNIMPLEMENTED, "
-                            f'"{m.name}")',
-                        ]
-                else:
-                    req = f"Iterator[{rq}]" if m.client_streaming else rq
-                    ret = f"Iterable[{rs}]" if m.server_streaming else rs
-                    out += [
-                        "",
-                        f"    def {m.name}(self, request: {req}, "
-                        f"context: topspin.ServicerContext) -> {ret}:",
-                        "        raise topspin.StatusError(topspin.Code.UNIMPLEMENTED, "
-                        f'"{m.name}")',
-                    ]
-        out += [
-            "",
-            "",
-            f"def add_{s.name}Servicer_to_server(",
-            f"    servicer: Union[{s.name}Servicer, {s.name}AsyncServicer], server: topspin.Server",
-            ") -> None:",
-            f'    """Registers every method of `{full}` on `server`."""',
-        ]
-        for m in s.method:
-            kind, _ = _KIND[(m.client_streaming, m.server_streaming)]
-            rq, rs = ref(m.input_type), ref(m.output_type)
-            out.append(
-                f'    server.add_method(topspin.MethodHandler("/{full}/{m.name}", "{kind}", '
-                f"servicer.{m.name}, {rq}, {rs}))"
-            )
-        out.append("")
+        out += _clients(ref, s, full)
+        out += _servicers(ref, s, full)
+        out += _registration(ref, s, full)
     out.append("")
     return "\n".join(out) + "\n"
+
+
+_Ref = Callable[[str], str]
+
+
+def _clients(ref: _Ref, s: descriptor_pb2.ServiceDescriptorProto, full: str) -> List[str]:
+    """The blocking and the asyncio client classes of one service."""
+    out: List[str] = []
+    for asy in (False, True):
+        cls = f"{s.name}{'Async' if asy else ''}Client"
+        chan = "topspin.AsyncChannel" if asy else "topspin.Channel"
+        out += [
+            "",
+            f"class {cls}:",
+            f'    """Client of `{full}`{" (asyncio)" if asy else ""}."""',
+            "",
+            f"    def __init__(self, channel: {chan}) -> None:",
+        ]
+        for m in s.method:
+            _, kind = _KIND[(m.client_streaming, m.server_streaming)]
+            kind = ("Async" if asy else "") + kind
+            rq, rs = ref(m.input_type), ref(m.output_type)
+            out.append(
+                f"        self.{m.name}: topspin.{kind}[{rq}, {rs}] = topspin.{kind}("
+                f'channel, "/{full}/{m.name}", {rs})'
+            )
+    return out
+
+
+def _servicers(ref: _Ref, s: descriptor_pb2.ServiceDescriptorProto, full: str) -> List[str]:
+    """The base classes of a server, with `def` and with `async def` handlers."""
+    out: List[str] = []
+    for asy in (False, True):
+        cls = f"{s.name}{'Async' if asy else ''}Servicer"
+        out += [
+            "",
+            f"class {cls}:",
+            f'    """Base class of a `{full}` server{" (async def handlers)" if asy else ""}:'
+            ' override the methods."""',
+        ]
+        for m in s.method:
+            out += _servicer_method(ref, m, asy)
+    return out
+
+
+def _servicer_method(ref: _Ref, m: descriptor_pb2.MethodDescriptorProto, asy: bool) -> List[str]:
+    """One method of a servicer base class: it answers UNIMPLEMENTED."""
+    rq, rs = ref(m.input_type), ref(m.output_type)
+    unimplemented = f'        raise topspin.StatusError(topspin.Code.UNIMPLEMENTED, "{m.name}")'
+    if asy:
+        req = f"AsyncIterator[{rq}]" if m.client_streaming else rq
+        if m.server_streaming:
+            head = f"    def {m.name}(self, request: {req}, "
+            ret = f"AsyncIterator[{rs}]"
+        else:
+            head = f"    async def {m.name}(self, request: {req}, "
+            ret = rs
+    else:
+        req = f"Iterator[{rq}]" if m.client_streaming else rq
+        head = f"    def {m.name}(self, request: {req}, "
+        ret = f"Iterable[{rs}]" if m.server_streaming else rs
+    return ["", head + f"context: topspin.ServicerContext) -> {ret}:", unimplemented]
+
+
+def _registration(ref: _Ref, s: descriptor_pb2.ServiceDescriptorProto, full: str) -> List[str]:
+    """`add_<Service>Servicer_to_server`, as grpcio's generated code names it."""
+    out = [
+        "",
+        "",
+        f"def add_{s.name}Servicer_to_server(",
+        f"    servicer: Union[{s.name}Servicer, {s.name}AsyncServicer], server: topspin.Server",
+        ") -> None:",
+        f'    """Registers every method of `{full}` on `server`."""',
+    ]
+    for m in s.method:
+        kind, _ = _KIND[(m.client_streaming, m.server_streaming)]
+        rq, rs = ref(m.input_type), ref(m.output_type)
+        out.append(
+            f'    server.add_method(topspin.MethodHandler("/{full}/{m.name}", "{kind}", '
+            f"servicer.{m.name}, {rq}, {rs}))"
+        )
+    out.append("")
+    return out
 
 
 PYI_KINDS = ("auto", "mypy-protobuf", "builtin")

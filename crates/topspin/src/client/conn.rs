@@ -382,7 +382,7 @@ impl ClientRole {
             Some(e) if e.code == ErrorCode::TIMEOUT => {
                 format!("{} (is it a topspin server?)", e.reason)
             }
-            Some(e) if super::grpc::answered_as_http2(&e.reason) => format!(
+            Some(e) if answered_as_http2(&e.reason) => format!(
                 "the server does not speak the topspin protocol ({e}); it answered as an HTTP/2 \
                  server: call a gRPC server with a grpc://host:port (or grpcs://) address"
             ),
@@ -749,4 +749,22 @@ impl ClientRole {
             self.half_close(id.0, conn);
         }
     }
+}
+
+/// Whether a topspin handshake failure's reason shows the peer's first bytes to be an HTTP/2
+/// SETTINGS frame (`… (got [0, 0, 18, 4, 0, 0, 0, 0, …])`): a gRPC server, reached with a
+/// `tcp://` address instead of `grpc://`.
+fn answered_as_http2(reason: &str) -> bool {
+    let Some(start) = reason.find("(got [").map(|i| i + "(got [".len()) else {
+        return false;
+    };
+    let Some(len) = reason[start..].find(']') else {
+        return false;
+    };
+    let bytes: Vec<u8> = reason[start..start + len]
+        .split(", ")
+        .filter_map(|b| u8::from_str_radix(b.trim(), 16).ok())
+        .collect();
+    // A frame header: 24-bit length, type 4 (SETTINGS), flags 0, stream 0.
+    matches!(bytes.as_slice(), [_, _, _, 4, 0, 0, 0, 0, ..])
 }

@@ -326,23 +326,5 @@ impl Router {
     }
 }
 
-/// Whether a topspin handshake failure's reason shows the peer's first bytes to be an HTTP/2
-/// SETTINGS frame (`… (got [0, 0, 18, 4, 0, 0, 0, 0, …])`): a gRPC server, reached with a
-/// `tcp://` address instead of `grpc://`.
-pub(crate) fn answered_as_http2(reason: &str) -> bool {
-    let Some(start) = reason.find("(got [").map(|i| i + "(got [".len()) else {
-        return false;
-    };
-    let Some(len) = reason[start..].find(']') else {
-        return false;
-    };
-    let bytes: Vec<u8> = reason[start..start + len]
-        .split(", ")
-        .filter_map(|b| u8::from_str_radix(b.trim(), 16).ok())
-        .collect();
-    // A frame header: 24-bit length, type 4 (SETTINGS), flags 0, stream 0.
-    matches!(bytes.as_slice(), [_, _, _, 4, 0, 0, 0, 0, ..])
-}
-
 mod call;
 use call::*;

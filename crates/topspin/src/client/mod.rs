@@ -282,7 +282,7 @@ impl Channel {
         requests: Vec<Request<C::Encode>>,
     ) -> Vec<Result<Response<C::Decode>, Status>> {
         let method = method.into();
-        if crate::interceptor::client::wanted(&self.inner.endpoint.interceptors, method.as_str()) {
+        if call::observed_wanted(&self.inner.endpoint.interceptors, method.as_str()) {
             // Interceptors and spans see each call: they start one by one (still concurrently).
             let calls = requests
                 .into_iter()

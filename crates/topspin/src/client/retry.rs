@@ -525,7 +525,7 @@ pub(crate) async fn unary_attempt(
     };
     guard.disarm();
     if let Some(obs) = guard.obs.take() {
-        crate::interceptor::client::reply(obs, &r);
+        super::call::observed_reply(obs, &r);
     }
     r.ok_or_else(|| Status::unavailable("the connection task ended"))?
 }

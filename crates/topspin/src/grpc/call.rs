@@ -5,8 +5,8 @@
 //! waits — and sends its response within the stream's send capacity. Every call runs on its
 //! connection's task (`server.rs`).
 
-use super::server::Peer;
 use super::wire::{self, Deframer, Frame};
+use super::Peer;
 use crate::request::{Cancellation, ServerContext};
 use crate::server::handler::{
     CallIo, Done, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit, Spawned,

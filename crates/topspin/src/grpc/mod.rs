@@ -54,3 +54,12 @@ pub(crate) mod wire;
 
 #[cfg(feature = "grpc")]
 pub(crate) use server::serve;
+
+#[cfg(feature = "grpc")]
+/// Who is on the other end of the connection.
+#[derive(Clone, Debug)]
+pub(crate) struct Peer {
+    pub(crate) addr: crate::transport::PeerAddr,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<std::sync::Arc<crate::tls::TlsPeer>>,
+}

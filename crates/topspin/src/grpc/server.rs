@@ -4,9 +4,9 @@
 
 use super::call::{Face, Unsent};
 use super::wire::Frame;
+use super::Peer;
 use crate::request::Protocol;
 use crate::server::{Registry, Shutdown};
-use crate::transport::PeerAddr;
 use crate::Config;
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
@@ -26,14 +26,6 @@ const SEND_BUFFER: usize = 400 * 1024;
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// Header-list room beyond `max_metadata_size`, for the HTTP/2 and gRPC headers themselves.
 const HEADER_ROOM: u32 = 4096;
-
-/// Who is on the other end of the connection.
-#[derive(Clone, Debug)]
-pub(crate) struct Peer {
-    pub(crate) addr: PeerAddr,
-    #[cfg(feature = "tls")]
-    pub(crate) tls: Option<Arc<crate::tls::TlsPeer>>,
-}
 
 /// Serves gRPC over HTTP/2 on `io` (h2c with prior knowledge, or TLS that agreed on `h2`)
 /// until the client closes it or a graceful shutdown completes.

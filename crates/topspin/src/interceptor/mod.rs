@@ -34,7 +34,6 @@
 //! # let _ = builder;
 //! ```
 
-pub(crate) mod client;
 pub(crate) mod server;
 
 use crate::transport::PeerAddr;
@@ -48,27 +47,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use topspin_proto::InvalidMetadata;
 
+pub use crate::observe::Side;
+
 /// A boxed future, as [`AsyncInterceptor::on_call`] returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// Which side of a call an interceptor runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Side {
-    /// The caller ([`Channel`](crate::Channel)).
-    Client,
-    /// The [`Server`](crate::Server).
-    Server,
-}
-
-impl Side {
-    /// `"client"` or `"server"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Side::Client => "client",
-            Side::Server => "server",
-        }
-    }
-}
 
 /// A call as an interceptor sees it when it starts: its method, its request metadata (which
 /// an interceptor may change), and what else is known of it.

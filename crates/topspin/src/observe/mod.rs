@@ -26,12 +26,31 @@ pub(crate) mod otel;
 #[cfg(feature = "metrics")]
 pub use self::metrics::Metrics;
 
-use crate::interceptor::Side;
 use crate::Code;
 use std::fmt::Display;
 use std::time::Duration;
 use tracing::field::Empty;
 use tracing::Span;
+
+/// Which side of a call an interceptor runs on, or a span or metric describes
+/// ([`crate::interceptor::Side`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// The caller ([`Channel`](crate::Channel)).
+    Client,
+    /// The [`Server`](crate::Server).
+    Server,
+}
+
+impl Side {
+    /// `"client"` or `"server"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Server => "server",
+        }
+    }
+}
 
 /// A call's span, if a subscriber wants it.
 /// Whether a subscriber wants call spans (one cached callsite check).

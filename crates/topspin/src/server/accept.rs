@@ -196,7 +196,7 @@ pub(super) async fn serve_layered(
         }
         #[cfg(feature = "grpc")]
         Ok(Upgraded::H2(tcp, addr)) => {
-            let peer = crate::grpc::server::Peer {
+            let peer = crate::grpc::Peer {
                 addr,
                 #[cfg(feature = "tls")]
                 tls: None,
@@ -205,7 +205,7 @@ pub(super) async fn serve_layered(
         }
         #[cfg(all(feature = "grpc", feature = "tls"))]
         Ok(Upgraded::TlsH2(s, addr, tls)) => {
-            let peer = crate::grpc::server::Peer {
+            let peer = crate::grpc::Peer {
                 addr,
                 tls: Some(tls),
             };

@@ -20,7 +20,7 @@
 //!   endpoints get calls (one without the health service counts as serving).
 
 use super::conn::ConnHandle;
-use super::pool::{Pending, Pool};
+use super::pool::{Pending, PickFuture, Picker, Pool};
 use super::resolve::{DnsResolver, Resolver};
 use super::Endpoint;
 use crate::{Address, Status};
@@ -282,6 +282,39 @@ impl Drop for Balancer {
     }
 }
 
+impl Picker for Balancer {
+    fn addresses(&self) -> Vec<Address> {
+        self.set().iter().map(|s| s.address.clone()).collect()
+    }
+
+    fn connect(self: Arc<Self>) -> PickFuture {
+        Box::pin(async move { self.wait(None, false, false).await })
+    }
+
+    fn pick_now(&self) -> Result<ConnHandle, Pending> {
+        self.choose(true)
+    }
+
+    fn pick_waiting(
+        self: Arc<Self>,
+        deadline: Option<Instant>,
+        wait_for_ready: bool,
+    ) -> PickFuture {
+        Box::pin(async move { self.wait(deadline, wait_for_ready, true).await })
+    }
+}
+
+/// The pool of an endpoint: balanced when its address is `dns:///` or it has a resolver.
+pub(crate) fn pool_for(endpoint: Endpoint) -> Pool {
+    match resolver_of(&endpoint) {
+        Some(resolver) => {
+            let balancer = Arc::new(Balancer::new(endpoint.clone(), resolver));
+            Pool::balanced(endpoint, balancer)
+        }
+        None => Pool::single(endpoint),
+    }
+}
+
 impl Balancer {
     pub(crate) fn new(template: Endpoint, resolver: Arc<dyn Resolver>) -> Balancer {
         let target = match &template.address {
@@ -306,16 +339,6 @@ impl Balancer {
 
     fn set(&self) -> Set {
         self.set.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// The addresses of the current set (tests and diagnostics).
-    pub(crate) fn addresses(&self) -> Vec<Address> {
-        self.set().iter().map(|s| s.address.clone()).collect()
-    }
-
-    /// The connection for a call if an endpoint is ready now.
-    pub(crate) fn pick_now(&self) -> Result<ConnHandle, Pending> {
-        self.choose(true)
     }
 
     /// A ready endpoint's connection; `count`: a call goes there now (a pick that sends
@@ -402,23 +425,6 @@ impl Balancer {
         let sets = self.resolver.resolve();
         let task = tokio::spawn(run_resolver(Arc::downgrade(self), sets));
         *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
-    }
-
-    /// Connects: waits for the first endpoint set and one ready endpoint (or fails as a call
-    /// would).
-    pub(crate) async fn connect(self: &Arc<Self>) -> Result<(), Status> {
-        self.wait(None, false, false).await.map(|_| ())
-    }
-
-    /// The connection for a call once an endpoint is ready, within the call's deadline. With
-    /// `wait_for_ready` a call waits even while every endpoint fails (until its deadline);
-    /// without, it fails at once then.
-    pub(crate) async fn pick_waiting(
-        self: &Arc<Self>,
-        deadline: Option<Instant>,
-        wait_for_ready: bool,
-    ) -> Result<ConnHandle, Status> {
-        self.wait(deadline, wait_for_ready, true).await
     }
 
     async fn wait(

@@ -411,7 +411,7 @@ impl Endpoint {
     pub fn connect_lazy(mut self) -> Channel {
         // Each channel gets a budget of its own.
         self.retries = self.retries.map(|r| std::sync::Arc::new((*r).clone()));
-        Channel::from_pool(super::pool::Pool::new(self))
+        Channel::from_pool(super::balance::pool_for(self))
     }
 }
 

@@ -1,8 +1,8 @@
 //! The connections of a channel: a fixed pool of slots, each (re)connected on demand with
 //! exponential backoff and jitter after failures. A channel over many endpoints has one such
-//! pool per endpoint (a subchannel) and a [`Balancer`] choosing among them per call.
+//! pool per endpoint (a subchannel) and a [`Picker`] (`client/balance.rs`'s `Balancer`)
+//! choosing among them per call.
 
-use super::balance::Balancer;
 use super::conn::ConnHandle;
 use super::Endpoint;
 use crate::Status;
@@ -39,7 +39,27 @@ pub(crate) struct Pool {
     reconnect: bool,
     /// Many endpoints: the balancer picks a subchannel (a pool of its own) per call; `slots`
     /// is then empty.
-    balancer: Option<Arc<Balancer>>,
+    balancer: Option<Arc<dyn Picker>>,
+}
+
+/// A boxed future of a [`Picker`].
+pub(crate) type PickFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<ConnHandle, Status>> + Send + 'static>,
+>;
+
+/// What a pool over many endpoints asks of its balancer (`client/balance.rs`), which picks a
+/// subchannel — a pool of one address — per call.
+pub(crate) trait Picker: Send + Sync + std::fmt::Debug {
+    /// The addresses of the current set.
+    fn addresses(&self) -> Vec<crate::Address>;
+    /// Waits for the first endpoint set and one ready endpoint (or fails as a call would).
+    fn connect(self: Arc<Self>) -> PickFuture;
+    /// The connection for a call if an endpoint is ready now.
+    fn pick_now(&self) -> Result<ConnHandle, Pending>;
+    /// The connection for a call once an endpoint is ready, within the call's deadline
+    /// (`wait_for_ready`: even while every endpoint fails).
+    fn pick_waiting(self: Arc<Self>, deadline: Option<Instant>, wait_for_ready: bool)
+        -> PickFuture;
 }
 
 /// Why a call cannot start on a connection right now.
@@ -52,15 +72,12 @@ pub(crate) enum Pending {
 }
 
 impl Pool {
-    /// The pool of an endpoint: balanced when its address is `dns:///` or it has a resolver.
-    pub(crate) fn new(endpoint: Endpoint) -> Pool {
-        match super::balance::resolver_of(&endpoint) {
-            Some(resolver) => Pool {
-                slots: Vec::new(),
-                balancer: Some(Arc::new(Balancer::new(endpoint.clone(), resolver))),
-                ..Pool::single(endpoint)
-            },
-            None => Pool::single(endpoint),
+    /// The pool of a channel over many endpoints, `balancer` picking among them.
+    pub(crate) fn balanced(endpoint: Endpoint, balancer: Arc<dyn Picker>) -> Pool {
+        Pool {
+            slots: Vec::new(),
+            balancer: Some(balancer),
+            ..Pool::single(endpoint)
         }
     }
 
@@ -107,7 +124,7 @@ impl Pool {
 
     pub(crate) async fn connect_all(&self) -> Result<(), Status> {
         if let Some(b) = &self.balancer {
-            return b.connect().await;
+            return b.clone().connect().await.map(|_| ());
         }
         for slot in 0..self.slots.len() {
             self.conn(slot).await?;
@@ -271,7 +288,7 @@ impl Pool {
         deadline: Option<Instant>,
     ) -> Result<ConnHandle, Status> {
         if let Some(b) = &self.balancer {
-            return b.pick_waiting(deadline, true).await;
+            return b.clone().pick_waiting(deadline, true).await;
         }
         loop {
             match self.pick(deadline).await {
@@ -310,7 +327,7 @@ impl Pool {
         let slot = match pending {
             Pending::Slot(slot) => slot,
             Pending::Balance => match &self.balancer {
-                Some(b) => return b.pick_waiting(deadline, false).await,
+                Some(b) => return b.clone().pick_waiting(deadline, false).await,
                 None => return Err(Status::internal("no balancer for a balanced pick")),
             },
         };
@@ -360,7 +377,7 @@ mod tests {
                 Endpoint::new(address.as_str()).expect("endpoint")
             }
             .backoff(Duration::from_millis(20), Duration::from_millis(100));
-            let pool = Arc::new(Pool::new(endpoint));
+            let pool = Arc::new(super::super::balance::pool_for(endpoint));
             // Without waiting: nobody listens, the call fails at once, unsent.
             let e = pool.pick(None).await.expect_err("nobody listens");
             assert_eq!(e.code(), Code::Unavailable, "{e}");

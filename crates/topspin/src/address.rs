@@ -112,96 +112,115 @@ impl FromStr for Address {
     type Err = AddressError;
 
     fn from_str(s: &str) -> Result<Address, AddressError> {
-        let err = |reason| AddressError {
+        let parsed = parse_local(s)
+            .or_else(|| parse_ws(s))
+            .or_else(|| parse_dns(s))
+            .unwrap_or_else(|| parse_host_port(s));
+        parsed.map_err(|reason| AddressError {
             input: s.to_owned(),
             reason,
-        };
-        if let Some(path) = s.strip_prefix("unix://") {
-            if path.is_empty() {
-                return Err(err("empty socket path"));
-            }
-            return Ok(Address::Unix(PathBuf::from(path)));
-        }
-        if let Some(name) = s.strip_prefix("unix:@") {
-            if name.is_empty() {
-                return Err(err("empty abstract socket name"));
-            }
+        })
+    }
+}
+
+/// A result of parsing an address: the address, or why not.
+type Parsed = Result<Address, &'static str>;
+
+/// `unix://path`, `unix:path`, `unix:@name` and `shm://name`; `None`: another scheme.
+fn parse_local(s: &str) -> Option<Parsed> {
+    if let Some(name) = s.strip_prefix("unix:@") {
+        return Some(if name.is_empty() {
+            Err("empty abstract socket name")
+        } else if name.len() > 107 {
             // sun_path holds 108 bytes, the first of which is the NUL that marks the name.
-            if name.len() > 107 {
-                return Err(err("abstract socket name longer than 107 bytes"));
-            }
-            return Ok(Address::UnixAbstract(name.to_owned()));
-        }
-        if let Some(name) = s.strip_prefix("shm://") {
-            if name.is_empty() {
-                return Err(err("empty shared-memory name"));
-            }
+            Err("abstract socket name longer than 107 bytes")
+        } else {
+            Ok(Address::UnixAbstract(name.to_owned()))
+        });
+    }
+    if let Some(name) = s.strip_prefix("shm://") {
+        return Some(if name.is_empty() {
+            Err("empty shared-memory name")
+        } else if name.len() > 107 - "topspin-shm:".len() {
             // The abstract socket `topspin-shm:<name>` must fit sun_path (107 bytes after the
             // NUL that marks it abstract).
-            if name.len() > 107 - "topspin-shm:".len() {
-                return Err(err("shared-memory name longer than 95 bytes"));
-            }
-            return Ok(Address::Shm(name.to_owned()));
-        }
-        if let Some(path) = s.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err(err("empty socket path"));
-            }
-            return Ok(Address::Unix(PathBuf::from(path)));
-        }
-        for (scheme, secure) in [("ws://", false), ("wss://", true)] {
-            if let Some(rest) = s.strip_prefix(scheme) {
-                let (hp, path) = match rest.find('/') {
-                    Some(i) => (&rest[..i], &rest[i..]),
-                    None => (rest, "/"),
-                };
-                check_host_port(hp).map_err(err)?;
-                let (hp, path) = (hp.to_owned(), path.to_owned());
-                return Ok(if secure {
-                    Address::Wss(hp, path)
-                } else {
-                    Address::Ws(hp, path)
-                });
-            }
-        }
-        if let Some(rest) = s.strip_prefix("dns:") {
-            // dns:///host:port (no authority: the system's resolver) or dns:host:port.
-            let hp = match rest.strip_prefix("//") {
-                Some(r) => match r.strip_prefix('/') {
-                    Some(hp) => hp,
-                    None => {
-                        return Err(err(
-                            "a DNS server authority is not supported: use dns:///host:port",
-                        ))
-                    }
-                },
-                None => rest,
-            };
-            let hp = hp.trim_end_matches('/');
-            check_host_port(hp).map_err(err)?;
-            return Ok(Address::Dns(hp.to_owned()));
-        }
-        type Make = fn(String) -> Address;
-        for (scheme, make) in [
-            ("tls://", Address::Tls as Make),
-            ("grpc://", Address::Grpc),
-            ("grpcs://", Address::Grpcs),
-        ] {
-            if let Some(rest) = s.strip_prefix(scheme) {
-                let hp = rest.trim_end_matches('/');
-                check_host_port(hp).map_err(err)?;
-                return Ok(make(hp.to_owned()));
-            }
-        }
-        let hostport = match s.strip_prefix("tcp://") {
-            Some(rest) => rest,
-            None if s.contains("://") => return Err(err("unknown scheme")),
-            None => s,
-        };
-        let hostport = hostport.trim_end_matches('/');
-        check_host_port(hostport).map_err(err)?;
-        Ok(Address::Tcp(hostport.to_owned()))
+            Err("shared-memory name longer than 95 bytes")
+        } else {
+            Ok(Address::Shm(name.to_owned()))
+        });
     }
+    let path = s
+        .strip_prefix("unix://")
+        .or_else(|| s.strip_prefix("unix:"))?;
+    Some(if path.is_empty() {
+        Err("empty socket path")
+    } else {
+        Ok(Address::Unix(PathBuf::from(path)))
+    })
+}
+
+/// `ws://host:port/path` and `wss://…`; `None`: another scheme.
+fn parse_ws(s: &str) -> Option<Parsed> {
+    for (scheme, secure) in [("ws://", false), ("wss://", true)] {
+        if let Some(rest) = s.strip_prefix(scheme) {
+            let (hp, path) = match rest.find('/') {
+                Some(i) => (&rest[..i], &rest[i..]),
+                None => (rest, "/"),
+            };
+            if let Err(e) = check_host_port(hp) {
+                return Some(Err(e));
+            }
+            let (hp, path) = (hp.to_owned(), path.to_owned());
+            return Some(Ok(if secure {
+                Address::Wss(hp, path)
+            } else {
+                Address::Ws(hp, path)
+            }));
+        }
+    }
+    None
+}
+
+/// `dns:///host:port` (no authority: the system's resolver) or `dns:host:port`; `None`:
+/// another scheme.
+fn parse_dns(s: &str) -> Option<Parsed> {
+    let rest = s.strip_prefix("dns:")?;
+    let hp = match rest.strip_prefix("//") {
+        Some(r) => match r.strip_prefix('/') {
+            Some(hp) => hp,
+            None => {
+                return Some(Err(
+                    "a DNS server authority is not supported: use dns:///host:port",
+                ))
+            }
+        },
+        None => rest,
+    };
+    let hp = hp.trim_end_matches('/');
+    Some(check_host_port(hp).map(|()| Address::Dns(hp.to_owned())))
+}
+
+/// `tls://`, `grpc://`, `grpcs://`, `tcp://host:port` or a bare `host:port`.
+fn parse_host_port(s: &str) -> Parsed {
+    type Make = fn(String) -> Address;
+    for (scheme, make) in [
+        ("tls://", Address::Tls as Make),
+        ("grpc://", Address::Grpc),
+        ("grpcs://", Address::Grpcs),
+        ("tcp://", Address::Tcp),
+    ] {
+        if let Some(rest) = s.strip_prefix(scheme) {
+            let hp = rest.trim_end_matches('/');
+            check_host_port(hp)?;
+            return Ok(make(hp.to_owned()));
+        }
+    }
+    if s.contains("://") {
+        return Err("unknown scheme");
+    }
+    let hp = s.trim_end_matches('/');
+    check_host_port(hp)?;
+    Ok(Address::Tcp(hp.to_owned()))
 }
 
 /// Checks `host:port` (a name, an IPv4 address, or an IPv6 address in brackets).
@@ -348,6 +367,8 @@ mod tests {
             ("grpcs://[::1]:443/", Address::Grpcs("[::1]:443".into())),
             ("ws://h:80", Address::Ws("h:80".into(), "/".into())),
             ("shm://kv", Address::Shm("kv".into())),
+            ("dns:///h:1", Address::Dns("h:1".into())),
+            ("dns:h:1/", Address::Dns("h:1".into())),
             (
                 "wss://[::1]:443/rpc/x",
                 Address::Wss("[::1]:443".into(), "/rpc/x".into()),
@@ -377,6 +398,9 @@ mod tests {
             "grpcs://:1",
             "ws://:80/x",
             "shm://",
+            "unix:",
+            "dns://8.8.8.8/h:1",
+            "dns:///h",
         ] {
             let e = bad.parse::<Address>().unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");

@@ -296,102 +296,98 @@ impl Endpoint {
         use crate::transport::stream::StreamTransport;
         let address = &self.address;
         let config = &self.config;
-        let what = |e: &dyn std::fmt::Display| {
-            Status::unavailable(format!("could not connect to {address}: {e}"))
-        };
         match address {
             Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_) => {
                 super::conn::connect(address, config).await
             }
             #[cfg(any(target_os = "linux", target_os = "android"))]
             Address::Shm(name) => {
-                let t = tokio::time::timeout(
-                    config.handshake_timeout(),
-                    crate::transport::shm::ShmTransport::connect(name, config.local_users()),
-                )
-                .await
-                .map_err(|_| what(&"connect and shared-memory handshake timed out"))?
-                .map_err(|e| what(&e))?;
+                let shm = crate::transport::shm::ShmTransport::connect(name, config.local_users());
+                let t = self
+                    .within("connect and shared-memory handshake", shm)
+                    .await?;
                 super::conn::start(t, address, config).await
             }
             #[cfg(feature = "tls")]
             Address::Tls(hp) => {
                 let tls = self.tls.clone().unwrap_or_default();
                 let host = address.host().unwrap_or_default();
-                let s = tokio::time::timeout(
-                    config.handshake_timeout(),
-                    tls.connect(hp, host, crate::tls::ALPN),
-                )
-                .await
-                .map_err(|_| what(&"connect and TLS handshake timed out"))?
-                .map_err(|e| what(&e))?;
+                let connect = tls.connect(hp, host, crate::tls::ALPN);
+                let s = self.within("connect and TLS handshake", connect).await?;
                 let peer = peer_of(s.get_ref().0);
                 super::conn::start(StreamTransport::new(s, peer), address, config).await
             }
             #[cfg(feature = "websocket")]
             Address::Ws(hp, _) => {
-                let url = address.to_string();
-                let ws = &self.websocket.bounded_by(config);
-                let s = tokio::time::timeout(config.handshake_timeout(), async {
-                    let tcp = tokio::net::TcpStream::connect(hp.as_str())
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let _ = tcp.set_nodelay(true);
+                let (url, ws) = (address.to_string(), self.websocket.bounded_by(config));
+                let connect = async {
+                    let tcp = tcp_connect(hp).await.map_err(|e| e.to_string())?;
                     ws.connect(tcp, &url).await
-                })
-                .await
-                .map_err(|_| what(&"connect and WebSocket handshake timed out"))?
-                .map_err(|e| what(&e))?;
+                };
+                let s = self
+                    .within("connect and WebSocket handshake", connect)
+                    .await?;
                 let peer = peer_of(s.get_ref());
                 super::conn::start(StreamTransport::new(s, peer), address, config).await
             }
             #[cfg(all(feature = "tls", feature = "websocket"))]
             Address::Wss(hp, _) => {
-                let url = address.to_string();
-                let ws = &self.websocket.bounded_by(config);
+                let (url, ws) = (address.to_string(), self.websocket.bounded_by(config));
                 let tls = self.tls.clone().unwrap_or_default();
                 let host = address.host().unwrap_or_default();
-                let s = tokio::time::timeout(config.handshake_timeout(), async {
+                let connect = async {
                     let s = tls.connect(hp, host, b"http/1.1").await?;
                     ws.connect(s, &url).await
-                })
-                .await
-                .map_err(|_| what(&"connect, TLS and WebSocket handshakes timed out"))?
-                .map_err(|e| what(&e))?;
+                };
+                let s = self
+                    .within("connect, TLS and WebSocket handshakes", connect)
+                    .await?;
                 let peer = peer_of(s.get_ref().get_ref().0);
                 super::conn::start(StreamTransport::new(s, peer), address, config).await
             }
             Address::Grpc(hp) => {
-                let tcp = tokio::time::timeout(config.handshake_timeout(), async {
-                    let tcp = tokio::net::TcpStream::connect(hp.as_str()).await?;
-                    let _ = tcp.set_nodelay(true);
-                    Ok::<_, std::io::Error>(tcp)
-                })
-                .await
-                .map_err(|_| what(&"connect timed out"))?
-                .map_err(|e| what(&e))?;
-                tokio::time::timeout(
-                    config.handshake_timeout(),
-                    super::grpc::start(tcp, address, config, http::uri::Scheme::HTTP),
-                )
-                .await
-                .map_err(|_| what(&"HTTP/2 handshake timed out"))?
+                let tcp = self.within("connect", tcp_connect(hp)).await?;
+                let start = super::grpc::start(tcp, address, config, http::uri::Scheme::HTTP);
+                self.within("HTTP/2 handshake", async { start.await.map_err(Failed) })
+                    .await
             }
             #[cfg(feature = "tls")]
             Address::Grpcs(hp) => {
                 let tls = self.tls.clone().unwrap_or_default();
                 let host = address.host().unwrap_or_default();
-                tokio::time::timeout(config.handshake_timeout(), async {
-                    let s = tls.connect(hp, host, b"h2").await.map_err(|e| what(&e))?;
-                    super::grpc::start(s, address, config, http::uri::Scheme::HTTPS).await
-                })
-                .await
-                .map_err(|_| what(&"connect, TLS and HTTP/2 handshakes timed out"))?
+                let start = async {
+                    let s = tls
+                        .connect(hp, host, b"h2")
+                        .await
+                        .map_err(|e| Failed(self.failed(&e)))?;
+                    super::grpc::start(s, address, config, http::uri::Scheme::HTTPS)
+                        .await
+                        .map_err(Failed)
+                };
+                self.within("connect, TLS and HTTP/2 handshakes", start)
+                    .await
             }
             #[allow(unreachable_patterns)]
-            other => Err(what(&format!(
+            other => Err(self.failed(&format!(
                 "{other} needs the topspin crate's `tls` or `websocket` feature"
             ))),
+        }
+    }
+
+    /// Connecting failed because of `e`.
+    fn failed(&self, e: &dyn std::fmt::Display) -> Status {
+        Status::unavailable(format!("could not connect to {}: {e}", self.address))
+    }
+
+    /// `step` within the handshake timeout; past it, "`steps` timed out".
+    async fn within<T, E: IntoStatus>(
+        &self,
+        steps: &str,
+        step: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, Status> {
+        match tokio::time::timeout(self.config.handshake_timeout(), step).await {
+            Ok(r) => r.map_err(|e| e.into_status(self)),
+            Err(_) => Err(self.failed(&format!("{steps} timed out"))),
         }
     }
 
@@ -413,6 +409,39 @@ impl Endpoint {
         self.retries = self.retries.map(|r| std::sync::Arc::new((*r).clone()));
         Channel::from_pool(super::balance::pool_for(self))
     }
+}
+
+/// A failure that is already a [`Status`] (as the gRPC client mode's start returns).
+struct Failed(Status);
+
+/// Why a step of connecting failed, as the call's status.
+trait IntoStatus {
+    fn into_status(self, endpoint: &Endpoint) -> Status;
+}
+
+impl IntoStatus for Failed {
+    fn into_status(self, _: &Endpoint) -> Status {
+        self.0
+    }
+}
+
+impl IntoStatus for std::io::Error {
+    fn into_status(self, endpoint: &Endpoint) -> Status {
+        endpoint.failed(&self)
+    }
+}
+
+impl IntoStatus for String {
+    fn into_status(self, endpoint: &Endpoint) -> Status {
+        endpoint.failed(&self)
+    }
+}
+
+/// A TCP connection with Nagle off.
+async fn tcp_connect(hp: &str) -> std::io::Result<tokio::net::TcpStream> {
+    let tcp = tokio::net::TcpStream::connect(hp).await?;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
 }
 
 /// The peer address of a TCP stream under a layered transport.

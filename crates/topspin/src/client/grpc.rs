@@ -217,7 +217,7 @@ impl Router {
         mut done_rx: mpsc::UnboundedReceiver<u64>,
         idle: Option<Duration>,
     ) {
-        let idle_for = idle.unwrap_or(Duration::from_secs(86_400 * 365));
+        let idle_for = idle.unwrap_or(crate::connection::FAR);
         let idle_timer = tokio::time::sleep(idle_for);
         tokio::pin!(idle_timer);
         let mut busy = false;

@@ -661,6 +661,15 @@ impl<R: Role, T: Transport> Driver<R, T> {
     }
 }
 
+/// How far off a timer for "no deadline" is set: a year (a timer that never fires, for a
+/// `select!` branch that must exist).
+pub(crate) const FAR: Duration = Duration::from_secs(86_400 * 365);
+
+/// An instant [`FAR`] from now.
+pub(crate) fn far_future() -> Instant {
+    Instant::now() + FAR
+}
+
 /// The earlier of two deadlines.
 #[inline]
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {

@@ -48,6 +48,13 @@ pub(super) enum BodyEvent {
     Trailers(Result<Option<http::HeaderMap>, h2::Error>),
 }
 
+/// What a stream call sent while it waited for the server's concurrent-stream limit.
+#[derive(Default)]
+struct Early {
+    message: Option<(crate::codec::Payload, Ack)>,
+    half_close: bool,
+}
+
 /// How a call's loop goes on after a step.
 pub(super) enum Step {
     Go,
@@ -226,9 +233,10 @@ impl GrpcCall {
     ) {
         let deadline = call.deadline;
         self.deadline = deadline;
+        // No deadline: a timer that never fires (the branch that polls it is off).
         let sleep = tokio::time::sleep_until(
             deadline
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365))
+                .unwrap_or_else(crate::connection::far_future)
                 .into(),
         );
         tokio::pin!(sleep);
@@ -244,38 +252,11 @@ impl GrpcCall {
             Ok(r) => r,
             Err(s) => return self.fail(s),
         };
-        // Wait for the server's concurrent-stream limit; a stream message or half-close of
-        // the call may arrive meanwhile.
-        let mut early: Option<(crate::codec::Payload, Ack)> = None;
-        let mut early_half_close = false;
-        let ready = send.ready();
-        tokio::pin!(ready);
-        let mut send = loop {
-            tokio::select! {
-                r = &mut ready => match r {
-                    Ok(s) => break s,
-                    Err(e) => {
-                        self.base.shared.unusable.store(true, Ordering::Release);
-                        let st = self.h2_error(&e);
-                        return self.fail(Status::unavailable(format!(
-                            "{}; the call was not sent and is safe to retry", st.message()
-                        )));
-                    }
-                },
-                () = &mut sleep, if deadline.is_some() => {
-                    let m = format!(
-                        "deadline exceeded while {} waited for the server's concurrent-stream limit",
-                        &*self.method
-                    );
-                    return self.fail(Status::deadline_exceeded(m));
-                }
-                cmd = rx.recv() => match cmd {
-                    Some(CallCmd::Send(m, ack)) => early = Some((m, ack)),
-                    Some(CallCmd::HalfClose) => early_half_close = true,
-                    Some(CallCmd::Credit(_)) => {}
-                    Some(CallCmd::Cancel) | None => return,
-                },
-            }
+        let mut early = Early::default();
+        let mut send = match self.ready(send, &mut rx, sleep.as_mut(), &mut early).await {
+            Ok(send) => send,
+            Err(Some(st)) => return self.fail(st),
+            Err(None) => return,
         };
         let one = call.message.take();
         let (response, mut stream) = match send.send_request(req, false) {
@@ -289,30 +270,76 @@ impl GrpcCall {
             }
         };
         drop(send);
-        let queued = match one {
-            Some(m) => {
-                self.half_closed = true;
-                self.write(&mut stream, m, true)
-            }
-            None => {
-                let mut r = Ok(());
-                if let Some((m, ack)) = early {
-                    r = self.write(&mut stream, m, false);
-                    self.unacked = Some(ack);
-                    stream.reserve_capacity(1);
-                }
-                if early_half_close {
-                    self.half_close(&mut stream);
-                }
-                r
-            }
-        };
-        if let Err(s) = queued {
+        if let Err(s) = self.first_write(&mut stream, one, early) {
             stream.send_reset(h2::Reason::CANCEL);
             return self.fail(s);
         }
         self.exchange(response, stream, rx, sleep, deadline.is_some())
             .await;
+    }
+
+    /// Waits for the server's concurrent-stream limit; a stream message or half-close of the
+    /// call may arrive meanwhile (kept in `early`). `Err(None)`: the caller cancelled.
+    async fn ready(
+        &mut self,
+        send: SendRequest<Bytes>,
+        rx: &mut mpsc::UnboundedReceiver<CallCmd>,
+        mut sleep: std::pin::Pin<&mut tokio::time::Sleep>,
+        early: &mut Early,
+    ) -> Result<SendRequest<Bytes>, Option<Status>> {
+        let ready = send.ready();
+        tokio::pin!(ready);
+        loop {
+            tokio::select! {
+                r = &mut ready => return match r {
+                    Ok(s) => Ok(s),
+                    Err(e) => {
+                        self.base.shared.unusable.store(true, Ordering::Release);
+                        let st = self.h2_error(&e);
+                        Err(Some(Status::unavailable(format!(
+                            "{}; the call was not sent and is safe to retry", st.message()
+                        ))))
+                    }
+                },
+                () = &mut sleep, if self.deadline.is_some() => {
+                    let m = format!(
+                        "deadline exceeded while {} waited for the server's concurrent-stream limit",
+                        &*self.method
+                    );
+                    return Err(Some(Status::deadline_exceeded(m)));
+                }
+                cmd = rx.recv() => match cmd {
+                    Some(CallCmd::Send(m, ack)) => early.message = Some((m, ack)),
+                    Some(CallCmd::HalfClose) => early.half_close = true,
+                    Some(CallCmd::Credit(_)) => {}
+                    Some(CallCmd::Cancel) | None => return Err(None),
+                },
+            }
+        }
+    }
+
+    /// Queues the call's first data: its one request message (with END_STREAM), or what a
+    /// stream sent while it waited to open.
+    fn first_write(
+        &mut self,
+        stream: &mut SendStream<Bytes>,
+        one: Option<crate::codec::Payload>,
+        early: Early,
+    ) -> Result<(), Status> {
+        if let Some(m) = one {
+            self.half_closed = true;
+            return self.write(stream, m, true);
+        }
+        let mut r = Ok(());
+        if let Some((m, ack)) = early.message {
+            r = self.write(stream, m, false);
+            self.unacked = Some(ack);
+            stream.reserve_capacity(1);
+        }
+        if early.half_close {
+            self.half_close(stream);
+        }
+        r
     }
 
     fn half_close(&mut self, stream: &mut SendStream<Bytes>) {
@@ -345,11 +372,7 @@ impl GrpcCall {
                     response = None;
                     match r {
                         Ok(r) => self.on_response(r, &mut body),
-                        Err(e) => {
-                            let st = self.h2_error(&e);
-                            self.fail(st);
-                            Step::Done
-                        }
+                        Err(e) => self.failed(&e),
                     }
                 }
                 ev = async {
@@ -359,89 +382,16 @@ impl GrpcCall {
                     } else {
                         BodyEvent::Data(b.data().await)
                     }
-                }, if body.is_some() => match ev {
-                    BodyEvent::Data(Some(Ok(chunk))) => {
-                        let b = body.as_mut().expect("guarded");
-                        self.on_data(chunk, b)
-                    }
-                    BodyEvent::Data(Some(Err(e))) => {
-                        let st = self.h2_error(&e);
-                        self.fail(st);
-                        Step::Done
-                    }
-                    BodyEvent::Data(None) => {
-                        data_done = true;
-                        Step::Go
-                    }
-                    BodyEvent::Trailers(Ok(t)) => {
-                        self.on_trailers(t.as_ref());
-                        data_done = true;
-                        Step::Done
-                    }
-                    BodyEvent::Trailers(Err(e)) => {
-                        let st = self.h2_error(&e);
-                        self.fail(st);
-                        Step::Done
-                    }
-                },
+                }, if body.is_some() => self.on_body(ev, &mut body, &mut data_done),
                 cap = std::future::poll_fn(|cx| {
                     if stream.capacity() > 0 {
                         return std::task::Poll::Ready(Some(Ok(0)));
                     }
                     stream.poll_capacity(cx)
-                }), if self.unacked.is_some() => {
-                    if let Some(ack) = self.unacked.take() {
-                        match cap {
-                            Some(Ok(_)) => {
-                                let _ = ack.send(Ok(()));
-                            }
-                            Some(Err(e)) => {
-                                let _ = ack.send(Err(self.h2_error(&e)));
-                            }
-                            None => {
-                                let _ = ack.send(Err(Status::cancelled("the call is over")));
-                            }
-                        }
-                    }
-                    if std::mem::take(&mut self.half_close_after) {
-                        self.half_close(&mut stream);
-                    }
-                    Step::Go
-                }
-                cmd = rx.recv() => match cmd {
-                    Some(CallCmd::Send(m, ack)) => {
-                        if self.half_closed || self.sink.is_none() {
-                            let _ = ack.send(Err(Status::cancelled("the call is over")));
-                            Step::Go
-                        } else {
-                            match self.write(&mut stream, m, false) {
-                                Ok(()) => {
-                                    self.unacked = Some(ack);
-                                    stream.reserve_capacity(1);
-                                    Step::Go
-                                }
-                                Err(s) => {
-                                    let _ = ack.send(Err(s.clone()));
-                                    stream.send_reset(h2::Reason::CANCEL);
-                                    self.fail(s);
-                                    Step::Done
-                                }
-                            }
-                        }
-                    }
-                    Some(CallCmd::HalfClose) => {
-                        self.half_close(&mut stream);
-                        Step::Go
-                    }
-                    Some(CallCmd::Credit(n)) => {
-                        self.consumed(n as usize, body.as_mut());
-                        Step::Go
-                    }
-                    Some(CallCmd::Cancel) | None => {
-                        // RST_STREAM(CANCEL): the server's handler sees the call cancelled.
-                        stream.send_reset(h2::Reason::CANCEL);
-                        return;
-                    }
+                }), if self.unacked.is_some() => self.on_capacity(cap, &mut stream),
+                cmd = rx.recv() => match self.on_cmd(cmd, &mut stream, body.as_mut()) {
+                    Some(step) => step,
+                    None => return, // cancelled: the stream is reset
                 },
                 () = &mut sleep, if has_deadline => {
                     stream.send_reset(h2::Reason::CANCEL);
@@ -456,6 +406,100 @@ impl GrpcCall {
                     stream.send_reset(h2::Reason::CANCEL);
                 }
                 return;
+            }
+        }
+    }
+
+    /// The call fails with h2's error `e`.
+    fn failed(&mut self, e: &h2::Error) -> Step {
+        let st = self.h2_error(e);
+        self.fail(st);
+        Step::Done
+    }
+
+    /// Response data or trailers arrived.
+    fn on_body(
+        &mut self,
+        ev: BodyEvent,
+        body: &mut Option<RecvStream>,
+        data_done: &mut bool,
+    ) -> Step {
+        match ev {
+            BodyEvent::Data(Some(Ok(chunk))) => match body.as_mut() {
+                Some(b) => self.on_data(chunk, b),
+                None => Step::Done,
+            },
+            BodyEvent::Data(Some(Err(e))) | BodyEvent::Trailers(Err(e)) => self.failed(&e),
+            BodyEvent::Data(None) => {
+                *data_done = true;
+                Step::Go
+            }
+            BodyEvent::Trailers(Ok(t)) => {
+                self.on_trailers(t.as_ref());
+                *data_done = true;
+                Step::Done
+            }
+        }
+    }
+
+    /// The stream has room again: the message it waited for is taken (its sender told).
+    fn on_capacity(
+        &mut self,
+        cap: Option<Result<usize, h2::Error>>,
+        stream: &mut SendStream<Bytes>,
+    ) -> Step {
+        if let Some(ack) = self.unacked.take() {
+            let _ = ack.send(match cap {
+                Some(Ok(_)) => Ok(()),
+                Some(Err(e)) => Err(self.h2_error(&e)),
+                None => Err(Status::cancelled("the call is over")),
+            });
+        }
+        if std::mem::take(&mut self.half_close_after) {
+            self.half_close(stream);
+        }
+        Step::Go
+    }
+
+    /// A command from the caller; `None` once it cancelled (the stream reset).
+    fn on_cmd(
+        &mut self,
+        cmd: Option<CallCmd>,
+        stream: &mut SendStream<Bytes>,
+        body: Option<&mut RecvStream>,
+    ) -> Option<Step> {
+        match cmd {
+            Some(CallCmd::Send(m, ack)) => {
+                if self.half_closed || self.sink.is_none() {
+                    let _ = ack.send(Err(Status::cancelled("the call is over")));
+                    return Some(Step::Go);
+                }
+                match self.write(stream, m, false) {
+                    Ok(()) => {
+                        self.unacked = Some(ack);
+                        stream.reserve_capacity(1);
+                        Some(Step::Go)
+                    }
+                    Err(s) => {
+                        let _ = ack.send(Err(s.clone()));
+                        stream.send_reset(h2::Reason::CANCEL);
+                        self.fail(s);
+                        Some(Step::Done)
+                    }
+                }
+            }
+            Some(CallCmd::HalfClose) => {
+                self.half_close(stream);
+                Some(Step::Go)
+            }
+            Some(CallCmd::Credit(n)) => {
+                self.consumed(n as usize, body);
+                Some(Step::Go)
+            }
+            Some(CallCmd::Cancel) | None => {
+                // RST_STREAM(CANCEL): the server's handler sees the call cancelled.
+                stream.send_reset(h2::Reason::CANCEL);
+                None
             }
         }
     }

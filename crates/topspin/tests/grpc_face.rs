@@ -768,34 +768,23 @@ async fn max_connection_age_grace_ends_calls_that_outlast_it() {
 
 /// As on a native connection: a method whose handler blocked its connection's task once is
 /// polled on a task of its own from then on, so a tonic client's quick call on the same
-/// HTTP/2 connection is answered while the blocking one still runs.
+/// HTTP/2 connection is answered while the blocking one still runs. Told by order, not by
+/// timing (`blocking::Handlers`): the second blocking handler stays blocked until the quick
+/// one has run, or 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_blocks_holds_up_its_grpc_connection_once() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static BLOCKED: AtomicBool = AtomicBool::new(false);
+    static H: common::blocking::Handlers = common::blocking::Handlers::new();
     let s = start(
         |b| {
             b.unary(
                 "/t.T/Block",
                 Codec::default(),
-                |_r: Request<String>| async move {
-                    BLOCKED.store(true, Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(1500));
-                    BLOCKED.store(false, Ordering::SeqCst);
-                    Ok(Response::new("slept".to_owned()))
-                },
+                |_r: Request<String>| async move { Ok(Response::new(H.block().to_owned())) },
             )
             .unary(
                 "/t.T/Quick",
                 Codec::default(),
-                |_r: Request<String>| async move {
-                    let when = if BLOCKED.load(Ordering::SeqCst) {
-                        "during"
-                    } else {
-                        "after"
-                    };
-                    Ok(Response::new(when.to_owned()))
-                },
+                |_r: Request<String>| async move { Ok(Response::new(H.quick().to_owned())) },
             )
         },
         "tcp://127.0.0.1:0",
@@ -803,23 +792,14 @@ async fn a_handler_that_blocks_holds_up_its_grpc_connection_once() {
     .await;
     let mut g = s.tonic().await;
     let r = unary(&mut g, "/t.T/Block", tonic::Request::new(String::new())).await;
-    assert_eq!(r.expect("slept").into_inner(), "slept");
+    assert_eq!(r.expect("learnt").into_inner(), "learnt");
     let blocking = {
         let mut g = g.clone();
         tokio::spawn(async move {
             unary(&mut g, "/t.T/Block", tonic::Request::new(String::new())).await
         })
     };
-    // The quick call goes once the blocking handler runs (a fixed sleep raced with a loaded
-    // machine, which may start the second call later than that).
-    let t0 = std::time::Instant::now();
-    while !BLOCKED.load(Ordering::SeqCst) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the blocking call never started"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    H.wait_for_second().await;
     let quick = unary(&mut g, "/t.T/Quick", tonic::Request::new(String::new()))
         .await
         .expect("quick");
@@ -828,7 +808,8 @@ async fn a_handler_that_blocks_holds_up_its_grpc_connection_once() {
         "during",
         "the quick call waited for the blocking one"
     );
-    assert!(blocking.await.unwrap().is_ok());
+    let blocked = blocking.await.unwrap().expect("blocking call");
+    assert_eq!(blocked.into_inner(), "saw the quick call");
     s.stop().await;
 }
 

@@ -1,6 +1,8 @@
 //! One call fails alone: a handler that panics ends its own call with INTERNAL, and the
 //! connection and its other calls go on.
 
+mod common;
+
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::time::{Duration, Instant};
@@ -356,26 +358,17 @@ async fn shutdown_reaches_a_spawned_handler() {
 /// A handler that blocks its thread before its first `.await` holds up its connection once:
 /// the server learns it, and from then on that method's calls start on a task of their own,
 /// so a quick call on the same connection no longer waits behind one (on tonic it never
-/// would). Told by order, not by timing: the quick handler runs while the blocking one is
-/// still blocked.
+/// would). Told by order, not by timing (`blocking::Handlers`): the second blocking handler
+/// stays blocked until the quick one has run, or 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_blocks_holds_up_its_connection_once() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static BLOCKED: AtomicBool = AtomicBool::new(false);
+    static H: common::blocking::Handlers = common::blocking::Handlers::new();
     let server = Server::builder()
         .unary("/t.S/Block", RawCodec, |_r: Request<Bytes>| async move {
-            BLOCKED.store(true, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(1500));
-            BLOCKED.store(false, Ordering::SeqCst);
-            Ok(Response::new(Bytes::from_static(b"slept")))
+            Ok(Response::new(Bytes::from_static(H.block().as_bytes())))
         })
         .unary("/t.S/Quick", RawCodec, |_r: Request<Bytes>| async move {
-            let when: &'static [u8] = if BLOCKED.load(Ordering::SeqCst) {
-                b"during"
-            } else {
-                b"after"
-            };
-            Ok(Response::new(Bytes::from_static(when)))
+            Ok(Response::new(Bytes::from_static(H.quick().as_bytes())))
         })
         .bind("tcp://127.0.0.1:0")
         .await
@@ -385,22 +378,13 @@ async fn a_handler_that_blocks_holds_up_its_connection_once() {
     let ch = Channel::connect(addr).await.expect("connect");
     // The first blocking call: learnt.
     let r = ch.unary(RawCodec, "/t.S/Block", Bytes::new()).await;
-    assert_eq!(&r.expect("slept").into_inner()[..], b"slept");
+    assert_eq!(&r.expect("learnt").into_inner()[..], b"learnt");
     // The second runs on its own task: a quick call meanwhile is answered first.
     let blocking = {
         let ch = ch.clone();
         tokio::spawn(async move { ch.unary(RawCodec, "/t.S/Block", Bytes::new()).await })
     };
-    // The quick call goes once the blocking handler runs (a fixed sleep raced with a loaded
-    // machine, which may start the second call later than that).
-    let t0 = std::time::Instant::now();
-    while !BLOCKED.load(Ordering::SeqCst) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the blocking call never started"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    H.wait_for_second().await;
     let quick = ch
         .unary(RawCodec, "/t.S/Quick", Bytes::new())
         .await
@@ -410,5 +394,6 @@ async fn a_handler_that_blocks_holds_up_its_connection_once() {
         b"during",
         "the quick call waited for the blocking one"
     );
-    assert!(blocking.await.unwrap().is_ok());
+    let blocked = blocking.await.unwrap().expect("blocking call");
+    assert_eq!(&blocked.into_inner()[..], b"saw the quick call");
 }

@@ -53,72 +53,12 @@ where
     let age = config
         .max_connection_age()
         .map(|age| age.mul_f64(0.9 + 0.2 * fastrand::f64()));
-    let window = config.initial_call_window();
-    let mut builder = h2::server::Builder::new();
-    builder
-        .max_concurrent_streams(config.max_concurrent_calls())
-        .initial_window_size(window)
-        .initial_connection_window_size(window.saturating_mul(2).min(i32::MAX as u32))
-        .max_header_list_size(config.max_metadata_size().saturating_add(HEADER_ROOM))
-        .max_send_buffer_size(SEND_BUFFER);
     let started = Instant::now();
     let (io, tracker) = super::watch::Watched::new(io);
-    let handshake = tokio::time::timeout(
-        config.handshake_timeout(),
-        builder.handshake::<_, Frame>(io),
-    );
-    let mut conn = tokio::select! {
-        r = handshake => match r {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                tracing::debug!(peer = %peer.addr, "gRPC connection: HTTP/2 handshake failed: {e}");
-                return;
-            }
-            Err(_) => {
-                tracing::debug!(peer = %peer.addr, "gRPC connection: HTTP/2 handshake timed out");
-                return;
-            }
-        },
-        () = shutdown.token.cancelled() => return,
+    let Some(mut conn) = handshake(io, &peer, &config, &shutdown).await else {
+        return;
     };
-    let (unary_tx, unary_rx) = mpsc::channel(1);
-    // gRPC's compression is in its own frames, handled here: the handlers' codecs see plain
-    // messages.
-    let context = Arc::new(crate::request::ConnContext {
-        peer: peer.addr.clone(),
-        #[cfg(feature = "tls")]
-        tls: peer.tls.clone(),
-        compression: None,
-        max_message_size: config.max_message_size(),
-        budget: config.memory_budget(),
-        protocol: Protocol::Grpc,
-    });
-    let face = Face {
-        unsent: Unsent {
-            bytes: std::sync::atomic::AtomicUsize::new(0),
-            max: config.max_send_buffer(),
-            room: tokio::sync::Notify::new(),
-        },
-        registry,
-        peer,
-        context,
-        max_message_size: config.max_message_size(),
-        max_metadata_size: config.max_metadata_size() as usize,
-        window: window as usize,
-        frame_timeout: config.frame_timeout(),
-        far: started + FOREVER,
-        compression: config.compression(),
-        // The connection's share of the process budget: one peer cannot spend it all (the
-        // native engine's rule, `topspin_proto::SHARE_OF_BUDGET`).
-        budget: {
-            let process = config.memory_budget();
-            let share = (process.limit() / topspin_proto::SHARE_OF_BUDGET).max(1);
-            topspin_proto::MemoryBudget::share_of(&process, share)
-        },
-        unary_tx,
-        _unary_rx: unary_rx,
-        abort: CancellationToken::new(),
-    };
+    let face = face(registry, peer, &config, started);
     let mut calls = FuturesUnordered::new();
     let grace = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(grace);
@@ -131,8 +71,7 @@ where
         .and_then(|every| Some((conn.ping_pong()?, every)));
     let keep_alive = keep_alive(pings, config.keepalive_timeout());
     tokio::pin!(keep_alive);
-    // `going_away`: GOAWAY sent (age or shutdown); `shutting`: the server's shutdown seen.
-    let (mut going_away, mut shutting, mut aborted) = (false, false, false);
+    let mut going = Going::default();
     // The handshake (the client's SETTINGS), frame and idle timers, as on a native connection.
     let changed = super::watch::read(&tracker).changed.clone();
     let timers = Timers {
@@ -142,43 +81,16 @@ where
     };
     let lapse = tokio::time::sleep_until(started.into());
     tokio::pin!(lapse);
-    // When `lapse` is due; moved only when the next deadline comes earlier (a deadline that
-    // moves later, as the idle timeout does with every read, leaves it: firing early only
-    // makes the loop look again), so most turns touch no timer — the native connection's
-    // rule (`connection::covers`).
-    let mut armed: Option<Instant> = None;
-    // `lapse` was polled since it was last set, so it holds this task's waker (the task's
-    // waker is `Coalesced`'s, the same every turn): until the timer wheel takes it out, polling
-    // it again would say nothing new, and most turns skip it.
-    let mut lapse_polled = false;
+    let mut timer = LapseTimer::default();
     loop {
-        let next = timers.next(calls.is_empty() && !going_away);
-        if let Some(t) = next.filter(|_| !crate::connection::covers(armed, next)) {
-            lapse.as_mut().reset(t.into());
-            armed = Some(t);
-            lapse_polled = false;
-        }
+        let next = timers.next(calls.is_empty() && !going.away);
+        timer.arm(lapse.as_mut(), next);
         tokio::select! {
-            () = poll_fn(|cx| {
-                if lapse_polled && !lapse.is_elapsed() {
-                    return Poll::Pending;
-                }
-                // A poll refused for want of coop budget registers nothing: poll again then.
-                lapse_polled = tokio::task::coop::has_budget_remaining();
-                lapse.as_mut().poll(cx)
-            }), if next.is_some() => {
-                armed = None;
-                match timers.lapsed(calls.is_empty() && !going_away) {
-                    Some(Lapse::Close(why)) => {
-                        tracing::debug!(peer = %face.peer.addr, "gRPC connection closed: {why}");
-                        break;
-                    }
-                    Some(Lapse::Idle) => {
-                        tracing::debug!(peer = %face.peer.addr, "gRPC connection idle for {:?}: going away", config.idle_timeout());
-                        going_away = true;
-                        conn.graceful_shutdown();
-                    }
-                    None => {}
+            () = poll_fn(|cx| timer.poll(lapse.as_mut(), cx)), if next.is_some() => {
+                timer.armed = None;
+                let idle = calls.is_empty() && !going.away;
+                if going.on_lapse(timers.lapsed(idle), &mut conn, &face.peer, &config) {
+                    break;
                 }
             }
             accepted = conn.accept() => match accepted {
@@ -192,33 +104,15 @@ where
             Some(()) = calls.next(), if !calls.is_empty() => {}
             // A frame became incomplete or writes stalled: re-arm for its timer.
             () = poll_fn(|_| if changed.take() { Poll::Ready(()) } else { Poll::Pending }) => {}
-            () = shutdown.token.cancelled(), if !shutting => {
-                // GOAWAY (unless the age sent it); calls in flight get the shutdown's grace,
-                // or what is left of the age's if that ends first.
-                shutting = true;
-                let until = shutdown.deadline().unwrap_or_else(Instant::now);
-                if !going_away || until < grace.deadline().into_std() {
-                    grace.as_mut().reset(until.into());
-                }
-                if !going_away {
-                    going_away = true;
-                    conn.graceful_shutdown();
-                }
+            () = shutdown.token.cancelled(), if !going.shutting => {
+                going.on_shutdown(&shutdown, grace.as_mut(), &mut conn);
             }
-            () = &mut aged, if age.is_some() && !going_away => {
-                // As old as max_connection_age: GOAWAY; calls in flight get
-                // max_connection_age_grace, then are cancelled.
+            () = &mut aged, if age.is_some() && !going.away => {
                 tracing::debug!(peer = %face.peer.addr, "gRPC connection reached its max_connection_age ({age:?}): going away");
-                going_away = true;
-                conn.graceful_shutdown();
-                let now = Instant::now();
-                let until = now
-                    .checked_add(config.max_connection_age_grace())
-                    .unwrap_or(now + FOREVER);
-                grace.as_mut().reset(until.into());
+                going.on_aged(&config, grace.as_mut(), &mut conn);
             }
-            () = &mut grace, if going_away && !aborted => {
-                aborted = true;
+            () = &mut grace, if going.away && !going.aborted => {
+                going.aborted = true;
                 face.abort.cancel();
             }
             why = &mut keep_alive => {
@@ -231,6 +125,203 @@ where
     }
     // Calls still here lost their connection: dropping them cancels their handlers.
     drop(calls);
+}
+
+/// h2's handshake, the client's preface included, within `Config::handshake_timeout` (or
+/// until the server shuts down); `None`: it failed (logged).
+async fn handshake<IO>(
+    io: super::watch::Watched<IO>,
+    peer: &Peer,
+    config: &Config,
+    shutdown: &Shutdown,
+) -> Option<h2::server::Connection<super::watch::Watched<IO>, Frame>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let window = config.initial_call_window();
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(config.max_concurrent_calls())
+        .initial_window_size(window)
+        .initial_connection_window_size(window.saturating_mul(2).min(i32::MAX as u32))
+        .max_header_list_size(config.max_metadata_size().saturating_add(HEADER_ROOM))
+        .max_send_buffer_size(SEND_BUFFER);
+    let handshake = tokio::time::timeout(
+        config.handshake_timeout(),
+        builder.handshake::<_, Frame>(io),
+    );
+    tokio::select! {
+        r = handshake => match r {
+            Ok(Ok(c)) => Some(c),
+            Ok(Err(e)) => {
+                tracing::debug!(peer = %peer.addr, "gRPC connection: HTTP/2 handshake failed: {e}");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(peer = %peer.addr, "gRPC connection: HTTP/2 handshake timed out");
+                None
+            }
+        },
+        () = shutdown.token.cancelled() => None,
+    }
+}
+
+/// What every call of a connection shares.
+fn face(registry: Arc<Registry>, peer: Peer, config: &Config, started: Instant) -> Face {
+    let (unary_tx, unary_rx) = mpsc::channel(1);
+    // gRPC's compression is in its own frames, handled here: the handlers' codecs see plain
+    // messages.
+    let context = Arc::new(crate::request::ConnContext {
+        peer: peer.addr.clone(),
+        #[cfg(feature = "tls")]
+        tls: peer.tls.clone(),
+        compression: None,
+        max_message_size: config.max_message_size(),
+        budget: config.memory_budget(),
+        protocol: Protocol::Grpc,
+    });
+    Face {
+        unsent: Unsent {
+            bytes: std::sync::atomic::AtomicUsize::new(0),
+            max: config.max_send_buffer(),
+            room: tokio::sync::Notify::new(),
+        },
+        registry,
+        peer,
+        context,
+        max_message_size: config.max_message_size(),
+        max_metadata_size: config.max_metadata_size() as usize,
+        window: config.initial_call_window() as usize,
+        frame_timeout: config.frame_timeout(),
+        far: started + FOREVER,
+        compression: config.compression(),
+        // The connection's share of the process budget: one peer cannot spend it all (the
+        // native engine's rule, `topspin_proto::SHARE_OF_BUDGET`).
+        budget: {
+            let process = config.memory_budget();
+            let share = (process.limit() / topspin_proto::SHARE_OF_BUDGET).max(1);
+            topspin_proto::MemoryBudget::share_of(&process, share)
+        },
+        unary_tx,
+        _unary_rx: unary_rx,
+        abort: CancellationToken::new(),
+    }
+}
+
+/// The connection's timer for its handshake, frame, write and idle deadlines.
+#[derive(Default)]
+struct LapseTimer {
+    /// When the timer is due; moved only when the next deadline comes earlier (a deadline
+    /// that moves later, as the idle timeout does with every read, leaves it: firing early
+    /// only makes the loop look again), so most turns touch no timer — the native
+    /// connection's rule (`connection::covers`).
+    armed: Option<Instant>,
+    /// The timer was polled since it was last set, so it holds this task's waker (the task's
+    /// waker is `Coalesced`'s, the same every turn): until the timer wheel takes it out,
+    /// polling it again would say nothing new, and most turns skip it.
+    polled: bool,
+}
+
+impl LapseTimer {
+    fn arm(&mut self, sleep: Pin<&mut tokio::time::Sleep>, next: Option<Instant>) {
+        if let Some(t) = next.filter(|_| !crate::connection::covers(self.armed, next)) {
+            sleep.reset(t.into());
+            self.armed = Some(t);
+            self.polled = false;
+        }
+    }
+
+    fn poll(
+        &mut self,
+        sleep: Pin<&mut tokio::time::Sleep>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<()> {
+        if self.polled && !sleep.is_elapsed() {
+            return Poll::Pending;
+        }
+        // A poll refused for want of coop budget registers nothing: poll again then.
+        self.polled = tokio::task::coop::has_budget_remaining();
+        sleep.poll(cx)
+    }
+}
+
+/// How far the connection is in going away.
+#[derive(Default)]
+struct Going {
+    /// GOAWAY sent (age, idle or shutdown).
+    away: bool,
+    /// The server's shutdown seen.
+    shutting: bool,
+    /// The grace ended: the calls left were cancelled.
+    aborted: bool,
+}
+
+impl Going {
+    /// A connection timer lapsed; `true`: close the connection now.
+    fn on_lapse<IO>(
+        &mut self,
+        lapse: Option<Lapse>,
+        conn: &mut h2::server::Connection<IO, Frame>,
+        peer: &Peer,
+        config: &Config,
+    ) -> bool
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        match lapse {
+            Some(Lapse::Close(why)) => {
+                tracing::debug!(peer = %peer.addr, "gRPC connection closed: {why}");
+                true
+            }
+            Some(Lapse::Idle) => {
+                tracing::debug!(peer = %peer.addr, "gRPC connection idle for {:?}: going away", config.idle_timeout());
+                self.away = true;
+                conn.graceful_shutdown();
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The server shuts down: GOAWAY (unless the age sent it); calls in flight get the
+    /// shutdown's grace, or what is left of the age's if that ends first.
+    fn on_shutdown<IO>(
+        &mut self,
+        shutdown: &Shutdown,
+        grace: Pin<&mut tokio::time::Sleep>,
+        conn: &mut h2::server::Connection<IO, Frame>,
+    ) where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        self.shutting = true;
+        let until = shutdown.deadline().unwrap_or_else(Instant::now);
+        if !self.away || until < grace.deadline().into_std() {
+            grace.reset(until.into());
+        }
+        if !self.away {
+            self.away = true;
+            conn.graceful_shutdown();
+        }
+    }
+
+    /// As old as max_connection_age: GOAWAY; calls in flight get max_connection_age_grace,
+    /// then are cancelled.
+    fn on_aged<IO>(
+        &mut self,
+        config: &Config,
+        grace: Pin<&mut tokio::time::Sleep>,
+        conn: &mut h2::server::Connection<IO, Frame>,
+    ) where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        self.away = true;
+        conn.graceful_shutdown();
+        let now = Instant::now();
+        let until = now
+            .checked_add(config.max_connection_age_grace())
+            .unwrap_or(now + FOREVER);
+        grace.reset(until.into());
+    }
 }
 
 /// The connection timers of the gRPC face, read from what the client sent (`watch.rs`).

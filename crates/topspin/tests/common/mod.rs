@@ -2,6 +2,8 @@
 //! ([`Transport`], [`ALL`], [`serve`], [`each_transport`]).
 #![allow(dead_code)]
 
+pub mod blocking;
+
 use bytes::Bytes;
 use futures_util::{stream, Stream, StreamExt};
 use std::sync::atomic::{AtomicUsize, Ordering};

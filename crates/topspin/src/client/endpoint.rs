@@ -3,6 +3,8 @@
 use super::retry::{HedgingPolicy, Policy, Retries, RetryBudget, RetryPolicy};
 use super::Channel;
 use crate::interceptor::{AsyncInterceptor, Chain, Interceptor};
+#[cfg(any(feature = "tls", feature = "websocket"))]
+use crate::transport::stream::StreamTransport;
 use crate::{Address, Config, Status};
 use std::time::Duration;
 
@@ -292,8 +294,6 @@ impl Endpoint {
     /// Opens one connection: TCP or Unix on the socket fast path; shared memory over its rings;
     /// TLS and WebSocket as byte streams. Connecting and the TLS and WebSocket handshakes share the handshake timeout.
     pub(super) async fn connect_one(&self) -> Result<super::conn::ConnHandle, Status> {
-        #[cfg(any(feature = "tls", feature = "websocket"))]
-        use crate::transport::stream::StreamTransport;
         let address = &self.address;
         let config = &self.config;
         match address {

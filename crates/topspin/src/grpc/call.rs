@@ -5,14 +5,14 @@
 //! waits — and sends its response within the stream's send capacity. Every call runs on its
 //! connection's task (`server.rs`).
 
-use super::wire::{self, Deframer, Frame};
+use super::request::{poll_armed, Inbound};
+use super::wire::{self, Frame};
 use super::Peer;
 use crate::request::{Cancellation, ServerContext};
 use crate::server::handler::{
     CallIo, Done, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit, Spawned,
 };
 use crate::server::Registry;
-use crate::streaming::Item;
 use crate::{Compression, Encoding, Status};
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -223,19 +223,6 @@ impl Face {
     }
 }
 
-/// Sets a call's timer to ring at `at`, making it the first time.
-fn arm(mut timer: Pin<&mut Option<Sleep>>, at: Instant) {
-    match timer.as_mut().as_pin_mut() {
-        Some(t) => t.reset(at.into()),
-        None => timer.set(Some(tokio::time::sleep_until(at.into()))),
-    }
-}
-
-/// Whether a call's timer (if armed) has rung.
-fn poll_armed(timer: Pin<&mut Option<Sleep>>, cx: &mut std::task::Context<'_>) -> bool {
-    timer.as_pin_mut().is_some_and(|t| t.poll(cx).is_ready())
-}
-
 /// Where the response stands.
 enum Out {
     /// Nothing sent yet.
@@ -287,9 +274,6 @@ enum Ev {
     Stalled,
 }
 
-/// How often a call whose window is withheld (memory budget spent) looks for room again.
-const RETRY_WINDOW: Duration = Duration::from_millis(20);
-
 type Ack = tokio::sync::oneshot::Sender<Result<(), Status>>;
 
 struct Call {
@@ -303,8 +287,41 @@ struct Call {
     guard: CancelGuard,
 }
 
+/// A call's timers and its connection's shutdown, pinned on its task.
+struct Timers<'t, 'c> {
+    /// The call's deadline, if it has one.
+    deadline: Pin<&'t mut Option<Sleep>>,
+    /// The end of a shutdown's grace.
+    abort: Pin<&'t mut tokio_util::sync::WaitForCancellationFuture<'c>>,
+    /// Armed while window is withheld (`Inbound::withheld`).
+    retry: Pin<&'t mut Option<Sleep>>,
+    /// Armed while a message is incomplete and the window open (`Inbound::stall_armed`).
+    stall: Pin<&'t mut Option<Sleep>>,
+}
+
+/// The response side of a call.
+struct Answer<'f> {
+    /// The handler, once it went on on a task of its own.
+    exec: Option<Spawned>,
+    /// A response message waiting for the stream's send capacity.
+    pending: Option<Queued<'f>>,
+    /// A unary reply's trailers, sent once its message has gone to h2.
+    finish: Option<Metadata>,
+    /// A streaming handler's commands.
+    rx: Option<mpsc::Receiver<SCmd>>,
+    io: CallIo,
+}
+
+/// What a call does after an event.
+enum Flow {
+    Go,
+    /// End the call with this status.
+    End(Status),
+    /// The call is over (answered, or the client went away).
+    Over,
+}
+
 impl Call {
-    #[allow(clippy::too_many_lines)]
     async fn run(
         &mut self,
         face: &Face,
@@ -314,260 +331,225 @@ impl Call {
         mut body: RecvStream,
     ) {
         let kind = handler.kind();
-        let deadline = ctx.deadline;
         // The call's timers exist only once armed: most calls have none (a `Sleep` made per
         // call reads the runtime's handle and the clock).
-        let sleep: Option<Sleep> = deadline.map(|d| tokio::time::sleep_until(d.into()));
-        tokio::pin!(sleep);
+        let deadline: Option<Sleep> = ctx.deadline.map(|d| tokio::time::sleep_until(d.into()));
+        tokio::pin!(deadline);
         let abort = face.abort.cancelled();
         tokio::pin!(abort);
-        let limit = face.max_message_size;
-        let mut deframer = Deframer::new(face.window, Some(face.budget.clone()));
-        let mut body_open = !body.is_end_stream();
-        // Unary and server-streaming: the one request message, and what the handler needs
-        // once it has arrived.
-        let mut one: Option<Bytes> = None;
-        let mut waiting = Some((handler, metadata, ctx));
-        let mut inbound: Option<mpsc::UnboundedSender<Item>> = None;
-        let mut exec: Option<Spawned> = None;
-        // Request bytes handed to the handler and not consumed yet; the body is read only while
-        // they are under the stream window, so a handler that does not read bounds the client.
-        let mut outstanding = 0usize;
-        let mut pending: Option<Queued<'_>> = None;
-        // A unary reply's trailers, sent once its message has gone to h2.
-        let mut finish: Option<Metadata> = None;
-        // Window taken off h2 while an unfinished message is held and the memory budget is
-        // spent: given back once there is room (as native chunk credit is withheld).
-        let mut withheld = 0usize;
-        let retry: Option<Sleep> = None;
+        let (retry, stall): (Option<Sleep>, Option<Sleep>) = (None, None);
         tokio::pin!(retry);
-        // Armed while part of a message is held and the window is open (the client can send).
-        // Re-armed lazily: bytes only move `last_bytes`, the timer is reset when it rings early.
-        let stall: Option<Sleep> = None;
         tokio::pin!(stall);
-        let mut stall_armed = false;
-        // When bytes last came, while `stall` is armed (read from the clock only then).
-        let mut last_bytes = face.far;
-        let (mut rx, io) = if kind == crate::CallKind::Unary {
-            (
-                None,
-                CallIo {
-                    tx: face.unary_tx.clone(),
-                    id: self.id,
-                },
-            )
+        let mut t = Timers {
+            deadline,
+            abort,
+            retry,
+            stall,
+        };
+        let waiting = (handler, metadata, ctx);
+        let mut req = Inbound::new(face, self.recv, !body.is_end_stream(), waiting);
+        let mut a = self.answer(kind, face);
+        if kind.client_streams() {
+            // Requests arrive as a stream: the handler starts now.
+            if let Flow::Over = self.start_streaming(&mut req, &mut a, face) {
+                return;
+            }
+        }
+        loop {
+            if a.finish.is_some() {
+                self.push(&mut a.pending);
+                if a.pending.is_none() {
+                    let trailers = a.finish.take().unwrap_or_default();
+                    return self.end(&Status::ok(), &trailers);
+                }
+            }
+            let ev = poll_fn(|cx| self.poll_event(cx, &mut t, &mut a, &req, &mut body)).await;
+            match self.on_event(ev, &mut t, &mut a, &mut req, &mut body, face) {
+                Flow::Go => {}
+                Flow::End(st) => return self.end(&st, &Metadata::new()),
+                Flow::Over => return,
+            }
+        }
+    }
+
+    /// The response side of a call of `kind`: a unary handler's `CallIo` sends nothing.
+    fn answer<'f>(&self, kind: crate::CallKind, face: &Face) -> Answer<'f> {
+        let (rx, io) = if kind == crate::CallKind::Unary {
+            let io = CallIo {
+                tx: face.unary_tx.clone(),
+                id: self.id,
+            };
+            (None, io)
         } else {
             let (tx, rx) = mpsc::channel(CALL_QUEUE);
             (Some(rx), CallIo { tx, id: self.id })
         };
-        if kind.client_streams() {
-            // Requests arrive as a stream: the handler starts now.
-            // Unbounded as a channel, bounded by what is sent into it: the body is read only
-            // while `outstanding` (each queued message counted at the larger of its wire and
-            // decompressed sizes, given back as the handler consumes it) is under
-            // `face.window`, so at most one window plus one message waits here.
-            let (tx, in_rx) = mpsc::unbounded_channel();
-            inbound = Some(tx);
-            let credit = Box::new(ServerCredit {
-                tx: io.tx.clone(),
-                id: self.id,
-            });
-            let (handler, md, ctx) = waiting.take().expect("not started");
-            let input = Input::Stream { rx: in_rx, credit };
-            match self.start(&handler, input, md, ctx, io.clone()) {
-                Started::Done(d) => match self.done(d, rx.as_mut(), &face.unsent) {
-                    Some((q, t)) => (pending, finish) = (Some(q), Some(t)),
-                    None => return,
-                },
-                Started::Running(s) => exec = Some(s),
-                Started::Ended => return,
+        Answer {
+            exec: None,
+            pending: None,
+            finish: None,
+            rx,
+            io,
+        }
+    }
+
+    /// Starts a client-streaming or bidi handler, its requests a stream.
+    fn start_streaming<'f>(
+        &mut self,
+        req: &mut Inbound,
+        a: &mut Answer<'f>,
+        face: &'f Face,
+    ) -> Flow {
+        // Unbounded as a channel, bounded by what is sent into it: the body is read only while
+        // `outstanding` (each queued message counted at the larger of its wire and
+        // decompressed sizes, given back as the handler consumes it) is under `face.window`,
+        // so at most one window plus one message waits here.
+        let (tx, in_rx) = mpsc::unbounded_channel();
+        req.stream = Some(tx);
+        let credit = Box::new(ServerCredit {
+            tx: a.io.tx.clone(),
+            id: self.id,
+        });
+        let Some((handler, md, ctx)) = req.waiting.take() else {
+            return Flow::Over;
+        };
+        let input = Input::Stream { rx: in_rx, credit };
+        let started = self.start(&handler, input, md, ctx, a.io.clone());
+        self.started(started, a, face)
+    }
+
+    /// What became of a handler's first poll.
+    fn started<'f>(&mut self, started: Started, a: &mut Answer<'f>, face: &'f Face) -> Flow {
+        match started {
+            Started::Done(d) => self.finished(d, a, face),
+            Started::Running(s) => {
+                a.exec = Some(s);
+                Flow::Go
+            }
+            Started::Ended => Flow::Over,
+        }
+    }
+
+    /// The handler returned.
+    fn finished<'f>(&mut self, d: Done, a: &mut Answer<'f>, face: &'f Face) -> Flow {
+        a.exec = None;
+        match self.done(d, a.rx.as_mut(), &face.unsent) {
+            Some((q, t)) => {
+                (a.pending, a.finish) = (Some(q), Some(t));
+                Flow::Go
+            }
+            None => Flow::Over,
+        }
+    }
+
+    /// The next thing that happened to the call, its sources polled in order.
+    fn poll_event(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        t: &mut Timers<'_, '_>,
+        a: &mut Answer<'_>,
+        req: &Inbound,
+        body: &mut RecvStream,
+    ) -> Poll<Ev> {
+        if self.out.poll_reset(cx).is_ready() {
+            return Poll::Ready(Ev::Reset);
+        }
+        if poll_armed(t.deadline.as_mut(), cx) {
+            return Poll::Ready(Ev::Deadline);
+        }
+        if t.abort.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Ev::Abort);
+        }
+        if let Some(e) = a.exec.as_mut() {
+            if let Poll::Ready(d) = Pin::new(e).poll(cx) {
+                return Poll::Ready(Ev::Done(d));
             }
         }
-        loop {
-            if finish.is_some() {
-                self.push(&mut pending);
-                if pending.is_none() {
-                    let trailers = finish.take().unwrap_or_default();
-                    return self.end(&Status::ok(), &trailers);
+        if a.pending.is_some() {
+            if let Out::Body(s) = &mut self.out {
+                if let Poll::Ready(c) = s.poll_capacity(cx) {
+                    return Poll::Ready(Ev::Capacity(c));
                 }
             }
-            let ev = poll_fn(|cx| {
-                if self.out.poll_reset(cx).is_ready() {
-                    return Poll::Ready(Ev::Reset);
-                }
-                if sleep
-                    .as_mut()
-                    .as_pin_mut()
-                    .is_some_and(|s| s.poll(cx).is_ready())
-                {
-                    return Poll::Ready(Ev::Deadline);
-                }
-                if abort.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Ev::Abort);
-                }
-                if let Some(e) = exec.as_mut() {
-                    if let Poll::Ready(d) = Pin::new(e).poll(cx) {
-                        return Poll::Ready(Ev::Done(d));
-                    }
-                }
-                if pending.is_some() {
-                    if let Out::Body(s) = &mut self.out {
-                        if let Poll::Ready(c) = s.poll_capacity(cx) {
-                            return Poll::Ready(Ev::Capacity(c));
-                        }
-                    }
-                }
-                if let Some(rx) = rx.as_mut() {
-                    if let Poll::Ready(c) = rx.poll_recv(cx) {
-                        return Poll::Ready(Ev::Cmd(c));
-                    }
-                }
-                if withheld > 0 && poll_armed(retry.as_mut(), cx) {
-                    return Poll::Ready(Ev::Retry);
-                }
-                if stall_armed && poll_armed(stall.as_mut(), cx) {
-                    return Poll::Ready(Ev::Stalled);
-                }
-                if body_open && outstanding < face.window {
-                    if let Poll::Ready(d) = body.poll_data(cx) {
-                        return Poll::Ready(Ev::Data(d));
-                    }
-                }
-                Poll::Pending
-            })
-            .await;
-            match ev {
-                // The client cancelled (RST_STREAM): the guard cancels the handler.
-                Ev::Reset => return,
-                Ev::Deadline => {
-                    let st = Status::new(Code::DeadlineExceeded, "the call's deadline passed");
-                    return self.end(&st, &Metadata::new());
-                }
-                Ev::Abort => {
-                    let st = Status::unavailable("the server shut down before the call finished");
-                    return self.end(&st, &Metadata::new());
-                }
-                Ev::Done(d) => {
-                    exec = None;
-                    match self.done(d, rx.as_mut(), &face.unsent) {
-                        Some((q, t)) => (pending, finish) = (Some(q), Some(t)),
-                        None => return,
-                    }
-                }
-                Ev::Capacity(Some(Ok(n))) if n > 0 => self.push(&mut pending),
-                Ev::Capacity(Some(Ok(_))) => {}
-                Ev::Capacity(_) => return, // the stream is gone
-                Ev::Cmd(None) => rx = None,
-                Ev::Cmd(Some(cmd)) => {
-                    if let Err(st) = self.apply(cmd, &mut pending, &mut outstanding, &face.unsent) {
-                        return self.end(&st, &Metadata::new());
-                    }
-                }
-                Ev::Retry => {
-                    if deframer.must_wait() {
-                        arm(retry.as_mut(), Instant::now() + RETRY_WINDOW);
-                    } else {
-                        let _ = body.flow_control().release_capacity(withheld);
-                        withheld = 0;
-                        last_bytes = Instant::now();
-                        stall_armed = !deframer.is_empty();
-                        arm(stall.as_mut(), last_bytes + face.frame_timeout);
-                    }
-                }
-                Ev::Stalled if last_bytes + face.frame_timeout > Instant::now() => {
-                    arm(stall.as_mut(), last_bytes + face.frame_timeout);
-                }
-                Ev::Stalled => {
-                    let st = Status::new(
-                        Code::Unavailable,
-                        format!(
-                            "a request message stayed incomplete for {:?} (frame_timeout)",
-                            face.frame_timeout
-                        ),
-                    );
-                    return self.end(&st, &Metadata::new());
-                }
-                Ev::Data(Some(Ok(chunk))) => {
-                    let n = chunk.len();
-                    deframer.push(chunk);
-                    loop {
-                        match deframer.next(limit, self.recv) {
-                            Ok(Some(r)) => {
-                                if let Some(tx) = &inbound {
-                                    // Counted as the larger of its wire and decompressed
-                                    // sizes: a slow reader's queue holds at most a window of
-                                    // what the handler will see.
-                                    let cost = r.wire_len.max(r.message.len());
-                                    outstanding += cost;
-                                    let credit = u32::try_from(cost).unwrap_or(u32::MAX);
-                                    let _ = tx.send(Item::Message(r.message, credit));
-                                } else if one.is_none() && waiting.is_some() {
-                                    one = Some(r.message);
-                                } else {
-                                    let st = Status::invalid_argument(format!(
-                                        "{} takes one request message, got more",
-                                        method_of(&waiting)
-                                    ));
-                                    return self.end(&st, &Metadata::new());
-                                }
-                            }
-                            Ok(None) => break,
-                            Err(st) => return self.end(&st, &Metadata::new()),
-                        }
-                    }
-                    // Taken off h2's buffer: the window reopens (bounded by `outstanding`),
-                    // unless an unfinished message is held with the memory budget spent.
-                    if deframer.must_wait() {
-                        if withheld == 0 {
-                            arm(retry.as_mut(), Instant::now() + RETRY_WINDOW);
-                        }
-                        withheld += n;
-                    } else {
-                        let _ = body.flow_control().release_capacity(n + withheld);
-                        withheld = 0;
-                    }
-                    // Bytes came: a message still incomplete has `frame_timeout` from now
-                    // (not while its window is withheld: the client cannot send then).
-                    let partial = withheld == 0 && !deframer.is_empty();
-                    if partial {
-                        last_bytes = Instant::now();
-                        if !stall_armed {
-                            arm(stall.as_mut(), last_bytes + face.frame_timeout);
-                        }
-                    }
-                    stall_armed = partial;
-                }
-                Ev::Data(Some(Err(_))) => return, // reset or connection error
-                Ev::Data(None) => {
-                    body_open = false;
-                    if !deframer.is_empty() {
-                        let st = Status::internal("the request stream ended inside a message");
-                        return self.end(&st, &Metadata::new());
-                    }
-                    if let Some(tx) = inbound.take() {
-                        let _ = tx.send(Item::End(Ok(Metadata::new())));
-                        continue;
-                    }
-                    let Some((handler, md, ctx)) = waiting.take() else {
-                        continue;
-                    };
-                    let Some(m) = one.take() else {
-                        let st = Status::invalid_argument(format!(
-                            "{} takes one request message, got none",
-                            &*ctx.method
-                        ));
-                        return self.end(&st, &Metadata::new());
-                    };
-                    match self.start(&handler, Input::One(m), md, ctx, io.clone()) {
-                        Started::Done(d) => match self.done(d, rx.as_mut(), &face.unsent) {
-                            Some((q, t)) => (pending, finish) = (Some(q), Some(t)),
-                            None => return,
-                        },
-                        Started::Running(s) => exec = Some(s),
-                        Started::Ended => return,
-                    }
+        }
+        if let Some(rx) = a.rx.as_mut() {
+            if let Poll::Ready(c) = rx.poll_recv(cx) {
+                return Poll::Ready(Ev::Cmd(c));
+            }
+        }
+        if req.withheld > 0 && poll_armed(t.retry.as_mut(), cx) {
+            return Poll::Ready(Ev::Retry);
+        }
+        if req.stall_armed && poll_armed(t.stall.as_mut(), cx) {
+            return Poll::Ready(Ev::Stalled);
+        }
+        if req.wants_data() {
+            if let Poll::Ready(d) = body.poll_data(cx) {
+                return Poll::Ready(Ev::Data(d));
+            }
+        }
+        Poll::Pending
+    }
+
+    fn on_event<'f>(
+        &mut self,
+        ev: Ev,
+        t: &mut Timers<'_, '_>,
+        a: &mut Answer<'f>,
+        req: &mut Inbound,
+        body: &mut RecvStream,
+        face: &'f Face,
+    ) -> Flow {
+        match ev {
+            // The client cancelled (RST_STREAM): the guard cancels the handler.
+            Ev::Reset => Flow::Over,
+            Ev::Deadline => Flow::End(Status::new(
+                Code::DeadlineExceeded,
+                "the call's deadline passed",
+            )),
+            Ev::Abort => Flow::End(Status::unavailable(
+                "the server shut down before the call finished",
+            )),
+            Ev::Done(d) => self.finished(d, a, face),
+            Ev::Capacity(Some(Ok(n))) if n > 0 => {
+                self.push(&mut a.pending);
+                Flow::Go
+            }
+            Ev::Capacity(Some(Ok(_))) => Flow::Go,
+            Ev::Capacity(_) => Flow::Over, // the stream is gone
+            Ev::Cmd(None) => {
+                a.rx = None;
+                Flow::Go
+            }
+            Ev::Cmd(Some(cmd)) => {
+                match self.apply(cmd, &mut a.pending, &mut req.outstanding, &face.unsent) {
+                    Ok(()) => Flow::Go,
+                    Err(st) => Flow::End(st),
                 }
             }
+            Ev::Retry => {
+                req.on_retry(body, t.retry.as_mut(), t.stall.as_mut());
+                Flow::Go
+            }
+            Ev::Stalled => match req.on_stalled(t.stall.as_mut()) {
+                Ok(()) => Flow::Go,
+                Err(st) => Flow::End(st),
+            },
+            Ev::Data(Some(Ok(chunk))) => {
+                match req.on_data(chunk, body, t.retry.as_mut(), t.stall.as_mut()) {
+                    Ok(()) => Flow::Go,
+                    Err(st) => Flow::End(st),
+                }
+            }
+            Ev::Data(Some(Err(_))) => Flow::Over, // reset or connection error
+            Ev::Data(None) => match req.on_end() {
+                Ok(None) => Flow::Go,
+                Ok(Some(((handler, md, ctx), m))) => {
+                    let started = self.start(&handler, Input::One(m), md, ctx, a.io.clone());
+                    self.started(started, a, face)
+                }
+                Err(st) => Flow::End(st),
+            },
         }
     }
 
@@ -782,12 +764,6 @@ impl Call {
             Out::Closed => {}
         }
     }
-}
-
-fn method_of(waiting: &Option<(HandlerRef, Metadata, ServerContext)>) -> &str {
-    waiting
-        .as_ref()
-        .map_or("the method", |(_, _, c)| &*c.method)
 }
 
 enum Started {

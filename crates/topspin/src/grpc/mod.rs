@@ -47,6 +47,8 @@
 mod call;
 mod framing;
 #[cfg(feature = "grpc")]
+mod request;
+#[cfg(feature = "grpc")]
 pub(crate) mod server;
 #[cfg(feature = "grpc")]
 mod watch;

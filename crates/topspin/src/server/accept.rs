@@ -157,6 +157,53 @@ pub(super) enum Accepted {
     ),
 }
 
+/// Serves an accepted connection: its shared-memory handshake or the face its first bytes
+/// pick first, if it needs one. (`Server::serve` spawns a plain socket's `serve_connection`
+/// itself, without this layer around it.)
+pub(super) async fn serve_accepted(
+    accepted: Accepted,
+    registry: Arc<Registry>,
+    config: Config,
+    signal: Shutdown,
+) {
+    match accepted {
+        Accepted::Plain(crate::transport::Accepted::Socket(transport)) => {
+            serve_connection(transport, registry, config, &signal).await;
+        }
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        Accepted::Plain(crate::transport::Accepted::Shm(pending)) => {
+            if let Some(t) = shm_handshake(pending, &config).await {
+                serve_connection(t, registry, config, &signal).await;
+            }
+        }
+        #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+        Accepted::Layered(faces, tcp, addr) => {
+            serve_layered(faces, tcp, addr, registry, config, signal).await;
+        }
+    }
+}
+
+/// Refuses a connection past `Config::max_connections`, telling a native client why.
+pub(super) async fn refuse_accepted(accepted: Accepted, config: Config) {
+    match accepted {
+        Accepted::Plain(crate::transport::Accepted::Socket(transport)) => {
+            refuse(transport, config).await;
+        }
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        Accepted::Plain(crate::transport::Accepted::Shm(pending)) => {
+            if let Some(t) = shm_handshake(pending, &config).await {
+                refuse(t, config).await;
+            }
+        }
+        // A plain port's native client is told why, as without the gRPC face.
+        #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+        Accepted::Layered(faces, tcp, _) if faces.plain => refuse_sniffed(tcp, config).await,
+        // Closed at once (its TLS or WebSocket handshake is not worth doing to refuse it).
+        #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+        Accepted::Layered(..) => {}
+    }
+}
+
 /// Sets up a connection's TLS and WebSocket layers (within the handshake timeout) on its own
 /// task, then serves it; a failed handshake ends that connection only.
 #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]

@@ -245,30 +245,7 @@ impl ServerBuilder {
                 faces.plain = true;
                 faces.sniff_timeout = self.config.handshake_timeout();
             }
-            Address::Tcp(_) => {
-                faces.sniff = true;
-                #[cfg(feature = "tls")]
-                {
-                    let alpn: &[&[u8]] = if grpc {
-                        &[crate::tls::ALPN, b"h2", b"http/1.1"]
-                    } else {
-                        &[crate::tls::ALPN, b"http/1.1"]
-                    };
-                    faces.tls = self.tls.as_ref().map(|t| t.with_alpn(alpn));
-                    faces.tls_only = self
-                        .tls
-                        .as_ref()
-                        .is_some_and(|t| t.requires_client_certificates())
-                        && !self.plaintext_beside_mtls;
-                }
-                #[cfg(feature = "websocket")]
-                {
-                    faces.ws = Some((
-                        self.websocket.bounded_by(&self.config),
-                        self.websocket.get_path().to_owned(),
-                    ));
-                }
-            }
+            Address::Tcp(_) => self.sniff_every_face(&mut faces, grpc),
             #[cfg(feature = "tls")]
             Address::Tls(_) => {
                 let tls = self
@@ -304,6 +281,36 @@ impl ServerBuilder {
             _ => return Err(err("this build lacks the feature for it (tls, websocket)")),
         }
         Ok(Some(faces))
+    }
+
+    /// A `tcp://` port with `sniff_transports`: every face this server has, told apart by the
+    /// first bytes (TLS, with its ALPN for topspin, gRPC and WebSocket; WebSocket; gRPC; the
+    /// native protocol).
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+    #[allow(unused_variables)]
+    fn sniff_every_face(&self, faces: &mut crate::transport::sniff::Faces, grpc: bool) {
+        faces.sniff = true;
+        #[cfg(feature = "tls")]
+        {
+            let alpn: &[&[u8]] = if grpc {
+                &[crate::tls::ALPN, b"h2", b"http/1.1"]
+            } else {
+                &[crate::tls::ALPN, b"http/1.1"]
+            };
+            faces.tls = self.tls.as_ref().map(|t| t.with_alpn(alpn));
+            faces.tls_only = self
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.requires_client_certificates())
+                && !self.plaintext_beside_mtls;
+        }
+        #[cfg(feature = "websocket")]
+        {
+            faces.ws = Some((
+                self.websocket.bounded_by(&self.config),
+                self.websocket.get_path().to_owned(),
+            ));
+        }
     }
 
     fn add(mut self, method: &str, handler: HandlerRef) -> ServerBuilder {
@@ -610,49 +617,18 @@ impl Server {
                         Ok(Ok(accepted)) => {
                             backoff = Duration::ZERO;
                             if conns.len() < config.max_connections() {
+                                let (registry, config) = (registry.clone(), config.clone());
                                 match accepted {
-                                    Accepted::Plain(crate::transport::Accepted::Socket(transport)) => {
-                                        conns.spawn(serve_connection(transport, registry.clone(), config.clone(), &signal));
+                                    // The fast path: the connection's own future, no layer.
+                                    Accepted::Plain(crate::transport::Accepted::Socket(t)) => {
+                                        conns.spawn(serve_connection(t, registry, config, &signal));
                                     }
-                                    #[cfg(any(target_os = "linux", target_os = "android"))]
-                                    Accepted::Plain(crate::transport::Accepted::Shm(pending)) => {
-                                        let (registry, config, signal) = (registry.clone(), config.clone(), signal.clone());
-                                        conns.spawn(async move {
-                                            if let Some(t) = shm_handshake(pending, &config).await {
-                                                serve_connection(t, registry, config, &signal).await;
-                                            }
-                                        });
-                                    }
-                                    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-                                    Accepted::Layered(faces, tcp, addr) => {
-                                        conns.spawn(serve_layered(faces, tcp, addr, registry.clone(), config.clone(), signal.clone()));
+                                    other => {
+                                        conns.spawn(serve_accepted(other, registry, config, signal.clone()));
                                     }
                                 }
                             } else if refusals.len() < MAX_REFUSALS {
-                                match accepted {
-                                    Accepted::Plain(crate::transport::Accepted::Socket(transport)) => {
-                                        refusals.spawn(refuse(transport, config.clone()));
-                                    }
-                                    #[cfg(any(target_os = "linux", target_os = "android"))]
-                                    Accepted::Plain(crate::transport::Accepted::Shm(pending)) => {
-                                        let config = config.clone();
-                                        refusals.spawn(async move {
-                                            if let Some(t) = shm_handshake(pending, &config).await {
-                                                refuse(t, config).await;
-                                            }
-                                        });
-                                    }
-                                    // A plain port's native client is told why, as without
-                                    // the gRPC face.
-                                    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-                                    Accepted::Layered(faces, tcp, _) if faces.plain => {
-                                        refusals.spawn(refuse_sniffed(tcp, config.clone()));
-                                    }
-                                    // Closed at once (its TLS or WebSocket handshake is not
-                                    // worth doing to refuse it).
-                                    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-                                    Accepted::Layered(..) => {}
-                                }
+                                refusals.spawn(refuse_accepted(accepted, config.clone()));
                             } // else: dropped at once; the client sees the connection close.
                         }
                         Err(e) => {

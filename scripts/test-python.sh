@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Python binding's tests: set-up (venv, extension), the Rust interop peers, ruff, mypy
-# (the package, the generated code and the example), pytest, then the lifecycle tests again
+# The Python binding's tests: set-up (venv, extension, grpcurl), the Rust interop peers, ruff,
+# mypy (the package, the generated code and the example), pytest, then the lifecycle tests again
 # with SIGINT ignored (how `nohup ./scripts/test.sh &` starts everything: the tests must not
 # depend on it). Exits non-zero on any failure.
 #
@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh rustfmt clippy
 ./scripts/setup-python.sh
+# grpcurl calls the Python server's gRPC face (tests/test_health_reflection.py): required here.
+./scripts/setup-grpcurl.sh
+export GRPCURL="$PWD/target/grpc-tools/grpcurl" TOPSPIN_INTEROP=1
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 step() { printf '\n== %s\n' "$*"; }
 step "Rust interop peers (kvstore-server, kvstore-client, topspin CLI)"
@@ -35,7 +38,7 @@ $PY -m ruff format --check python tests examples bench matrix
 step "mypy (package, generated code, example, tests)"
 MYPYPATH=tests/gen_out:bench/gen_out:examples:tests $PY -m mypy python/topspin examples tests/gen_out bench tests/typed_use.py \
   tests/test_tls.py tests/test_config.py tests/test_stream_trailers.py tests/test_interceptors.py \
-  tests/test_otel.py tests/test_typing.py
+  tests/test_otel.py tests/test_typing.py tests/test_health_reflection.py
 step "pytest"
 $PY -m pytest -q tests
 step "pytest: the lifecycle tests (Ctrl-C, SIGINT) with SIGINT ignored, as in a background job"

@@ -35,7 +35,7 @@ describe() {
     bench-smoke) echo "every benchmark system returns correct data (debug, shared and separate processes)" ;;
     fuzz-build) echo "the cargo-fuzz targets build (needs a nightly toolchain, else skipped)" ;;
     go) echo "scripts/test-go.sh: gofmt, vet, staticcheck, function and file lengths, go test -race (the README followed as written), fuzz, interop" ;;
-    python) echo "scripts/test-python.sh: ruff, mypy, clippy, pytest (also with SIGINT ignored), the wheel installed with pip in a fresh venv, bench smoke" ;;
+    python) echo "scripts/test-python.sh: ruff, mypy, clippy, pytest (also with SIGINT ignored; grpcurl and the topspin CLI against a Python server with health and reflection), the wheel installed with pip in a fresh venv, bench smoke" ;;
     typescript) echo "scripts/test-typescript.sh: tsc, eslint, node --test, Chromium, npm pack installed into a fresh project, bench smoke" ;;
     matrix) echo "scripts/test-matrix.sh: every client × server × transport (Rust, Go, Node, Chromium, Python)" ;;
     grpc) echo "scripts/test-grpc.sh: grpcurl, grpcio and grpc-go against the gRPC face; the README's terminal commands as written (grpcurl, topspin, the echo example)" ;;
@@ -92,7 +92,7 @@ setup_of() {
     cargo-test|bench-smoke) echo "setup.sh compilers" ;;
     fuzz-build) echo "setup.sh fuzz" ;;
     go) echo "setup-go.sh"; echo "setup-grpcurl.sh" ;;
-    python) echo "setup.sh rustfmt clippy"; echo "setup-python.sh" ;;
+    python) echo "setup.sh rustfmt clippy"; echo "setup-python.sh"; echo "setup-grpcurl.sh" ;;
     typescript) echo "setup-typescript.sh"; echo "setup-grpcurl.sh" ;;
     # After the python and typescript parts: it uses their venv and build (dist/).
     matrix) echo "setup-go.sh"; echo "setup-python.sh"; echo "setup-typescript.sh" ;;

@@ -26,6 +26,7 @@ mod channel;
 mod completer;
 mod convert;
 mod gen;
+mod health;
 mod runtime;
 mod server;
 mod server_call;
@@ -74,6 +75,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PendingReply>()?;
     m.add_class::<Server>()?;
     m.add_class::<ServerCall>()?;
+    m.add_class::<health::Health>()?;
+    m.add(
+        "HEALTH_FILE_DESCRIPTOR_SET",
+        PyBytes::new(m.py(), health::health_file_descriptor_set()),
+    )?;
     m.add_function(wrap_pyfunction!(parse_protos, m)?)?;
     Ok(())
 }

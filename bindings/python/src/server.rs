@@ -4,6 +4,7 @@ use bytes::Bytes;
 use futures_util::stream::{self, Stream};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,6 +16,7 @@ use topspin::{Request, Response, Status, Streaming};
 
 use crate::completer::{Completer, CompleterInner, Outcome};
 use crate::convert::{config_of, timeout_of};
+use crate::health::{reflection, Health};
 use crate::runtime::{lock, runtime, wait};
 use crate::server_call::{Reply, ServerCall};
 use crate::streams::{StreamInner, StreamState, STREAM_QUEUE};
@@ -237,6 +239,18 @@ impl Server {
         Ok(idx)
     }
 
+    /// Serves `grpc.health.v1.Health` (`Check`, `Watch`) from `health`'s table, on both faces.
+    /// Its statuses turn `NOT_SERVING` when the server begins a graceful shutdown.
+    fn add_health(&self, health: &Health) -> PyResult<()> {
+        self.add_service(health.service.clone())
+    }
+
+    /// Serves reflection (`topspin.reflection.v1`, gRPC's `grpc.reflection.v1` and `v1alpha`)
+    /// describing the files of these encoded `FileDescriptorSet`s.
+    fn add_reflection(&self, file_descriptor_sets: Vec<Bound<'_, PyBytes>>) -> PyResult<()> {
+        self.add_service(reflection(&file_descriptor_sets)?)
+    }
+
     /// Binds and starts serving; returns the address bound (with the real port).
     fn start(&self, py: Python<'_>, address: String) -> PyResult<String> {
         let Some(b) = lock(&self.builder).take() else {
@@ -274,6 +288,18 @@ impl Server {
             }
             c.complete(fut, Outcome::Unit);
         });
+        Ok(())
+    }
+}
+
+impl Server {
+    /// Adds a Rust service to the builder (before `start`).
+    fn add_service(&self, service: impl topspin::Service) -> PyResult<()> {
+        let mut g = lock(&self.builder);
+        let Some(b) = g.take() else {
+            return Err(PyRuntimeError::new_err("the server was already started"));
+        };
+        *g = Some(b.add_service(service));
         Ok(())
     }
 }

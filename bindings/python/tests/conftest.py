@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import pytest
 
@@ -46,8 +47,26 @@ def binary(name: str) -> str:
     return path
 
 
-def start_server(cmd: list[str]) -> Tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+def grpcurl() -> str:
+    """grpcurl, found as go/tools/interop's tests find it: $GRPCURL, on PATH, or
+    target/grpc-tools/grpcurl (scripts/setup-grpcurl.sh installs it there). Missing, the test
+    is skipped, or fails with TOPSPIN_INTEROP=1 (scripts/test-python.sh sets it)."""
+    for p in (
+        os.environ.get("GRPCURL", ""),
+        shutil.which("grpcurl") or "",
+        os.path.join(ROOT, "target", "grpc-tools", "grpcurl"),
+    ):
+        if p and os.path.exists(p):
+            return p
+    if os.environ.get("TOPSPIN_INTEROP") == "1":
+        pytest.fail("TOPSPIN_INTEROP=1: grpcurl is not installed (scripts/setup-grpcurl.sh)")
+    pytest.skip("grpcurl not found (scripts/setup-grpcurl.sh installs it)")
+
+
+def start_server(
+    cmd: list[str], cwd: Optional["os.PathLike[str]"] = None
+) -> Tuple[subprocess.Popen[str], str]:
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=cwd)
     assert p.stdout is not None
     line = p.stdout.readline()
     m = re.search(r"listening on (\S+)", line)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import KV_PROTO_DIR, PKG, ROOT
+from conftest import KV_PROTO_DIR, PKG, ROOT, binary, grpcurl, start_server
 
 
 def test_quick_start(tmp_path: Path) -> None:
@@ -82,3 +82,35 @@ def test_opentelemetry_example(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == said.strip().split(" / ")
+
+
+def test_health_and_reflection_example(tmp_path: Path) -> None:
+    text = (Path(PKG) / "README.md").read_text()
+    section = text.split("## Health and reflection", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)
+    shells = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert len(code) == 1 and len(shells) == 1
+    from topspin.gen import generate
+
+    generate(["kv/v1/kv.proto"], [KV_PROTO_DIR], str(tmp_path / "gen_out"))
+    (tmp_path / "health_server.py").write_text(code[0])
+    lines = shells[0].strip().splitlines()
+    assert shlex.split(lines[0]) == [".venv/bin/python", "health_server.py", "&"]
+    # The server on a free port (the README's 50051 may be taken): the commands call that.
+    p, bound = start_server([sys.executable, "health_server.py", "tcp://127.0.0.1:0"], tmp_path)
+    tools = {"grpcurl": grpcurl(), "topspin": binary("topspin")}
+    try:
+        for line in lines[1:]:
+            command, said = line.split("#", 1)
+            argv = [
+                a.replace("127.0.0.1:50051", bound.split("://", 1)[1]) for a in shlex.split(command)
+            ]
+            r = subprocess.run(
+                [tools[argv[0]], *argv[1:]], capture_output=True, text=True, timeout=30
+            )
+            assert r.returncode == 0, (line, r.stderr)
+            for want in said.strip().split(" / "):
+                assert want in r.stdout, (line, r.stdout)
+    finally:
+        p.terminate()
+        p.wait(10)

@@ -20,6 +20,7 @@ from ._client import (
     UnaryUnary,
 )
 from ._errors import Code, Metadata, StatusError
+from ._health import Health, ServingStatus
 from ._interceptors import (
     ClientCallDetails,
     StreamCall,
@@ -53,6 +54,7 @@ __all__ = [
     "ClientCallDetails",
     "Code",
     "HandlerCallDetails",
+    "Health",
     "Metadata",
     "MethodHandler",
     "ResponseStream",
@@ -60,6 +62,7 @@ __all__ = [
     "Server",
     "ServerInterceptor",
     "ServerTls",
+    "ServingStatus",
     "ServicerContext",
     "StatusError",
     "StreamCall",

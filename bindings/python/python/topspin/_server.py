@@ -21,9 +21,10 @@ from typing import (
     Sequence,
 )
 
-from . import _native
+from . import _health, _native, _reflection
 from ._client import PathLike, send_async
 from ._errors import Code, Metadata, MetadataValue, StatusError
+from ._health import Health
 from ._loop import completer
 
 KINDS = ("unary", "server_streaming", "client_streaming", "streaming")
@@ -274,6 +275,10 @@ class Server:
     is charged twice its size (its `bytes` and the message parsed from them) while its handler
     runs, and a call that finds no room is refused `RESOURCE_EXHAUSTED` before its handler.
 
+    `add_health()` (`grpc.health.v1`) and `add_reflection()` (topspin's and gRPC's server
+    reflection) add the Rust runtime's services, for grpcurl, gRPC health probes and the
+    `topspin` command.
+
     `start(address)` serves from a thread of its own (its own asyncio loop for `async def`
     handlers; `def` handlers run on a thread pool of `max_workers`). Inside a running loop use
     `await start_async(address)`: the handlers then run on that loop.
@@ -313,6 +318,8 @@ class Server:
         self._native: Optional[_native.Server] = None
         self._tasks: Dict[int, "asyncio.Task[None]"] = {}
         self._stopped = threading.Event()
+        self._health: Optional[Health] = None
+        self._reflection: Optional[List[str]] = None  # services to describe ([]: all)
         self.address: Optional[str] = None
 
     def add_method(self, handler: MethodHandler) -> None:
@@ -320,6 +327,59 @@ class Server:
             raise ValueError(f"unknown call kind {handler.kind!r}")
         self._methods.append(handler)
         self._async.append(_is_async(handler.handler))
+
+    def add_health(self) -> Health:
+        """Serves `grpc.health.v1.Health` (`Check`, `Watch`) and returns its status table
+        (the same one on each call), where the whole server (`""`) starts `SERVING` and other
+        services are unknown until set (`health.set_serving("kv.v1.Store")`). `stop` turns
+        every service `NOT_SERVING`. The Rust runtime answers these calls, without the GIL
+        (so the server's Python interceptors do not see them). Before `start`."""
+        if self._native is not None:
+            raise RuntimeError("the server was already started")
+        if self._health is None:
+            self._health = Health()
+        return self._health
+
+    def add_reflection(self, services: Optional[Sequence[str]] = None) -> None:
+        """Serves server reflection: `topspin.reflection.v1` (the `topspin` command's `list`,
+        `describe` and `call` with no `.proto` files) and gRPC's `grpc.reflection.v1` and
+        `v1alpha` (`grpcurl list`, `describe`, calls with JSON). It describes `services`
+        (full names, as grpcio's `enable_server_reflection`), by default every service with a
+        method on this server when it starts, with `grpc.health.v1.Health` after
+        `add_health()`, and reflection itself. Their `.proto` files come from protobuf's
+        default descriptor pool, where the generated `_pb2` modules put them: a service not
+        found there (methods added by hand) is not described, unless named in `services`,
+        which raises ValueError. The Rust runtime answers these calls. Before `start`."""
+        if self._native is not None:
+            raise RuntimeError("the server was already started")
+        names = list(services or ())
+        if names:  # (checked now: the error is the caller's)
+            from google.protobuf import descriptor_pool
+
+            _reflection.file_descriptor_set(names, descriptor_pool.Default(), strict=True)
+        self._reflection = names
+
+    def _add_builtin_services(self, n: _native.Server) -> None:
+        """Health and reflection, as asked for (after the methods: a clash is an error)."""
+        owned = {_reflection.service_of(m.name) for m in self._methods}
+        ours = set()
+        if self._health is not None:
+            ours.add(_health.SERVICE_NAME)
+        if self._reflection is not None:
+            ours.update(_reflection.SERVICE_NAMES)
+        clash = sorted(owned & ours)
+        if clash:
+            raise ValueError(f"{', '.join(clash)} has methods of its own on this server")
+        if self._health is not None:
+            n.add_health(self._health._native)
+        if self._reflection is not None:
+            from google.protobuf import descriptor_pool
+
+            names = self._reflection or sorted(owned)
+            sets = [_reflection.file_descriptor_set(names, descriptor_pool.Default(), strict=False)]
+            if self._health is not None:
+                sets.append(_native.HEALTH_FILE_DESCRIPTOR_SET)
+            n.add_reflection(sets)
 
     def _on_call(self, idx: int, call: _native.ServerCall) -> None:
         m = self._methods[idx]
@@ -363,6 +423,7 @@ class Server:
         )
         for m in self._methods:
             n.add_method(m.name, m.kind)
+        self._add_builtin_services(n)
         self.address = n.start(address)
         self._native = n
         return self.address

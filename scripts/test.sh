@@ -27,7 +27,7 @@ all_parts=("${rust_parts[@]}" go python typescript matrix grpc grpcclient netns)
 describe() {
   case "$1" in
     rustfmt) echo "cargo fmt --check of the workspace" ;;
-    clippy) echo "cargo clippy of the workspace, all targets, warnings are errors" ;;
+    clippy) echo "cargo clippy of the workspace, all targets, warnings are errors (functions of the runtime ≤ 80 lines); no import circles in the runtime (scripts/no-circles.py)" ;;
     features) echo "the runtime builds with each of its features alone (the workspace build unifies them; the benchmark's peers do not)" ;;
     packages) echo "cargo package of every public crate: each builds from its packaged sources alone, as crates.io would get it" ;;
     cargo-test) echo "cargo test of the workspace (unit, integration, property, doc tests)" ;;
@@ -116,6 +116,8 @@ part_rustfmt() {
 part_clippy() {
   setup_part clippy
   cargo clippy --workspace --all-targets --locked -- -D warnings
+  # No two files of the runtime import each other.
+  python3 scripts/no-circles.py
 }
 part_features() {
   setup_part features

@@ -47,7 +47,7 @@
 // protobuf encoding (delegating to `BytesMut`; `bytes` fields sent by reference, not copied).
 // Everything else is safe code.
 #![deny(unsafe_code)]
-#![warn(missing_docs, unreachable_pub)]
+#![warn(missing_docs, unreachable_pub, clippy::too_many_lines)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod address;

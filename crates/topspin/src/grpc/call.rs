@@ -5,7 +5,7 @@
 //! waits — and sends its response within the stream's send capacity. Every call runs on its
 //! connection's task (`server.rs`).
 
-use super::request::{poll_armed, Inbound};
+use super::request::{poll_armed, Inbound, Limits};
 use super::wire::{self, Frame};
 use super::Peer;
 use crate::request::{Cancellation, ServerContext};
@@ -146,6 +146,17 @@ fn trailers_only(respond: &mut SendResponse<Frame>, status: &Status, negotiating
 }
 
 impl Face {
+    /// What bounds each call's requests.
+    fn limits(&self) -> Limits {
+        Limits {
+            window: self.window,
+            budget: self.budget.clone(),
+            max_message_size: self.max_message_size,
+            frame_timeout: self.frame_timeout,
+            far: self.far,
+        }
+    }
+
     /// One call, from its request headers to its trailers.
     pub(super) async fn call(
         &self,
@@ -347,7 +358,7 @@ impl Call {
             stall,
         };
         let waiting = (handler, metadata, ctx);
-        let mut req = Inbound::new(face, self.recv, !body.is_end_stream(), waiting);
+        let mut req = Inbound::new(face.limits(), self.recv, !body.is_end_stream(), waiting);
         let mut a = self.answer(kind, face);
         if kind.client_streams() {
             // Requests arrive as a stream: the handler starts now.

@@ -3,7 +3,6 @@
 //! — one message for unary and server-streaming methods, a stream for the others — the window
 //! given back as the handler consumes, and a message that stops arriving timed out.
 
-use super::call::Face;
 use super::wire::Deframer;
 use crate::request::ServerContext;
 use crate::server::handler::HandlerRef;
@@ -13,6 +12,7 @@ use bytes::Bytes;
 use h2::RecvStream;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::time::Sleep;
@@ -35,6 +35,19 @@ pub(super) fn arm(mut timer: Pin<&mut Option<Sleep>>, at: Instant) {
 /// Whether an armed timer rang (one never armed never rings).
 pub(super) fn poll_armed(timer: Pin<&mut Option<Sleep>>, cx: &mut std::task::Context<'_>) -> bool {
     timer.as_pin_mut().is_some_and(|t| t.poll(cx).is_ready())
+}
+
+/// What bounds a call's requests (its connection's settings).
+pub(super) struct Limits {
+    /// The stream window: request bytes handed to the handler and not consumed yet.
+    pub(super) window: usize,
+    /// What large request messages are reserved against.
+    pub(super) budget: Arc<topspin_proto::MemoryBudget>,
+    pub(super) max_message_size: u32,
+    /// A message that stops arriving for this long (window open) ends its call.
+    pub(super) frame_timeout: Duration,
+    /// Where the stall timer waits while not armed.
+    pub(super) far: Instant,
 }
 
 /// What a call's request side holds.
@@ -68,13 +81,13 @@ pub(super) struct Inbound {
 
 impl Inbound {
     pub(super) fn new(
-        face: &Face,
+        limits: Limits,
         recv: Option<Encoding>,
         body_open: bool,
         waiting: Waiting,
     ) -> Inbound {
         Inbound {
-            deframer: Deframer::new(face.window, Some(face.budget.clone())),
+            deframer: Deframer::new(limits.window, Some(limits.budget)),
             body_open,
             one: None,
             waiting: Some(waiting),
@@ -82,11 +95,11 @@ impl Inbound {
             outstanding: 0,
             withheld: 0,
             stall_armed: false,
-            last_bytes: face.far,
-            limit: face.max_message_size,
+            last_bytes: limits.far,
+            limit: limits.max_message_size,
             recv,
-            window: face.window,
-            frame_timeout: face.frame_timeout,
+            window: limits.window,
+            frame_timeout: limits.frame_timeout,
         }
     }
 

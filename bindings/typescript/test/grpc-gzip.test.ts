@@ -46,7 +46,7 @@ test("gRPC face: 24 concurrent unary gzip bombs (16 KiB → 16 MiB each, held 30
   }
 });
 
-test("gRPC face: a gzip message that inflates past maxMessageSize is RESOURCE_EXHAUSTED, and a corrupt one INTERNAL", async () => {
+test("gRPC face: a gzip message that inflates past maxMessageSize is RESOURCE_EXHAUSTED, a corrupt one INTERNAL, zstd UNIMPLEMENTED", async () => {
   const budget = new MemoryBudget(BUDGET);
   const srv = server(budget);
   const addr = await srv.listen("tcp://127.0.0.1:0");
@@ -58,6 +58,8 @@ test("gRPC face: a gzip message that inflates past maxMessageSize is RESOURCE_EX
     assert.equal(r.status, 8, r.message);
     const junk = await call(h2, "/t.T/Hold", [framed(Buffer.from("not gzip at all"))]);
     assert.equal(junk.status, 13, junk.message);
+    const zstd = await call(h2, "/t.T/Hold", [framed(Buffer.from("(\xb5/\xfd", "latin1"))], "zstd");
+    assert.equal(zstd.status, 12, `zstd is not decoded on the gRPC face: ${zstd.message}`);
     const small = await call(h2, "/t.T/Echo", [framed(gzipSync(Buffer.from("hello")))]);
     assert.equal(small.status, 0, small.message);
     assert.equal(small.body.subarray(5).toString(), "hello");

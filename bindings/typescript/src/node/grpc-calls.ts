@@ -11,6 +11,7 @@ import type { Readable } from "node:stream";
 import type { MemoryBudget } from "../connection.js";
 import { metadataSize, type Metadata } from "../frame.js";
 import { Code, DETAILS_KEY, TopspinError } from "../status.js";
+import { compressedWith, inflate } from "./grpc-inflate.js";
 import type { HandlerContext, Route } from "./server.js";
 
 /** The gRPC trailer with a status's binary details. */
@@ -24,6 +25,8 @@ type AnyCall = grpc.ServerUnaryCall<Buffer, Buffer> | grpc.ServerReadableStream<
 export interface GrpcCallEnv {
   grpc: typeof grpc;
   budget: MemoryBudget;
+  /** One request message, bytes, once inflated (the native `maxMessageSize`; grpc-js bounds it as it arrives). */
+  maxMessageSize: number;
   /** Request metadata, bytes (the native `maxMetadataSize`; counted as on the native face). */
   maxMetadataSize: number;
   /** Bookkeeping of open calls (the idle timer and graceful shutdown look at it). */
@@ -134,7 +137,23 @@ class CallState {
     this.charged += n;
   }
 
-  /** Releases what {@link CallState.charge} held. */
+  /**
+   * A request message as the handler takes it: inflated if it came compressed (grpc-inflate.ts;
+   * charged before it grows, held while the handler has it), else charged as {@link CallState.charge}.
+   */
+  async take(b: Buffer): Promise<Buffer> {
+    const enc = compressedWith(b);
+    if (enc === undefined) {
+      this.charge(b.length);
+      return b;
+    }
+    const m = await inflate(b, enc, this.env.maxMessageSize, this.env.budget, this.abort.signal);
+    if (this.over) this.env.budget.release(m.length);
+    else this.charged += m.length;
+    return m;
+  }
+
+  /** Releases what {@link CallState.charge} and {@link CallState.take} held. */
   release(): void {
     this.env.budget.release(this.charged);
     this.charged = 0;
@@ -176,8 +195,7 @@ async function* requests(call: Readable, st: CallState, route: Route): AsyncGene
     st.release(); // the previous message was taken by the handler
     const r = await Promise.race([it.next(), aborted]);
     if (r.done === true) return;
-    st.charge(r.value.length);
-    yield route.decode(r.value);
+    yield route.decode(await st.take(r.value));
   }
 }
 
@@ -221,9 +239,7 @@ function singleResponse(env: GrpcCallEnv, route: Route, method: string): grpc.ha
       await whenRoom(env, call, st, () => undefined); // past the send buffer, calls wait to start
       let input: unknown;
       if (route.kind === "unary") {
-        const req = (call as grpc.ServerUnaryCall<Buffer, Buffer>).request;
-        st.charge(req.length);
-        input = route.decode(req);
+        input = route.decode(await st.take((call as grpc.ServerUnaryCall<Buffer, Buffer>).request));
       } else input = requests(call as grpc.ServerReadableStream<Buffer, Buffer>, st, route);
       const v = await route.handler(input, st.ctx);
       await whenRoom(env, call, st, () => {
@@ -256,9 +272,7 @@ function streamResponse(env: GrpcCallEnv, route: Route, method: string): grpc.ha
       await whenRoom(env, call, st, () => undefined); // past the send buffer, calls wait to start
       let input: unknown;
       if (route.kind === "server_streaming") {
-        const req = (call as grpc.ServerWritableStream<Buffer, Buffer>).request;
-        st.charge(req.length);
-        input = route.decode(req);
+        input = route.decode(await st.take((call as grpc.ServerWritableStream<Buffer, Buffer>).request));
       } else input = requests(call as grpc.ServerDuplexStream<Buffer, Buffer>, st, route);
       for await (const v of route.handler(input, st.ctx) as AsyncIterable<unknown>) {
         let sent: Promise<void> = Promise.resolve();

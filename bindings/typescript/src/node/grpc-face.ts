@@ -13,6 +13,7 @@ import type * as http2 from "node:http2";
 import type { MemoryBudget } from "../connection.js";
 import { grpcHandler, grpcHandlerType, type GrpcCallEnv } from "./grpc-calls.js";
 import { ConnGuard } from "./grpc-guard.js";
+import { inflateLater } from "./grpc-inflate.js";
 import type { Route } from "./server.js";
 
 /** The bounds the face is given, from the server's own options. */
@@ -58,6 +59,8 @@ function grpcOptions(b: GrpcFaceBounds): grpc.ServerOptions {
     "grpc.max_send_message_length": b.maxMessageSize,
     "grpc.max_concurrent_streams": b.maxConcurrentCalls,
     "grpc.enable_channelz": 0,
+    // gzip and deflate requests inflated when their handler takes them, charged (grpc-inflate.ts)
+    interceptors: [inflateLater],
   };
   if (b.idleMs > 0) o["grpc.max_connection_idle_ms"] = b.idleMs;
   if (b.keepaliveIntervalMs > 0) {
@@ -98,6 +101,7 @@ export class GrpcFace {
     this.env = {
       grpc: g,
       budget: bounds.budget,
+      maxMessageSize: bounds.maxMessageSize,
       maxMetadataSize: bounds.maxMetadataSize,
       started: () => this.calls++,
       ended: () => this.calls--,

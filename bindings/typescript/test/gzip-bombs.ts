@@ -1,0 +1,96 @@
+// Helpers of the gzip-bomb tests of the gRPC face (grpc-gzip*.test.ts): the bombs, a server
+// whose handlers hold requests a while, a raw HTTP/2 gRPC call and an RSS sampler.
+import assert from "node:assert/strict";
+import * as http2 from "node:http2";
+import { deflateSync, gzipSync } from "node:zlib";
+import type { MemoryBudget } from "../src/index.js";
+import { Server } from "../src/node/index.js";
+import { sleep } from "./hostile.js";
+
+export const MiB = 1 << 20;
+export const BUDGET = 64 * MiB;
+/** What the process may grow by over its RSS before the attack: the budget + 64 MiB (the rule of docs/hardening.md). */
+export const SLACK = 64 * MiB;
+/** One bomb: 16 MiB of zeros, gzip level 9 (~16 KiB). */
+export const INFLATED = 16 * MiB;
+const zeros = Buffer.alloc(INFLATED);
+export const bomb = gzipSync(zeros, { level: 9 });
+export const deflateBomb = deflateSync(zeros, { level: 9 });
+
+export const count = (n: number): Uint8Array => {
+  const b = new Uint8Array(4);
+  new DataView(b.buffer).setUint32(0, n);
+  return b;
+};
+
+/** A server whose handlers hold each request a while (as a handler whose answer waits for the peer's window). */
+export function server(budget: MemoryBudget): Server {
+  return new Server({ memoryBudget: budget, settings: { maxMessageSize: 32 * MiB } })
+    .route("/t.T/Echo", { kind: "unary", decode: (b) => b, encode: (v) => v as Uint8Array, handler: (v) => v })
+    .route("/t.T/Hold", {
+      kind: "unary",
+      decode: (b) => b,
+      encode: (v) => v as Uint8Array,
+      handler: async (v) => {
+        await sleep(300);
+        return count((v as Uint8Array).length);
+      },
+    })
+    .route("/t.T/Count", {
+      kind: "client_streaming",
+      decode: (b) => b,
+      encode: (v) => v as Uint8Array,
+      handler: async (reqs) => {
+        let n = 0;
+        for await (const r of reqs as AsyncIterable<Uint8Array>) {
+          assert.equal(r.length, INFLATED);
+          n++;
+          await sleep(20);
+        }
+        return count(n);
+      },
+    });
+}
+
+/** The process's RSS, sampled every 5 ms: the peak since `start`. */
+export function rssPeak(): { stop: () => number } {
+  let peak = process.memoryUsage.rss();
+  const t = setInterval(() => (peak = Math.max(peak, process.memoryUsage.rss())), 5);
+  return {
+    stop: () => {
+      clearInterval(t);
+      return Math.max(peak, process.memoryUsage.rss());
+    },
+  };
+}
+
+/** The 5-byte gRPC prefix of a compressed message of `n` bytes, and the message. */
+export const framed = (body: Buffer): Buffer => {
+  const p = Buffer.alloc(5);
+  p[0] = 1;
+  p.writeUInt32BE(body.length, 1);
+  return Buffer.concat([p, body]);
+};
+
+/** One raw HTTP/2 gRPC call sending `msgs` (compressed with `encoding`); its status and answer. */
+export function call(h2: http2.ClientHttp2Session, path: string, msgs: Buffer[], encoding = "gzip"): Promise<{ status: number; message: string; body: Buffer }> {
+  return new Promise((resolve) => {
+    const s = h2.request({ ":method": "POST", ":path": path, "content-type": "application/grpc", te: "trailers", "grpc-encoding": encoding });
+    const chunks: Buffer[] = [];
+    let status = -1;
+    let message = "";
+    const take = (h: http2.IncomingHttpHeaders): void => {
+      if (h["grpc-status"] === undefined) return;
+      status = Number(h["grpc-status"]);
+      message = decodeURIComponent(String(h["grpc-message"] ?? ""));
+    };
+    s.on("response", take);
+    s.on("trailers", take);
+    s.on("data", (b: Buffer) => chunks.push(b));
+    s.on("error", () => undefined);
+    s.on("close", () => resolve({ status, message, body: Buffer.concat(chunks) }));
+    for (const m of msgs) s.write(m);
+    s.end();
+  });
+}
+

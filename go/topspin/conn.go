@@ -43,6 +43,7 @@ type conn struct {
 	drained  chan struct{}
 	maxSend  int
 	writingN int   // bytes taken by the writing goroutine, not yet written
+	reserved int   // server: room taken by answers being encoded (answer.go), counted as unsent
 	held     []job // server: calls that arrived while the send buffer was full; at most MaxConcurrentCalls (each is an open call of streams, which the engine caps)
 
 	timers     timers

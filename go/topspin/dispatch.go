@@ -227,10 +227,6 @@ func Unary[Req any, PReq interface {
 		if err != nil {
 			return err
 		}
-		b, err = proto.Marshal(resp)
-		if err != nil {
-			return &Status{Code: Internal, Message: "marshal: " + err.Error()}
-		}
-		return ss.send(b, true)
+		return ss.sendMsg(resp, true)
 	}, kindUnary)
 }

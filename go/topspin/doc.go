@@ -9,7 +9,8 @@
 //     sides), watchdog.go and bounds.go (timeouts and limits), address.go and listen_*.go;
 //   - server: server.go (Serve, the handshake, GracefulStop and Stop), dispatch.go (calls
 //     started and run on workers, Unary and UnaryRaw), serverstream.go (the handler's
-//     ServerStream), interceptor.go, health.go, services.go;
+//     ServerStream), answer.go (its answers queued, their room in the send buffer taken
+//     before they are encoded), interceptor.go, health.go, services.go;
 //   - client: client.go (ClientConn: dial, reconnect, keep-alive), clientstream.go (calls
 //     started, ClientStream), invoke.go (unary calls), callopts.go, client_interceptor.go;
 //   - both: typed.go (the generated code's stream types), status.go, details.go,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/topspin-rpc/topspin/go/topspin"
 	"github.com/topspin-rpc/topspin/go/wire"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 const mib = 1 << 20
@@ -27,16 +28,22 @@ const mib = 1 << 20
 // bigAnswer is the answer of /h.S/Big, shared by every call (no allocation per call).
 var bigAnswer = bytes.Repeat([]byte{'b'}, mib)
 
+// bigValue is the answer of /h.S/Value, shared; each call's encoding of it is 1 MiB of its own
+// (as kvstore's Get of a 1 MiB value).
+var bigValue = strings.Repeat("v", mib)
+
 type hostile struct {
 	s       *topspin.Server
 	addr    string // host:port
 	good    *topspin.ClientConn
 	bigRuns atomic.Int64 // /h.S/Big handlers started
+	valRuns atomic.Int64 // /h.S/Value handlers started
 }
 
-// startHostile serves /h.S/Echo (unary), /h.S/Big (unary, a 1 MiB answer), /h.S/Len (unary,
-// its request's MiB in one byte) and /h.S/Sink
-// (reads until the client half-closes) on loopback TCP, and dials the well-behaved client.
+// startHostile serves /h.S/Echo (unary), /h.S/Big (unary, a 1 MiB answer), /h.S/Value (typed
+// unary, a 1 MiB string encoded per call), /h.S/Len (unary, its request's MiB in one byte) and
+// /h.S/Sink (reads until the client half-closes) on loopback TCP, and dials the well-behaved
+// client.
 func startHostile(t *testing.T, opts ...topspin.Option) *hostile {
 	t.Helper()
 	h := &hostile{s: topspin.NewServer(opts...)}
@@ -46,6 +53,10 @@ func startHostile(t *testing.T, opts ...topspin.Option) *hostile {
 	h.s.Handle("/h.S/Big", topspin.UnaryRaw(func(context.Context, topspin.Metadata, []byte) ([]byte, error) {
 		h.bigRuns.Add(1)
 		return bigAnswer, nil
+	}), topspin.CodecRaw)
+	h.s.Handle("/h.S/Value", topspin.Unary(func(context.Context, *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
+		h.valRuns.Add(1)
+		return wrapperspb.String(bigValue), nil
 	}), topspin.CodecRaw)
 	h.s.Handle("/h.S/Len", topspin.UnaryRaw(func(_ context.Context, _ topspin.Metadata, req []byte) ([]byte, error) {
 		return []byte{byte(len(req) >> 20)}, nil

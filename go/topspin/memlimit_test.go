@@ -50,7 +50,8 @@ func sampleHeap(limit time.Duration) func() int64 {
 // zstd bombs (1 KB each, 32 MiB inflated), 12 at a time for 120 calls, against a 256 MiB
 // budget: the decompressed requests are charged (those that find no room are refused), and
 // the heap stays within the budget + 192 MiB of what it was (measured +322 to +345 MiB on 2
-// loaded CPUs, the margin for slower machines; before: decompression buffers
+// loaded CPUs, +240 to +257 MiB, none refused, since one message per CPU inflates at once;
+// the margin for slower machines; before: decompression buffers
 // grown by half again and again, and GOGC alone pacing the collector, took it past three
 // times the budget). A good client is served during the attack, but for the moments the
 // budget is spent, when new calls are refused RESOURCE_EXHAUSTED (as designed), and after.

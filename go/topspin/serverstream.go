@@ -3,7 +3,6 @@ package topspin
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"io"
 	"net"
 	"sync/atomic"
@@ -202,69 +201,8 @@ func (ss *ServerStream) SetTrailer(md Metadata) {
 // Send sends one message. msg must not be changed afterwards.
 func (ss *ServerStream) Send(msg []byte) error { return ss.send(msg, false) }
 
-// send queues msg; with end, END OK follows in the same write (unary answers).
-func (ss *ServerStream) send(msg []byte, end bool) error {
-	if ss.g != nil {
-		return ss.g.send(msg)
-	}
-	c := ss.s.c
-	if ss.respEnc != "" {
-		var err error
-		if msg, err = wire.Compress(ss.respEnc, msg); err != nil {
-			return &Status{Code: Internal, Message: "compress: " + err.Error()}
-		}
-	}
-	for {
-		c.mu.Lock()
-		if ss.s.ended {
-			c.mu.Unlock()
-			if ss.s.code == OK {
-				return &Status{Code: FailedPrecondition, Message: "send after the call ended"}
-			}
-			return ss.s.status()
-		}
-		if c.fullLocked() && !c.waitRoom(ss.doneLocked()) {
-			c.mu.Unlock()
-			continue // the call or the connection ended: reported above
-		}
-		if ss.hdrSet {
-			if err := c.eng.SendHeaders(ss.s.id, ss.header); err != nil {
-				c.mu.Unlock()
-				return StatusOf(err)
-			}
-			ss.hdrSet = false
-		}
-		err := c.eng.SendMessage(ss.s.id, msg, false)
-		if err == nil {
-			if end {
-				ss.endLocked(OK, "", nil)
-				ss.cancelLocked(context.Canceled)
-			}
-			c.sendLocked()
-			return nil
-		}
-		if !errors.Is(err, wire.ErrBlocked) {
-			c.mu.Unlock()
-			return StatusOf(err)
-		}
-		wn := ss.s.writeNote()
-		if ss.err != nil {
-			c.mu.Unlock()
-			return StatusOf(ss.err)
-		}
-		c.mu.Unlock()
-		<-wn // credit came back, or the call ended (cancelLocked notifies)
-	}
-}
-
 // SendMsg marshals m with protobuf and sends it.
-func (ss *ServerStream) SendMsg(m proto.Message) error {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		return &Status{Code: Internal, Message: "marshal: " + err.Error()}
-	}
-	return ss.Send(b)
-}
+func (ss *ServerStream) SendMsg(m proto.Message) error { return ss.sendMsg(m, false) }
 
 // Recv returns the next request message, or io.EOF once the client half-closed.
 func (ss *ServerStream) Recv() ([]byte, error) {

@@ -195,11 +195,7 @@ func ClientStreaming[Req, Resp any, PResp Msg[Resp]](fn func(ctx context.Context
 		if ss.wrapped != nil {
 			return ss.wrapped.SendMsg(resp)
 		}
-		b, err := proto.Marshal(resp)
-		if err != nil {
-			return &Status{Code: Internal, Message: "marshal: " + err.Error()}
-		}
-		return ss.send(b, true)
+		return ss.sendMsg(resp, true)
 	}, kindClientStream)
 }
 

@@ -70,14 +70,21 @@ func (c *conn) flushLocked() {
 			c.shutdown(err)
 			return
 		}
-		if c.unsentLocked() < c.maxSend {
-			if c.drained != nil {
-				close(c.drained)
-				c.drained = nil
-			}
-			c.startHeld()
-		}
+		c.roomLocked()
 	}
+}
+
+// roomLocked wakes those waiting for room in the send buffer, and starts the calls held for
+// it, when there is room (under mu).
+func (c *conn) roomLocked() {
+	if c.fullLocked() {
+		return
+	}
+	if c.drained != nil {
+		close(c.drained)
+		c.drained = nil
+	}
+	c.startHeld()
 }
 
 // tlsWriteChunk is the most a TLS connection writes at once under the write timeout: a
@@ -138,12 +145,13 @@ func (c *conn) writeErr(err error) error {
 // unsentLocked is the bytes produced for the peer and not yet written (under mu).
 func (c *conn) unsentLocked() int { return c.eng.OutputLen() + c.writingN }
 
-// fullLocked reports whether the unsent output reached maxSend (under mu): senders then
-// wait; a server stops reading and starting calls (flow control bounds each call; this
-// bounds them all: unsent stays under maxSend + one message).
-func (c *conn) fullLocked() bool { return c.unsentLocked() >= c.maxSend }
+// fullLocked reports whether the unsent output and the room reserved for answers being
+// encoded (answer.go) reached maxSend (under mu): senders then wait; a server stops reading
+// and starting calls (flow control bounds each call; this bounds them all: unsent stays
+// under maxSend + one message).
+func (c *conn) fullLocked() bool { return c.unsentLocked()+c.reserved >= c.maxSend }
 
-// waitRoom waits, under mu, until the connection's unsent output is under maxSend, done
+// waitRoom waits, under mu, until the connection's send buffer has room (fullLocked), done
 // is closed or the connection ends; it returns false in the last two cases. mu is held
 // again on return.
 func (c *conn) waitRoom(done <-chan struct{}) bool {

@@ -5,8 +5,11 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"errors"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -141,5 +144,66 @@ func TestDecompressedEmptyMessageIsNotNil(t *testing.T) {
 		if err != nil || out == nil || len(out) != 0 || charged != 0 {
 			t.Fatalf("%s: %v (nil: %v), %d charged, %v", enc, out, out == nil, charged, err)
 		}
+	}
+}
+
+// At most GOMAXPROCS messages are decompressed past their first piece at once: 16 goroutines
+// inflating 16 MiB of gzip each hold at most that many messages charged (pieces and the buffer
+// they are copied to, 2 × 16 MiB each), a first piece each and the messages returned and not
+// yet released (allowed 2), not 16 partial messages growing together (the charges' peak is
+// sampled; on 2 CPUs 50 to 68 MiB, and 128 to 146 MiB without the bound).
+func TestInflationsPastTheFirstPieceAreOnePerCPU(t *testing.T) {
+	const n, size = 16, 16 << 20
+	budget := NewMemoryBudget(1 << 30)
+	bomb, err := Compress(EncodingGzip, make([]byte, size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peak atomic.Int64
+	stop, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			peak.Store(max(peak.Load(), budget.Used()))
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.Gosched()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, charged, err := DecompressCharged(EncodingGzip, bomb, size, budget)
+			if err == nil && len(out) != size {
+				err = errors.New("wrong size")
+			}
+			budget.Release(charged)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-sampled
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	procs := int64(cap(inflating))
+	bound := procs*2*size + 2*size + n*inflateChunk
+	t.Logf("%d inflations of %d MiB at once, %d at a time past the first piece: charges peaked at %.1f MiB (bound %.1f MiB)",
+		n, size>>20, procs, float64(peak.Load())/(1<<20), float64(bound)/(1<<20))
+	if procs < n && peak.Load() > bound {
+		t.Errorf("charges peaked at %d bytes; want at most %d", peak.Load(), bound)
+	}
+	if budget.Used() != 0 {
+		t.Errorf("%d bytes left charged", budget.Used())
 	}
 }

@@ -1,19 +1,16 @@
 package main
 
 import (
-	"io"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/topspin-rpc/topspin/go/internal/readmetest"
 )
 
 // TestWithoutGeneratedCode checks that go/README.md's "Without generated code" blocks are
 // the bodies of register and call as written, then runs them.
 func TestWithoutGeneratedCode(t *testing.T) {
-	src, err := os.ReadFile("main.go")
-	if err != nil {
-		t.Fatal(err)
-	}
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -31,6 +28,10 @@ func TestWithoutGeneratedCode(t *testing.T) {
 	if len(blocks) != 2 {
 		t.Fatalf("want 2 go blocks in the section, found %d", len(blocks))
 	}
+	src, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i, b := range blocks {
 		code := b[:strings.Index(b, "```")]
 		var indented strings.Builder
@@ -44,14 +45,7 @@ func TestWithoutGeneratedCode(t *testing.T) {
 			t.Fatalf("block %d of the README's section is not in main.go as written:\n%s", i+1, code)
 		}
 	}
-	r, w, _ := os.Pipe()
-	stdout := os.Stdout
-	os.Stdout = w
-	main()
-	os.Stdout = stdout
-	_ = w.Close()
-	out, _ := io.ReadAll(r)
-	if want := "Say: hi\nChat: one\nChat: two\n"; string(out) != want {
+	if out, want := readmetest.Stdout(main), "Say: hi\nChat: one\nChat: two\n"; out != want {
 		t.Fatalf("printed %q, want %q", out, want)
 	}
 }

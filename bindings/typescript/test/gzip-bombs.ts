@@ -3,9 +3,10 @@
 import assert from "node:assert/strict";
 import * as http2 from "node:http2";
 import { deflateSync, gzipSync } from "node:zlib";
-import type { MemoryBudget } from "../src/index.js";
+import { MemoryBudget } from "../src/index.js";
 import { Server } from "../src/node/index.js";
-import { sleep } from "./hostile.js";
+import { grpcClient, unaryRaw } from "./grpc-helpers.js";
+import { sleep, until } from "./hostile.js";
 
 export const MiB = 1 << 20;
 export const BUDGET = 64 * MiB;
@@ -94,3 +95,33 @@ export function call(h2: http2.ClientHttp2Session, path: string, msgs: Buffer[],
   });
 }
 
+/**
+ * Runs `attack` against a server with a {@link BUDGET} budget while a good gRPC client is on
+ * it: RSS measured from just before (after a collection, if `--expose-gc`); afterwards the
+ * budget must be given back and the good client served. Returns what `attack` returned and how
+ * much the RSS grew at its peak.
+ */
+export async function underAttack<T>(attack: (h2: http2.ClientHttp2Session) => Promise<T>): Promise<{ result: T; grew: number }> {
+  const budget = new MemoryBudget(BUDGET);
+  const srv = server(budget);
+  const addr = await srv.listen("tcp://127.0.0.1:0");
+  const good = grpcClient(addr);
+  const h2 = http2.connect(`http://127.0.0.1:${addr.split(":").pop()}`);
+  h2.on("error", () => undefined);
+  try {
+    assert.equal((await unaryRaw(good, "/t.T/Echo", new Uint8Array([1]))).value[0], 1);
+    globalThis.gc?.();
+    const before = process.memoryUsage.rss();
+    const peak = rssPeak();
+    const result = await attack(h2);
+    const grew = peak.stop() - before;
+    assert.ok(grew <= BUDGET + SLACK, `RSS grew ${(grew / MiB).toFixed(1)} MiB, over the budget + 64 MiB`);
+    assert.ok(await until(() => budget.used === 0, 2000), `budget given back (${budget.used} held)`);
+    assert.equal((await unaryRaw(good, "/t.T/Echo", new Uint8Array([2]))).value[0], 2, "a good client is served");
+    return { result, grew };
+  } finally {
+    h2.destroy();
+    good.close();
+    await srv.close(200);
+  }
+}

@@ -42,17 +42,24 @@ def test_quick_start(tmp_path: Path) -> None:
     assert r.stdout.splitlines() == ["red", "NOT_FOUND no key 'pear'", "64 answers"]
 
 
-def test_interceptors_example(tmp_path: Path) -> None:
+def section_example(heading: str, tmp_path: Path, name: str) -> str:
+    """The README section `heading`'s one Python block, written to `tmp_path/name` beside the
+    kvstore code it imports; returns the section's one shell block."""
     text = (Path(PKG) / "README.md").read_text()
-    section = text.split("## Interceptors", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
     code = re.findall(r"```python\n(.*?)```", section, re.S)
     shells = re.findall(r"```sh\n(.*?)```", section, re.S)
     assert len(code) == 1 and len(shells) == 1
     from topspin.gen import generate
 
     generate(["kv/v1/kv.proto"], [KV_PROTO_DIR], str(tmp_path / "gen_out"))
-    (tmp_path / "serve.py").write_text(code[0])
-    run, said = shells[0].split("#", 1)
+    (tmp_path / name).write_text(code[0])
+    return str(shells[0])
+
+
+def test_interceptors_example(tmp_path: Path) -> None:
+    shell = section_example("Interceptors", tmp_path, "serve.py")
+    run, said = shell.split("#", 1)
     assert shlex.split(run) == [".venv/bin/python", "serve.py"]
     r = subprocess.run(
         [sys.executable, "serve.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
@@ -66,16 +73,8 @@ def test_interceptors_example(tmp_path: Path) -> None:
 
 def test_opentelemetry_example(tmp_path: Path) -> None:
     pytest.importorskip("opentelemetry.sdk")
-    text = (Path(PKG) / "README.md").read_text()
-    section = text.split("## OpenTelemetry", 1)[1].split("\n## ", 1)[0]
-    code = re.findall(r"```python\n(.*?)```", section, re.S)
-    shells = re.findall(r"```sh\n(.*?)```", section, re.S)
-    assert len(code) == 1 and len(shells) == 1
-    from topspin.gen import generate
-
-    generate(["kv/v1/kv.proto"], [KV_PROTO_DIR], str(tmp_path / "gen_out"))
-    (tmp_path / "traced.py").write_text(code[0])
-    run, said = shells[0].split("#", 1)
+    shell = section_example("OpenTelemetry", tmp_path, "traced.py")
+    run, said = shell.split("#", 1)
     assert shlex.split(run) == [".venv/bin/python", "traced.py"]
     r = subprocess.run(
         [sys.executable, "traced.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
@@ -85,16 +84,8 @@ def test_opentelemetry_example(tmp_path: Path) -> None:
 
 
 def test_health_and_reflection_example(tmp_path: Path) -> None:
-    text = (Path(PKG) / "README.md").read_text()
-    section = text.split("## Health and reflection", 1)[1].split("\n## ", 1)[0]
-    code = re.findall(r"```python\n(.*?)```", section, re.S)
-    shells = re.findall(r"```sh\n(.*?)```", section, re.S)
-    assert len(code) == 1 and len(shells) == 1
-    from topspin.gen import generate
-
-    generate(["kv/v1/kv.proto"], [KV_PROTO_DIR], str(tmp_path / "gen_out"))
-    (tmp_path / "health_server.py").write_text(code[0])
-    lines = shells[0].strip().splitlines()
+    shell = section_example("Health and reflection", tmp_path, "health_server.py")
+    lines = shell.strip().splitlines()
     assert shlex.split(lines[0]) == [".venv/bin/python", "health_server.py", "&"]
     # The server on a free port (the README's 50051 may be taken): the commands call that.
     p, bound = start_server([sys.executable, "health_server.py", "tcp://127.0.0.1:0"], tmp_path)

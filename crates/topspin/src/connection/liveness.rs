@@ -1,18 +1,45 @@
-//! The connection-level timers both sides keep: keep-alive pings, frames left incomplete,
-//! writes the peer does not take, and idleness. (Call deadlines are the engine's; see `Connection::poll_timeout`.)
+//! The connection-level timers every face keeps — the handshake deadline, keep-alive pings,
+//! frames left incomplete, writes the peer does not take, idleness — and the connection age's
+//! jitter: one sans-IO policy. The native driver (`connection::Driver`) and the gRPC face's
+//! HTTP/2 loop (`grpc::server`) each tell it what they saw ([`Seen`]) and act on what is due
+//! ([`Due`]). (Call deadlines are the engine's; see `Connection::poll_timeout`.)
 
-use super::io::Io;
 use crate::Config;
-use std::time::Instant;
-use topspin_proto::{Connection, ProtocolError};
+use std::time::{Duration, Instant};
 
-/// Keep-alive, frame and idle timers of one connection.
-#[derive(Debug, Default)]
-pub(crate) struct Liveness {
-    ping_sent: Option<Instant>,
+/// What a connection's timers look at, whatever its face.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Seen {
+    /// When the connection was accepted or made.
+    pub(crate) started: Instant,
+    /// Its handshake is done (native: the preface and SETTINGS; HTTP/2: the client's
+    /// SETTINGS): the handshake timeout no longer applies.
+    pub(crate) established: bool,
+    /// Since when a frame has been incomplete.
+    pub(crate) partial_since: Option<Instant>,
+    /// Since when the peer has taken none of our bytes.
+    pub(crate) write_stalled_since: Option<Instant>,
+    /// When bytes last came.
+    pub(crate) last_read: Instant,
+    /// No call is open and the connection is not going away already (the idle timeout).
+    pub(crate) idle: bool,
+    /// This policy sends the keep-alive PINGs (the native face; the gRPC face's PINGs are
+    /// h2's, on a timer of their own).
+    pub(crate) pings: bool,
 }
 
-/// What [`Liveness::on_timer`] did.
+/// A timer that is due.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Close the connection: this timeout passed.
+    Close(String),
+    /// Send a keep-alive PING now (its answer is awaited from now).
+    Ping,
+    /// Idle too long: go away.
+    Idle,
+}
+
+/// What the native driver's timer did ([`crate::connection::Role::on_timer`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Lapse {
     None,
@@ -20,6 +47,12 @@ pub(crate) enum Lapse {
     Closed,
     /// Idle too long: a go-away was sent.
     Idle,
+}
+
+/// Keep-alive, handshake, frame, write and idle timers of one connection.
+#[derive(Debug, Default)]
+pub(crate) struct Liveness {
+    ping_sent: Option<Instant>,
 }
 
 impl Liveness {
@@ -38,90 +71,175 @@ impl Liveness {
     /// is half received, no write stalls and no PING waits: the keep-alive interval or the
     /// idle timeout (an hour when neither is set: nothing is due then anyway).
     #[inline]
-    pub(crate) fn shortest_gap(&self, config: &Config) -> std::time::Duration {
-        let far = std::time::Duration::from_secs(3600);
+    pub(crate) fn shortest_gap(&self, config: &Config) -> Duration {
+        let far = Duration::from_secs(3600);
         let keepalive = config.keepalive_interval().unwrap_or(far);
         let idle = config.idle_timeout().unwrap_or(far);
         keepalive.min(idle)
     }
 
-    /// The earliest of these timers, with `idle` telling whether no call is open.
-    pub(crate) fn next(
-        &self,
-        io: &Io<impl crate::transport::Transport>,
-        config: &Config,
-        idle: bool,
-    ) -> Option<Instant> {
-        let mut t: Option<Instant> = None;
-        let mut consider = |x: Instant| t = Some(t.map_or(x, |t| t.min(x)));
-        if let Some(iv) = config.keepalive_interval() {
-            match self.ping_sent {
-                Some(sent) => consider(sent + config.keepalive_timeout()),
-                None => consider(io.last_read + iv),
-            }
-        }
-        if let Some(since) = io.partial_since {
-            consider(since + config.frame_timeout());
-        }
-        if let (Some(since), Some(limit)) = (io.write_stalled_since, config.write_timeout()) {
-            consider(since + limit);
-        }
-        if let (Some(limit), true) = (config.idle_timeout(), idle) {
-            consider(io.last_read + limit);
-        }
-        t
+    /// The earliest of these timers.
+    pub(crate) fn next(&self, s: &Seen, config: &Config) -> Option<Instant> {
+        let handshake = (!s.established).then(|| s.started + config.handshake_timeout());
+        let keepalive =
+            config
+                .keepalive_interval()
+                .filter(|_| s.pings)
+                .map(|iv| match self.ping_sent {
+                    Some(sent) => sent + config.keepalive_timeout(),
+                    None => s.last_read + iv,
+                });
+        let frame = s.partial_since.map(|since| since + config.frame_timeout());
+        let write = s
+            .write_stalled_since
+            .zip(config.write_timeout())
+            .and_then(|(since, limit)| since.checked_add(limit));
+        let idle = config
+            .idle_timeout()
+            .filter(|_| s.idle)
+            .and_then(|limit| s.last_read.checked_add(limit));
+        [handshake, keepalive, frame, write, idle]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    /// Acts on whichever of these timers passed.
-    pub(crate) fn on_timer(
-        &mut self,
-        now: Instant,
-        io: &Io<impl crate::transport::Transport>,
-        config: &Config,
-        conn: &mut Connection,
-        idle: bool,
-    ) -> Lapse {
-        let timeout = |what: String| ProtocolError::new(topspin_proto::ErrorCode::TIMEOUT, what);
-        if io
-            .partial_since
+    /// Which of these timers passed, if any (one at a time: the caller looks again).
+    pub(crate) fn due(&mut self, now: Instant, s: &Seen, config: &Config) -> Option<Due> {
+        if !s.established && now >= s.started + config.handshake_timeout() {
+            return Some(Due::Close(format!(
+                "no handshake within {:?} (handshake_timeout)",
+                config.handshake_timeout()
+            )));
+        }
+        if s.partial_since
             .is_some_and(|since| now >= since + config.frame_timeout())
         {
-            conn.close(timeout(format!(
+            return Some(Due::Close(format!(
                 "a frame stayed incomplete for {:?} (frame_timeout)",
                 config.frame_timeout()
             )));
-            return Lapse::Closed;
         }
-        if let (Some(since), Some(limit)) = (io.write_stalled_since, config.write_timeout()) {
+        if let (Some(since), Some(limit)) = (s.write_stalled_since, config.write_timeout()) {
             if now >= since + limit {
-                conn.close(timeout(format!(
+                return Some(Due::Close(format!(
                     "the peer took none of our bytes for {limit:?} (write_timeout)"
                 )));
-                return Lapse::Closed;
             }
         }
-        if let Some(iv) = config.keepalive_interval() {
+        if let Some(iv) = config.keepalive_interval().filter(|_| s.pings) {
             match self.ping_sent {
                 Some(sent) if now >= sent + config.keepalive_timeout() => {
-                    conn.close(timeout(format!(
-                        "keep-alive PING unanswered for {:?}",
+                    return Some(Due::Close(format!(
+                        "keep-alive PING unanswered for {:?} (keepalive_timeout)",
                         config.keepalive_timeout()
                     )));
-                    return Lapse::Closed;
                 }
-                None if now >= io.last_read + iv => {
-                    conn.ping(*b"keepaliv");
+                None if now >= s.last_read + iv => {
                     self.ping_sent = Some(now);
+                    return Some(Due::Ping);
                 }
                 _ => {}
             }
         }
-        if let (Some(limit), true) = (config.idle_timeout(), idle) {
-            if now >= io.last_read + limit && !conn.is_going_away() {
-                conn.go_away(topspin_proto::ErrorCode::NO_ERROR, "idle timeout");
-                return Lapse::Idle;
-            }
+        let idle = config.idle_timeout().filter(|_| s.idle);
+        idle.is_some_and(|limit| now >= s.last_read + limit)
+            .then_some(Due::Idle)
+    }
+}
+
+/// `Config::max_connection_age`, jittered by ±10% so that connections made together do not
+/// all go away together — on every face.
+pub(crate) fn jittered_age(config: &Config) -> Option<Duration> {
+    config
+        .max_connection_age()
+        .map(|age| age.mul_f64(0.9 + 0.2 * fastrand::f64()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(now: Instant) -> Seen {
+        Seen {
+            started: now,
+            established: true,
+            partial_since: None,
+            write_stalled_since: None,
+            last_read: now,
+            idle: false,
+            pings: true,
         }
-        Lapse::None
+    }
+
+    #[test]
+    fn a_handshake_not_done_in_time_closes() {
+        let t0 = Instant::now();
+        let config = Config::default();
+        let mut l = Liveness::default();
+        let s = Seen {
+            established: false,
+            ..seen(t0)
+        };
+        assert_eq!(l.next(&s, &config), Some(t0 + config.handshake_timeout()));
+        assert_eq!(l.due(t0, &s, &config), None);
+        let late = t0 + config.handshake_timeout();
+        assert!(
+            matches!(l.due(late, &s, &config), Some(Due::Close(why)) if why.contains("handshake_timeout"))
+        );
+    }
+
+    #[test]
+    fn keep_alive_pings_after_silence_then_closes_unanswered() {
+        let t0 = Instant::now();
+        let config = Config::default()
+            .with_keepalive_interval(Some(Duration::from_secs(10)))
+            .with_keepalive_timeout(Duration::from_secs(2));
+        let mut l = Liveness::default();
+        let s = seen(t0);
+        assert_eq!(l.next(&s, &config), Some(t0 + Duration::from_secs(10)));
+        assert_eq!(
+            l.due(t0 + Duration::from_secs(10), &s, &config),
+            Some(Due::Ping)
+        );
+        assert_eq!(l.next(&s, &config), Some(t0 + Duration::from_secs(12)));
+        let unanswered = l.due(t0 + Duration::from_secs(12), &s, &config);
+        assert!(matches!(unanswered, Some(Due::Close(why)) if why.contains("keepalive_timeout")));
+        // The gRPC face's PINGs are h2's: none from here.
+        let mut l = Liveness::default();
+        let h2 = Seen { pings: false, ..s };
+        assert_eq!(l.due(t0 + Duration::from_secs(10), &h2, &config), None);
+    }
+
+    #[test]
+    fn frame_write_and_idle_timers() {
+        let t0 = Instant::now();
+        let config = Config::default()
+            .with_idle_timeout(Some(Duration::from_secs(60)))
+            .with_write_timeout(Some(Duration::from_secs(5)));
+        let mut l = Liveness::default();
+        let partial = Seen {
+            partial_since: Some(t0),
+            ..seen(t0)
+        };
+        let late = t0 + config.frame_timeout();
+        assert!(
+            matches!(l.due(late, &partial, &config), Some(Due::Close(why)) if why.contains("frame_timeout"))
+        );
+        let stalled = Seen {
+            write_stalled_since: Some(t0),
+            ..seen(t0)
+        };
+        assert_eq!(l.next(&stalled, &config), Some(t0 + Duration::from_secs(5)));
+        assert!(
+            matches!(l.due(t0 + Duration::from_secs(5), &stalled, &config), Some(Due::Close(why)) if why.contains("write_timeout"))
+        );
+        let busy = seen(t0);
+        assert_eq!(l.due(t0 + Duration::from_secs(60), &busy, &config), None);
+        let idle = Seen { idle: true, ..busy };
+        assert_eq!(
+            l.due(t0 + Duration::from_secs(60), &idle, &config),
+            Some(Due::Idle)
+        );
     }
 }

@@ -14,7 +14,7 @@
 
 mod alarm;
 mod io;
-mod liveness;
+pub(crate) mod liveness;
 mod route;
 mod spin;
 pub(crate) use route::ReadRoute;
@@ -607,34 +607,46 @@ impl<R: Role, T: Transport> Driver<R, T> {
         earliest(self.conn.poll_timeout(), self.role.next_timer())
     }
 
+    /// What the liveness policy looks at.
+    fn seen(&self) -> liveness::Seen {
+        liveness::Seen {
+            started: self.started,
+            established: self.conn.is_established(),
+            partial_since: self.io.partial_since,
+            write_stalled_since: self.io.write_stalled_since,
+            last_read: self.io.last_read,
+            idle: self.role.idle() && !self.conn.is_going_away(),
+            pings: true,
+        }
+    }
+
     /// The next far deadline: the handshake's and the liveness timers'.
     fn next_far(&self) -> Option<Instant> {
-        let handshake =
-            (!self.conn.is_established()).then(|| self.started + self.config.handshake_timeout());
-        earliest(
-            handshake,
-            self.liveness.next(&self.io, &self.config, self.role.idle()),
-        )
+        self.liveness.next(&self.seen(), &self.config)
     }
 
     fn on_timer(&mut self) {
         let now = Instant::now();
         self.conn.handle_timeout(now);
-        if !self.conn.is_established() && now >= self.started + self.config.handshake_timeout() {
-            self.conn.close(ProtocolError::new(
-                ErrorCode::TIMEOUT,
-                format!(
-                    "no topspin handshake within {:?} (handshake_timeout)",
-                    self.config.handshake_timeout()
-                ),
-            ));
-        }
         let lapse = if self.conn.is_closed() {
             Lapse::Closed
         } else {
-            let idle = self.role.idle();
-            self.liveness
-                .on_timer(now, &self.io, &self.config, &mut self.conn, idle)
+            let seen = self.seen();
+            match self.liveness.due(now, &seen, &self.config) {
+                Some(liveness::Due::Close(why)) => {
+                    self.conn.close(ProtocolError::new(ErrorCode::TIMEOUT, why));
+                    Lapse::Closed
+                }
+                Some(liveness::Due::Ping) => {
+                    self.conn.ping(*b"keepaliv");
+                    Lapse::None
+                }
+                Some(liveness::Due::Idle) => {
+                    self.conn.go_away(ErrorCode::NO_ERROR, "idle timeout");
+                    Lapse::Idle
+                }
+                None => Lapse::None,
+            }
         };
         self.role.on_timer(now, &mut self.conn, lapse);
     }

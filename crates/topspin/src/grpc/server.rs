@@ -5,6 +5,7 @@
 use super::call::{Face, Unsent};
 use super::wire::Frame;
 use super::Peer;
+use crate::connection::liveness;
 use crate::request::Protocol;
 use crate::server::{Registry, Shutdown};
 use crate::Config;
@@ -48,11 +49,8 @@ where
 {
     // In `Server::gauges()` from the handshake until the connection is gone, as a native one.
     let mut share = crate::stats::Share::new(config.gauges.as_ref());
-    // `Config::max_connection_age`, jittered by ±10% as for native connections (so that
-    // connections made together do not all go away together).
-    let age = config
-        .max_connection_age()
-        .map(|age| age.mul_f64(0.9 + 0.2 * fastrand::f64()));
+    // `Config::max_connection_age`, jittered as for native connections.
+    let age = liveness::jittered_age(&config);
     let started = Instant::now();
     let (io, tracker) = super::watch::Watched::new(io);
     let Some(mut conn) = handshake(io, &peer, &config, &shutdown).await else {
@@ -324,7 +322,9 @@ impl Going {
     }
 }
 
-/// The connection timers of the gRPC face, read from what the client sent (`watch.rs`).
+/// The connection timers of the gRPC face, read from what the client sent (`watch.rs`): the
+/// handshake (the client's SETTINGS), frame, write and idle timers of the one liveness policy
+/// native connections keep (`connection::liveness`). Keep-alive PINGs are h2's (`keep_alive`).
 struct Timers<'a> {
     tracker: Arc<std::sync::Mutex<super::watch::Tracker>>,
     started: Instant,
@@ -340,53 +340,33 @@ enum Lapse {
 }
 
 impl Timers<'_> {
-    /// The earliest timer, with `idle` telling whether no call is open.
-    fn next(&self, idle: bool) -> Option<Instant> {
+    /// What the policy looks at, with `idle` telling whether no call is open.
+    fn seen(&self, idle: bool) -> liveness::Seen {
         let t = super::watch::read(&self.tracker);
-        let c = self.config;
-        let handshake = (!t.settings_received()).then(|| self.started + c.handshake_timeout());
-        let frame = t.partial_since.map(|since| since + c.frame_timeout());
-        let write = t
-            .write_stalled_since
-            .zip(c.write_timeout())
-            .and_then(|(since, limit)| since.checked_add(limit));
-        let idle = c
-            .idle_timeout()
-            .filter(|_| idle)
-            .and_then(|limit| t.last_read.checked_add(limit));
-        [handshake, frame, write, idle].into_iter().flatten().min()
+        liveness::Seen {
+            started: self.started,
+            established: t.settings_received(),
+            partial_since: t.partial_since,
+            write_stalled_since: t.write_stalled_since,
+            last_read: t.last_read,
+            idle,
+            pings: false,
+        }
+    }
+
+    /// The earliest timer.
+    fn next(&self, idle: bool) -> Option<Instant> {
+        liveness::Liveness::default().next(&self.seen(idle), self.config)
     }
 
     /// What to do now that the earliest timer passed (`None`: it moved on meanwhile).
     fn lapsed(&self, idle: bool) -> Option<Lapse> {
-        let now = Instant::now();
-        let t = super::watch::read(&self.tracker);
-        let c = self.config;
-        if !t.settings_received() && now >= self.started + c.handshake_timeout() {
-            return Some(Lapse::Close(format!(
-                "no HTTP/2 SETTINGS within the handshake_timeout ({:?})",
-                c.handshake_timeout()
-            )));
+        let due = liveness::Liveness::default().due(Instant::now(), &self.seen(idle), self.config);
+        match due? {
+            liveness::Due::Close(why) => Some(Lapse::Close(why)),
+            liveness::Due::Idle => Some(Lapse::Idle),
+            liveness::Due::Ping => None, // not asked for (`pings: false`)
         }
-        if t.partial_since
-            .is_some_and(|s| now >= s + c.frame_timeout())
-        {
-            return Some(Lapse::Close(format!(
-                "an HTTP/2 frame stayed incomplete for the frame_timeout ({:?})",
-                c.frame_timeout()
-            )));
-        }
-        if let (Some(since), Some(limit)) = (t.write_stalled_since, c.write_timeout()) {
-            if now >= since + limit {
-                return Some(Lapse::Close(format!(
-                    "the client took none of our bytes for the write_timeout ({limit:?})"
-                )));
-            }
-        }
-        let idle_for = c.idle_timeout().filter(|_| idle);
-        idle_for
-            .is_some_and(|limit| now >= t.last_read + limit)
-            .then_some(Lapse::Idle)
     }
 }
 

@@ -23,10 +23,8 @@ pub(super) fn serve_connection<T: crate::transport::Transport>(
     config: Config,
     server: &Shutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let age = config.max_connection_age().map(|age| {
-        let jittered = age.mul_f64(0.9 + 0.2 * fastrand::f64());
-        (jittered, config.max_connection_age_grace(), server.child())
-    });
+    let age = crate::connection::liveness::jittered_age(&config)
+        .map(|age| (age, config.max_connection_age_grace(), server.child()));
     use futures_util::future::Either;
     let Some((age, grace, signal)) = age else {
         // No age limit (the default): the connection's own future, with no layer around it.

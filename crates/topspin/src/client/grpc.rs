@@ -173,26 +173,19 @@ async fn drive<T>(
     }
 }
 
-/// Sends a PING every `every`; tells `stop` why the connection must close once one is not
-/// answered within `timeout`.
+/// HTTP/2 keep-alive (`grpc::keep_alive`); tells `stop` why the connection must close once a
+/// PING is not answered, unless the connection went first.
 async fn keep_alive(
-    mut pings: h2::PingPong,
+    pings: h2::PingPong,
     every: Duration,
     timeout: Duration,
     mut stop: oneshot::Sender<String>,
 ) {
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = stop.closed() => return,
+    tokio::select! {
+        why = crate::grpc::keep_alive(pings, every, timeout) => {
+            let _ = stop.send(why);
         }
-        let why = match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => continue,
-            Ok(Err(e)) => format!("keep-alive PING failed: {e}"),
-            Err(_) => format!("keep-alive PING not answered within {timeout:?}"),
-        };
-        let _ = stop.send(why);
-        return;
+        () = stop.closed() => {}
     }
 }
 

@@ -65,3 +65,20 @@ pub(crate) struct Peer {
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<std::sync::Arc<crate::tls::TlsPeer>>,
 }
+
+/// HTTP/2 keep-alive, the gRPC face's and the client mode's: a PING every `every`; returns why
+/// the connection must close once one is not answered within `timeout` (never while they are).
+pub(crate) async fn keep_alive(
+    mut pings: h2::PingPong,
+    every: std::time::Duration,
+    timeout: std::time::Duration,
+) -> String {
+    loop {
+        tokio::time::sleep(every).await;
+        match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return format!("keep-alive PING failed: {e}"),
+            Err(_) => return format!("keep-alive PING not answered within {timeout:?}"),
+        }
+    }
+}

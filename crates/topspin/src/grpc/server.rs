@@ -67,7 +67,14 @@ where
     let pings = config
         .keepalive_interval()
         .and_then(|every| Some((conn.ping_pong()?, every)));
-    let keep_alive = keep_alive(pings, config.keepalive_timeout());
+    let keep_alive = async {
+        match pings {
+            Some((pings, every)) => {
+                super::keep_alive(pings, every, config.keepalive_timeout()).await
+            }
+            None => std::future::pending().await,
+        }
+    };
     tokio::pin!(keep_alive);
     let mut going = Going::default();
     // The handshake (the client's SETTINGS), frame and idle timers, as on a native connection.
@@ -366,22 +373,6 @@ impl Timers<'_> {
             liveness::Due::Close(why) => Some(Lapse::Close(why)),
             liveness::Due::Idle => Some(Lapse::Idle),
             liveness::Due::Ping => None, // not asked for (`pings: false`)
-        }
-    }
-}
-
-/// Sends a PING every `every` (when given) and returns why the connection must close once one
-/// is not answered within `timeout`; without pings, never returns.
-async fn keep_alive(pings: Option<(h2::PingPong, Duration)>, timeout: Duration) -> String {
-    let Some((mut pings, every)) = pings else {
-        return std::future::pending().await;
-    };
-    loop {
-        tokio::time::sleep(every).await;
-        match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return format!("keep-alive PING failed: {e}"),
-            Err(_) => return format!("keep-alive PING not answered within {timeout:?}"),
         }
     }
 }

@@ -473,7 +473,12 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// to wait (busy turns need no timer): no timer registration on wake-ups that need none.
     /// Whether a timer was already due (the loop then goes on).
     fn arm_timer(&mut self, cx: &mut Context<'_>) -> bool {
-        let far = self.next_far();
+        // Most waits: the alarm already covers the far deadlines, told by one comparison.
+        let far = if self.alarm_surely_covers() {
+            self.alarm_at
+        } else {
+            self.next_far()
+        };
         if !covers(self.alarm_at, far) {
             self.set_alarm_at(far);
             if let Some(t) = far {
@@ -583,17 +588,20 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// runs a few times per call).
     #[inline]
     fn alarm_covers(&self) -> bool {
-        if let Some(floor) = self.alarm_floor {
-            if self.io.partial_since.is_none()
+        self.alarm_surely_covers() || covers(self.alarm_at, self.next_far())
+    }
+
+    /// The comparison of [`Driver::alarm_covers`]: `true` when the alarm surely covers every
+    /// far deadline (`false`: they must be worked out).
+    #[inline]
+    fn alarm_surely_covers(&self) -> bool {
+        self.alarm_floor.is_some_and(|floor| {
+            self.io.partial_since.is_none()
                 && self.io.write_stalled_since.is_none()
                 && !self.liveness.waiting_for_pong()
                 && self.conn.is_established()
                 && floor <= self.io.last_read
-            {
-                return true;
-            }
-        }
-        covers(self.alarm_at, self.next_far())
+        })
     }
 
     /// Arms (in this struct; the caller sets the alarm itself) or disarms the far timer.

@@ -384,7 +384,7 @@ async fn a_handler_that_blocks_holds_up_its_connection_once() {
         let ch = ch.clone();
         tokio::spawn(async move { ch.unary(RawCodec, "/t.S/Block", Bytes::new()).await })
     };
-    H.wait_for_second().await;
+    H.wait_for_second();
     let quick = ch
         .unary(RawCodec, "/t.S/Quick", Bytes::new())
         .await

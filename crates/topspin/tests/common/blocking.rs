@@ -54,15 +54,28 @@ impl Handlers {
         }
     }
 
-    /// Waits until the second blocking handler has started (10 s at most).
-    pub async fn wait_for_second(&self) {
+    /// Waits until the second blocking handler has started (10 s at most), blocking the
+    /// calling thread: the test's own `block_on` thread of a multi-thread runtime, never one
+    /// of its workers.
+    ///
+    /// Not a `tokio::time::sleep` loop: while the blocking handler holds one of the two
+    /// workers, the other may be parked on its condition variable rather than on the I/O and
+    /// time driver, and then no timer of the runtime fires until the handler returns (seen:
+    /// 4 runs in 30 timed out after 10 s that way). Blocking this thread needs no timer; the
+    /// quick call that follows wakes a worker by scheduling the client's tasks.
+    pub fn wait_for_second(&self) {
+        assert!(
+            tokio::runtime::Handle::current().runtime_flavor()
+                == tokio::runtime::RuntimeFlavor::MultiThread,
+            "wait_for_second blocks its thread: a multi-thread runtime's test only"
+        );
         let t0 = Instant::now();
         while !self.blocked.load(Ordering::SeqCst) {
             assert!(
                 t0.elapsed() < Duration::from_secs(10),
                 "the second blocking call never started"
             );
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 }

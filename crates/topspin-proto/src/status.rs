@@ -142,8 +142,8 @@ pub struct Status {
     /// Local knowledge: never sent on the wire.
     unprocessed: bool,
     message: ByteString,
-    /// Details and trailers, out of line: most statuses have neither, and a small status is
-    /// cheap to move through the engine's event queue.
+    /// Details, trailers and headers, out of line: most statuses have none, and a small status
+    /// is cheap to move through the engine's event queue.
     extra: Option<Box<Extra>>,
 }
 
@@ -151,6 +151,7 @@ pub struct Status {
 struct Extra {
     details: Bytes,
     metadata: Metadata,
+    headers: Metadata,
 }
 
 static NO_DETAILS: Bytes = Bytes::new();
@@ -203,6 +204,26 @@ impl Status {
         self
     }
 
+    /// Adds response headers (initial metadata) that go out before this status.
+    ///
+    /// A server handler that fails a call returns them with its error: if the call has sent no
+    /// headers yet, they go out first (a HEADERS frame, then the END or the gRPC trailers,
+    /// instead of a trailers-only answer), as grpc-go's `SetHeader` before an error does. A
+    /// client sees them on the failed call's status ([`Status::headers`]). Headers a call has
+    /// already sent (a response stream's) are not sent again.
+    ///
+    /// ```
+    /// use topspin_proto::{Metadata, Status};
+    /// let headers = Metadata::builder().text("retry-region", "eu").unwrap().build();
+    /// let s = Status::unavailable("draining").with_headers(headers);
+    /// assert_eq!(s.headers().get_str("retry-region"), Some("eu"));
+    /// assert!(s.metadata().is_empty());
+    /// ```
+    pub fn with_headers(mut self, headers: Metadata) -> Status {
+        self.extra.get_or_insert_default().headers = headers;
+        self
+    }
+
     /// Marks the status of a call that never reached the server's application: it was not
     /// written to a connection (the connection was closed or going away, no endpoint was
     /// available), or the server's GOAWAY says it did not process it. Such a call is safe to
@@ -251,6 +272,12 @@ impl Status {
         self.extra.as_ref().map_or(&NO_METADATA, |e| &e.metadata)
     }
 
+    /// Response headers that go (server) or came (client) before the status: see
+    /// [`Status::with_headers`]. Empty if none.
+    pub fn headers(&self) -> &Metadata {
+        self.extra.as_ref().map_or(&NO_METADATA, |e| &e.headers)
+    }
+
     /// Whether the code is `OK`.
     pub fn is_ok(&self) -> bool {
         self.code == Code::Ok
@@ -273,10 +300,12 @@ impl Status {
             .get(DETAILS_KEY)
             .map(Bytes::copy_from_slice)
             .unwrap_or_default();
+        let headers = status.headers().clone();
         Status {
             extra: Some(Box::new(Extra {
                 details,
                 metadata: trailers,
+                headers,
             })),
             ..status
         }
@@ -320,6 +349,9 @@ impl fmt::Debug for Status {
         }
         if !self.metadata().is_empty() {
             d.field("metadata", self.metadata());
+        }
+        if !self.headers().is_empty() {
+            d.field("headers", self.headers());
         }
         d.finish()
     }

@@ -98,6 +98,43 @@ fn unary_call_with_headers_trailers_and_interning() {
     );
 }
 
+/// A call ended with a status that carries headers (`Status::with_headers`): HEADERS, then the
+/// END, when the call sent no headers yet; the END alone when it did (HEADERS go once).
+#[test]
+fn a_failing_status_sends_its_headers_first_unless_headers_went() {
+    let mut p = Pair::default_pair();
+    let failing = || Status::unavailable("draining").with_headers(md("early", "yes"));
+    let id = start(&mut p, "/kv.Store/Get");
+    p.drive();
+    p.take_server();
+    p.server.end_call(id, &failing(), &Metadata::new()).unwrap();
+    p.drive();
+    let ev = p.take_client();
+    assert!(
+        matches!(&ev[0], Event::Headers { id: i, metadata } if *i == id && metadata.get_str("early") == Some("yes")),
+        "{ev:?}"
+    );
+    assert!(
+        matches!(&ev[1], Event::Ended { status, trailers, .. } if status.code() == Code::Unavailable && trailers.is_empty()),
+        "{ev:?}"
+    );
+    assert_eq!(ev.len(), 2);
+
+    let id = start(&mut p, "/kv.Store/Get");
+    p.drive();
+    p.take_server();
+    p.server.send_headers(id, &md("first", "1")).unwrap();
+    p.server.end_call(id, &failing(), &Metadata::new()).unwrap();
+    p.drive();
+    let ev = p.take_client();
+    assert!(
+        matches!(&ev[0], Event::Headers { metadata, .. } if metadata.get_str("first") == Some("1") && metadata.get_str("early").is_none()),
+        "{ev:?}"
+    );
+    assert!(matches!(&ev[1], Event::Ended { .. }), "{ev:?}");
+    assert_eq!(ev.len(), 2);
+}
+
 /// Calls to several methods in turn, repeating and alternating: each CALL names its own method
 /// (the client checks the previous call's method first, then its table), and each is sent
 /// by name only the first time.

@@ -80,6 +80,19 @@ fn service(events: Events) -> ServerBuilder {
             },
         )
         .unary(
+            "/t.T/FailWithHeaders",
+            Codec::default(),
+            |_req: Request<String>| async move {
+                let h = Metadata::builder().text("early", "yes").unwrap().build();
+                let t = Metadata::builder().text("why", "because").unwrap().build();
+                Err::<Response<String>, _>(
+                    Status::unavailable("draining")
+                        .with_headers(h)
+                        .with_metadata(t),
+                )
+            },
+        )
+        .unary(
             "/t.T/Slow",
             Codec::default(),
             move |req: Request<String>| {
@@ -392,6 +405,36 @@ async fn raw_h2_sees_headers_message_and_trailers() {
     let (headers, _, _) = raw_call(&s.hp, "/t.T/Echo", &[("grpc-encoding", "snappy")], b"").await;
     assert_eq!(headers.get("grpc-status").unwrap(), "12");
     assert!(headers.get("grpc-accept-encoding").is_some());
+    s.stop().await;
+}
+
+/// A unary handler that fails with headers (`Status::with_headers`): HEADERS without
+/// END_STREAM carrying them, then the trailers with the status, not a trailers-only answer;
+/// tonic's client and topspin's `grpc://` client both see the status.
+#[tokio::test]
+async fn a_unary_error_with_headers_sends_them_before_the_trailers() {
+    let s = start(|b| b, "tcp://127.0.0.1:0").await;
+    let (headers, data, trailers) = raw_call(&s.hp, "/t.T/FailWithHeaders", &[], b"").await;
+    assert_eq!(headers.get("early").unwrap(), "yes", "{headers:?}");
+    assert_eq!(headers.get("content-type").unwrap(), "application/grpc");
+    assert!(headers.get("grpc-status").is_none(), "{headers:?}");
+    assert!(data.is_empty());
+    let trailers = trailers.expect("trailers after the headers");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "14");
+    assert_eq!(trailers.get("grpc-message").unwrap(), "draining");
+    assert_eq!(trailers.get("why").unwrap(), "because");
+    assert!(trailers.get("early").is_none(), "{trailers:?}");
+
+    let mut g = s.tonic().await;
+    let err = unary(
+        &mut g,
+        "/t.T/FailWithHeaders",
+        tonic::Request::new(String::new()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert_eq!(err.message(), "draining");
     s.stop().await;
 }
 
@@ -799,7 +842,7 @@ async fn a_handler_that_blocks_holds_up_its_grpc_connection_once() {
             unary(&mut g, "/t.T/Block", tonic::Request::new(String::new())).await
         })
     };
-    H.wait_for_second().await;
+    H.wait_for_second();
     let quick = unary(&mut g, "/t.T/Quick", tonic::Request::new(String::new()))
         .await
         .expect("quick");

@@ -101,3 +101,62 @@ async fn trailers_of_a_stream_that_ends_in_an_error_are_kept() {
     })
     .await;
 }
+
+/// A handler that fails with headers (`Status::with_headers`): they go before the status, and
+/// the client reads them on the error (unary) or as the stream's headers (server streaming),
+/// the trailers apart.
+#[tokio::test]
+async fn headers_of_a_failed_call_reach_the_client() {
+    use topspin::{Code, Response, Status};
+    const UNARY_FAILS: &str = "/t.M/UnaryFailsWithHeaders";
+    const STREAM_FAILS: &str = "/t.M/StreamFailsWithHeaders";
+    fn failure() -> Status {
+        let h = Metadata::builder().text("early", "yes").unwrap().build();
+        let t = Metadata::builder().text("late", "no").unwrap().build();
+        Status::new(Code::Unavailable, "draining")
+            .with_headers(h)
+            .with_metadata(t)
+    }
+    each_transport(&[], |t| async move {
+        let b = builder(Probe::default())
+            .unary(UNARY_FAILS, RawCodec, |_r: Request<bytes::Bytes>| async move {
+                Err::<Response<bytes::Bytes>, _>(failure())
+            })
+            .server_streaming(
+                STREAM_FAILS,
+                RawCodec,
+                |_r: Request<bytes::Bytes>| async move {
+                    Err::<Response<futures_util::stream::Empty<Result<bytes::Bytes, Status>>>, _>(
+                        failure(),
+                    )
+                },
+            );
+        let server = serve(b, t).await;
+        let ch = server.channel().await;
+        let e = ch
+            .unary(RawCodec, UNARY_FAILS, bytes("x"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        assert_eq!(e.headers().get_str("early"), Some("yes"), "{e:?}");
+        assert_eq!(e.headers().get_str("late"), None, "{e:?}");
+        assert_eq!(e.metadata().get_str("late"), Some("no"), "{e:?}");
+        assert_eq!(e.metadata().get_str("early"), None, "{e:?}");
+        // A call that sends no headers before its error still has none.
+        let e = ch.unary(RawCodec, FAIL, bytes("x")).await.unwrap_err();
+        assert!(e.headers().is_empty(), "{e:?}");
+
+        let mut s = ch
+            .server_streaming(RawCodec, STREAM_FAILS, bytes("x"))
+            .await
+            .unwrap()
+            .into_inner();
+        let h = s.headers().await.unwrap();
+        assert_eq!(h.get_str("early"), Some("yes"), "{h:?}");
+        let e = s.message().await.unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        assert_eq!(e.metadata().get_str("late"), Some("no"), "{e:?}");
+        server.stop().await;
+    })
+    .await;
+}

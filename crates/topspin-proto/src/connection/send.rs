@@ -298,6 +298,10 @@ impl Connection {
     /// A call can always be ended: if the status message and trailers are larger than the
     /// client accepts, the trailers are dropped and the message is cut at a character boundary
     /// so that the END fits (the code is kept; protocol.md §5.6).
+    ///
+    /// The status's own headers ([`Status::with_headers`]) go first, as HEADERS, if the call
+    /// has sent none yet and they fit the client's metadata limit (otherwise the END goes
+    /// alone: the status is what matters).
     pub fn end_call(
         &mut self,
         id: CallId,
@@ -317,7 +321,11 @@ impl Connection {
             call.close_wanted = true;
             return Err(CallError::WouldBlock);
         }
+        let headers_done = call.headers_done;
         self.calls.remove(id.0);
+        if !headers_done && !status.headers().is_empty() {
+            self.put_status_headers(id, status.headers());
+        }
         let message = clip(status.message(), usize::MAX);
         let size = 2 + message.len() + trailers.encoded_len();
         if size <= limit {
@@ -330,6 +338,14 @@ impl Connection {
             self.put_end(id.0, status.code(), clip(message, room), &Metadata::new());
         }
         Ok(())
+    }
+
+    /// A failing call's headers (see [`Connection::end_call`]), if they fit.
+    #[cold]
+    fn put_status_headers(&mut self, id: CallId, headers: &Metadata) {
+        if headers.encoded_len() <= self.peer_metadata_limit(0) {
+            frame::write_headers(&mut self.out.staging, id, headers);
+        }
     }
 
     /// Ends a call from this side because of a call error.

@@ -726,12 +726,11 @@ impl ClientRole {
         if !status.is_ok() {
             // A call above the last_call_id of the server's GOAWAY was not processed
             // (protocol.md §8.3): marked so that it is sent again (a local flag, never on the wire).
-            let status = if conn.go_away_received().is_some_and(|last| id.0 > last.0) {
-                status.with_unprocessed()
+            if conn.go_away_received().is_some_and(|last| id.0 > last.0) {
+                sink.fail(status.with_unprocessed());
             } else {
-                Status::from_wire(status, trailers)
-            };
-            sink.fail(status);
+                sink.end_err(Status::from_wire(status, trailers), call.headers);
+            }
             return;
         }
         sink.end_ok(call.message.take(), call.headers, trailers, &call.method);

@@ -765,6 +765,10 @@ impl Call {
     /// Ends the call with `status`: trailers, or a trailers-only response if nothing was sent.
     /// A handler still running is cancelled (by the guard, when the call is dropped).
     fn end(&mut self, status: &Status, trailers: &Metadata) {
+        if matches!(self.out, Out::Head(_)) && !status.headers().is_empty() {
+            // A failing call's own headers (`Status::with_headers`) go before its trailers.
+            self.send_headers(status.headers());
+        }
         match std::mem::replace(&mut self.out, Out::Closed) {
             Out::Head(mut respond) => trailers_only(&mut respond, status, self.negotiating),
             Out::Body(mut s) => {

@@ -45,6 +45,17 @@ impl Sink {
         }
     }
 
+    /// The call ended with an error `status` from the server: a unary call's status keeps the
+    /// response headers that came before it ([`Status::headers`]; a response stream handed its
+    /// headers on already). The rule of both modes, native and gRPC.
+    pub(crate) fn end_err(self, status: Status, headers: Metadata) {
+        let status = match self {
+            Sink::Unary(_) if !headers.is_empty() => status.with_headers(headers),
+            _ => status,
+        };
+        self.fail(status);
+    }
+
     /// The call ended OK (its `trailers` received): a unary call gets its one response
     /// message, with the response `headers` — INTERNAL if the server sent none — and a response
     /// stream its end. The rule of both modes, native and gRPC.

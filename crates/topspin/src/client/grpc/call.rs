@@ -648,7 +648,7 @@ impl GrpcCall {
             return;
         };
         if !status.is_ok() {
-            return sink.fail(status);
+            return sink.end_err(status, std::mem::take(&mut self.headers));
         }
         let md = trailers
             .map(wire::metadata_from_headers)

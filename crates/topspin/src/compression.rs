@@ -169,6 +169,85 @@ impl Compression {
     }
 }
 
+/// Turns the compression of a call's outgoing messages off and on between messages, as
+/// grpc-java's `setMessageCompression` does: what the interop suite's `*_compressed_streaming`
+/// cases ask for. On by default; while off, the call's messages go with flag 0 (gRPC's
+/// compressed flag 0) whatever their size. It changes nothing on a call that does not compress.
+///
+/// A handler gives it to its response ([`Response::with_message_compression`]) and a client to
+/// its streaming request ([`Request::with_message_compression`]); each message is encoded as
+/// the switch stands when it is taken from the stream, so flip it before yielding a message.
+///
+/// ```
+/// use topspin::{Compression, Encoding, MessageCompression, Response};
+/// let switch = MessageCompression::new();
+/// let replies = futures_util::stream::iter([Ok::<_, topspin::Status>(vec![0u8; 4096])]);
+/// let r = Response::new(replies)
+///     .with_compression(Some(Compression::new(Encoding::Gzip)))
+///     .with_message_compression(&switch);
+/// switch.set_enabled(false); // the next messages go as they are
+/// assert!(!switch.is_enabled());
+/// # let _ = r;
+/// ```
+///
+/// [`Response::with_message_compression`]: crate::Response::with_message_compression
+/// [`Request::with_message_compression`]: crate::Request::with_message_compression
+#[derive(Clone, Debug, Default)]
+pub struct MessageCompression(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl MessageCompression {
+    /// A switch, on.
+    pub fn new() -> MessageCompression {
+        MessageCompression::default()
+    }
+
+    /// Compresses the next messages (`true`, as negotiated for the call) or not (`false`).
+    pub fn set_enabled(&self, enabled: bool) {
+        self.0.store(!enabled, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the next message is compressed (if the call compresses at all).
+    pub fn is_enabled(&self) -> bool {
+        !self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// Whether a message goes compressed: on unless its call has a switch that is off.
+pub(crate) fn switched_on(switch: Option<&MessageCompression>) -> bool {
+    switch.is_none_or(MessageCompression::is_enabled)
+}
+
+/// A codec whose compression a [`MessageCompression`] turns off and on (a client's request
+/// stream that has one).
+#[derive(Clone)]
+pub(crate) struct Switched<C> {
+    pub(crate) inner: Compressed<C>,
+    pub(crate) switch: MessageCompression,
+}
+
+impl<C: Codec> Codec for Switched<C> {
+    type Encode = C::Encode;
+    type Decode = C::Decode;
+    const ID: u8 = C::ID;
+
+    fn encode(&self, item: C::Encode) -> Result<Bytes, Status> {
+        match self.inner.send {
+            Some(c) if !self.switch.is_enabled() => c
+                .with_threshold(u32::MAX)
+                .encode(&self.inner.inner.encode(item)?),
+            _ => self.inner.encode(item),
+        }
+    }
+
+    fn encode_payload(&self, item: C::Encode) -> Result<Payload, Status> {
+        self.inner.encode_payload_if(item, self.switch.is_enabled())
+    }
+
+    fn decode(&self, buf: Bytes) -> Result<C::Decode, Status> {
+        self.inner.decode(buf)
+    }
+}
+
 /// A message sent as is on a compressed direction is copied behind its flag byte below this
 /// size, and sent as a flag-byte segment and its own segments (no copy) from this size on.
 const PLAIN_COPY_BELOW: usize = 4096;
@@ -497,6 +576,18 @@ impl<C: Codec> Codec for Compressed<C> {
 }
 
 impl<C: Codec> Compressed<C> {
+    /// [`Codec::encode_payload`], compressed only if `on` (else with flag 0, on a direction
+    /// that compresses): one message of a call whose [`MessageCompression`] is off.
+    #[inline]
+    pub(crate) fn encode_payload_if(&self, item: C::Encode, on: bool) -> Result<Payload, Status> {
+        match self.send {
+            Some(c) if !on => c
+                .with_threshold(u32::MAX)
+                .encode_payload(self.inner.encode_payload(item)?),
+            _ => self.encode_payload(item),
+        }
+    }
+
     /// Server: the codec of a call whose request metadata is `md`: requests decoded as the
     /// client's `topspin-encoding` says, responses compressed with `ours` if the client accepts
     /// it. `Err` (UNIMPLEMENTED, with `topspin-accept-encoding` in the trailers) for a request

@@ -75,7 +75,7 @@ pub use address::{Address, AddressError, IntoAddress};
 pub use client::resolve;
 pub use client::retry::{self, HedgingPolicy, RetryBudget, RetryPolicy};
 pub use client::{Balancing, Channel, Endpoint, MethodName, Policy};
-pub use compression::{Compression, Encoding};
+pub use compression::{Compression, Encoding, MessageCompression};
 pub use config::Config;
 pub use interceptor::{AsyncInterceptor, CallEnd, CallInfo, Interceptor};
 pub use request::{Cancellation, IntoRequest, IntoStreamingRequest, Protocol, Request, Response};

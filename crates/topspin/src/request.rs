@@ -2,7 +2,7 @@
 //! context (deadline, cancellation, peer).
 
 use crate::transport::PeerAddr;
-use crate::Compression;
+use crate::{Compression, MessageCompression};
 use futures_util::Stream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +30,8 @@ pub struct Request<T> {
     compression: Option<Option<Compression>>,
     /// Client: wait for a connection (until the deadline) instead of failing fast.
     wait_for_ready: bool,
+    /// Client: turns the compression of a request stream's messages off and on.
+    switch: Option<MessageCompression>,
 }
 
 impl<T> Request<T> {
@@ -42,6 +44,7 @@ impl<T> Request<T> {
             ctx: None,
             compression: None,
             wait_for_ready: false,
+            switch: None,
         }
     }
 
@@ -206,11 +209,35 @@ impl<T> Request<T> {
             ctx: self.ctx,
             compression: self.compression,
             wait_for_ready: self.wait_for_ready,
+            switch: self.switch,
         }
     }
 
     pub(crate) fn into_parts(self) -> (T, Metadata, Option<Duration>) {
         (self.message, self.metadata, self.timeout)
+    }
+
+    /// Client: compresses a streaming request's messages only while `switch` is on (see
+    /// [`MessageCompression`]): the call's compression (`with_compression`, or the channel's)
+    /// applies message by message. Nothing changes for a call that does not compress.
+    ///
+    /// ```
+    /// use topspin::{Compression, Encoding, MessageCompression, Request};
+    /// let switch = MessageCompression::new();
+    /// let messages = futures_util::stream::iter([vec![0u8; 4096], vec![1u8; 4096]]);
+    /// let req = Request::new(messages)
+    ///     .with_compression(Some(Compression::new(Encoding::Zstd)))
+    ///     .with_message_compression(&switch);
+    /// # let _ = req;
+    /// ```
+    pub fn with_message_compression(mut self, switch: &MessageCompression) -> Request<T> {
+        self.switch = Some(switch.clone());
+        self
+    }
+
+    /// Client: the request stream's compression switch, if it has one.
+    pub(crate) fn message_compression(&self) -> Option<MessageCompression> {
+        self.switch.clone()
     }
 
     /// Client: the compression this call asked for, if it overrides the channel's.
@@ -229,6 +256,7 @@ impl<T> Request<T> {
             ctx: Some(ctx),
             compression: None,
             wait_for_ready: false,
+            switch: None,
         }
     }
 }
@@ -427,6 +455,8 @@ pub struct Response<T> {
     trailers: Metadata,
     /// Server: the compression of this call's response messages, when the handler chose it.
     compression: Option<Option<Compression>>,
+    /// Server: turns the compression of a response stream's messages off and on.
+    switch: Option<MessageCompression>,
 }
 
 impl<T> Response<T> {
@@ -437,6 +467,7 @@ impl<T> Response<T> {
             metadata: Metadata::new(),
             trailers: Metadata::new(),
             compression: None,
+            switch: None,
         }
     }
 
@@ -466,6 +497,19 @@ impl<T> Response<T> {
     pub fn with_compression(mut self, compression: Option<Compression>) -> Response<T> {
         self.compression = Some(compression);
         self
+    }
+
+    /// Server: compresses a response stream's messages only while `switch` is on (see
+    /// [`MessageCompression`]), on both faces; the call's compression (`with_compression`, or
+    /// the server's) applies message by message.
+    pub fn with_message_compression(mut self, switch: &MessageCompression) -> Response<T> {
+        self.switch = Some(switch.clone());
+        self
+    }
+
+    /// The response stream's compression switch, if the handler gave one.
+    pub(crate) fn take_message_compression(&mut self) -> Option<MessageCompression> {
+        self.switch.take()
     }
 
     /// The compression the handler chose, if it chose.
@@ -513,6 +557,7 @@ impl<T> Response<T> {
             metadata: self.metadata,
             trailers: self.trailers,
             compression: self.compression,
+            switch: self.switch,
         }
     }
 
@@ -526,6 +571,7 @@ impl<T> Response<T> {
             metadata,
             trailers,
             compression: None,
+            switch: None,
         }
     }
 }

@@ -391,3 +391,183 @@ async fn a_handler_chooses_its_response_compression_and_sees_the_requests() {
     })
     .await;
 }
+
+/// A handler and a client turn compression off and on between the messages of a stream
+/// (`MessageCompression`): every message arrives whole, on every transport and both faces.
+#[tokio::test]
+async fn message_compression_switches_between_messages_both_ways() {
+    use topspin::{MessageCompression, Response, Status, Streaming};
+    const FLIP: &str = "/t.C/Flip";
+    each_transport(&[], |tr| async move {
+        let b = builder(Probe::default()).streaming(
+            FLIP,
+            RawCodec,
+            |req: Request<Streaming<Bytes>>| async move {
+                let switch = MessageCompression::new();
+                let flip = switch.clone();
+                let out = req.into_inner().map(move |m| {
+                    // Every other answer goes as it is.
+                    flip.set_enabled(!flip.is_enabled());
+                    m
+                });
+                Ok::<_, Status>(
+                    Response::new(out)
+                        .with_compression(Some(Compression::new(Encoding::Gzip).with_threshold(0)))
+                        .with_message_compression(&switch),
+                )
+            },
+        );
+        let t = serve(b, tr).await;
+        let ch = channel(&t, None).await;
+        let switch = MessageCompression::new();
+        let flip = switch.clone();
+        let sent: Vec<Bytes> = (0..6).map(|i| body(10_000 + i)).collect();
+        let requests = stream::iter(sent.clone()).map(move |m| {
+            flip.set_enabled(!flip.is_enabled());
+            m
+        });
+        let req = Request::new(requests)
+            .with_compression(Some(Compression::new(Encoding::Zstd).with_threshold(0)))
+            .with_message_compression(&switch);
+        let mut replies = ch
+            .streaming(RawCodec, FLIP, req)
+            .await
+            .unwrap()
+            .into_inner();
+        for want in &sent {
+            assert_eq!(replies.message().await.unwrap().as_ref(), Some(want));
+        }
+        assert!(replies.message().await.unwrap().is_none());
+        t.stop().await;
+    })
+    .await;
+}
+
+/// What a pipe's client end read and wrote.
+#[derive(Default)]
+struct Counted {
+    read: std::sync::atomic::AtomicUsize,
+    written: std::sync::atomic::AtomicUsize,
+}
+
+/// A byte stream that counts what passes through it.
+struct Counting<S>(S, std::sync::Arc<Counted>);
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counting<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        self.1
+            .read
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counting<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.0).poll_write(cx, data);
+        if let std::task::Poll::Ready(Ok(n)) = &r {
+            self.1
+                .written
+                .fetch_add(*n, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// What a switch that is off does on the wire, counted in bytes on a pipe: a 64 KiB
+/// compressible message goes as it is (64 KiB) while the switch is off, in a few hundred bytes
+/// while it is on — both ways.
+#[tokio::test]
+async fn a_message_sent_while_the_switch_is_off_goes_uncompressed() {
+    use topspin::{MessageCompression, Response, Status, Streaming};
+    const TWO: &str = "/t.C/Two";
+    let b = builder(Probe::default()).streaming(
+        TWO,
+        RawCodec,
+        |req: Request<Streaming<Bytes>>| async move {
+            // The answer to a request saying "off" goes uncompressed.
+            let switch = MessageCompression::new();
+            let flip = switch.clone();
+            let out = req.into_inner().map(move |m| {
+                flip.set_enabled(m.as_ref().map_or(true, |m| !m.starts_with(b"off")));
+                m.map(|_| body(64 << 10))
+            });
+            Ok::<_, Status>(
+                Response::new(out)
+                    .with_compression(Some(Compression::new(Encoding::Gzip)))
+                    .with_message_compression(&switch),
+            )
+        },
+    );
+    let t = serve(b, Transport::Stream).await;
+    for (off_at, label) in [(None, "always on"), (Some(1usize), "off for the second")] {
+        let counted = std::sync::Arc::new(Counted::default());
+        let pipe = Counting(t.pipe(), counted.clone());
+        let ch = t
+            .endpoint()
+            .config(Config::default().with_compression(Some(Compression::new(Encoding::Gzip))))
+            .connect_stream(pipe)
+            .await
+            .unwrap();
+        let switch = MessageCompression::new();
+        let flip = switch.clone();
+        let requests = stream::iter(0..2usize).map(move |i| {
+            flip.set_enabled(Some(i) != off_at);
+            let mut m = body(64 << 10).to_vec();
+            if Some(i) == off_at {
+                m[..3].copy_from_slice(b"off");
+            }
+            Bytes::from(m)
+        });
+        let req = Request::new(requests).with_message_compression(&switch);
+        let mut replies = ch.streaming(RawCodec, TWO, req).await.unwrap().into_inner();
+        let mut n = 0;
+        while let Some(m) = replies.message().await.unwrap() {
+            assert_eq!(m, body(64 << 10));
+            n += 1;
+        }
+        assert_eq!(n, 2);
+        let read = counted.read.load(std::sync::atomic::Ordering::Relaxed);
+        let written = counted.written.load(std::sync::atomic::Ordering::Relaxed);
+        match off_at {
+            None => {
+                assert!(read < 8 << 10, "{label}: read {read} bytes");
+                assert!(written < 8 << 10, "{label}: wrote {written} bytes");
+            }
+            Some(_) => {
+                assert!(
+                    (64 << 10..72 << 10).contains(&read),
+                    "{label}: read {read} bytes"
+                );
+                assert!(
+                    (64 << 10..72 << 10).contains(&written),
+                    "{label}: wrote {written} bytes"
+                );
+            }
+        }
+    }
+    t.stop().await;
+}

@@ -125,6 +125,23 @@ fn service(events: Events) -> ServerBuilder {
                     .with_trailers(Metadata::builder().text("count", "many").unwrap().build()))
             },
         )
+        .server_streaming(
+            "/t.T/Flags",
+            Codec::default(),
+            |_req: Request<String>| async move {
+                // Two answers: the first compressed, the second not (the switch goes off once
+                // the first is taken).
+                let switch = topspin::MessageCompression::new();
+                let flip = switch.clone();
+                let words = stream::iter(0..2).map(move |i| {
+                    flip.set_enabled(i == 0);
+                    Ok::<_, Status>("compress me ".repeat(400))
+                });
+                Ok(Response::new(words)
+                    .with_compression(Some(topspin::Compression::new(topspin::Encoding::Gzip)))
+                    .with_message_compression(&switch))
+            },
+        )
         .client_streaming(
             "/t.T/Join",
             Codec::default(),
@@ -435,6 +452,36 @@ async fn a_unary_error_with_headers_sends_them_before_the_trailers() {
     .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
     assert_eq!(err.message(), "draining");
+    s.stop().await;
+}
+
+/// A response stream's `MessageCompression` reaches gRPC's compressed flag, message by
+/// message: the first answer compressed (flag 1), the second not (flag 0), in one call.
+#[tokio::test]
+async fn a_switch_turns_grpc_compression_off_between_messages() {
+    let s = start(|b| b, "tcp://127.0.0.1:0").await;
+    let (headers, data, trailers) = raw_call(
+        &s.hp,
+        "/t.T/Flags",
+        &[("grpc-accept-encoding", "gzip")],
+        b"",
+    )
+    .await;
+    assert_eq!(headers.get("grpc-encoding").unwrap(), "gzip", "{headers:?}");
+    assert_eq!(trailers.expect("trailers").get("grpc-status").unwrap(), "0");
+    let mut flags = Vec::new();
+    let mut rest = &data[..];
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        flags.push((rest[0], len));
+        rest = &rest[5 + len..];
+    }
+    assert!(rest.is_empty());
+    assert_eq!(flags.len(), 2, "{flags:?}");
+    assert_eq!(flags[0].0, 1, "{flags:?}");
+    assert!(flags[0].1 < 1000, "{flags:?}");
+    assert_eq!(flags[1].0, 0, "{flags:?}");
+    assert!(flags[1].1 > 4000, "{flags:?}");
     s.stop().await;
 }
 

@@ -86,27 +86,28 @@ pub struct Channel {
     inner: Arc<Pool>,
 }
 
-/// Feeds a request stream into a call, compressed when the call is.
+/// Feeds a request stream into a call, compressed when the call is (message by message
+/// while its `switch` is on, if it has one).
 fn pump<C: Codec, S>(
     codec: C,
     compression: Option<Compression>,
+    switch: Option<compression::MessageCompression>,
     tx: mpsc::Sender<Cmd>,
     token: u64,
     requests: S,
 ) where
     S: futures_util::Stream<Item = C::Encode> + Send + Unpin + 'static,
 {
-    match compression {
-        None => call::pump(codec, tx, token, requests),
-        Some(c) => call::pump(
-            compression::Compressed {
-                send: Some(c),
-                ..compression::Compressed::plain(codec)
-            },
-            tx,
-            token,
-            requests,
-        ),
+    let Some(c) = compression else {
+        return call::pump(codec, tx, token, requests);
+    };
+    let inner = compression::Compressed {
+        send: Some(c),
+        ..compression::Compressed::plain(codec)
+    };
+    match switch {
+        None => call::pump(inner, tx, token, requests),
+        Some(switch) => call::pump(compression::Switched { inner, switch }, tx, token, requests),
     }
 }
 
@@ -403,6 +404,7 @@ impl Channel {
         R: IntoStreamingRequest<Message = C::Encode>,
     {
         let request = request.into_streaming_request();
+        let switch = request.message_compression();
         let (start, requests, compression, ready) =
             self.call_start(method.into().0, C::ID, request);
         let replies = &self.inner.replies;
@@ -416,6 +418,7 @@ impl Channel {
         pump(
             codec.clone(),
             compression,
+            switch,
             h.tx.clone(),
             token,
             Box::pin(requests),
@@ -459,6 +462,7 @@ impl Channel {
         R: IntoStreamingRequest<Message = C::Encode>,
     {
         let request = request.into_streaming_request();
+        let switch = request.message_compression();
         let (start, requests, compression, ready) =
             self.call_start(method.into().0, C::ID, request);
         let (h, mut guard, (headers, items), token) =
@@ -468,7 +472,14 @@ impl Channel {
         // The request pump goes after the start on the connection's queue, so it can never
         // overtake it; it runs whether or not the server has answered.
         let requests = Box::pin(requests);
-        pump(codec.clone(), compression, h.tx.clone(), token, requests);
+        pump(
+            codec.clone(),
+            compression,
+            switch,
+            h.tx.clone(),
+            token,
+            requests,
+        );
         let opening = opening(codec, self.room(), headers, None);
         Ok(stream_response(&h, token, items, opening))
     }

@@ -617,12 +617,17 @@ impl Call {
             SCmd::Credit { bytes, .. } => {
                 *outstanding = outstanding.saturating_sub(bytes as usize);
             }
-            SCmd::Send { message, ack, .. } => {
+            SCmd::Send {
+                message,
+                ack,
+                compress,
+                ..
+            } => {
                 if pending.is_some() || !self.headers(&Metadata::new()) {
                     let _ = ack.send(Err(Status::cancelled("the call is over")));
                     return Ok(());
                 }
-                let frame = match Frame::new(message, self.send) {
+                let frame = match Frame::new(message, self.send.filter(|_| compress)) {
                     Ok(f) => f,
                     Err(st) => {
                         let _ = ack.send(Err(st.clone()));

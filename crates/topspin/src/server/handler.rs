@@ -54,6 +54,10 @@ pub(crate) enum SCmd {
         id: u32,
         message: Payload,
         ack: oneshot::Sender<Result<(), Status>>,
+        /// Whether a face that compresses in its own frames (gRPC) compresses this one: the
+        /// response's [`MessageCompression`](crate::MessageCompression) was on. (The native
+        /// face's messages come encoded already.)
+        compress: bool,
     },
     Credit {
         id: u32,
@@ -141,13 +145,14 @@ impl CallIo {
     }
 
     /// Sends one message, waiting for flow-control credit.
-    async fn send(&self, message: Payload) -> Result<(), Status> {
+    async fn send(&self, message: Payload, compress: bool) -> Result<(), Status> {
         let (ack, done) = oneshot::channel();
         self.tx
             .send(SCmd::Send {
                 id: self.id,
                 message,
                 ack,
+                compress,
             })
             .await
             .map_err(|_| Status::unavailable("connection closed"))?;
@@ -308,10 +313,11 @@ where
     C: Codec,
     S: Stream<Item = Result<C::Encode, Status>> + Send,
 {
-    let resp = match fut.await {
+    let mut resp = match fut.await {
         Ok(r) => r,
         Err(s) => return Outcome::Finished(Err(s)),
     };
+    let switch = resp.take_message_compression();
     let choice = resp.compression_choice();
     let (stream, headers, trailers) = resp.into_parts();
     let mut codec = codec;
@@ -321,11 +327,12 @@ where
     io.headers(codec.announce(headers)).await;
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
-        let msg = match item.and_then(|m| codec.encode_payload(m)) {
+        let on = crate::compression::switched_on(switch.as_ref());
+        let msg = match item.and_then(|m| codec.encode_payload_if(m, on)) {
             Ok(b) => b,
             Err(s) => return Outcome::Finished(Err(keep_trailers(s, &trailers))),
         };
-        if let Err(s) = io.send(msg).await {
+        if let Err(s) = io.send(msg, on).await {
             return Outcome::Finished(Err(keep_trailers(s, &trailers)));
         }
     }

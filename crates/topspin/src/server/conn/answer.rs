@@ -214,7 +214,9 @@ impl ServerRole {
                     }
                 }
             }
-            SCmd::Send { id, message, ack } => self.send(id, message, ack, conn),
+            SCmd::Send {
+                id, message, ack, ..
+            } => self.send(id, message, ack, conn),
             SCmd::Credit { id, bytes } => {
                 let _ = conn.grant_credit(CallId(id), bytes);
             }

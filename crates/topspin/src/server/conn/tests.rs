@@ -87,6 +87,7 @@ fn a_batch_of_commands_goes_at_most_one_message_past_the_room() {
                 id: id.0,
                 message,
                 ack,
+                compress: true,
             })
             .expect("queued");
     }

@@ -29,7 +29,7 @@ case "${1:-}" in
 esac
 
 go_path
-check_go "$(go_min go/go.mod go/*/go.mod crates/topspin/tests/grpc-go-*/go.mod)"
+check_go "$(go_min go/go.mod go/*/go.mod crates/topspin/tests/grpc-go-*/go.mod examples/interop/grpc-go-client/go.mod)"
 mod_download=""
 staticcheck=""
 buf=""

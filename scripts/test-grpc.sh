@@ -8,6 +8,8 @@
 #   - grpc-go (crates/topspin/tests/grpc-go-client, modules from the Go proxy, message types
 #     built at run time from the .proto): every kind, a deadline, NOT_FOUND, details, metadata,
 #     gzip, cancellation of a stream
+#   - gRPC's own interop client (grpc-go's) against examples/interop's TestService: every case
+#     that needs no cloud credentials (scripts/test-interop.sh)
 #   - the README's terminal commands as written (only the address differs): its grpcurl
 #     block, its grpcio program, its `topspin` block (list, describe, health, a Put, a Watch
 #     that streams the Put made while it runs) and its "Two terminals" block (the echo
@@ -165,4 +167,6 @@ grep -qF 'Echo: "hello there"' "$work/out" || fail "README: $client_line: no ech
 grep -qF 'Chat: "THERE"' "$work/out" || fail "README: $client_line: no chat reply"
 stop "$echo_pid"; echo_pid=""
 echo "ok: the README's echo server and client"
-echo "test-grpc: grpcurl, grpcio and grpc-go against the topspin server's gRPC face, and the README's terminal commands: ok"
+# gRPC's own interop client against the interop TestService on topspin's face.
+./scripts/test-interop.sh
+echo "test-grpc: grpcurl, grpcio, grpc-go and gRPC's interop client against the topspin server's gRPC face, and the README's terminal commands: ok"

@@ -38,7 +38,7 @@ describe() {
     python) echo "scripts/test-python.sh: ruff, mypy, clippy, pytest (also with SIGINT ignored; grpcurl and the topspin CLI against a Python server with health and reflection), the wheel installed with pip in a fresh venv, bench smoke" ;;
     typescript) echo "scripts/test-typescript.sh: tsc, eslint, node --test, Chromium, npm pack installed into a fresh project, bench smoke" ;;
     matrix) echo "scripts/test-matrix.sh: every client × server × transport (Rust, Go, Node, Chromium, Python)" ;;
-    grpc) echo "scripts/test-grpc.sh: grpcurl, grpcio and grpc-go against the gRPC face; the README's terminal commands as written (grpcurl, topspin, the echo example)" ;;
+    grpc) echo "scripts/test-grpc.sh: grpcurl, grpcio, grpc-go and gRPC's interop client (17 cases) against the gRPC face; the README's terminal commands as written (grpcurl, topspin, the echo example)" ;;
     grpcclient) echo "scripts/test-grpcclient.sh: topspin's gRPC client against tonic and grpc-go" ;;
     netns) echo "scripts/test-netns.sh: balancing across network namespaces with faults (root)" ;;
     peers) echo "build the Rust peers of the other languages' tests (kvstore-server, kvstore-client, topspin CLI)" ;;

@@ -1,0 +1,3 @@
+fn main() -> Result<(), topspin_build::Error> {
+    topspin_build::compile_protos(&["proto/grpc/testing/test.proto"], &["proto"])
+}

@@ -6,7 +6,6 @@ use super::{handshake_error, TlsPeer, ALPN};
 use crate::transport::stream::StreamTransport;
 use crate::transport::{Dial, Faces, Failed, Handshake, PeerAddr, Serve, Start};
 use crate::Status;
-use std::sync::Arc;
 
 /// The TLS transport's dial (`tls://`): TCP, the TLS handshake (ALPN `topspin/1`), then the
 /// native protocol over the stream.
@@ -86,7 +85,7 @@ pub(crate) async fn accept<S: Serve>(
     let info = TlsPeer::from_server(s.get_ref().1);
     #[cfg(feature = "grpc")]
     if faces.grpc && s.get_ref().1.alpn_protocol() == Some(b"h2") {
-        serve.grpc_tls(s, peer, Arc::new(info)).await;
+        serve.grpc_tls(s, peer, std::sync::Arc::new(info)).await;
         return Ok(());
     }
     // Under a WebSocket the client's ALPN is http/1.1; native topspin is topspin/1 or none.

@@ -171,7 +171,7 @@ pub(crate) fn resolver_of(e: &Endpoint) -> Option<Arc<dyn Resolver>> {
 #[cfg(feature = "tls")]
 fn over_tls(target: &Address, endpoint: &mut Endpoint) {
     let (Address::Dns(_), Address::Tcp(ip_port), Some(tls)) =
-        (target, &endpoint.address, &endpoint.tls)
+        (target, &endpoint.address, &endpoint.layers.tls)
     else {
         return;
     };
@@ -179,7 +179,7 @@ fn over_tls(target: &Address, endpoint: &mut Endpoint) {
     match tls.clone().or_server_name(name) {
         Ok(tls) => {
             endpoint.address = Address::Tls(ip_port.clone());
-            endpoint.tls = Some(tls);
+            endpoint.layers.tls = Some(tls);
         }
         // Not a valid TLS name: dialling fails, naming the problem, rather than going plain.
         Err(e) => {

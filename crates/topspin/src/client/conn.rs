@@ -10,7 +10,6 @@ use crate::connection::{
     SharedDriver,
 };
 use crate::streaming::Item;
-use crate::transport::socket::SocketTransport;
 use crate::transport::Transport;
 use crate::{Address, Config, Response, Status};
 use bytes::Bytes;
@@ -89,19 +88,6 @@ impl<T: Transport> StartDirect for SharedDriver<ClientRole, T> {
                 .is_some_and(|d| d.read_inline(cx, first, waiting))
         })
     }
-}
-
-/// Connects to `address`, completes the handshake and leaves the connection to its task.
-pub(crate) async fn connect(address: &Address, config: &Config) -> Result<ConnHandle, Status> {
-    let what = |e: &dyn std::fmt::Display| format!("could not connect to {address}: {e}");
-    let transport = tokio::time::timeout(
-        config.handshake_timeout(),
-        SocketTransport::connect(address),
-    )
-    .await
-    .map_err(|_| Status::unavailable(what(&"connect timed out")))?
-    .map_err(|e| Status::unavailable(what(&e)))?;
-    start(transport, address, config).await
 }
 
 /// Runs a client connection over a connected transport; returns once the handshake is done.

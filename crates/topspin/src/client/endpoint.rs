@@ -3,8 +3,7 @@
 use super::retry::{HedgingPolicy, Policy, Retries, RetryBudget, RetryPolicy};
 use super::Channel;
 use crate::interceptor::{AsyncInterceptor, Chain, Interceptor};
-#[cfg(any(feature = "tls", feature = "websocket"))]
-use crate::transport::stream::StreamTransport;
+use crate::transport::{Dial, Layers, Start, Transport};
 use crate::{Address, Config, Status};
 use std::time::Duration;
 
@@ -31,12 +30,8 @@ pub struct Endpoint {
     pub(super) backoff_max: Duration,
     /// Interceptors of every call, in registration order (outer to inner).
     pub(crate) interceptors: Chain,
-    /// TLS settings of `tls://` and `wss://` addresses (default: the webpki roots).
-    #[cfg(feature = "tls")]
-    pub(super) tls: Option<crate::tls::ClientTls>,
-    /// WebSocket settings of `ws://` and `wss://` addresses.
-    #[cfg(feature = "websocket")]
-    pub(super) websocket: crate::ws::WebSocketSettings,
+    /// TLS and WebSocket settings of `tls://`, `ws://`, `wss://` and `grpcs://` addresses.
+    pub(super) layers: Layers,
     /// Retry and hedging policies and the retry budget (`None`: no method is retried).
     pub(crate) retries: Option<std::sync::Arc<Retries>>,
     /// How calls are spread over many endpoints (used when there are several).
@@ -63,10 +58,7 @@ impl Endpoint {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             interceptors: Chain::default(),
-            #[cfg(feature = "tls")]
-            tls: None,
-            #[cfg(feature = "websocket")]
-            websocket: crate::ws::WebSocketSettings::default(),
+            layers: Layers::default(),
             retries: None,
             balancing: super::balance::Balancing::default(),
             resolver: None,
@@ -280,115 +272,31 @@ impl Endpoint {
     /// address's host).
     #[cfg(feature = "tls")]
     pub fn tls(mut self, tls: crate::tls::ClientTls) -> Endpoint {
-        self.tls = Some(tls);
+        self.layers.tls = Some(tls);
         self
     }
 
     /// WebSocket settings for `ws://` and `wss://` addresses.
     #[cfg(feature = "websocket")]
     pub fn websocket(mut self, settings: crate::ws::WebSocketSettings) -> Endpoint {
-        self.websocket = settings;
+        self.layers.websocket = settings;
         self
     }
 
-    /// Opens one connection: TCP or Unix on the socket fast path; shared memory over its rings;
-    /// TLS and WebSocket as byte streams. Connecting and the TLS and WebSocket handshakes share the handshake timeout.
+    /// Opens one connection: the dial of the address's transport (TCP or Unix on the socket
+    /// fast path; shared memory over its rings; TLS and WebSocket as byte streams; gRPC over
+    /// HTTP/2), within the handshake timeout, then the connection's own handshake.
     pub(super) async fn connect_one(&self) -> Result<super::conn::ConnHandle, Status> {
-        let address = &self.address;
-        let config = &self.config;
-        match address {
-            Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_) => {
-                super::conn::connect(address, config).await
-            }
-            #[cfg(any(target_os = "linux", target_os = "android"))]
-            Address::Shm(name) => {
-                let shm = crate::transport::shm::ShmTransport::connect(name, config.local_users());
-                let t = self
-                    .within("connect and shared-memory handshake", shm)
-                    .await?;
-                super::conn::start(t, address, config).await
-            }
-            #[cfg(feature = "tls")]
-            Address::Tls(hp) => {
-                let tls = self.tls.clone().unwrap_or_default();
-                let host = address.host().unwrap_or_default();
-                let connect = tls.connect(hp, host, crate::tls::ALPN);
-                let s = self.within("connect and TLS handshake", connect).await?;
-                let peer = peer_of(s.get_ref().0);
-                super::conn::start(StreamTransport::new(s, peer), address, config).await
-            }
-            #[cfg(feature = "websocket")]
-            Address::Ws(hp, _) => {
-                let (url, ws) = (address.to_string(), self.websocket.bounded_by(config));
-                let connect = async {
-                    let tcp = tcp_connect(hp).await.map_err(|e| e.to_string())?;
-                    ws.connect(tcp, &url).await
-                };
-                let s = self
-                    .within("connect and WebSocket handshake", connect)
-                    .await?;
-                let peer = peer_of(s.get_ref());
-                super::conn::start(StreamTransport::new(s, peer), address, config).await
-            }
-            #[cfg(all(feature = "tls", feature = "websocket"))]
-            Address::Wss(hp, _) => {
-                let (url, ws) = (address.to_string(), self.websocket.bounded_by(config));
-                let tls = self.tls.clone().unwrap_or_default();
-                let host = address.host().unwrap_or_default();
-                let connect = async {
-                    let s = tls.connect(hp, host, b"http/1.1").await?;
-                    ws.connect(s, &url).await
-                };
-                let s = self
-                    .within("connect, TLS and WebSocket handshakes", connect)
-                    .await?;
-                let peer = peer_of(s.get_ref().get_ref().0);
-                super::conn::start(StreamTransport::new(s, peer), address, config).await
-            }
-            Address::Grpc(hp) => {
-                let tcp = self.within("connect", tcp_connect(hp)).await?;
-                let start = super::grpc::start(tcp, address, config, http::uri::Scheme::HTTP);
-                self.within("HTTP/2 handshake", async { start.await.map_err(Failed) })
-                    .await
-            }
-            #[cfg(feature = "tls")]
-            Address::Grpcs(hp) => {
-                let tls = self.tls.clone().unwrap_or_default();
-                let host = address.host().unwrap_or_default();
-                let start = async {
-                    let s = tls
-                        .connect(hp, host, b"h2")
-                        .await
-                        .map_err(|e| Failed(self.failed(&e)))?;
-                    super::grpc::start(s, address, config, http::uri::Scheme::HTTPS)
-                        .await
-                        .map_err(Failed)
-                };
-                self.within("connect, TLS and HTTP/2 handshakes", start)
-                    .await
-            }
-            #[allow(unreachable_patterns)]
-            other => Err(self.failed(&format!(
-                "{other} needs the topspin crate's `tls` or `websocket` feature"
-            ))),
-        }
-    }
-
-    /// Connecting failed because of `e`.
-    fn failed(&self, e: &dyn std::fmt::Display) -> Status {
-        Status::unavailable(format!("could not connect to {}: {e}", self.address))
-    }
-
-    /// `step` within the handshake timeout; past it, "`steps` timed out".
-    async fn within<T, E: IntoStatus>(
-        &self,
-        steps: &str,
-        step: impl std::future::Future<Output = Result<T, E>>,
-    ) -> Result<T, Status> {
-        match tokio::time::timeout(self.config.handshake_timeout(), step).await {
-            Ok(r) => r.map_err(|e| e.into_status(self)),
-            Err(_) => Err(self.failed(&format!("{steps} timed out"))),
-        }
+        let dial = Dial {
+            address: &self.address,
+            config: &self.config,
+            layers: &self.layers,
+        };
+        let start = Starting {
+            address: &self.address,
+            config: &self.config,
+        };
+        crate::transport::dial(&dial, start).await
     }
 
     /// The address.
@@ -411,43 +319,30 @@ impl Endpoint {
     }
 }
 
-/// A failure that is already a [`Status`] (as the gRPC client mode's start returns).
-struct Failed(Status);
-
-/// Why a step of connecting failed, as the call's status.
-trait IntoStatus {
-    fn into_status(self, endpoint: &Endpoint) -> Status;
+/// The client's faces for a dialled connection: the native engine or the gRPC client mode.
+struct Starting<'a> {
+    address: &'a Address,
+    config: &'a Config,
 }
 
-impl IntoStatus for Failed {
-    fn into_status(self, _: &Endpoint) -> Status {
-        self.0
+impl Start for Starting<'_> {
+    type Conn = super::conn::ConnHandle;
+
+    fn native<T: Transport>(
+        self,
+        transport: T,
+    ) -> impl std::future::Future<Output = Result<Self::Conn, Status>> + Send {
+        super::conn::start(transport, self.address, self.config)
     }
-}
 
-impl IntoStatus for std::io::Error {
-    fn into_status(self, endpoint: &Endpoint) -> Status {
-        endpoint.failed(&self)
+    fn grpc<S>(
+        self,
+        io: S,
+        scheme: http::uri::Scheme,
+    ) -> impl std::future::Future<Output = Result<Self::Conn, Status>> + Send
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        super::grpc::start(io, self.address, self.config, scheme)
     }
-}
-
-impl IntoStatus for String {
-    fn into_status(self, endpoint: &Endpoint) -> Status {
-        endpoint.failed(&self)
-    }
-}
-
-/// A TCP connection with Nagle off.
-async fn tcp_connect(hp: &str) -> std::io::Result<tokio::net::TcpStream> {
-    let tcp = tokio::net::TcpStream::connect(hp).await?;
-    let _ = tcp.set_nodelay(true);
-    Ok(tcp)
-}
-
-/// The peer address of a TCP stream under a layered transport.
-#[cfg(any(feature = "tls", feature = "websocket"))]
-fn peer_of(s: &tokio::net::TcpStream) -> crate::PeerAddr {
-    s.peer_addr()
-        .map(crate::PeerAddr::Tcp)
-        .unwrap_or(crate::PeerAddr::Stream)
 }

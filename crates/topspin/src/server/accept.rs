@@ -1,6 +1,7 @@
 //! What happens to a connection once accepted: refused past `max_connections` (told why, on
-//! its first call), the shm handshake, the native or gRPC face picked for it (`serve_layered`),
-//! and [`StreamAcceptor`] for byte streams accepted elsewhere.
+//! its first call), or handed by its transport's accept (the shm hello; sniffing, TLS and
+//! WebSocket handshakes: `transport/`) to the server's faces ([`Serving`]: the native engine
+//! or the gRPC face); and [`StreamAcceptor`] for byte streams accepted elsewhere.
 
 use super::*;
 
@@ -42,26 +43,6 @@ pub(super) fn serve_connection<T: crate::transport::Transport>(
         signal.begin(grace);
         serve.await;
     })
-}
-
-/// A `shm://` client's hello, within the handshake timeout; `None` (logged) when it does
-/// not come or is refused.
-#[cfg(any(target_os = "linux", target_os = "android"))]
-pub(super) async fn shm_handshake(
-    pending: crate::transport::shm::PendingShm,
-    config: &Config,
-) -> Option<crate::transport::shm::ShmTransport> {
-    match tokio::time::timeout(config.handshake_timeout(), pending.handshake()).await {
-        Ok(Ok(t)) => Some(t),
-        Ok(Err(e)) => {
-            tracing::debug!("a shm:// handshake failed: {e}");
-            None
-        }
-        Err(_) => {
-            tracing::debug!("a shm:// client sent no hello within the handshake timeout");
-            None
-        }
-    }
 }
 
 /// Tells a connection over `Config::max_connections` why it is refused, then closes it: it
@@ -109,21 +90,6 @@ pub(super) async fn refuse<T: crate::transport::Transport>(mut transport: T, con
     .await;
 }
 
-/// [`refuse`] for a plain port with the gRPC face: a client whose first byte (awaited up to
-/// [`REFUSAL_WAIT`]) is not HTTP/2's is refused as a native one; a gRPC client is closed.
-#[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-pub(super) async fn refuse_sniffed(tcp: tokio::net::TcpStream, config: Config) {
-    let mut b = [0u8; 1];
-    if let Ok(Ok(1)) = tokio::time::timeout(REFUSAL_WAIT, tcp.peek(&mut b)).await {
-        if b[0] == b'P' {
-            return;
-        }
-    }
-    if let Ok(t) = crate::transport::socket::SocketTransport::from_tcp(tcp) {
-        refuse(t, config).await;
-    }
-}
-
 /// Writes everything the engine has queued.
 pub(super) async fn write_all<T: crate::transport::Transport>(
     transport: &mut T,
@@ -143,121 +109,101 @@ pub(super) async fn write_all<T: crate::transport::Transport>(
     Ok(())
 }
 
-/// What the accept loop took.
-pub(super) enum Accepted {
-    /// A socket or shared-memory connection, ready for the protocol.
-    Plain(crate::transport::Accepted),
-    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-    Layered(
-        Arc<crate::transport::sniff::Faces>,
-        tokio::net::TcpStream,
-        std::net::SocketAddr,
-    ),
+/// The server's faces for an accepted connection, once its transport's accept has set it up:
+/// the native engine ([`serve_connection`]) or the gRPC face, with this server's methods,
+/// limits and shutdown.
+struct Serving {
+    registry: Arc<Registry>,
+    config: Config,
+    signal: Shutdown,
 }
 
-/// Serves an accepted connection: its shared-memory handshake or the face its first bytes
-/// pick first, if it needs one. (`Server::serve` spawns a plain socket's `serve_connection`
-/// itself, without this layer around it.)
+impl crate::transport::Serve for Serving {
+    fn native<T: crate::transport::Transport>(
+        self,
+        transport: T,
+    ) -> impl Future<Output = ()> + Send {
+        serve_connection(transport, self.registry, self.config, &self.signal)
+    }
+
+    fn silent<T: crate::transport::Transport>(
+        self,
+        transport: T,
+    ) -> impl Future<Output = ()> + Send {
+        // Silent for the whole handshake timeout already: the engine says TIMEOUT at once.
+        let config = self.config.with_handshake_timeout(Duration::from_millis(1));
+        serve_connection(transport, self.registry, config, &self.signal)
+    }
+
+    #[cfg(feature = "grpc")]
+    fn grpc<S>(self, io: S, addr: crate::PeerAddr) -> impl Future<Output = ()> + Send
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let peer = crate::grpc::Peer {
+            addr,
+            #[cfg(feature = "tls")]
+            tls: None,
+        };
+        crate::grpc::serve(io, peer, self.registry, self.config, self.signal)
+    }
+
+    #[cfg(all(feature = "grpc", feature = "tls"))]
+    fn grpc_tls<S>(
+        self,
+        io: S,
+        addr: crate::PeerAddr,
+        tls: Arc<crate::tls::TlsPeer>,
+    ) -> impl Future<Output = ()> + Send
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let peer = crate::grpc::Peer {
+            addr,
+            tls: Some(tls),
+        };
+        crate::grpc::serve(io, peer, self.registry, self.config, self.signal)
+    }
+}
+
+/// The face of a connection over `max_connections`: [`refuse`] for a native client (a gRPC
+/// client is closed).
+struct Refusing(Config);
+
+impl crate::transport::Serve for Refusing {
+    fn native<T: crate::transport::Transport>(
+        self,
+        transport: T,
+    ) -> impl Future<Output = ()> + Send {
+        refuse(transport, self.0)
+    }
+}
+
+/// Serves an accepted connection once its transport's accept has set it up: the shared-memory
+/// hello, or a layered port's sniffing and handshakes. (`Server::serve` spawns a plain socket's
+/// `serve_connection` itself, without this layer around it.)
 pub(super) async fn serve_accepted(
     accepted: Accepted,
     registry: Arc<Registry>,
     config: Config,
     signal: Shutdown,
 ) {
-    match accepted {
-        Accepted::Plain(crate::transport::Accepted::Socket(transport)) => {
-            serve_connection(transport, registry, config, &signal).await;
-        }
-        #[cfg(any(target_os = "linux", target_os = "android"))]
-        Accepted::Plain(crate::transport::Accepted::Shm(pending)) => {
-            if let Some(t) = shm_handshake(pending, &config).await {
-                serve_connection(t, registry, config, &signal).await;
-            }
-        }
-        #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-        Accepted::Layered(faces, tcp, addr) => {
-            serve_layered(faces, tcp, addr, registry, config, signal).await;
-        }
-    }
+    let timeout = config.handshake_timeout();
+    let token = signal.token.clone();
+    let serving = Serving {
+        registry,
+        config,
+        signal,
+    };
+    accepted.serve(serving, timeout, &token).await;
 }
 
 /// Refuses a connection past `Config::max_connections`, telling a native client why.
 pub(super) async fn refuse_accepted(accepted: Accepted, config: Config) {
-    match accepted {
-        Accepted::Plain(crate::transport::Accepted::Socket(transport)) => {
-            refuse(transport, config).await;
-        }
-        #[cfg(any(target_os = "linux", target_os = "android"))]
-        Accepted::Plain(crate::transport::Accepted::Shm(pending)) => {
-            if let Some(t) = shm_handshake(pending, &config).await {
-                refuse(t, config).await;
-            }
-        }
-        // A plain port's native client is told why, as without the gRPC face.
-        #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-        Accepted::Layered(faces, tcp, _) if faces.plain => refuse_sniffed(tcp, config).await,
-        // Closed at once (its TLS or WebSocket handshake is not worth doing to refuse it).
-        #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-        Accepted::Layered(..) => {}
-    }
-}
-
-/// Sets up a connection's TLS and WebSocket layers (within the handshake timeout) on its own
-/// task, then serves it; a failed handshake ends that connection only.
-#[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-pub(super) async fn serve_layered(
-    faces: Arc<crate::transport::sniff::Faces>,
-    tcp: tokio::net::TcpStream,
-    addr: std::net::SocketAddr,
-    registry: Arc<Registry>,
-    config: Config,
-    signal: Shutdown,
-) {
-    use crate::transport::sniff::Upgraded;
-    // A shutdown drops connections still in their TLS or WebSocket handshake. A plain port's
-    // sniff (one peeked byte, bounded by the handshake timeout) is let finish instead: a
-    // native client sends its first CALLs with its preface, and only the engine can tell it,
-    // with GOAWAY, that they were not processed (so they are safe to send elsewhere).
-    let upgraded = if faces.plain {
-        faces.upgrade(tcp, addr, config.handshake_timeout()).await
-    } else {
-        tokio::select! {
-            r = faces.upgrade(tcp, addr, config.handshake_timeout()) => r,
-            _ = signal.token.cancelled() => Err("the server is shutting down".into()),
-        }
-    };
-    match upgraded {
-        Ok(Upgraded::Native(t)) => serve_connection(t, registry, config, &signal).await,
-        #[cfg(feature = "tls")]
-        Ok(Upgraded::Tls(t)) => serve_connection(t, registry, config, &signal).await,
-        #[cfg(feature = "websocket")]
-        Ok(Upgraded::Ws(t)) => serve_connection(t, registry, config, &signal).await,
-        #[cfg(all(feature = "tls", feature = "websocket"))]
-        Ok(Upgraded::Wss(t)) => serve_connection(t, registry, config, &signal).await,
-        Ok(Upgraded::Silent(t)) => {
-            // Silent for the whole handshake timeout already: the engine says TIMEOUT at once.
-            let config = config.with_handshake_timeout(Duration::from_millis(1));
-            serve_connection(t, registry, config, &signal).await
-        }
-        #[cfg(feature = "grpc")]
-        Ok(Upgraded::H2(tcp, addr)) => {
-            let peer = crate::grpc::Peer {
-                addr,
-                #[cfg(feature = "tls")]
-                tls: None,
-            };
-            crate::grpc::serve(tcp, peer, registry, config, signal).await
-        }
-        #[cfg(all(feature = "grpc", feature = "tls"))]
-        Ok(Upgraded::TlsH2(s, addr, tls)) => {
-            let peer = crate::grpc::Peer {
-                addr,
-                tls: Some(tls),
-            };
-            crate::grpc::serve(s, peer, registry, config, signal).await
-        }
-        Err(why) => tracing::debug!(peer = %addr, "connection refused: {why}"),
-    }
+    let timeout = config.handshake_timeout();
+    accepted
+        .refuse(Refusing(config), timeout, REFUSAL_WAIT)
+        .await;
 }
 
 /// Serves connections over byte streams the application accepted itself (see

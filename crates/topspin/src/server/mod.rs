@@ -17,7 +17,7 @@ pub use handler::CallKind;
 use crate::codec::Codec;
 use crate::interceptor::{AsyncInterceptor, Chain, Interceptor};
 use crate::streaming::Streaming;
-use crate::transport::Listener;
+use crate::transport::{Accepted, BindError, Listener};
 use crate::{Address, Config, Request, Response, Status};
 use futures_util::Stream;
 use handler::{Bidi, ClientStreaming, HandlerRef, ServerStreaming, Unary};
@@ -101,18 +101,8 @@ pub struct ServerBuilder {
     kinds: Vec<(String, CallKind)>,
     hooks: Vec<ShutdownHook>,
     interceptors: Chain,
-    #[cfg(feature = "tls")]
-    tls: Option<crate::tls::ServerTls>,
-    #[cfg(feature = "websocket")]
-    websocket: crate::ws::WebSocketSettings,
-    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-    sniff: Option<Duration>,
-    /// The gRPC face is off (it is on by default).
-    #[cfg(feature = "grpc")]
-    no_grpc: bool,
-    /// A sniffing port with mutual TLS serves plaintext faces too.
-    #[cfg(feature = "tls")]
-    plaintext_beside_mtls: bool,
+    /// TLS, WebSocket, sniffing and gRPC settings of its TCP listeners.
+    faces: crate::transport::FaceSettings,
 }
 
 impl ServerBuilder {
@@ -138,7 +128,7 @@ impl ServerBuilder {
     /// port ([`ServerBuilder::sniff_transports`]).
     #[cfg(feature = "tls")]
     pub fn tls(mut self, tls: crate::tls::ServerTls) -> ServerBuilder {
-        self.tls = Some(tls);
+        self.faces.tls = Some(tls);
         self
     }
 
@@ -149,7 +139,7 @@ impl ServerBuilder {
     /// [`Request::tls_peer`](crate::Request::tls_peer) themselves).
     #[cfg(feature = "tls")]
     pub fn plaintext_beside_mtls(mut self, on: bool) -> ServerBuilder {
-        self.plaintext_beside_mtls = on;
+        self.faces.plaintext_beside_mtls = on;
         self
     }
 
@@ -157,7 +147,7 @@ impl ServerBuilder {
     /// port) for `ws://` and `wss://` addresses.
     #[cfg(feature = "websocket")]
     pub fn websocket(mut self, settings: crate::ws::WebSocketSettings) -> ServerBuilder {
-        self.websocket = settings;
+        self.faces.websocket = settings;
         self
     }
 
@@ -167,7 +157,7 @@ impl ServerBuilder {
     /// dropped. Native connections then run on the same socket fast path as without sniffing.
     #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
     pub fn sniff_transports(mut self, timeout: Duration) -> ServerBuilder {
-        self.sniff = Some(timeout);
+        self.faces.sniff = Some(timeout);
         self
     }
 
@@ -191,126 +181,8 @@ impl ServerBuilder {
     /// ```
     #[cfg(feature = "grpc")]
     pub fn grpc(mut self, on: bool) -> ServerBuilder {
-        self.no_grpc = !on;
+        self.faces.no_grpc = !on;
         self
-    }
-
-    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-    fn grpc_on(&self) -> bool {
-        #[cfg(feature = "grpc")]
-        return !self.no_grpc;
-        #[cfg(not(feature = "grpc"))]
-        false
-    }
-
-    /// The faces of a listener on `address`; `None` for the plain socket fast path.
-    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-    #[allow(unused_mut, unused_variables)]
-    fn faces(
-        &self,
-        address: &Address,
-    ) -> Result<Option<crate::transport::sniff::Faces>, ServeError> {
-        let err = |reason: &str| ServeError::Transport {
-            address: address.clone(),
-            reason: reason.to_owned(),
-        };
-        let mut faces = crate::transport::sniff::Faces {
-            #[cfg(feature = "tls")]
-            tls: None,
-            #[cfg(feature = "tls")]
-            tls_only: false,
-            #[cfg(feature = "websocket")]
-            ws: None,
-            sniff: false,
-            sniff_timeout: self.sniff.unwrap_or(Duration::from_secs(5)),
-            #[cfg(feature = "grpc")]
-            grpc: self.grpc_on(),
-            plain: false,
-        };
-        let grpc = self.grpc_on();
-        match address {
-            Address::Tcp(_) if self.sniff.is_none() => {
-                #[cfg(feature = "tls")]
-                if self.tls.is_some() {
-                    return Err(err(
-                        "TLS settings on a plain tcp:// address would be ignored: bind tls:// (or sniff_transports to serve TLS and plaintext on one port)",
-                    ));
-                }
-                if !grpc {
-                    return Ok(None);
-                }
-                // Only gRPC is told apart: a client silent for the handshake timeout is the
-                // native engine's to time out.
-                faces.sniff = true;
-                faces.plain = true;
-                faces.sniff_timeout = self.config.handshake_timeout();
-            }
-            Address::Tcp(_) => self.sniff_every_face(&mut faces, grpc),
-            #[cfg(feature = "tls")]
-            Address::Tls(_) => {
-                let tls = self
-                    .tls
-                    .as_ref()
-                    .ok_or_else(|| err("a tls:// address needs ServerBuilder::tls"))?;
-                faces.tls = Some(if grpc {
-                    tls.with_alpn(&[crate::tls::ALPN, b"h2"])
-                } else {
-                    tls.clone()
-                });
-            }
-            #[cfg(feature = "websocket")]
-            Address::Ws(_, path) => {
-                faces.ws = Some((self.websocket.bounded_by(&self.config), path.clone()));
-            }
-            #[cfg(all(feature = "tls", feature = "websocket"))]
-            Address::Wss(_, path) => {
-                let tls = self
-                    .tls
-                    .as_ref()
-                    .ok_or_else(|| err("a wss:// address needs ServerBuilder::tls"))?;
-                faces.tls = Some(tls.with_alpn(&[b"http/1.1"]));
-                faces.ws = Some((self.websocket.bounded_by(&self.config), path.clone()));
-            }
-            Address::Unix(_) | Address::UnixAbstract(_) | Address::Dns(_) | Address::Shm(_) => {
-                return Ok(None)
-            }
-            Address::Grpc(_) | Address::Grpcs(_) => return Err(err(
-                "grpc:// and grpcs:// name a gRPC server to call: a server binds tcp:// or tls://",
-            )),
-            #[allow(unreachable_patterns)]
-            _ => return Err(err("this build lacks the feature for it (tls, websocket)")),
-        }
-        Ok(Some(faces))
-    }
-
-    /// A `tcp://` port with `sniff_transports`: every face this server has, told apart by the
-    /// first bytes (TLS, with its ALPN for topspin, gRPC and WebSocket; WebSocket; gRPC; the
-    /// native protocol).
-    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-    #[allow(unused_variables)]
-    fn sniff_every_face(&self, faces: &mut crate::transport::sniff::Faces, grpc: bool) {
-        faces.sniff = true;
-        #[cfg(feature = "tls")]
-        {
-            let alpn: &[&[u8]] = if grpc {
-                &[crate::tls::ALPN, b"h2", b"http/1.1"]
-            } else {
-                &[crate::tls::ALPN, b"http/1.1"]
-            };
-            faces.tls = self.tls.as_ref().map(|t| t.with_alpn(alpn));
-            faces.tls_only = self
-                .tls
-                .as_ref()
-                .is_some_and(|t| t.requires_client_certificates())
-                && !self.plaintext_beside_mtls;
-        }
-        #[cfg(feature = "websocket")]
-        {
-            faces.ws = Some((
-                self.websocket.bounded_by(&self.config),
-                self.websocket.get_path().to_owned(),
-            ));
-        }
     }
 
     fn add(mut self, method: &str, handler: HandlerRef) -> ServerBuilder {
@@ -440,26 +312,18 @@ impl ServerBuilder {
     /// [`Config::unix_socket_mode`] (default `0o660`) and is removed when the server stops.
     pub async fn bind(self, address: impl crate::IntoAddress) -> Result<Server, ServeError> {
         let address = address.into_address()?;
-        #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-        let faces = self.faces(&address)?.map(Arc::new);
-        #[cfg(not(any(feature = "tls", feature = "websocket", feature = "grpc")))]
-        if !matches!(
-            address,
-            Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_) | Address::Shm(_)
-        ) {
-            return Err(ServeError::Transport {
-                address,
-                reason: "this build lacks the `tls` and `websocket` features".into(),
-            });
-        }
-        let config = &self.config;
-        let listener =
-            Listener::bind(&address, config)
-                .await
-                .map_err(|source| ServeError::Bind {
+        let listener = Listener::bind(&address, &self.config, &self.faces)
+            .await
+            .map_err(|e| match e {
+                BindError::Transport(reason) => ServeError::Transport {
+                    address: address.clone(),
+                    reason,
+                },
+                BindError::Io(source) => ServeError::Bind {
                     address: address.clone(),
                     source,
-                })?;
+                },
+            })?;
         let local = listener.local_addr().map_err(|source| ServeError::Bind {
             address: address.clone(),
             source,
@@ -484,8 +348,6 @@ impl ServerBuilder {
         }
         Ok(Server {
             gauges,
-            #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-            faces,
             listener,
             local,
             registry: Arc::new(registry),
@@ -504,9 +366,6 @@ impl ServerBuilder {
 #[derive(Debug)]
 pub struct Server {
     listener: Listener,
-    /// TLS, WebSocket or sniffing, for a listener that is not the plain socket fast path.
-    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-    faces: Option<Arc<crate::transport::sniff::Faces>>,
     local: Address,
     registry: Arc<Registry>,
     config: Config,
@@ -588,8 +447,6 @@ impl Server {
             config,
             shutdown,
             done,
-            #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-            faces,
             ..
         } = self;
         let signal = shutdown.signal.clone();
@@ -603,14 +460,7 @@ impl Server {
         loop {
             tokio::select! {
                 accepted = async {
-                    let l = listener.as_ref().expect("listener present");
-                    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-                    if let Some(faces) = &faces {
-                        if let Some(r) = l.accept_tcp().await {
-                            return r.map(|(tcp, addr)| Ok(Accepted::Layered(faces.clone(), tcp, addr)));
-                        }
-                    }
-                    l.accept().await.map(|r| r.map(Accepted::Plain))
+                    listener.as_ref().expect("listener present").accept().await
                 }, if listener.is_some() && !paused => {
                     match accepted {
                         Ok(Err(e)) => tracing::debug!("an accepted connection failed at once: {e}"),
@@ -620,7 +470,7 @@ impl Server {
                                 let (registry, config) = (registry.clone(), config.clone());
                                 match accepted {
                                     // The fast path: the connection's own future, no layer.
-                                    Accepted::Plain(crate::transport::Accepted::Socket(t)) => {
+                                    Accepted::Socket(t) => {
                                         conns.spawn(serve_connection(t, registry, config, &signal));
                                     }
                                     other => {

@@ -1,7 +1,11 @@
 //! Listening sockets: TCP, Unix (a file, bound under a lock file), Linux abstract Unix
-//! sockets (a name, no file), and the abstract socket of a shared-memory (`shm://`) server.
+//! sockets (a name, no file), and the abstract socket of a shared-memory (`shm://`) server; a
+//! TCP listener with faces beyond the native protocol (TLS, WebSocket, sniffing: `sniff.rs`).
+//! What an accepted connection needs before it is served (`Accepted::serve`) is its
+//! transport's accept.
 
 use super::socket::SocketTransport;
+use super::{FaceSettings, Serve};
 use crate::address::Address;
 use std::fs::File;
 use std::io;
@@ -25,6 +29,19 @@ pub(crate) enum Listener {
         crate::LocalUsers,
         std::sync::Arc<topspin_proto::MemoryBudget>,
     ),
+    /// A TCP listener whose connections are sniffed or layered (TLS, WebSocket, the gRPC
+    /// face) on their own tasks.
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+    Layered(TcpListener, std::sync::Arc<super::Faces>),
+}
+
+/// Why a listener was not bound.
+#[derive(Debug)]
+pub(crate) enum BindError {
+    /// The address needs settings the server was not given, or a feature this build lacks.
+    Transport(String),
+    /// Binding failed.
+    Io(io::Error),
 }
 
 /// An accepted connection's transport.
@@ -36,6 +53,54 @@ pub(crate) enum Accepted {
     /// done on the connection's own task, within the handshake timeout.
     #[cfg(any(target_os = "linux", target_os = "android"))]
     Shm(super::shm::PendingShm),
+    /// A TCP connection of a [`Listener::Layered`]: sniffed and set up on its own task.
+    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+    Layered(
+        std::sync::Arc<super::Faces>,
+        tokio::net::TcpStream,
+        std::net::SocketAddr,
+    ),
+}
+
+impl Accepted {
+    /// Sets the connection up — a shared-memory client's hello, a layered port's sniffing,
+    /// TLS handshake or WebSocket upgrade — within `timeout`, then hands it to `serve`; a
+    /// connection that fails its setup ends there (logged). `shutdown` drops one still in a
+    /// TLS or WebSocket handshake.
+    #[allow(unused_variables)]
+    pub(crate) async fn serve<S: Serve>(
+        self,
+        serve: S,
+        timeout: Duration,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) {
+        match self {
+            Accepted::Socket(t) => serve.native(t).await,
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            Accepted::Shm(pending) => pending.accept(timeout, serve).await,
+            #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+            Accepted::Layered(faces, tcp, addr) => {
+                if let Err(why) = faces.accept(tcp, addr, timeout, shutdown, serve).await {
+                    tracing::debug!(peer = %addr, "connection refused: {why}");
+                }
+            }
+        }
+    }
+
+    /// Hands a connection over `max_connections` to `refuse` (which tells a native client
+    /// why): a shared-memory client after its hello; a layered port's client only when the
+    /// port is plain TCP and the client does not speak HTTP/2 (first byte awaited up to
+    /// `wait`); others are closed at once.
+    #[allow(unused_variables)]
+    pub(crate) async fn refuse<S: Serve>(self, refuse: S, timeout: Duration, wait: Duration) {
+        match self {
+            Accepted::Socket(t) => refuse.native(t).await,
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            Accepted::Shm(pending) => pending.accept(timeout, refuse).await,
+            #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+            Accepted::Layered(faces, tcp, _) => faces.refuse(tcp, wait, refuse).await,
+        }
+    }
 }
 
 /// The (device, inode) of the file at `p`.
@@ -181,11 +246,39 @@ fn bind_abstract(_name: &str) -> io::Result<UnixListener> {
 }
 
 impl Listener {
-    /// Binds `addr`; a Unix socket file gets the permission bits of
+    /// Binds `addr` with the faces `faces` give it (none: the plain socket fast path). A
+    /// Unix socket file gets the permission bits of
     /// [`Config::unix_socket_mode`](crate::Config::unix_socket_mode); an abstract socket
     /// (which has none) accepts peers of [`Config::local_users`](crate::Config::local_users)
     /// only; shared-memory rings are charged to the config's memory budget.
-    pub(crate) async fn bind(addr: &Address, config: &crate::Config) -> io::Result<Listener> {
+    pub(crate) async fn bind(
+        addr: &Address,
+        config: &crate::Config,
+        faces: &FaceSettings,
+    ) -> Result<Listener, BindError> {
+        #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+        if let Some(faces) = faces.faces(addr, config).map_err(BindError::Transport)? {
+            let hp = addr.host_port().unwrap_or_default();
+            let l = TcpListener::bind(hp).await.map_err(BindError::Io)?;
+            return Ok(Listener::Layered(l, std::sync::Arc::new(faces)));
+        }
+        #[cfg(not(any(feature = "tls", feature = "websocket", feature = "grpc")))]
+        if !matches!(
+            addr,
+            Address::Tcp(_) | Address::Unix(_) | Address::UnixAbstract(_) | Address::Shm(_)
+        ) {
+            let _ = faces;
+            return Err(BindError::Transport(
+                "this build lacks the `tls` and `websocket` features".into(),
+            ));
+        }
+        Listener::bind_plain(addr, config)
+            .await
+            .map_err(BindError::Io)
+    }
+
+    /// Binds `addr` for the native protocol alone.
+    async fn bind_plain(addr: &Address, config: &crate::Config) -> io::Result<Listener> {
         let users = config.local_users();
         match addr {
             Address::Tcp(hp) => Ok(Listener::Tcp(TcpListener::bind(hp.as_str()).await?)),
@@ -219,21 +312,11 @@ impl Listener {
     pub(crate) fn local_addr(&self) -> io::Result<Address> {
         match self {
             Listener::Tcp(l) => Ok(Address::from(l.local_addr()?)),
+            #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+            Listener::Layered(l, _) => Ok(Address::from(l.local_addr()?)),
             Listener::Unix(_, p, _) => Ok(Address::Unix(p.clone())),
             Listener::UnixAbstract(_, name, _) => Ok(Address::UnixAbstract(name.clone())),
             Listener::Shm(_, name, ..) => Ok(Address::Shm(name.clone())),
-        }
-    }
-
-    /// Accepts a TCP connection as a tokio stream, for the transports layered over TCP (TLS,
-    /// WebSocket, sniffing); `None` on a Unix listener.
-    #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
-    pub(crate) async fn accept_tcp(
-        &self,
-    ) -> Option<io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>> {
-        match self {
-            Listener::Tcp(l) => Some(l.accept().await),
-            _ => None,
         }
     }
 
@@ -268,6 +351,11 @@ impl Listener {
             }
             #[cfg(not(any(target_os = "linux", target_os = "android")))]
             Listener::Shm(..) => return Err(io::ErrorKind::Unsupported.into()),
+            #[cfg(any(feature = "tls", feature = "websocket", feature = "grpc"))]
+            Listener::Layered(l, faces) => {
+                let (tcp, addr) = l.accept().await?;
+                Ok(Accepted::Layered(faces.clone(), tcp, addr))
+            }
         })
     }
 }

@@ -762,8 +762,8 @@ mod hostile;
 #[cfg(any(test, fuzzing))]
 pub(crate) use hostile::fuzz_rounds;
 mod handshake;
-pub(crate) use handshake::PendingShm;
 use handshake::*;
+pub(crate) use handshake::{dial, PendingShm};
 
 #[cfg(test)]
 mod tests;

@@ -3,70 +3,15 @@
 //! of a TLS handshake record, `G` of an HTTP `GET`, and with the gRPC face `P` of HTTP/2's
 //! `PRI * HTTP/2.0` preface). Sniffing peeks: the bytes stay in the socket, and a native
 //! connection then gets the ordinary socket transport, so the fast path pays one
-//! `recv(MSG_PEEK)` per connection and nothing per call. After a TLS handshake, ALPN `h2` is
-//! gRPC.
+//! `recv(MSG_PEEK)` per connection and nothing per call. A TLS client is `tls.rs`'s to accept
+//! (after its handshake, ALPN `h2` is gRPC), a WebSocket upgrade `ws.rs`'s.
 
 use super::socket::SocketTransport;
-#[cfg(any(feature = "tls", feature = "websocket"))]
-use super::stream::StreamTransport;
-use super::PeerAddr;
+use super::{cancellable, FaceSettings, Faces, PeerAddr, Serve};
+use crate::{Address, Config};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::TcpStream;
-
-#[cfg(feature = "tls")]
-use super::tls::{ServerTls, TlsPeer};
-#[cfg(feature = "websocket")]
-use super::ws::{Replay, WebSocketSettings, WsStream};
-
-/// How a server's TCP connections are served (all but plain TCP, which stays on the socket
-/// fast path without this module).
-#[derive(Clone, Debug)]
-pub(crate) struct Faces {
-    /// TLS: the only face of a `tls://` listener, or accepted when sniffed.
-    #[cfg(feature = "tls")]
-    pub(crate) tls: Option<ServerTls>,
-    /// A sniffing port that serves TLS clients only (mutual TLS, no plaintext opt-in).
-    #[cfg(feature = "tls")]
-    pub(crate) tls_only: bool,
-    /// WebSocket settings and path: the face of a `ws://` (`wss://` with `tls`) listener.
-    #[cfg(feature = "websocket")]
-    pub(crate) ws: Option<(WebSocketSettings, String)>,
-    /// Tell the faces apart by the first byte (plain topspin accepted too).
-    pub(crate) sniff: bool,
-    /// How long a sniffing server waits for a client's first byte.
-    pub(crate) sniff_timeout: Duration,
-    /// The gRPC face: `P` (HTTP/2 prior knowledge) and ALPN `h2` go to it.
-    #[cfg(feature = "grpc")]
-    pub(crate) grpc: bool,
-    /// A plain `tcp://` port that sniffs only for gRPC: a client silent for the sniff timeout
-    /// (the handshake timeout) is handed to the native engine, which tells it `TIMEOUT`.
-    pub(crate) plain: bool,
-}
-
-/// One accepted connection, its layers set up (moved once into its connection task).
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Upgraded {
-    Native(SocketTransport),
-    #[cfg(feature = "tls")]
-    Tls(StreamTransport<tokio_rustls::server::TlsStream<TcpStream>>),
-    #[cfg(feature = "websocket")]
-    Ws(StreamTransport<WsStream<Replay<TcpStream>>>),
-    #[cfg(all(feature = "tls", feature = "websocket"))]
-    Wss(StreamTransport<WsStream<Replay<tokio_rustls::server::TlsStream<TcpStream>>>>),
-    /// A native client that sent nothing within the handshake timeout (plain ports only).
-    Silent(SocketTransport),
-    /// HTTP/2 with prior knowledge: the gRPC face.
-    #[cfg(feature = "grpc")]
-    H2(TcpStream, PeerAddr),
-    /// HTTP/2 over TLS (ALPN `h2`): the gRPC face.
-    #[cfg(all(feature = "grpc", feature = "tls"))]
-    TlsH2(
-        tokio_rustls::server::TlsStream<TcpStream>,
-        PeerAddr,
-        std::sync::Arc<TlsPeer>,
-    ),
-}
 
 /// What the first byte of a connection says it speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,29 +32,146 @@ pub(crate) fn classify(first: u8, grpc: bool) -> Sniffed {
     }
 }
 
-impl Faces {
-    /// Whether the gRPC face is on.
-    pub(crate) fn grpc(&self) -> bool {
+impl FaceSettings {
+    fn grpc_on(&self) -> bool {
         #[cfg(feature = "grpc")]
-        return self.grpc;
+        return !self.no_grpc;
         #[cfg(not(feature = "grpc"))]
         false
+    }
+
+    /// The faces of a listener on `address`; `None` for the plain socket fast path. Errors
+    /// say why the address cannot be served with these settings.
+    #[allow(unused_mut)]
+    pub(crate) fn faces(
+        &self,
+        address: &Address,
+        config: &Config,
+    ) -> Result<Option<Faces>, String> {
+        let grpc = self.grpc_on();
+        let mut faces = Faces {
+            #[cfg(feature = "tls")]
+            tls: None,
+            #[cfg(feature = "tls")]
+            tls_only: false,
+            #[cfg(feature = "websocket")]
+            ws: None,
+            sniff: false,
+            sniff_timeout: self.sniff.unwrap_or(Duration::from_secs(5)),
+            #[cfg(feature = "grpc")]
+            grpc,
+            plain: false,
+        };
+        match address {
+            Address::Tcp(_) if self.sniff.is_none() => {
+                #[cfg(feature = "tls")]
+                if self.tls.is_some() {
+                    return Err("TLS settings on a plain tcp:// address would be ignored: bind tls:// (or sniff_transports to serve TLS and plaintext on one port)".into());
+                }
+                if !grpc {
+                    return Ok(None);
+                }
+                // Only gRPC is told apart: a client silent for the handshake timeout is the
+                // native engine's to time out.
+                faces.sniff = true;
+                faces.plain = true;
+                faces.sniff_timeout = config.handshake_timeout();
+            }
+            Address::Tcp(_) => self.sniff_every_face(&mut faces, grpc, config),
+            #[cfg(feature = "tls")]
+            Address::Tls(_) => {
+                let tls = self
+                    .tls
+                    .as_ref()
+                    .ok_or("a tls:// address needs ServerBuilder::tls")?;
+                faces.tls = Some(if grpc {
+                    tls.with_alpn(&[super::tls::ALPN, b"h2"])
+                } else {
+                    tls.clone()
+                });
+            }
+            #[cfg(feature = "websocket")]
+            Address::Ws(_, path) => {
+                faces.ws = Some((self.websocket.bounded_by(config), path.clone()));
+            }
+            #[cfg(all(feature = "tls", feature = "websocket"))]
+            Address::Wss(_, path) => {
+                let tls = self
+                    .tls
+                    .as_ref()
+                    .ok_or("a wss:// address needs ServerBuilder::tls")?;
+                faces.tls = Some(tls.with_alpn(&[b"http/1.1"]));
+                faces.ws = Some((self.websocket.bounded_by(config), path.clone()));
+            }
+            Address::Unix(_) | Address::UnixAbstract(_) | Address::Dns(_) | Address::Shm(_) => {
+                return Ok(None)
+            }
+            Address::Grpc(_) | Address::Grpcs(_) => return Err(
+                "grpc:// and grpcs:// name a gRPC server to call: a server binds tcp:// or tls://"
+                    .into(),
+            ),
+            #[allow(unreachable_patterns)]
+            _ => return Err("this build lacks the feature for it (tls, websocket)".into()),
+        }
+        Ok(Some(faces))
+    }
+
+    /// A `tcp://` port with `sniff_transports`: every face this server has, told apart by the
+    /// first bytes (TLS, with its ALPN for topspin, gRPC and WebSocket; WebSocket; gRPC; the
+    /// native protocol).
+    #[allow(unused_variables)]
+    fn sniff_every_face(&self, faces: &mut Faces, grpc: bool, config: &Config) {
+        faces.sniff = true;
+        #[cfg(feature = "tls")]
+        {
+            let alpn: &[&[u8]] = if grpc {
+                &[super::tls::ALPN, b"h2", b"http/1.1"]
+            } else {
+                &[super::tls::ALPN, b"http/1.1"]
+            };
+            faces.tls = self.tls.as_ref().map(|t| t.with_alpn(alpn));
+            faces.tls_only = self
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.requires_client_certificates())
+                && !self.plaintext_beside_mtls;
+        }
+        #[cfg(feature = "websocket")]
+        {
+            faces.ws = Some((
+                self.websocket.bounded_by(config),
+                self.websocket.get_path().to_owned(),
+            ));
+        }
     }
 }
 
 impl Faces {
-    /// Sets up the layers of one accepted connection (TLS handshake, WebSocket upgrade),
-    /// within `timeout`. Errors say what failed.
-    pub(crate) async fn upgrade(
+    /// Accepts one TCP connection of this listener: tells its face by the first byte (when
+    /// sniffing), sets up its layers (the TLS handshake, the WebSocket upgrade) within
+    /// `timeout`, then hands it to `serve`. `shutdown` drops a connection still being set up
+    /// (but a plain port's sniff is let finish: a native client sends its first CALLs with
+    /// its preface, and only the engine can tell it, with GOAWAY, that they were not
+    /// processed). Errors say why the connection was not served.
+    #[cfg_attr(
+        not(any(feature = "tls", feature = "websocket")),
+        allow(unused_variables)
+    )]
+    pub(crate) async fn accept<S: Serve>(
         &self,
         tcp: TcpStream,
         addr: SocketAddr,
         timeout: Duration,
-    ) -> Result<Upgraded, String> {
+        shutdown: &tokio_util::sync::CancellationToken,
+        serve: S,
+    ) -> Result<(), String> {
         let _ = tcp.set_nodelay(true);
+        let shutdown = (!self.plain).then_some(shutdown);
         let kind = if self.sniff {
             let mut b = [0u8; 1];
-            match tokio::time::timeout(self.sniff_timeout, tcp.peek(&mut b)).await {
+            let peek =
+                async { Ok(tokio::time::timeout(self.sniff_timeout, tcp.peek(&mut b)).await) };
+            match cancellable(shutdown, peek).await? {
                 // A plain port tells only gRPC apart: anything else is the native engine's
                 // (which answers garbage with BAD_PREFACE, as without the gRPC face).
                 Ok(Ok(1)) if self.plain && classify(b[0], self.grpc()) != Sniffed::H2 => {
@@ -119,9 +181,9 @@ impl Faces {
                 Ok(Ok(_)) => return Err("closed before sending anything".into()),
                 Ok(Err(e)) => return Err(e.to_string()),
                 Err(_) if self.plain => {
-                    return Ok(Upgraded::Silent(
-                        SocketTransport::from_tcp(tcp).map_err(|e| e.to_string())?,
-                    ))
+                    let t = SocketTransport::from_tcp(tcp).map_err(|e| e.to_string())?;
+                    serve.silent(t).await;
+                    return Ok(());
                 }
                 Err(_) => return Err("sent nothing within the sniff timeout".into()),
             }
@@ -139,70 +201,48 @@ impl Faces {
         if self.tls_only && kind != Sniffed::Tls {
             return Err("a plaintext client on a port that requires client certificates (mutual TLS): refused (ServerBuilder::plaintext_beside_mtls)".into());
         }
-        match tokio::time::timeout(timeout, self.layer(kind, tcp, addr)).await {
-            Ok(r) => r,
-            Err(_) => Err("the TLS or WebSocket handshake timed out".into()),
+        #[cfg(any(feature = "tls", feature = "websocket"))]
+        let handshake = super::Handshake {
+            deadline: tokio::time::Instant::now() + timeout,
+            shutdown,
+        };
+        let peer = PeerAddr::Tcp(addr);
+        match kind {
+            Sniffed::Native => {
+                let t = SocketTransport::from_tcp(tcp).map_err(|e| e.to_string())?;
+                serve.native(t).await;
+                Ok(())
+            }
+            #[cfg(feature = "tls")]
+            Sniffed::Tls => super::tls::accept(self, tcp, peer, &handshake, serve).await,
+            #[cfg(feature = "websocket")]
+            Sniffed::Http => super::ws::accept(self, tcp, peer, &handshake, serve).await,
+            #[cfg(feature = "grpc")]
+            Sniffed::H2 => {
+                serve.grpc(tcp, peer).await;
+                Ok(())
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err("no transport for this client's first bytes".into()),
         }
     }
 
-    async fn layer(
-        &self,
-        kind: Sniffed,
-        tcp: TcpStream,
-        addr: SocketAddr,
-    ) -> Result<Upgraded, String> {
-        let peer = PeerAddr::Tcp(addr);
-        match kind {
-            Sniffed::Native => Ok(Upgraded::Native(
-                SocketTransport::from_tcp(tcp).map_err(|e| e.to_string())?,
-            )),
-            #[cfg(feature = "tls")]
-            Sniffed::Tls => {
-                let Some(tls) = &self.tls else {
-                    return Err("a TLS client, and this port has no TLS settings".into());
-                };
-                let s = tls
-                    .acceptor()
-                    .accept(tcp)
-                    .await
-                    .map_err(|e| super::tls::handshake_error(&e))?;
-                let info = TlsPeer::from_server(s.get_ref().1);
-                #[cfg(feature = "grpc")]
-                if self.grpc && s.get_ref().1.alpn_protocol() == Some(b"h2") {
-                    return Ok(Upgraded::TlsH2(s, peer, std::sync::Arc::new(info)));
-                }
-                // Under a WebSocket the client's ALPN is http/1.1; native topspin is
-                // topspin/1 or none.
-                #[cfg(feature = "websocket")]
-                if s.get_ref().1.alpn_protocol() == Some(b"http/1.1")
-                    || (!self.sniff && self.ws.is_some())
-                {
-                    let Some((ws, path)) = &self.ws else {
-                        return Err(
-                            "a WebSocket client, and this port has no WebSocket path".into()
-                        );
-                    };
-                    let ws = ws.accept(s, path).await?;
-                    return Ok(Upgraded::Wss(
-                        StreamTransport::new(ws, peer).with_tls_peer(info),
-                    ));
-                }
-                Ok(Upgraded::Tls(
-                    StreamTransport::new(s, peer).with_tls_peer(info),
-                ))
+    /// Hands a connection over `max_connections` to `refuse`: a plain port's client whose
+    /// first byte (awaited up to `wait`) is not HTTP/2's is refused as a native one; a gRPC
+    /// client is closed, and so is every client of a TLS or WebSocket port (its handshake is
+    /// not worth doing to refuse it).
+    pub(crate) async fn refuse<S: Serve>(&self, tcp: TcpStream, wait: Duration, refuse: S) {
+        if !self.plain {
+            return;
+        }
+        let mut b = [0u8; 1];
+        if let Ok(Ok(1)) = tokio::time::timeout(wait, tcp.peek(&mut b)).await {
+            if b[0] == b'P' {
+                return;
             }
-            #[cfg(feature = "websocket")]
-            Sniffed::Http => {
-                let Some((ws, path)) = &self.ws else {
-                    return Err("an HTTP client, and this port has no WebSocket path".into());
-                };
-                let ws = ws.accept(tcp, path).await?;
-                Ok(Upgraded::Ws(StreamTransport::new(ws, peer)))
-            }
-            #[cfg(feature = "grpc")]
-            Sniffed::H2 => Ok(Upgraded::H2(tcp, peer)),
-            #[allow(unreachable_patterns)]
-            _ => Err("no transport for this client's first bytes".into()),
+        }
+        if let Ok(t) = SocketTransport::from_tcp(tcp) {
+            refuse.native(t).await;
         }
     }
 }

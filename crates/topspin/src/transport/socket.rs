@@ -324,6 +324,33 @@ fn recv_drained(
     Ok(n)
 }
 
+/// The socket transport's dial (`tcp://`, `unix://`, `unix:@name`): connect within the handshake
+/// timeout, then the native protocol on the socket fast path.
+pub(crate) async fn dial<S: super::Start>(
+    d: &super::Dial<'_>,
+    start: S,
+) -> Result<S::Conn, crate::Status> {
+    let transport = d
+        .within("connect", SocketTransport::connect(d.address))
+        .await?;
+    start.native(transport).await
+}
+
+/// `grpc://`: a TCP connection (Nagle off) and the gRPC client mode's HTTP/2 handshake, each
+/// within the handshake timeout.
+pub(crate) async fn dial_grpc<S: super::Start>(
+    d: &super::Dial<'_>,
+    hp: &str,
+    start: S,
+) -> Result<S::Conn, crate::Status> {
+    let tcp = d.within("connect", super::tcp_connect(hp)).await?;
+    let start = start.grpc(tcp, http::uri::Scheme::HTTP);
+    d.within("HTTP/2 handshake", async {
+        start.await.map_err(super::Failed)
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,6 +23,11 @@
 
 pub use tokio_rustls::rustls;
 
+mod handshake;
+#[cfg(feature = "websocket")]
+pub(crate) use handshake::dial_ws;
+pub(crate) use handshake::{accept, dial, dial_grpc};
+
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};

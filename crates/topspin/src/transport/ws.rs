@@ -31,6 +31,9 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 use topspin_proto::MemoryBudget;
 
+mod handshake;
+pub(crate) use handshake::{accept, dial};
+
 /// The WebSocket subprotocol of topspin (`Sec-WebSocket-Protocol`); a server requires it.
 pub const SUBPROTOCOL: &str = "topspin.v1";
 
@@ -220,77 +223,6 @@ impl WebSocketSettings {
             HeaderValue::from_static(SUBPROTOCOL),
         );
         Ok(resp)
-    }
-
-    /// Server side: runs the upgrade handshake on `stream` for `path`. A request that is not
-    /// a WebSocket upgrade (a browser opening the URL, `curl`) is answered `426 Upgrade
-    /// Required` (protocol.md §14.2) and the connection closed.
-    #[allow(clippy::result_large_err)] // tungstenite's callback type
-    pub(crate) async fn accept<S>(
-        &self,
-        mut stream: S,
-        path: &str,
-    ) -> Result<WsStream<Replay<S>>, String>
-    where
-        S: AsyncRead + AsyncWrite + Unpin,
-    {
-        // tungstenite refuses a request without the upgrade headers before any callback, and
-        // writes no answer: read the head first, answer what is not an upgrade, and replay the
-        // head to tungstenite otherwise.
-        let head = read_head(&mut stream).await?;
-        if !is_upgrade(&head) {
-            use tokio::io::AsyncWriteExt;
-            if !is_http(&head) {
-                return Err("WebSocket handshake failed: not an HTTP request".into());
-            }
-            let _ = stream.write_all(UPGRADE_REQUIRED).await;
-            let _ = stream.shutdown().await;
-            return Err("not a WebSocket upgrade request: answered 426 Upgrade Required".into());
-        }
-        let stream = Metered::new(Replay {
-            head,
-            inner: stream,
-        });
-        let ws = tokio_tungstenite::accept_hdr_async_with_config(
-            stream,
-            |req: &Request, resp: Response| self.check(path, req, resp),
-            Some(self.config()),
-        )
-        .await
-        .map_err(|e| format!("WebSocket handshake failed: {e}"))?;
-        Ok(WsStream::new(ws, self.bounds.clone()))
-    }
-
-    /// Client side: runs the upgrade handshake on `stream` to `url` (`ws://…` or `wss://…`).
-    pub(crate) async fn connect<S>(&self, stream: S, url: &str) -> Result<WsStream<S>, String>
-    where
-        S: AsyncRead + AsyncWrite + Unpin,
-    {
-        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let mut req = url
-            .into_client_request()
-            .map_err(|e| format!("invalid WebSocket URL {url}: {e}"))?;
-        req.headers_mut().insert(
-            "sec-websocket-protocol",
-            HeaderValue::from_static(SUBPROTOCOL),
-        );
-        let (ws, resp) = tokio_tungstenite::client_async_with_config(
-            req,
-            Metered::new(stream),
-            Some(self.config()),
-        )
-        .await
-        .map_err(|e| format!("WebSocket handshake failed: {e}"))?;
-        let agreed = resp
-            .headers()
-            .get("sec-websocket-protocol")
-            .is_some_and(|v| v.as_bytes() == SUBPROTOCOL.as_bytes());
-        if !agreed {
-            return Err(
-                "WebSocket handshake failed: the server did not agree to topspin.v1".into(),
-            );
-        }
-        Ok(WsStream::new(ws, self.bounds.clone()))
     }
 }
 

@@ -255,3 +255,27 @@ pub(super) fn recv_hello(
     }
     Ok(r.bytes)
 }
+
+/// The shared-memory transport's dial (`shm://name`): its socket, the hello and the rings,
+/// within the handshake timeout; then the native protocol over the rings.
+pub(crate) async fn dial<S: crate::transport::Start>(
+    d: &crate::transport::Dial<'_>,
+    name: &str,
+    start: S,
+) -> Result<S::Conn, crate::Status> {
+    let shm = ShmTransport::connect(name, d.config.local_users());
+    let t = d.within("connect and shared-memory handshake", shm).await?;
+    start.native(t).await
+}
+
+impl PendingShm {
+    /// The shared-memory transport's accept: the client's hello within `timeout`, then
+    /// `serve`. A hello that does not come, or is refused, ends the connection (logged).
+    pub(crate) async fn accept<S: crate::transport::Serve>(self, timeout: Duration, serve: S) {
+        match tokio::time::timeout(timeout, self.handshake()).await {
+            Ok(Ok(t)) => serve.native(t).await,
+            Ok(Err(e)) => tracing::debug!("a shm:// handshake failed: {e}"),
+            Err(_) => tracing::debug!("a shm:// client sent no hello within the handshake timeout"),
+        }
+    }
+}

@@ -931,10 +931,6 @@ fn syscalls(args: &Args) -> i32 {
         "syscalls per call, client + server (strace -f -c; {} − {} calls)",
         n2, n1
     );
-    println!(
-        "  {:<12} {:>16} {:>16} {:>16}   echo: top syscalls",
-        "system", "echo 20 B: all", "echo: writes", "burst: writes"
-    );
     let systems: Vec<&System> = SYSTEMS
         .iter()
         .filter(|s| match &args.systems {
@@ -942,6 +938,16 @@ fn syscalls(args: &Args) -> i32 {
             None => !matches!(s.transport, "tls" | "ws" | "shm") && !opt_in(s),
         })
         .collect();
+    let w = systems
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(12);
+    println!(
+        "  {:<w$} {:>16} {:>16} {:>16}   echo: top syscalls",
+        "system", "echo 20 B: all", "echo: writes", "burst: writes"
+    );
     let bar = progress(systems.len() as u64 * 4, "strace runs");
     for (i, sys) in systems.iter().enumerate() {
         let mut cols: Vec<String> = Vec::new();
@@ -1033,7 +1039,7 @@ fn syscalls(args: &Args) -> i32 {
         }
         bar.suspend(|| {
             println!(
-                "  {:<12} {:>16} {:>16} {:>16}   {}",
+                "  {:<w$} {:>16} {:>16} {:>16}   {}",
                 sys.name, cols[0], cols[1], cols[2], top
             )
         });

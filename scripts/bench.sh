@@ -30,8 +30,8 @@ for a in "$@"; do
 done
 
 # Only the peers this run uses: the quick and full runs' default systems, or those named with
-# --systems; --smoke runs every system. (TLS, WebSocket and topspin-grpc rows run only when
-# named, so a first run does not build them.)
+# --systems; --smoke runs every system. (TLS, WebSocket and the gRPC rows run only when
+# named, so a first run does not build them, nor needs Go.)
 systems=""
 prev=""
 for a in "${args[@]}"; do
@@ -46,7 +46,11 @@ peer_package() {
         raw|raw-uds|raw-shm|topspin|topspin-uds|topspin-shm) echo topspin-bench ;;
         tonic) echo topspin-bench-tonic ;;
         tonic-tls) echo topspin-bench-tonic-tls ;;
-        topspin-grpc) echo topspin-bench-topspin-grpc ;;
+        topspin-grpc|topspin-grpc-client) echo topspin-bench-topspin-grpc ;;
+        # Go's rows: the Go peer (go build, below), and the Rust peer that calls its server.
+        grpc-go) echo grpc-go ;;
+        grpc-go-server) echo "topspin-bench-tonic grpc-go" ;;
+        topspin-grpc-client-go) echo "topspin-bench-topspin-grpc grpc-go" ;;
         raw-tls|raw-ws|topspin-tls|topspin-ws) echo topspin-bench-layered ;;
         tarpc|capnp|thrift) echo "topspin-bench-$1" ;;
         *) echo "bench.sh: unknown system '$1' (topspin-bench --help lists them)" >&2; exit 2 ;;
@@ -55,18 +59,30 @@ peer_package() {
 packages=(topspin-bench)
 if [ "$mode" = --smoke ]; then
     packages+=(topspin-bench-tonic topspin-bench-tarpc topspin-bench-capnp topspin-bench-thrift
-               topspin-bench-layered topspin-bench-tonic-tls topspin-bench-topspin-grpc)
+               topspin-bench-layered topspin-bench-tonic-tls topspin-bench-topspin-grpc grpc-go)
 elif [ "$mode" != --callgrind ]; then
     IFS=, read -r -a wanted <<< "${systems:-raw,topspin,tonic,tarpc,capnp,thrift}"
     for s in "${wanted[@]}"; do
-        p="$(peer_package "$s")"
-        [[ " ${packages[*]} " == *" $p "* ]] || packages+=("$p")
+        ps="$(peer_package "$s")"
+        for p in $ps; do
+            [[ " ${packages[*]} " == *" $p "* ]] || packages+=("$p")
+        done
     done
 fi
 # Each peer is built by a cargo of its own (see above); cargo shows what it compiles.
 i=0
 for p in "${packages[@]}"; do
     i=$((i + 1))
+    if [ "$p" = grpc-go ]; then
+        # The grpc-go peer (crates/topspin-bench/peers/grpc-go, a Go module): Go from
+        # scripts/setup-go.sh, grpc-go from the Go module proxy; the binary goes beside the
+        # Rust peers, where they and the driver look for it.
+        echo "== [$i/${#packages[@]}] building topspin-bench-grpc-go (go build) ==" >&2
+        ./scripts/setup-go.sh --toolchain-only
+        PATH="$PATH:/usr/local/go/bin" go build -C crates/topspin-bench/peers/grpc-go \
+            -o "$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/topspin-bench-grpc-go" .
+        continue
+    fi
     echo "== [$i/${#packages[@]}] building $p (release) ==" >&2
     if [ "$p" = topspin-bench ]; then
         # Its harness and the raw and topspin peers; not topspin-bench-endpoints (a separate

@@ -32,7 +32,7 @@ describe() {
     packages) echo "cargo package of every public crate: each builds from its packaged sources alone, as crates.io would get it" ;;
     cargo-test) echo "cargo test of the workspace (unit, integration, property, doc tests)" ;;
     vectors) echo "testdata/vectors are what their generator writes" ;;
-    bench-smoke) echo "every benchmark system returns correct data (debug, shared and separate processes)" ;;
+    bench-smoke) echo "every benchmark system (the grpc-go peer's too) returns correct data (debug, shared and separate processes)" ;;
     fuzz-build) echo "the cargo-fuzz targets build (needs a nightly toolchain, else skipped)" ;;
     go) echo "scripts/test-go.sh: gofmt, vet, staticcheck, function and file lengths, go test -race (the README followed as written), fuzz, interop" ;;
     python) echo "scripts/test-python.sh: ruff, mypy, clippy, pytest (also with SIGINT ignored; grpcurl and the topspin CLI against a Python server with health and reflection), the wheel installed with pip in a fresh venv, bench smoke" ;;
@@ -89,7 +89,9 @@ setup_of() {
     # The benchmark's peers compile Cap'n Proto and Thrift schemas in their build scripts.
     clippy) echo "setup.sh clippy compilers" ;;
     features|packages) echo "setup.sh compilers" ;;
-    cargo-test|bench-smoke) echo "setup.sh compilers" ;;
+    cargo-test) echo "setup.sh compilers" ;;
+    # The grpc-go peer (crates/topspin-bench/peers/grpc-go) is a Go program.
+    bench-smoke) echo "setup.sh compilers"; echo "setup-go.sh --toolchain-only" ;;
     fuzz-build) echo "setup.sh fuzz" ;;
     go) echo "setup-go.sh"; echo "setup-grpcurl.sh" ;;
     python) echo "setup.sh rustfmt clippy"; echo "setup-python.sh"; echo "setup-grpcurl.sh" ;;
@@ -147,10 +149,18 @@ part_bench_smoke() {
   setup_part bench-smoke
   # Debug builds are enough to check correctness and reuse what the tests compiled.
   cargo build --workspace --bins --locked -q
+  # The grpc-go peer, beside the Rust peers (its modules from the Go module proxy); gofmt'ed
+  # and vetted.
+  go_path
+  local unformatted
+  unformatted="$(gofmt -l crates/topspin-bench/peers/grpc-go)"
+  [ -z "$unformatted" ] || { echo "not gofmt'ed: $unformatted"; return 1; }
+  go vet -C crates/topspin-bench/peers/grpc-go ./...
+  go build -C crates/topspin-bench/peers/grpc-go -o "$(realpath -m "$bin")/topspin-bench-grpc-go" .
   "$bin/topspin-bench" --smoke
   # The same with each TCP / Unix-socket system's server in a process of its own.
   "$bin/topspin-bench" --smoke --separate-processes \
-    --systems raw,raw-uds,topspin,topspin-uds,tonic,tarpc,capnp,thrift
+    --systems raw,raw-uds,topspin,topspin-uds,tonic,tarpc,capnp,thrift,grpc-go
 }
 part_fuzz_build() {
   if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then

@@ -39,6 +39,10 @@ impl System {
                 "a blocking thread per connection"
             }
             "capnp" => "one thread, current-thread tokio + LocalSet",
+            "grpc-go" => "grpc-go: goroutines on the Go runtime (GOMAXPROCS = allowed CPUs)",
+            "grpc-go-server" | "topspin-grpc-client-go" => {
+                "grpc-go, a process of its own: goroutines (GOMAXPROCS = allowed CPUs)"
+            }
             _ => "tokio multi-thread, default workers (one per allowed CPU)",
         }
     }
@@ -47,8 +51,13 @@ impl System {
         match self.name {
             "raw" | "raw-uds" | "raw-tls" | "raw-ws" | "thrift" => "main thread, blocking calls",
             "capnp" => "main thread, current-thread tokio + LocalSet",
+            "grpc-go" => "goroutines (a goroutine per lane in flight), GOMAXPROCS = allowed CPUs",
             _ => "main thread, current-thread tokio",
         }
+    }
+    /// Whether the server is always in a process of its own (grpc-go's, under a Rust client).
+    fn server_elsewhere(&self) -> bool {
+        matches!(self.name, "grpc-go-server" | "topspin-grpc-client-go")
     }
     /// Whether this system can put its server in a process of its own (the TLS and WebSocket
     /// peers make their certificate per process, so they keep both sides in one).
@@ -107,6 +116,30 @@ const SYSTEMS: &[System] = &[
         transport: "tcp",
     },
     System {
+        name: "grpc-go-server",
+        bin: "topspin-bench-tonic",
+        args: &["--grpc-go-server"],
+        transport: "tcp",
+    },
+    System {
+        name: "topspin-grpc-client",
+        bin: "topspin-bench-topspin-grpc",
+        args: &["--server", "tonic", "--client", "topspin"],
+        transport: "tcp",
+    },
+    System {
+        name: "topspin-grpc-client-go",
+        bin: "topspin-bench-topspin-grpc",
+        args: &["--server", "grpc-go", "--client", "topspin"],
+        transport: "tcp",
+    },
+    System {
+        name: "grpc-go",
+        bin: "topspin-bench-grpc-go",
+        args: &[],
+        transport: "tcp",
+    },
+    System {
         name: "raw-tls",
         bin: "topspin-bench-raw-layered",
         args: &["--tls"],
@@ -157,13 +190,23 @@ const SYSTEMS: &[System] = &[
 ];
 
 /// Rows that run in --smoke and, otherwise, only when named with --systems (the quick run's
-/// time budget): `topspin-grpc`, topspin's gRPC face under tonic's client.
+/// time budget): the gRPC rows — `topspin-grpc` (topspin's gRPC face under tonic's client),
+/// `grpc-go-server` (grpc-go's server under tonic's client), `topspin-grpc-client` and
+/// `topspin-grpc-client-go` (topspin's grpc:// client calling tonic's and grpc-go's servers)
+/// and `grpc-go` (grpc-go's client and server).
 fn opt_in(s: &System) -> bool {
-    s.name == "topspin-grpc"
+    matches!(
+        s.name,
+        "topspin-grpc"
+            | "grpc-go-server"
+            | "topspin-grpc-client"
+            | "topspin-grpc-client-go"
+            | "grpc-go"
+    )
 }
 
 /// The frameworks a row's "× best peer" compares with.
-pub(crate) const PEERS: &[&str] = &["tonic", "tarpc", "capnp", "thrift"];
+pub(crate) const PEERS: &[&str] = &["tonic", "tarpc", "capnp", "thrift", "grpc-go"];
 
 /// One point of a workload: what the driver asks every system to run.
 #[derive(Clone, Debug)]
@@ -549,9 +592,12 @@ const USAGE: &str = "topspin-bench [--quick | --smoke] [--json FILE] [--plots DI
 
 const SYSTEMS_HELP: &str = "\
 Systems: raw raw-uds topspin topspin-uds tonic tarpc capnp thrift
-         raw-tls topspin-tls tonic-tls raw-ws topspin-ws raw-shm topspin-shm topspin-grpc (TLS,
-         WebSocket, shared-memory and topspin-grpc, the server's gRPC face under tonic's
-         client: in --smoke, otherwise only when named with --systems)";
+         raw-tls topspin-tls tonic-tls raw-ws topspin-ws raw-shm topspin-shm
+         topspin-grpc grpc-go-server topspin-grpc-client topspin-grpc-client-go grpc-go
+         (TLS, WebSocket, shared memory and the gRPC rows — servers under tonic's client:
+         tonic, topspin-grpc, grpc-go-server; clients against tonic's server: tonic,
+         topspin-grpc-client; against grpc-go's: grpc-go, topspin-grpc-client-go — run in
+         --smoke, otherwise only when named with --systems)";
 
 fn load_avg() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
@@ -680,7 +726,8 @@ fn main() {
             .iter()
             .map(|p| report::SystemLayout {
                 system: p.sys.name,
-                separate_processes: args.separate && p.sys.can_separate(),
+                separate_processes: (args.separate && p.sys.can_separate())
+                    || p.sys.server_elsewhere(),
                 server: p.sys.server_threads(),
                 client: p.sys.client_threads(),
             })
@@ -884,10 +931,6 @@ fn syscalls(args: &Args) -> i32 {
         "syscalls per call, client + server (strace -f -c; {} − {} calls)",
         n2, n1
     );
-    println!(
-        "  {:<12} {:>16} {:>16} {:>16}   echo: top syscalls",
-        "system", "echo 20 B: all", "echo: writes", "burst: writes"
-    );
     let systems: Vec<&System> = SYSTEMS
         .iter()
         .filter(|s| match &args.systems {
@@ -895,6 +938,16 @@ fn syscalls(args: &Args) -> i32 {
             None => !matches!(s.transport, "tls" | "ws" | "shm") && !opt_in(s),
         })
         .collect();
+    let w = systems
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(12);
+    println!(
+        "  {:<w$} {:>16} {:>16} {:>16}   echo: top syscalls",
+        "system", "echo 20 B: all", "echo: writes", "burst: writes"
+    );
     let bar = progress(systems.len() as u64 * 4, "strace runs");
     for (i, sys) in systems.iter().enumerate() {
         let mut cols: Vec<String> = Vec::new();
@@ -986,7 +1039,7 @@ fn syscalls(args: &Args) -> i32 {
         }
         bar.suspend(|| {
             println!(
-                "  {:<12} {:>16} {:>16} {:>16}   {}",
+                "  {:<w$} {:>16} {:>16} {:>16}   {}",
                 sys.name, cols[0], cols[1], cols[2], top
             )
         });

@@ -279,7 +279,7 @@ impl Record {
 }
 
 /// ratio_to_raw (raw for TCP systems, raw-uds for Unix-socket ones, raw-tls, raw-ws and raw-shm
-/// for the TLS, WebSocket and shared-memory ones) and ratio to the best of tonic, tarpc, capnp and thrift (tonic-tls
+/// for the TLS, WebSocket and shared-memory ones) and ratio to the best of tonic, tarpc, capnp, thrift and grpc-go (tonic-tls
 /// for TLS systems; WebSocket systems have no peer), on the same workload point of the same run.
 pub(crate) fn fill_ratios(records: &mut [Record]) {
     let snapshot = records.to_vec();
@@ -426,6 +426,14 @@ pub(crate) fn print_tables(run: &Run, smoke: bool) {
             run.layout.load_threads
         );
     }
+    // The system column: 12 wide, or as wide as the longest name in the run.
+    let w = run
+        .records
+        .iter()
+        .map(|r| r.system.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(12);
     for r in &run.records {
         if seen.iter().any(|s| s.same_point(r)) {
             continue;
@@ -438,12 +446,12 @@ pub(crate) fn print_tables(run: &Run, smoke: bool) {
         match r.workload {
             "throughput" => {
                 println!(
-                    "  {:<12} {:>11} {:>10} {:>8} {:>11}",
+                    "  {:<w$} {:>11} {:>10} {:>8} {:>11}",
                     "system", "calls/s", "cpu/call", "× raw", "× best peer"
                 );
                 for o in rows {
                     println!(
-                        "  {:<12} {:>11} {:>10} {:>8} {:>11}{}",
+                        "  {:<w$} {:>11} {:>10} {:>8} {:>11}{}",
                         o.system,
                         rate(o.calls_per_s),
                         us(o.cpu_us_per_call),
@@ -455,12 +463,12 @@ pub(crate) fn print_tables(run: &Run, smoke: bool) {
             }
             "allocs" => {
                 println!(
-                    "  {:<12} {:>12} {:>12} {:>10}",
+                    "  {:<w$} {:>12} {:>12} {:>10}",
                     "system", "allocs/call", "bytes/call", "median"
                 );
                 for o in rows {
                     println!(
-                        "  {:<12} {:>12} {:>12} {:>10}{}",
+                        "  {:<w$} {:>12} {:>12} {:>10}{}",
                         o.system,
                         o.allocs_per_call.map_or("—".into(), |x| format!("{x:.1}")),
                         o.bytes_alloc_per_call
@@ -472,12 +480,12 @@ pub(crate) fn print_tables(run: &Run, smoke: bool) {
             }
             _ => {
                 println!(
-                    "  {:<12} {:>10} {:>10} {:>10} {:>8} {:>11}",
+                    "  {:<w$} {:>10} {:>10} {:>10} {:>8} {:>11}",
                     "system", "median", "p99", "cpu/call", "× raw", "× best peer"
                 );
                 for o in rows {
                     println!(
-                        "  {:<12} {:>10} {:>10} {:>10} {:>8} {:>11}{}",
+                        "  {:<w$} {:>10} {:>10} {:>10} {:>8} {:>11}{}",
                         o.system,
                         us(o.median_us),
                         us(o.p99_us),

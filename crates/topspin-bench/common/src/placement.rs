@@ -87,22 +87,41 @@ pub fn separate_server() -> Option<String> {
     if !is_separate() || is_server_only() {
         return None;
     }
+    let exe = std::env::current_exe().expect("own executable");
+    // The same arguments, passed on as they came, less the one that made the child.
+    let args: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != SEPARATE)
+        .chain(std::iter::once(SERVER_ONLY.into()))
+        .collect();
+    Some(start_child(Command::new(exe).args(&args)))
+}
+
+/// Starts another program as this peer's server process — one that speaks the `--server-only`
+/// protocol of this module (prints `listening ADDR`, serves until its stdin closes, answers
+/// `count on`, `count off` and `allocs`), such as the grpc-go peer with `--server-only` — and
+/// returns the address it listens on. Its CPU time and allocations then count as the server's,
+/// as with [`separate_server`]. At most one server process per peer.
+///
+/// Panics when the program cannot be started: a peer without its server cannot run.
+pub fn external_server(program: &std::path::Path, args: &[&str]) -> String {
+    assert!(
+        !is_server_only(),
+        "a --server-only child does not start servers of its own"
+    );
+    start_child(Command::new(program).args(args))
+}
+
+/// Starts the server child (once) and returns the address it announced.
+fn start_child(cmd: &mut Command) -> String {
     let mut addr = None;
     CHILD.get_or_init(|| {
-        let exe = std::env::current_exe().expect("own executable");
-        // The same arguments, passed on as they came, less the one that made the child.
-        let args: Vec<std::ffi::OsString> = std::env::args_os()
-            .skip(1)
-            .filter(|a| a != SEPARATE)
-            .collect();
-        let mut child = Command::new(exe)
-            .args(&args)
-            .arg(SERVER_ONLY)
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("start the server process");
+            .unwrap_or_else(|e| panic!("start the server process {cmd:?}: {e}"));
         let stdin = child.stdin.take().expect("piped stdin");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut line = String::new();
@@ -120,7 +139,13 @@ pub fn separate_server() -> Option<String> {
             line,
         }))
     });
-    addr
+    addr.expect("one server process per peer")
+}
+
+/// A program built beside this one (in the same directory), e.g. `topspin-bench-grpc-go`.
+pub fn sibling(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("own executable");
+    exe.parent().expect("a directory").join(name)
 }
 
 /// With `--server-only` (the child of [`separate_server`]): announces `addr`, then serves the

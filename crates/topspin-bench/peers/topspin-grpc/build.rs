@@ -1,5 +1,5 @@
-//! The server side from topspin-build (`BenchServer`, what a topspin user writes), the client
-//! side from tonic-prost-build (`BenchClient`, what a gRPC user has), both for
+//! topspin-build's `BenchServer` and `BenchClient` (what a topspin user writes) and
+//! tonic-prost-build's `BenchClient` and `BenchServer` (what a gRPC user has), all for
 //! proto/bench/v1/bench.proto; the messages are topspin-bench-common's prost types.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../../proto");
@@ -12,7 +12,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&tonic_out)?;
     let fds = protox::compile([&file], [proto_dir])?;
     tonic_prost_build::configure()
-        .build_server(false)
         .out_dir(&tonic_out)
         .extern_path(".bench.v1", "::topspin_bench_common::pb")
         .compile_fds(fds)?;

@@ -3,6 +3,12 @@
 //! multi-thread runtime (default worker count); the client on a current-thread runtime on the
 //! main thread. Clients are cloned per call, as tonic's docs recommend.
 //!
+//! With `--grpc-go-server` it is `grpc-go-server`: this same tonic client calling the grpc-go
+//! peer's server (`topspin-bench-grpc-go --server-only`, built beside this program by
+//! scripts/bench.sh), a process of its own whose CPU time and allocations count as the
+//! server's (common::placement::external_server). So `tonic`, `topspin-grpc` and
+//! `grpc-go-server` are three servers under tonic's client.
+//!
 //! Built by the `topspin-bench-tonic-tls` package (feature `tls`, tonic's `tls-ring`) it is
 //! `tonic-tls`: the same over TLS, with a certificate for `localhost` made at start (rcgen).
 
@@ -184,12 +190,21 @@ fn make_pki() -> (String, String, String) {
 /// command per line of stdin until `quit`.
 #[derive(clap::Parser, Debug)]
 struct Cli {
+    /// The server is grpc-go's (the grpc-go peer's, `topspin-bench-grpc-go --server-only`,
+    /// from this program's directory), in a process of its own (`grpc-go-server`)
+    #[arg(long)]
+    grpc_go_server: bool,
     #[command(flatten)]
     placement: common::placement::Placement,
 }
 
 fn main() {
-    common::placement::init(<Cli as clap::Parser>::parse().placement);
+    let cli = <Cli as clap::Parser>::parse();
+    if cfg!(feature = "tls") && cli.grpc_go_server {
+        eprintln!("--grpc-go-server is in the topspin-bench-tonic build, not the TLS one");
+        std::process::exit(2);
+    }
+    common::placement::init(cli.placement);
     #[cfg(feature = "tls")]
     let pki = make_pki();
     common::blob_pool();
@@ -197,7 +212,11 @@ fn main() {
     // The server: on its own runtime in this process, or a child process of its own
     // (`--separate-processes`, see common::placement).
     let _server_rt;
-    let addr: SocketAddr = match common::placement::separate_server() {
+    let go_server = cli.grpc_go_server.then(|| {
+        let go = common::placement::sibling("topspin-bench-grpc-go");
+        common::placement::external_server(&go, &["--server-only"])
+    });
+    let addr: SocketAddr = match go_server.or_else(common::placement::separate_server) {
         Some(a) => a.parse().expect("server address"),
         None => {
             let server_rt = tokio::runtime::Builder::new_multi_thread()
@@ -258,6 +277,8 @@ fn main() {
     });
     let name = if cfg!(feature = "tls") {
         "tonic-tls"
+    } else if cli.grpc_go_server {
+        "grpc-go-server"
     } else {
         "tonic"
     };

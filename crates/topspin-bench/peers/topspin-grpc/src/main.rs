@@ -1,10 +1,20 @@
-//! Peer `topspin-grpc`: topspin's server — the `BenchServer` topspin-build generates, default
-//! settings, exactly the `topspin` peer's — answering gRPC on its `tcp://` port (the gRPC face,
-//! h2c), called by tonic's generated `BenchClient` set up exactly as the `tonic` peer's client
-//! (default features, TCP_NODELAY, 64 MiB message limit, cloned per call). So its row against
-//! `tonic` compares the two servers under the same gRPC client, and against `topspin` shows
-//! what the native protocol saves. Server: tokio multi-thread runtime (default workers);
-//! client: current-thread runtime on the main thread.
+//! A gRPC client calling a gRPC server, topspin on one side at least (`--server`, `--client`):
+//!
+//! - `topspin-grpc` (default): topspin's server — the `BenchServer` topspin-build generates,
+//!   default settings, exactly the `topspin` peer's — answering gRPC on its `tcp://` port (the
+//!   gRPC face, h2c), called by tonic's generated `BenchClient` set up exactly as the `tonic`
+//!   peer's client (default features, TCP_NODELAY, 64 MiB message limit, cloned per call). So
+//!   its row against `tonic` (and `grpc-go-server`) compares the servers under the same gRPC
+//!   client, and against `topspin` shows what the native protocol saves.
+//! - `topspin-grpc-client` (`--server tonic --client topspin`): topspin's generated
+//!   `BenchClient` over `grpc://` (topspin's gRPC client mode, default settings) calling
+//!   tonic's server set up as the `tonic` peer's: against `tonic`, two clients under the same
+//!   server.
+//! - `topspin-grpc-client-go` (`--server grpc-go --client topspin`): the same client calling
+//!   grpc-go's server (the grpc-go peer's, a process of its own): against `grpc-go`.
+//!
+//! Server: tokio multi-thread runtime (default workers); client: current-thread runtime on the
+//! main thread.
 
 use topspin::{Request, Response, Server, Status};
 use topspin_bench_common::{
@@ -22,103 +32,118 @@ mod tonic_gen {
     include!(concat!(env!("OUT_DIR"), "/tonic/bench.v1.rs"));
 }
 use gen::{Bench, BenchServer};
-use tonic_gen::bench_client::BenchClient;
+use tonic::{Request as TonicRequest, Response as TonicResponse};
+use tonic_gen::bench_client::BenchClient as TonicClient;
 
-struct Svc;
+/// The Bench service, written once for topspin's and tonic's server traits (the same code as
+/// the `topspin` and `tonic` peers' services).
+macro_rules! bench_service {
+    ($(#[$attr:meta])* $svc:ident: $tr:path, $req:ident, $resp:ident, $status:ty) => {
+        struct $svc;
 
-impl Bench for Svc {
-    async fn echo(&self, r: Request<pb::EchoRequest>) -> Result<Response<pb::EchoReply>, Status> {
-        Ok(Response::new(pb::EchoReply {
-            data: r.into_inner().data,
-        }))
-    }
-    async fn get_answer(
-        &self,
-        r: Request<pb::AnswerRequest>,
-    ) -> Result<Response<pb::AnswerReply>, Status> {
-        Ok(Response::new(pb::AnswerReply {
-            answer: 41 + r.get_ref().n,
-        }))
-    }
-    async fn get_blob(
-        &self,
-        r: Request<pb::BlobRequest>,
-    ) -> Result<Response<pb::BlobReply>, Status> {
-        let size = r.get_ref().size as usize;
-        if size > common::BLOB_POOL {
-            return Err(Status::invalid_argument("blob too large"));
+        $(#[$attr])*
+        impl $tr for $svc {
+            async fn echo(&self, r: $req<pb::EchoRequest>) -> Result<$resp<pb::EchoReply>, $status> {
+                Ok($resp::new(pb::EchoReply {
+                    data: r.into_inner().data,
+                }))
+            }
+            async fn get_answer(
+                &self,
+                r: $req<pb::AnswerRequest>,
+            ) -> Result<$resp<pb::AnswerReply>, $status> {
+                Ok($resp::new(pb::AnswerReply {
+                    answer: 41 + r.get_ref().n,
+                }))
+            }
+            async fn get_blob(
+                &self,
+                r: $req<pb::BlobRequest>,
+            ) -> Result<$resp<pb::BlobReply>, $status> {
+                let size = r.get_ref().size as usize;
+                if size > common::BLOB_POOL {
+                    return Err(<$status>::invalid_argument("blob too large"));
+                }
+                Ok($resp::new(pb::BlobReply {
+                    data: common::blob_pool().slice(0..size),
+                }))
+            }
+            async fn get_structs(
+                &self,
+                _r: $req<pb::StructsRequest>,
+            ) -> Result<$resp<pb::StructsReply>, $status> {
+                Ok($resp::new(pb::StructsReply {
+                    students: common::students().to_vec(),
+                }))
+            }
+            async fn nymph_uint32(
+                &self,
+                r: $req<pb::Uint32Value>,
+            ) -> Result<$resp<pb::Uint32Value>, $status> {
+                Ok($resp::new(r.into_inner()))
+            }
+            async fn nymph_double(
+                &self,
+                r: $req<pb::DoubleValue>,
+            ) -> Result<$resp<pb::DoubleValue>, $status> {
+                Ok($resp::new(r.into_inner()))
+            }
+            async fn nymph_array(
+                &self,
+                r: $req<pb::ArrayValue>,
+            ) -> Result<$resp<pb::ArrayValue>, $status> {
+                Ok($resp::new(r.into_inner()))
+            }
+            async fn nymph_blob(
+                &self,
+                r: $req<pb::BlobValue>,
+            ) -> Result<$resp<pb::BlobValue>, $status> {
+                Ok($resp::new(r.into_inner()))
+            }
         }
-        Ok(Response::new(pb::BlobReply {
-            data: common::blob_pool().slice(0..size),
-        }))
-    }
-    async fn get_structs(
-        &self,
-        _r: Request<pb::StructsRequest>,
-    ) -> Result<Response<pb::StructsReply>, Status> {
-        Ok(Response::new(pb::StructsReply {
-            students: common::students().to_vec(),
-        }))
-    }
-    async fn nymph_uint32(
-        &self,
-        r: Request<pb::Uint32Value>,
-    ) -> Result<Response<pb::Uint32Value>, Status> {
-        Ok(Response::new(r.into_inner()))
-    }
-    async fn nymph_double(
-        &self,
-        r: Request<pb::DoubleValue>,
-    ) -> Result<Response<pb::DoubleValue>, Status> {
-        Ok(Response::new(r.into_inner()))
-    }
-    async fn nymph_array(
-        &self,
-        r: Request<pb::ArrayValue>,
-    ) -> Result<Response<pb::ArrayValue>, Status> {
-        Ok(Response::new(r.into_inner()))
-    }
-    async fn nymph_blob(
-        &self,
-        r: Request<pb::BlobValue>,
-    ) -> Result<Response<pb::BlobValue>, Status> {
-        Ok(Response::new(r.into_inner()))
-    }
+    };
 }
 
-struct Client(BenchClient<tonic::transport::Channel>);
+bench_service!(Svc: Bench, Request, Response, Status);
+bench_service!(
+    #[tonic::async_trait]
+    TonicSvc: tonic_gen::bench_server::Bench,
+    TonicRequest,
+    TonicResponse,
+    tonic::Status
+);
 
-fn st(s: tonic::Status) -> String {
-    format!("{:?}: {}", s.code(), s.message())
-}
-
-impl AsyncCall for Client {
-    async fn call(&self, input: &Input, check: bool) -> Result<(), String> {
-        let mut c = self.0.clone();
+/// One call of `input` on a generated client `$c` (tonic's or topspin's: the same methods).
+macro_rules! call {
+    ($c:expr, $input:expr, $check:expr) => {{
+        let (c, input, check) = ($c, $input, $check);
         match input {
             Input::Echo(b) => {
                 let r = c
                     .echo(pb::EchoRequest { data: b.clone() })
                     .await
-                    .map_err(st)?;
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
                 check_echo(&r.get_ref().data, b, check)
             }
             Input::Answer(n) => {
                 let r = c
                     .get_answer(pb::AnswerRequest { n: *n })
                     .await
-                    .map_err(st)?;
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
                 check_eq("answer", r.get_ref().answer, 41 + n)
             }
             Input::Blob(size) => {
                 let r = c
                     .get_blob(pb::BlobRequest { size: *size })
                     .await
-                    .map_err(st)?;
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
                 check_blob(&r.get_ref().data, *size, check)
             }
             Input::Structs => {
-                let r = c.get_structs(pb::StructsRequest {}).await.map_err(st)?;
+                let r = c
+                    .get_structs(pb::StructsRequest {})
+                    .await
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
                 let s = &r.get_ref().students;
                 if check {
                     common::check_students(s)
@@ -130,14 +155,14 @@ impl AsyncCall for Client {
                 let r = c
                     .nymph_uint32(pb::Uint32Value { value: *v })
                     .await
-                    .map_err(st)?;
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
                 check_eq("nymph_uint32", r.get_ref().value, *v)
             }
             Input::F64(v) => {
                 let r = c
                     .nymph_double(pb::DoubleValue { value: *v })
                     .await
-                    .map_err(st)?;
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
                 check_eq("nymph_double", r.get_ref().value, *v)
             }
             Input::Array(vals) => {
@@ -146,58 +171,147 @@ impl AsyncCall for Client {
                         values: vals.clone(),
                     })
                     .await
-                    .map_err(st)?;
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
                 check_array(&r.get_ref().values, vals)
             }
             Input::NBlob(b) => {
                 let r = c
                     .nymph_blob(pb::BlobValue { data: b.clone() })
                     .await
-                    .map_err(st)?;
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
                 check_echo(&r.get_ref().data, b, check)
             }
+        }
+    }};
+}
+
+/// A connection of the system's client: tonic's generated client (cloned per call, as the
+/// `tonic` peer's) or topspin's over `grpc://`.
+enum Client {
+    Tonic(TonicClient<tonic::transport::Channel>),
+    Topspin(gen::BenchClient),
+}
+
+impl AsyncCall for Client {
+    async fn call(&self, input: &Input, check: bool) -> Result<(), String> {
+        match self {
+            Client::Tonic(c) => call!(&mut c.clone(), input, check),
+            Client::Topspin(c) => call!(c, input, check),
         }
     }
 }
 
 const CONNS: usize = 4;
-/// As the tonic peer's client: its default 4 MiB decoding limit would refuse the 16 MiB
-/// workloads (the topspin server's limit is its default, 64 MiB).
+/// As the tonic peer's: tonic's default 4 MiB decoding limit would refuse the 16 MiB workloads
+/// (topspin's default limit, server and client, is 64 MiB).
 const MAX_MESSAGE: usize = 64 << 20;
 
-/// topspin's server answering gRPC on its tcp:// port, called by tonic's client (peer
-/// `topspin-grpc`). A topspin-bench peer: started by topspin-bench, it prints `ready NAME`, then
-/// answers one JSON command per line of stdin until `quit`.
+/// Which gRPC server a row calls.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ServerKind {
+    /// topspin's server, answering gRPC on its tcp:// port (the gRPC face)
+    Topspin,
+    /// tonic's server, set up as the `tonic` peer's
+    Tonic,
+    /// grpc-go's: the grpc-go peer's server (`topspin-bench-grpc-go --server-only`, from this
+    /// program's directory), always a process of its own
+    GrpcGo,
+}
+
+/// Which gRPC client makes the calls.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ClientKind {
+    /// tonic's generated client, set up as the `tonic` peer's
+    Tonic,
+    /// topspin's generated client over a grpc:// address (topspin's gRPC client mode)
+    Topspin,
+}
+
+/// A gRPC client calling a gRPC server (peers `topspin-grpc`, `topspin-grpc-client`,
+/// `topspin-grpc-client-go`). A topspin-bench peer: started by topspin-bench, it prints
+/// `ready NAME`, then answers one JSON command per line of stdin until `quit`.
 #[derive(clap::Parser, Debug)]
 struct Cli {
+    /// The server
+    #[arg(long, value_enum, default_value = "topspin")]
+    server: ServerKind,
+    /// The client
+    #[arg(long, value_enum, default_value = "tonic")]
+    client: ClientKind,
     #[command(flatten)]
     placement: common::placement::Placement,
 }
 
+/// Starts the topspin or tonic server on `rt`; returns its `127.0.0.1:P`.
+fn start_server(rt: &tokio::runtime::Runtime, kind: ServerKind) -> String {
+    rt.block_on(async {
+        if kind == ServerKind::Tonic {
+            let incoming = tonic::transport::server::TcpIncoming::bind(([127, 0, 0, 1], 0).into())
+                .expect("bind")
+                .with_nodelay(Some(true));
+            let addr = incoming.local_addr().expect("addr").to_string();
+            let svc = tonic_gen::bench_server::BenchServer::new(TonicSvc)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE);
+            let mut server = tonic::transport::Server::builder().tcp_nodelay(true);
+            tokio::spawn(server.add_service(svc).serve_with_incoming(incoming));
+            return addr;
+        }
+        let server = Server::builder()
+            .add_service(BenchServer::new(Svc))
+            .bind("tcp://127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = server.local_addr().to_string().replace("tcp://", "");
+        tokio::spawn(server.serve());
+        addr
+    })
+}
+
+async fn connect(kind: ClientKind, addr: &str) -> Client {
+    match kind {
+        ClientKind::Tonic => {
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("endpoint");
+            let ch = endpoint.tcp_nodelay(true).connect().await.expect("connect");
+            Client::Tonic(
+                TonicClient::new(ch)
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+        }
+        // Default settings, as the `topspin` peer's client.
+        ClientKind::Topspin => Client::Topspin(gen::BenchClient::new(
+            topspin::Endpoint::new(format!("grpc://{addr}").as_str())
+                .expect("endpoint")
+                .connect()
+                .await
+                .expect("connect"),
+        )),
+    }
+}
+
 fn main() {
-    common::placement::init(<Cli as clap::Parser>::parse().placement);
+    let cli = <Cli as clap::Parser>::parse();
+    common::placement::init(cli.placement);
     common::blob_pool();
     common::students();
-    // The server: on its own runtime in this process, or a child process of its own
-    // (`--separate-processes`, see common::placement).
+    // The server: grpc-go's in a process of its own; topspin's or tonic's on its own runtime in
+    // this process, or a child process of its own (`--separate-processes`, see
+    // common::placement).
     let _server_rt;
-    let addr = match common::placement::separate_server() {
+    let go_server = (cli.server == ServerKind::GrpcGo).then(|| {
+        let go = common::placement::sibling("topspin-bench-grpc-go");
+        common::placement::external_server(&go, &["--server-only"])
+    });
+    let addr = match go_server.or_else(common::placement::separate_server) {
         Some(a) => a,
         None => {
             let server_rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
                 .expect("server runtime");
-            let addr = server_rt.block_on(async {
-                let server = Server::builder()
-                    .add_service(BenchServer::new(Svc))
-                    .bind("tcp://127.0.0.1:0")
-                    .await
-                    .expect("bind");
-                let addr = server.local_addr().to_string().replace("tcp://", "");
-                tokio::spawn(server.serve());
-                addr
-            });
+            let addr = start_server(&server_rt, cli.server);
             common::placement::server_only(&addr);
             _server_rt = server_rt;
             addr
@@ -210,18 +324,17 @@ fn main() {
     let clients: Vec<Client> = rt.block_on(async {
         let mut v = Vec::new();
         for _ in 0..CONNS {
-            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                .expect("endpoint");
-            let ch = endpoint.tcp_nodelay(true).connect().await.expect("connect");
-            v.push(Client(
-                BenchClient::new(ch)
-                    .max_decoding_message_size(MAX_MESSAGE)
-                    .max_encoding_message_size(MAX_MESSAGE),
-            ));
+            v.push(connect(cli.client, &addr).await);
         }
         v
     });
-    common::serve_commands("topspin-grpc", |cmd| {
-        rt.block_on(common::run_async(&clients, cmd))
-    });
+    let name = match (cli.client, cli.server) {
+        (ClientKind::Tonic, ServerKind::Topspin) => "topspin-grpc",
+        (ClientKind::Topspin, ServerKind::Tonic) => "topspin-grpc-client",
+        (ClientKind::Topspin, ServerKind::GrpcGo) => "topspin-grpc-client-go",
+        (ClientKind::Tonic, ServerKind::Tonic) => "tonic (topspin-grpc build)",
+        (ClientKind::Tonic, ServerKind::GrpcGo) => "grpc-go-server (topspin-grpc build)",
+        (ClientKind::Topspin, ServerKind::Topspin) => "topspin-grpc (topspin client)",
+    };
+    common::serve_commands(name, |cmd| rt.block_on(common::run_async(&clients, cmd)));
 }

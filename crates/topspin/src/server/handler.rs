@@ -57,6 +57,7 @@ pub(crate) enum SCmd {
         /// Whether a face that compresses in its own frames (gRPC) compresses this one: the
         /// response's [`MessageCompression`](crate::MessageCompression) was on. (The native
         /// face's messages come encoded already.)
+        #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
         compress: bool,
     },
     Credit {

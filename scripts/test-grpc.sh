@@ -9,7 +9,8 @@
 #     built at run time from the .proto): every kind, a deadline, NOT_FOUND, details, metadata,
 #     gzip, cancellation of a stream
 #   - gRPC's own interop client (grpc-go's) against examples/interop's TestService: every case
-#     that needs no cloud credentials (scripts/test-interop.sh)
+#     that needs no cloud credentials; and topspin's grpc:// client against grpc-go's interop
+#     server (scripts/test-interop.sh)
 #   - the README's terminal commands as written (only the address differs): its grpcurl
 #     block, its grpcio program, its `topspin` block (list, describe, health, a Put, a Watch
 #     that streams the Put made while it runs) and its "Two terminals" block (the echo

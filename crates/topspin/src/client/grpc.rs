@@ -54,6 +54,8 @@ struct Base {
     authority: Authority,
     /// Largest response message accepted (also after decompression).
     limit: usize,
+    /// A call's stream window (`Config::initial_call_window`, clamped as h2 is told).
+    window: usize,
     /// What decompressed responses are charged to (`Config::memory_budget`).
     budget: Arc<topspin_proto::MemoryBudget>,
     shared: Arc<ConnShared>,
@@ -134,6 +136,7 @@ where
             scheme,
             authority,
             limit: config.max_message_size() as usize,
+            window: window as usize,
             budget: config.memory_budget(),
             shared: shared.clone(),
             max_metadata,

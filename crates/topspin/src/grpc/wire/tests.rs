@@ -535,3 +535,38 @@ fn credit_deframer_three_cuts_and_oversize() {
         .unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted);
 }
+
+/// The client mode's response deframer charges a message split over DATA chunks to the
+/// memory budget while it gathers it (else a server could make a client hold up to
+/// max_message_size per call outside the budget), keeps it charged while the message is held,
+/// and gives all of it back once the message is dropped. The credit is the chunks' bytes.
+#[test]
+fn client_split_message_is_charged_to_the_budget() {
+    let budget = topspin_proto::MemoryBudget::new(1 << 20);
+    let body = vec![7u8; 100_000];
+    let wire = wire_of(&[&body]);
+    let mut d = CreditDeframer::for_response(65_535, budget.clone());
+    let mut got = Vec::new();
+    let mut credit = 0;
+    for (i, part) in wire.chunks(16_384).enumerate() {
+        credit += d
+            .push(Bytes::copy_from_slice(part), 1 << 20, |f| {
+                credit += f.credit;
+                got.push(f.message);
+                Ok(())
+            })
+            .unwrap();
+        let gathered = ((i + 1) * 16_384).min(wire.len());
+        assert!(
+            budget.used() >= gathered - PREFIX,
+            "{} bytes of the budget charged for {gathered} bytes gathered",
+            budget.used()
+        );
+    }
+    assert_eq!(credit, wire.len());
+    assert_eq!(got, [&body[..]]);
+    drop(d);
+    assert!(budget.used() >= body.len(), "the message held is charged");
+    drop(got);
+    assert_eq!(budget.used(), 0);
+}

@@ -15,7 +15,7 @@
 use super::conn::{CallStart, Cmd, ConnHandle, ConnShared, Sink, COMMAND_QUEUE};
 use crate::compression::{self, Encoding};
 use crate::connection::Ack;
-use crate::grpc::wire::{self, CreditDeframer, Framed};
+use crate::grpc::wire::{self, Deframer, Received};
 use crate::streaming::Item;
 use crate::{Address, Config, Metadata, Status};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -33,6 +33,10 @@ use tokio::sync::{mpsc, oneshot};
 /// Messages up to this size go out in one DATA frame with their prefix (copied behind it);
 /// larger ones go as the prefix and the message as it is (no copy).
 const COPY_BELOW: usize = 16 * 1024;
+
+/// How often a call whose response credit is withheld (memory budget spent) looks for room
+/// again.
+const RETRY_WINDOW: Duration = Duration::from_millis(20);
 
 /// The encodings this client decodes, as announced in `grpc-accept-encoding`.
 const ACCEPT_ENCODING: HeaderValue = HeaderValue::from_static(wire::ACCEPT);

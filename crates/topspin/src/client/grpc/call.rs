@@ -1,6 +1,6 @@
 //! One call of the client's gRPC mode on its h2 stream: the request headers, the request
-//! messages written within the stream's capacity, the response headers, messages (a
-//! `CreditDeframer`, credit given back as the consumer takes them) and trailers, mapped to
+//! messages written within the stream's capacity, the response headers, messages (the gRPC
+//! `Deframer`, credit given back as the consumer takes them) and trailers, mapped to
 //! the same call events a native call gives.
 
 use super::*;
@@ -19,13 +19,20 @@ pub(super) struct GrpcCall {
     message: Option<Bytes>,
     /// The response's message encoding (`grpc-encoding`).
     encoding: Option<Encoding>,
-    deframer: CreditDeframer,
+    /// Gathers response messages; a split one's buffer is charged to the memory budget.
+    deframer: Deframer,
     /// Credit of response messages handed to the stream's consumer and not given back yet.
     unconsumed: usize,
     /// Credit of parts of a message not yet complete, kept back while the consumer still has
     /// messages to take (released once it has taken them all): a reader that stops reading
     /// holds the server at the window, not the window plus the message under way.
     deferred: usize,
+    /// Credit of parts of a message not yet complete, kept back while the memory budget has no
+    /// room for what is gathered (a server then holds this side to its budget plus a window
+    /// per stream); given back once there is room, looked for every `RETRY_WINDOW`.
+    withheld: usize,
+    /// Rings while credit is withheld: time to look for room again.
+    retry: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// The pump's ack for the message queued last, sent once h2 has window for it.
     unacked: Option<Ack>,
     half_close_after: bool,
@@ -64,7 +71,7 @@ pub(super) enum Step {
 impl GrpcCall {
     pub(super) fn new(base: Arc<Base>, method: bytestring::ByteString, sink: Sink) -> GrpcCall {
         GrpcCall {
-            deframer: CreditDeframer::for_response(base.window, base.budget.clone()),
+            deframer: Deframer::new(base.window, Some(base.budget.clone())),
             base,
             method,
             sink: Some(sink),
@@ -74,6 +81,8 @@ impl GrpcCall {
             encoding: None,
             unconsumed: 0,
             deferred: 0,
+            withheld: 0,
+            retry: None,
             unacked: None,
             half_close_after: false,
             half_closed: false,
@@ -393,6 +402,10 @@ impl GrpcCall {
                     Some(step) => step,
                     None => return, // cancelled: the stream is reset
                 },
+                () = async { self.retry.as_mut().expect("guarded").await }, if self.retry.is_some() => {
+                    self.on_retry(body.as_mut());
+                    Step::Go
+                }
                 () = &mut sleep, if has_deadline => {
                     stream.send_reset(h2::Reason::CANCEL);
                     let m = format!("deadline exceeded waiting for {}", &*self.method);
@@ -581,48 +594,77 @@ impl GrpcCall {
     /// One DATA chunk: the messages it completes go to the sink.
     fn on_data(&mut self, chunk: Bytes, body: &mut RecvStream) -> Step {
         let n = chunk.len();
-        let (limit, budget) = (self.base.limit, &self.base.budget);
-        let (encoding, method) = (self.encoding, self.method.clone());
-        let sink = &mut self.sink;
-        let message = &mut self.message;
+        self.deframer.push(chunk);
         let mut held = 0usize;
-        let r = self.deframer.push(chunk, limit, |f: Framed| {
-            let m = wire::unframe(f.compressed, f.message, encoding, limit, Some(budget))?;
-            match sink {
-                Some(Sink::Stream { items, .. }) => {
-                    held += f.credit;
-                    // The consumer gives this credit back (Cmd::Credit) as it takes the message.
-                    let _ = items.send(Item::Message(m, f.credit as u32));
-                    Ok(())
-                }
-                Some(Sink::Unary(_)) if message.is_none() => {
-                    *message = Some(m);
-                    Ok(())
-                }
-                Some(Sink::Unary(_)) => Err(Status::internal(format!(
-                    "the server sent more than one response message for {}, which expects one",
-                    &*method
-                ))),
-                None => Ok(()),
+        let r = loop {
+            match self.deframer.next(self.base.limit, self.encoding) {
+                Ok(Some(m)) => match self.deliver(m) {
+                    Ok(h) => held += h,
+                    Err(s) => break Err(s),
+                },
+                Ok(None) => break Ok(()),
+                Err(s) => break Err(s),
             }
-        });
+        };
         // What no stream consumer holds is released now: parts of messages not yet complete
         // (a message larger than the window could otherwise never arrive) — unless the
-        // consumer has messages still to take: then once it has taken them — and the one
-        // response of a unary-response call (bounded by max_message_size).
+        // memory budget has no room for what is gathered (then once it has), or the consumer
+        // has messages still to take (then once it has taken them) — and the one response of
+        // a unary-response call (bounded by max_message_size).
         self.unconsumed += held;
-        let free = n - held;
-        if self.unconsumed == 0 {
-            let _ = body.flow_control().release_capacity(free);
-        } else {
-            self.deferred += free;
-        }
+        self.free(n - held, body);
         match r {
-            Ok(_) => Step::Go,
+            Ok(()) => Step::Go,
             Err(s) => {
                 self.fail(s);
                 Step::Done
             }
+        }
+    }
+
+    /// One response message to the sink; `Ok`: the credit a stream consumer now holds.
+    fn deliver(&mut self, m: Received) -> Result<usize, Status> {
+        match &mut self.sink {
+            Some(Sink::Stream { items, .. }) => {
+                // The consumer gives this credit back (Cmd::Credit) as it takes the message.
+                let _ = items.send(Item::Message(m.message, m.credit as u32));
+                Ok(m.credit)
+            }
+            Some(Sink::Unary(_)) if self.message.is_none() => {
+                self.message = Some(m.message);
+                Ok(0)
+            }
+            Some(Sink::Unary(_)) => Err(Status::internal(format!(
+                "the server sent more than one response message for {}, which expects one",
+                &*self.method
+            ))),
+            None => Ok(0),
+        }
+    }
+
+    /// Gives back `free` bytes of credit no consumer holds, or keeps them back (see
+    /// `withheld` and `deferred`).
+    fn free(&mut self, free: usize, body: &mut RecvStream) {
+        if self.deframer.must_wait() {
+            self.withheld += free;
+            if self.retry.is_none() {
+                let at = tokio::time::Instant::now() + RETRY_WINDOW;
+                self.retry = Some(Box::pin(tokio::time::sleep_until(at)));
+            }
+        } else if self.unconsumed == 0 {
+            let _ = body.flow_control().release_capacity(free);
+        } else {
+            self.deferred += free;
+        }
+    }
+
+    /// Time to look again whether the withheld credit can be given back.
+    fn on_retry(&mut self, body: Option<&mut RecvStream>) {
+        self.retry = None;
+        let withheld = std::mem::take(&mut self.withheld);
+        match body {
+            Some(b) => self.free(withheld, b),
+            None => self.withheld = withheld,
         }
     }
 
@@ -635,7 +677,7 @@ impl GrpcCall {
                 &*self.method
             )),
         };
-        if status.is_ok() && self.deframer.partial() {
+        if status.is_ok() && !self.deframer.is_empty() {
             return self.fail(Status::internal(format!(
                 "the response stream of {} ended in the middle of a message",
                 &*self.method

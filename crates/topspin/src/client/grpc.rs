@@ -15,10 +15,10 @@
 use super::conn::{CallStart, Cmd, ConnHandle, ConnShared, Sink, COMMAND_QUEUE};
 use crate::compression::{self, Encoding};
 use crate::connection::Ack;
-use crate::grpc::wire::{self, Deframer, Received};
+use crate::grpc::wire::{self, Deframer, Frame, Received};
 use crate::streaming::Item;
 use crate::{Address, Config, Metadata, Status};
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{RecvStream, SendStream};
 use http::header::{HeaderValue, CONTENT_TYPE, TE, USER_AGENT};
@@ -29,10 +29,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
-
-/// Messages up to this size go out in one DATA frame with their prefix (copied behind it);
-/// larger ones go as the prefix and the message as it is (no copy).
-const COPY_BELOW: usize = 16 * 1024;
 
 /// How often a call whose response credit is withheld (memory budget spent) looks for room
 /// again.
@@ -102,7 +98,7 @@ where
         .max_frame_size(config.max_frame_size().clamp(16_384, 16_777_215))
         .enable_push(false);
     let (send, mut connection) = builder
-        .handshake::<T, Bytes>(io)
+        .handshake::<T, Frame>(io)
         .await
         .map_err(|e| what(&format!("HTTP/2 handshake failed: {e}")))?;
     let shared = Arc::new(ConnShared::default());
@@ -156,7 +152,7 @@ where
 
 /// Drives the HTTP/2 connection until it ends or `stop` says why it must.
 async fn drive<T>(
-    mut connection: h2::client::Connection<T, Bytes>,
+    mut connection: h2::client::Connection<T, Frame>,
     mut stop: oneshot::Receiver<String>,
     shared: Arc<ConnShared>,
     closed: Arc<std::sync::OnceLock<String>>,
@@ -198,7 +194,7 @@ async fn keep_alive(
 
 /// Routes the channel's commands to the calls of one connection.
 struct Router {
-    send: SendRequest<Bytes>,
+    send: SendRequest<Frame>,
     base: Arc<Base>,
     /// The calls by token: at most `max_calls` plus the server's concurrent-stream limit.
     calls: FxHashMap<u64, mpsc::UnboundedSender<CallCmd>>,

@@ -4,6 +4,7 @@
 //! message's buffer charged to the memory budget; per-message flow-control credit). The header side of
 //! gRPC is `wire.rs`, which re-exports these names.
 
+use crate::codec::Payload;
 #[cfg(feature = "grpc")]
 use crate::compression::Compression;
 use crate::compression::{self, Encoding};
@@ -69,28 +70,17 @@ pub(crate) fn unframe(
     }
 }
 
-/// The segments of `message` after its first `skip` bytes (none empty).
-pub(crate) fn segments_after(
-    message: &crate::codec::Payload,
-    mut skip: usize,
-) -> impl Iterator<Item = Bytes> + '_ {
-    message.segments().iter().filter_map(move |s| {
-        let k = skip.min(s.len());
-        skip -= k;
-        (k < s.len()).then(|| if k == 0 { s.clone() } else { s.slice(k..) })
-    })
-}
-
-/// One outgoing gRPC message (the server's): the 5-byte prefix and the message, sent from the
-/// message's own segments without a copy (h2 writes them as successive DATA).
-#[cfg(feature = "grpc")]
+/// One outgoing gRPC message: the 5-byte prefix and the message, sent from the message's own
+/// segments without a copy (h2 writes them as successive DATA; a small one it copies behind
+/// its DATA header). The one framer of both sides: the face's response messages and the
+/// client mode's request messages, each side's h2 buffer type.
 #[derive(Debug)]
 pub(crate) struct Frame {
     pub(super) head: [u8; 5],
     /// Where the prefix left to send ends (5 but in a piece that ends inside it).
     head_end: usize,
     pos: usize,
-    body: crate::codec::Payload,
+    body: Payload,
     /// Where the rest of `body` starts: a segment and an offset in it.
     seg: usize,
     off: usize,
@@ -98,27 +88,36 @@ pub(crate) struct Frame {
     left: usize,
 }
 
-#[cfg(feature = "grpc")]
 impl Frame {
     /// The frame of `message`, compressed with `c` when given (and worth it).
-    pub(crate) fn new(
-        message: crate::codec::Payload,
-        c: Option<Compression>,
-    ) -> Result<Frame, Status> {
-        let (flag, body) = match c {
-            // `encode_payload` writes topspin's flag byte first: gRPC's flag has the same
-            // meaning.
-            Some(c) => {
-                let e = c.encode_payload(message)?;
-                let flag = e.segments().iter().find_map(|s| s.first()).copied();
-                (flag.unwrap_or(0), e)
+    #[cfg(feature = "grpc")]
+    pub(crate) fn new(message: Payload, c: Option<Compression>) -> Result<Frame, Status> {
+        match c {
+            Some(c) => Frame::encoded(c.encode_payload(message)?, true),
+            None => Frame::encoded(message, false),
+        }
+    }
+
+    /// The frame of a message as topspin's codec left it: with `flagged`, topspin's
+    /// compression flag byte first (0 as is, 1 compressed: gRPC's compressed flag has the same
+    /// meaning), which becomes the prefix's flag. `Err`: a flagged message without its byte
+    /// (INTERNAL), or one over gRPC's 4 GiB (RESOURCE_EXHAUSTED).
+    pub(crate) fn encoded(body: Payload, flagged: bool) -> Result<Frame, Status> {
+        let (flag, skip) = if flagged {
+            match body.segments().iter().find_map(|s| s.first()) {
+                Some(&f) => (f, 1),
+                None => {
+                    return Err(Status::internal(
+                        "a compressed call's message lacks its flag byte",
+                    ))
+                }
             }
-            None => (0, message),
+        } else {
+            (0, 0)
         };
-        let skip = usize::from(c.is_some()).min(body.len());
         let mut f = Frame {
             head: prefix(flag == 1, body.len() - skip)?,
-            head_end: 5,
+            head_end: PREFIX,
             pos: 0,
             left: body.len(),
             body,
@@ -129,22 +128,27 @@ impl Frame {
         Ok(f)
     }
 
+    /// A frame of no bytes (what ends a stream with no message).
+    pub(crate) fn empty() -> Frame {
+        Frame {
+            head: [0; PREFIX],
+            head_end: 0,
+            pos: 0,
+            body: Payload::default(),
+            seg: 0,
+            off: 0,
+            left: 0,
+        }
+    }
+
     /// The next `n` bytes (at most what is left) as a frame of their own, sharing the
     /// message's buffers (no copy); this frame goes on after them. How a large message goes to
     /// HTTP/2 a stream's send capacity at a time.
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // the face's
     pub(crate) fn take_piece(&mut self, n: usize) -> Frame {
         if n >= self.remaining() {
             // All of it (the usual case): moved, not shared.
-            let empty = Frame {
-                head: [0; 5],
-                head_end: 0,
-                pos: 0,
-                body: crate::codec::Payload::default(),
-                seg: 0,
-                off: 0,
-                left: 0,
-            };
-            return std::mem::replace(self, empty);
+            return std::mem::replace(self, Frame::empty());
         }
         let head_end = self.head_end.min(self.pos + n);
         let body = n - (head_end - self.pos);
@@ -182,7 +186,6 @@ impl Frame {
     }
 }
 
-#[cfg(feature = "grpc")]
 impl Buf for Frame {
     fn remaining(&self) -> usize {
         (self.head_end - self.pos) + self.left

@@ -190,53 +190,21 @@ impl GrpcCall {
         Ok(req)
     }
 
-    /// Queues one request message (prefixed) on the stream: a small one copied behind its
-    /// prefix as one DATA chunk, a large one as the prefix and then each of its segments as
-    /// they are (no copy).
+    /// Queues one request message on the stream, framed (`wire::Frame`: its prefix, then its
+    /// segments as they are, no copy).
     fn write(
         &self,
-        stream: &mut SendStream<Bytes>,
+        stream: &mut SendStream<Frame>,
         message: crate::codec::Payload,
         end: bool,
     ) -> Result<(), Status> {
-        let (flag, skip) = if self.compressed {
-            // topspin's compression put its flag byte first: 0 as is, 1 compressed — gRPC's
-            // compressed flag has the same meaning.
-            let Some(&f) = message.segments().iter().find_map(|s| s.first()) else {
-                return Err(Status::internal(
-                    "a compressed call's message lacks its flag byte",
-                ));
-            };
-            (f == 1, 1)
-        } else {
-            (false, 0)
-        };
-        let len = message.len() - skip;
-        let prefix = wire::prefix(flag, len)?;
-        let sent = if len < COPY_BELOW {
-            // Our own request message, below COPY_BELOW (16 KiB): sized by the caller, never
-            // by the peer.
-            let mut b = BytesMut::with_capacity(wire::PREFIX + len);
-            b.put_slice(&prefix);
-            for s in wire::segments_after(&message, skip) {
-                b.put_slice(&s);
-            }
-            stream.send_data(b.freeze(), end)
-        } else {
-            let mut r = stream.send_data(Bytes::copy_from_slice(&prefix), false);
-            let mut left = len;
-            for s in wire::segments_after(&message, skip) {
-                left -= s.len();
-                r = r.and_then(|()| stream.send_data(s, end && left == 0));
-            }
-            r
-        };
-        sent.map_err(|e| self.h2_error(&e))
+        let frame = Frame::encoded(message, self.compressed)?;
+        stream.send_data(frame, end).map_err(|e| self.h2_error(&e))
     }
 
     pub(super) async fn run(
         mut self,
-        send: SendRequest<Bytes>,
+        send: SendRequest<Frame>,
         mut call: CallStart,
         mut rx: mpsc::UnboundedReceiver<CallCmd>,
     ) {
@@ -291,11 +259,11 @@ impl GrpcCall {
     /// call may arrive meanwhile (kept in `early`). `Err(None)`: the caller cancelled.
     async fn ready(
         &mut self,
-        send: SendRequest<Bytes>,
+        send: SendRequest<Frame>,
         rx: &mut mpsc::UnboundedReceiver<CallCmd>,
         mut sleep: std::pin::Pin<&mut tokio::time::Sleep>,
         early: &mut Early,
-    ) -> Result<SendRequest<Bytes>, Option<Status>> {
+    ) -> Result<SendRequest<Frame>, Option<Status>> {
         let ready = send.ready();
         tokio::pin!(ready);
         loop {
@@ -331,7 +299,7 @@ impl GrpcCall {
     /// stream sent while it waited to open.
     fn first_write(
         &mut self,
-        stream: &mut SendStream<Bytes>,
+        stream: &mut SendStream<Frame>,
         one: Option<crate::codec::Payload>,
         early: Early,
     ) -> Result<(), Status> {
@@ -351,7 +319,7 @@ impl GrpcCall {
         r
     }
 
-    fn half_close(&mut self, stream: &mut SendStream<Bytes>) {
+    fn half_close(&mut self, stream: &mut SendStream<Frame>) {
         if self.half_closed {
             return;
         }
@@ -360,14 +328,14 @@ impl GrpcCall {
             return;
         }
         self.half_closed = true;
-        let _ = stream.send_data(Bytes::new(), true);
+        let _ = stream.send_data(Frame::empty(), true);
     }
 
     /// The call's life once its stream is open.
     async fn exchange(
         mut self,
         response: ResponseFuture,
-        mut stream: SendStream<Bytes>,
+        mut stream: SendStream<Frame>,
         mut rx: mpsc::UnboundedReceiver<CallCmd>,
         mut sleep: std::pin::Pin<&mut tokio::time::Sleep>,
         has_deadline: bool,
@@ -459,7 +427,7 @@ impl GrpcCall {
     fn on_capacity(
         &mut self,
         cap: Option<Result<usize, h2::Error>>,
-        stream: &mut SendStream<Bytes>,
+        stream: &mut SendStream<Frame>,
     ) -> Step {
         if let Some(ack) = self.unacked.take() {
             let _ = ack.send(match cap {
@@ -478,7 +446,7 @@ impl GrpcCall {
     fn on_cmd(
         &mut self,
         cmd: Option<CallCmd>,
-        stream: &mut SendStream<Bytes>,
+        stream: &mut SendStream<Frame>,
         body: Option<&mut RecvStream>,
     ) -> Option<Step> {
         match cmd {

@@ -1,6 +1,6 @@
 //! Entry points for the fuzz targets in `fuzz/`, built only under `cargo fuzz` (which sets
 //! `--cfg fuzzing`): parsers a peer reaches that are not public API — the gRPC face's wire
-//! details (`grpc-timeout`, metadata from headers, the message deframers of both sides), the
+//! details (`grpc-timeout`, metadata from headers, the one message deframer, as both sides use it), the
 //! WebSocket carriage and the shared-memory rings. Each panics on a broken invariant; a peer's bytes may only ever
 //! produce errors.
 

@@ -1,8 +1,9 @@
-//! gRPC's message framing, free of I/O and shared by both sides (the server's gRPC face and
-//! the client's gRPC mode): the 5-byte prefix, a response message framed for h2 (`Frame`,
-//! feature `grpc`), and the one deframer that gathers request and response messages (a
-//! message's buffer charged to the memory budget; per-message flow-control credit). The header side of
-//! gRPC is `wire.rs`, which re-exports these names.
+//! gRPC's message codec, free of I/O and one for both sides (the server's gRPC face and the
+//! client's gRPC mode): the 5-byte prefix, the one framer (`Frame`: a message framed for h2,
+//! the face's responses and the client's requests) and the one deframer (`Deframer`: request
+//! and response messages gathered, a split message's buffer charged to the memory budget, each
+//! message's flow-control credit). The header side of gRPC is `wire.rs`, which re-exports
+//! these names.
 
 use crate::codec::Payload;
 #[cfg(feature = "grpc")]

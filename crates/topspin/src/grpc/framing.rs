@@ -247,6 +247,7 @@ impl Buf for Frame {
 #[derive(Debug)]
 pub(crate) struct Received {
     pub(crate) message: Bytes,
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // the face's
     pub(crate) wire_len: usize,
     pub(crate) credit: usize,
 }

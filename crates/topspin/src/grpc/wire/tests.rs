@@ -249,13 +249,12 @@ fn metadata_to_headers_is_strict() {
     assert_eq!(e.code(), Code::InvalidArgument);
 }
 
+/// What [`deframe`] gives: the messages with their credit, and each part's rest.
+type Deframed = (Vec<(Bytes, usize)>, Vec<usize>);
+
 /// Feeds `parts` to `d`, draining it after each: the messages and each one's credit, and
 /// for each part what it left to an incomplete message (its length less that credit).
-fn deframe(
-    d: &mut Deframer,
-    parts: &[&[u8]],
-    limit: usize,
-) -> Result<(Vec<(Bytes, usize)>, Vec<usize>), Status> {
+fn deframe(d: &mut Deframer, parts: &[&[u8]], limit: usize) -> Result<Deframed, Status> {
     let (mut got, mut rest) = (Vec::new(), Vec::new());
     for part in parts {
         d.push(Bytes::copy_from_slice(part));

@@ -7,12 +7,38 @@
 #                                  SETTINGS, behind the target's two option bytes (role: the
 #                                  session's; application: passive and answering), and every
 #                                  frame vector as a one-frame stream for both roles
+#   fuzz/corpus/grpc_wire/         a few gRPC message streams (layout: topspin::fuzzing::
+#                                  grpc_wire): messages split over chunks, a gzip one, one over
+#                                  the limit, one cut off (written whether or not vectors exist)
 # Idempotent: files are named after the vectors and rewritten. Needs python3.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 vectors="${VECTORS_DIR:-$here/../testdata/vectors}"
 corpus="${CORPUS_DIR:-$here/corpus}"
-mkdir -p "$corpus/frame_decoder" "$corpus/connection_input"
+mkdir -p "$corpus/frame_decoder" "$corpus/connection_input" "$corpus/grpc_wire"
+python3 - "$corpus/grpc_wire" <<'PY'
+import gzip, os, sys
+
+
+def msg(body, flag=0):
+    return bytes([flag]) + len(body).to_bytes(4, "big") + body
+
+
+def seed(name, opts, cuts, timeout, body):
+    data = bytes([opts]) + bytes(cuts) + bytes([len(timeout)]) + timeout + body
+    with open(os.path.join(sys.argv[1], name), "wb") as f:
+        f.write(data)
+
+
+big = bytes(range(256)) * 40  # 10 KiB: split over chunks under the 16 KiB limit
+seed("split-messages", 3 << 2, [0, 1, 2, 3, 40, 200, 255, 255], b"100m",
+     msg(b"hello") + msg(b"") + msg(b"x-user: ann\n") + msg(big) + msg(b"tail"))
+seed("gzip-message", 1 | (3 << 2), [2, 9, 0, 0, 0, 0, 0, 0], b"1S",
+     msg(gzip.compress(big), 1) + msg(b"plain"))
+seed("over-the-limit", 0, [0, 0, 0, 0, 0, 0, 0, 0], b"", msg(b"x" * 17))
+seed("cut-off", 1 << 2, [1, 0, 0, 0, 0, 0, 0, 0], b"5u", msg(b"whole") + msg(b"y" * 100)[:50])
+print("seed.sh: 4 grpc_wire seeds in " + sys.argv[1])
+PY
 shopt -s nullglob
 files=("$vectors"/*.json)
 if [ ${#files[@]} -eq 0 ]; then

@@ -1,6 +1,6 @@
 //! Entry points for the fuzz targets in `fuzz/`, built only under `cargo fuzz` (which sets
 //! `--cfg fuzzing`): parsers a peer reaches that are not public API — the gRPC face's wire
-//! details (`grpc-timeout`, metadata from headers, the message deframers of both sides), the
+//! details (`grpc-timeout`, metadata from headers, the one message deframer, as both sides use it), the
 //! WebSocket carriage and the shared-memory rings. Each panics on a broken invariant; a peer's bytes may only ever
 //! produce errors.
 
@@ -61,8 +61,8 @@ pub fn grpc_wire(data: &[u8]) {
     let _ = wire::metadata_from_headers(&headers);
     let _ = wire::request_encoding(&headers);
 
-    // The server's deframer, charging a small budget: every message within the limit, and
-    // nothing left charged once the deframer and its messages are gone.
+    // The one deframer as the server's face uses it, charging a small budget: every message
+    // within the limit, and nothing left charged once the deframer and its messages are gone.
     let budget = MemoryBudget::new(64 * 1024);
     {
         let mut d = wire::Deframer::new(4096, Some(budget.clone()));
@@ -70,7 +70,7 @@ pub fn grpc_wire(data: &[u8]) {
         'chunks: for chunk in pieces(body, cuts) {
             d.push(chunk);
             loop {
-                match d.next(limit, encoding) {
+                match d.next(limit as usize, encoding) {
                     Ok(Some(r)) => {
                         assert!(r.message.len() <= limit as usize, "{}", r.message.len());
                         held.push(r.message);
@@ -87,25 +87,45 @@ pub fn grpc_wire(data: &[u8]) {
         0,
         "the budget kept charges after everything was dropped"
     );
+    grpc_client_deframer(body, cuts, limit as usize, encoding);
+}
 
-    // The client's deframer: every message within the limit, the credit it reports no more
-    // than the bytes it was given.
-    let mut d = wire::CreditDeframer::default();
-    let mut given = 0usize;
-    let mut credited = 0usize;
-    for chunk in pieces(body, cuts) {
-        given += chunk.len();
-        let r = d.push(chunk, limit as usize, |f| {
-            credited += f.credit;
-            let m = wire::unframe(f.compressed, f.message, encoding, limit as usize, None)?;
-            assert!(m.len() <= limit as usize);
-            Ok(())
-        });
-        if r.is_err() {
-            break;
+/// The one deframer as the client's gRPC mode uses it (a budget smaller than a message may
+/// be, a 64 KiB window): every message within the limit; of each chunk, the credit of the
+/// messages it completes is no more than its bytes, and what is left (released at once as an
+/// incomplete message's) is nonzero exactly when a message is under way; the budget given back.
+fn grpc_client_deframer(body: &[u8], cuts: &[u8], limit: usize, encoding: Option<Encoding>) {
+    let budget = MemoryBudget::new(8 * 1024);
+    {
+        let mut d = wire::Deframer::new(65_535, Some(budget.clone()));
+        let mut held = Vec::new();
+        'chunks: for chunk in pieces(body, cuts) {
+            let n = chunk.len();
+            let mut credited = 0usize;
+            d.push(chunk);
+            loop {
+                match d.next(limit, encoding) {
+                    Ok(Some(r)) => {
+                        assert!(r.message.len() <= limit, "{}", r.message.len());
+                        assert!(r.credit <= r.wire_len, "{} > {}", r.credit, r.wire_len);
+                        credited += r.credit;
+                        held.push(r.message);
+                    }
+                    Ok(None) => break,
+                    Err(_) => break 'chunks,
+                }
+            }
+            assert!(
+                credited <= n,
+                "{credited} credited for a chunk of {n} bytes"
+            );
+            if n > 0 {
+                assert_eq!(credited < n, !d.is_empty(), "{credited} of {n}");
+            }
+            let _ = d.must_wait();
         }
     }
-    assert!(credited <= given, "{credited} credited for {given} bytes");
+    assert_eq!(budget.used(), 0, "the client's budget kept charges");
 }
 
 /// Client frames from the fuzzer's bytes: each is a head byte (FIN, RSV bits and opcode as on

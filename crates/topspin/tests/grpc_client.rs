@@ -609,6 +609,58 @@ async fn a_2mb_message_each_way() {
     assert_eq!(r.into_inner(), b("ok"));
 }
 
+/// A response message split over DATA frames is gathered within the channel's memory budget:
+/// while the budget has no room for it the call waits (the message's credit withheld, so the
+/// server is held at a window) and completes once there is room; all of it is given back.
+#[tokio::test]
+async fn a_large_response_waits_for_room_in_the_memory_budget() {
+    // topspin's gRPC face: it does not compress (tonic's test server would, and a
+    // decompression with the budget spent fails the call at once).
+    let server = topspin::Server::builder()
+        .unary("/t.T/Echo", RawCodec, |req: Request<Bytes>| async move {
+            Ok(topspin::Response::new(req.into_inner()))
+        })
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = server.local_addr().host_port().unwrap().to_owned();
+    tokio::spawn(server.serve());
+    let budget = topspin::MemoryBudget::new(8 << 20);
+    let ch = Endpoint::new(format!("grpc://{addr}"))
+        .unwrap()
+        .config(topspin::Config::default().with_memory_budget(budget.clone()))
+        .connect()
+        .await
+        .unwrap();
+    let big = Bytes::from(
+        (0..2_000_000u32)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<_>>(),
+    );
+    // Someone else holds all but 64 KiB of it.
+    let others = (8 << 20) - 65_536;
+    assert!(budget.try_reserve(others));
+    let call = tokio::spawn({
+        let (ch, big) = (ch.clone(), big.clone());
+        async move { ch.unary(RawCodec, "/t.T/Echo", big).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if call.is_finished() {
+        let r = call.await.unwrap().map(|r| r.into_inner().len());
+        panic!("a 2 MB response came in 64 KiB of budget: {r:?}");
+    }
+    assert!(budget.used() <= others + 65_536, "{}", budget.used());
+    budget.release(others);
+    let r = common::within(15, call).await.unwrap().unwrap();
+    assert_eq!(r.into_inner(), big);
+    common::within(5, async {
+        while budget.used() != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn compressed_both_ways() {
     let t = tonic_server(None).await;

@@ -15,10 +15,10 @@
 use super::conn::{CallStart, Cmd, ConnHandle, ConnShared, Sink, COMMAND_QUEUE};
 use crate::compression::{self, Encoding};
 use crate::connection::Ack;
-use crate::grpc::wire::{self, CreditDeframer, Framed};
+use crate::grpc::wire::{self, Deframer, Frame, Received};
 use crate::streaming::Item;
 use crate::{Address, Config, Metadata, Status};
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{RecvStream, SendStream};
 use http::header::{HeaderValue, CONTENT_TYPE, TE, USER_AGENT};
@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 
-/// Messages up to this size go out in one DATA frame with their prefix (copied behind it);
-/// larger ones go as the prefix and the message as it is (no copy).
-const COPY_BELOW: usize = 16 * 1024;
+/// How often a call whose response credit is withheld (memory budget spent) looks for room
+/// again.
+const RETRY_WINDOW: Duration = Duration::from_millis(20);
 
 /// The encodings this client decodes, as announced in `grpc-accept-encoding`.
 const ACCEPT_ENCODING: HeaderValue = HeaderValue::from_static(wire::ACCEPT);
@@ -54,6 +54,8 @@ struct Base {
     authority: Authority,
     /// Largest response message accepted (also after decompression).
     limit: usize,
+    /// A call's stream window (`Config::initial_call_window`, clamped as h2 is told).
+    window: usize,
     /// What decompressed responses are charged to (`Config::memory_budget`).
     budget: Arc<topspin_proto::MemoryBudget>,
     shared: Arc<ConnShared>,
@@ -96,7 +98,7 @@ where
         .max_frame_size(config.max_frame_size().clamp(16_384, 16_777_215))
         .enable_push(false);
     let (send, mut connection) = builder
-        .handshake::<T, Bytes>(io)
+        .handshake::<T, Frame>(io)
         .await
         .map_err(|e| what(&format!("HTTP/2 handshake failed: {e}")))?;
     let shared = Arc::new(ConnShared::default());
@@ -134,6 +136,7 @@ where
             scheme,
             authority,
             limit: config.max_message_size() as usize,
+            window: window as usize,
             budget: config.memory_budget(),
             shared: shared.clone(),
             max_metadata,
@@ -149,7 +152,7 @@ where
 
 /// Drives the HTTP/2 connection until it ends or `stop` says why it must.
 async fn drive<T>(
-    mut connection: h2::client::Connection<T, Bytes>,
+    mut connection: h2::client::Connection<T, Frame>,
     mut stop: oneshot::Receiver<String>,
     shared: Arc<ConnShared>,
     closed: Arc<std::sync::OnceLock<String>>,
@@ -191,7 +194,7 @@ async fn keep_alive(
 
 /// Routes the channel's commands to the calls of one connection.
 struct Router {
-    send: SendRequest<Bytes>,
+    send: SendRequest<Frame>,
     base: Arc<Base>,
     /// The calls by token: at most `max_calls` plus the server's concurrent-stream limit.
     calls: FxHashMap<u64, mpsc::UnboundedSender<CallCmd>>,

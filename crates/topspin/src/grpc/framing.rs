@@ -1,9 +1,11 @@
-//! gRPC's message framing, free of I/O and shared by both sides (the server's gRPC face and
-//! the client's gRPC mode): the 5-byte prefix, a response message framed for h2 (`Frame`,
-//! feature `grpc`), and the deframers that gather request and response messages (a message's
-//! buffer charged to the memory budget; per-message flow-control credit). The header side of
-//! gRPC is `wire.rs`, which re-exports these names.
+//! gRPC's message codec, free of I/O and one for both sides (the server's gRPC face and the
+//! client's gRPC mode): the 5-byte prefix, the one framer (`Frame`: a message framed for h2,
+//! the face's responses and the client's requests) and the one deframer (`Deframer`: request
+//! and response messages gathered, a split message's buffer charged to the memory budget, each
+//! message's flow-control credit). The header side of gRPC is `wire.rs`, which re-exports
+//! these names.
 
+use crate::codec::Payload;
 #[cfg(feature = "grpc")]
 use crate::compression::Compression;
 use crate::compression::{self, Encoding};
@@ -69,28 +71,17 @@ pub(crate) fn unframe(
     }
 }
 
-/// The segments of `message` after its first `skip` bytes (none empty).
-pub(crate) fn segments_after(
-    message: &crate::codec::Payload,
-    mut skip: usize,
-) -> impl Iterator<Item = Bytes> + '_ {
-    message.segments().iter().filter_map(move |s| {
-        let k = skip.min(s.len());
-        skip -= k;
-        (k < s.len()).then(|| if k == 0 { s.clone() } else { s.slice(k..) })
-    })
-}
-
-/// One outgoing gRPC message (the server's): the 5-byte prefix and the message, sent from the
-/// message's own segments without a copy (h2 writes them as successive DATA).
-#[cfg(feature = "grpc")]
+/// One outgoing gRPC message: the 5-byte prefix and the message, sent from the message's own
+/// segments without a copy (h2 writes them as successive DATA; a small one it copies behind
+/// its DATA header). The one framer of both sides: the face's response messages and the
+/// client mode's request messages, each side's h2 buffer type.
 #[derive(Debug)]
 pub(crate) struct Frame {
     pub(super) head: [u8; 5],
     /// Where the prefix left to send ends (5 but in a piece that ends inside it).
     head_end: usize,
     pos: usize,
-    body: crate::codec::Payload,
+    body: Payload,
     /// Where the rest of `body` starts: a segment and an offset in it.
     seg: usize,
     off: usize,
@@ -98,27 +89,36 @@ pub(crate) struct Frame {
     left: usize,
 }
 
-#[cfg(feature = "grpc")]
 impl Frame {
     /// The frame of `message`, compressed with `c` when given (and worth it).
-    pub(crate) fn new(
-        message: crate::codec::Payload,
-        c: Option<Compression>,
-    ) -> Result<Frame, Status> {
-        let (flag, body) = match c {
-            // `encode_payload` writes topspin's flag byte first: gRPC's flag has the same
-            // meaning.
-            Some(c) => {
-                let e = c.encode_payload(message)?;
-                let flag = e.segments().iter().find_map(|s| s.first()).copied();
-                (flag.unwrap_or(0), e)
+    #[cfg(feature = "grpc")]
+    pub(crate) fn new(message: Payload, c: Option<Compression>) -> Result<Frame, Status> {
+        match c {
+            Some(c) => Frame::encoded(c.encode_payload(message)?, true),
+            None => Frame::encoded(message, false),
+        }
+    }
+
+    /// The frame of a message as topspin's codec left it: with `flagged`, topspin's
+    /// compression flag byte first (0 as is, 1 compressed: gRPC's compressed flag has the same
+    /// meaning), which becomes the prefix's flag. `Err`: a flagged message without its byte
+    /// (INTERNAL), or one over gRPC's 4 GiB (RESOURCE_EXHAUSTED).
+    pub(crate) fn encoded(body: Payload, flagged: bool) -> Result<Frame, Status> {
+        let (flag, skip) = if flagged {
+            match body.segments().iter().find_map(|s| s.first()) {
+                Some(&f) => (f, 1),
+                None => {
+                    return Err(Status::internal(
+                        "a compressed call's message lacks its flag byte",
+                    ))
+                }
             }
-            None => (0, message),
+        } else {
+            (0, 0)
         };
-        let skip = usize::from(c.is_some()).min(body.len());
         let mut f = Frame {
             head: prefix(flag == 1, body.len() - skip)?,
-            head_end: 5,
+            head_end: PREFIX,
             pos: 0,
             left: body.len(),
             body,
@@ -129,22 +129,27 @@ impl Frame {
         Ok(f)
     }
 
+    /// A frame of no bytes (what ends a stream with no message).
+    pub(crate) fn empty() -> Frame {
+        Frame {
+            head: [0; PREFIX],
+            head_end: 0,
+            pos: 0,
+            body: Payload::default(),
+            seg: 0,
+            off: 0,
+            left: 0,
+        }
+    }
+
     /// The next `n` bytes (at most what is left) as a frame of their own, sharing the
     /// message's buffers (no copy); this frame goes on after them. How a large message goes to
     /// HTTP/2 a stream's send capacity at a time.
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // the face's
     pub(crate) fn take_piece(&mut self, n: usize) -> Frame {
         if n >= self.remaining() {
             // All of it (the usual case): moved, not shared.
-            let empty = Frame {
-                head: [0; 5],
-                head_end: 0,
-                pos: 0,
-                body: crate::codec::Payload::default(),
-                seg: 0,
-                off: 0,
-                left: 0,
-            };
-            return std::mem::replace(self, empty);
+            return std::mem::replace(self, Frame::empty());
         }
         let head_end = self.head_end.min(self.pos + n);
         let body = n - (head_end - self.pos);
@@ -182,7 +187,6 @@ impl Frame {
     }
 }
 
-#[cfg(feature = "grpc")]
 impl Buf for Frame {
     fn remaining(&self) -> usize {
         (self.head_end - self.pos) + self.left
@@ -237,25 +241,39 @@ impl Buf for Frame {
     }
 }
 
-/// One received message: its bytes (decompressed) and the bytes it took on the wire.
-#[cfg(feature = "grpc")]
+/// One received message: its bytes (decompressed), the bytes it took on the wire (prefix
+/// included) and its flow-control credit: the bytes of the DATA chunk that completed it that
+/// are its own (those of earlier chunks were reported as an incomplete message's then).
 #[derive(Debug)]
 pub(crate) struct Received {
     pub(crate) message: Bytes,
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // the face's
     pub(crate) wire_len: usize,
+    pub(crate) credit: usize,
 }
 
-/// Cuts gRPC messages out of a request body's DATA chunks (the server's; the client's is
-/// [`CreditDeframer`], which also accounts each message's flow-control credit). A message inside one chunk is a
-/// slice of it (no copy); the rest is copied into a buffer as it arrives, so that h2's receive
-/// buffer is never held and is reused in place (holding its chunks until a large message is
-/// complete made h2 allocate afresh for every 16 KiB frame). A message is at most `limit`
-/// bytes (checked on its prefix, before any of it is buffered); the buffer is reserved for it
-/// whole if the process's memory budget (`Config::memory_budget`, as for native calls) has
-/// room, else up to `reserve` bytes (the stream window), then grows as bytes come.
-#[cfg(feature = "grpc")]
+/// Cuts gRPC messages out of a stream's DATA chunks: the one decoder of both sides, the
+/// server's gRPC face (request messages) and the client's gRPC mode (response messages).
+///
+/// A message's length is checked against the limit on its 5-byte prefix, before any of it is
+/// buffered. A message inside one chunk is a slice of it (no copy); the rest is copied into a
+/// buffer as it arrives, so that h2's receive buffer is never held and is reused in place
+/// (holding its chunks until a large message is complete made h2 allocate afresh for every
+/// 16 KiB frame). The buffer is reserved for a message whole if the memory budget
+/// (`Config::memory_budget`, as for native calls) has room, else up to `reserve` bytes (the
+/// stream window), then grows as bytes come, each growth charged to the budget; the charge
+/// goes with the message when it is handed on (given back when it is dropped) or is given
+/// back when the deframer is dropped. The buffer is bounded by the limit plus one chunk.
+///
+/// Credit: each message reports the bytes of the chunk that completed it that are its own
+/// ([`Received::credit`]), for the caller to give back as the message's consumer takes it;
+/// the rest of a chunk (its length less the credit of the messages it completed) belongs to a
+/// message not yet complete, whose credit the caller releases at once (else a message larger
+/// than the window would never arrive) unless [`Deframer::must_wait`] says the budget is
+/// spent.
 pub(crate) struct Deframer {
-    buf: BytesMut,
+    /// A message split over chunks, gathered: its limit plus a chunk at most.
+    pub(super) buf: BytesMut,
     fresh: Option<Bytes>,
     reserve: usize,
     budget: Option<std::sync::Arc<topspin_proto::MemoryBudget>>,
@@ -263,16 +281,17 @@ pub(crate) struct Deframer {
     held: usize,
     /// The buffer grew past what the budget had room for.
     over: bool,
+    /// Bytes queued (`buf` and `fresh`) that chunks before the last one brought: already
+    /// reported as an incomplete message's, so not credited again.
+    carried: usize,
 }
 
-#[cfg(feature = "grpc")]
 impl Drop for Deframer {
     fn drop(&mut self) {
         self.release();
     }
 }
 
-#[cfg(feature = "grpc")]
 impl Deframer {
     /// A deframer that reserves a message whole if `budget` has room for it, else at most
     /// `reserve` bytes ahead of what arrived.
@@ -287,6 +306,7 @@ impl Deframer {
             budget,
             held: 0,
             over: false,
+            carried: 0,
         }
     }
 
@@ -301,6 +321,8 @@ impl Deframer {
 
     /// Adds a received chunk (call [`Deframer::next`] until `None` before the next one).
     pub(crate) fn push(&mut self, b: Bytes) {
+        // What is queued now is an incomplete message's, reported as such with its chunks.
+        self.carried = self.buf.len() + self.fresh.as_ref().map_or(0, Bytes::len);
         if let Some(old) = self.fresh.replace(b) {
             // Not drained: keep the order.
             self.buf.extend_from_slice(&old);
@@ -310,7 +332,7 @@ impl Deframer {
         }
     }
 
-    /// Whether bytes of an unfinished message are left.
+    /// Whether no bytes of an unfinished message are left.
     pub(crate) fn is_empty(&self) -> bool {
         self.buf.is_empty() && self.fresh.as_ref().is_none_or(|f| f.is_empty())
     }
@@ -320,7 +342,7 @@ impl Deframer {
     /// not decompress.
     pub(crate) fn next(
         &mut self,
-        limit: u32,
+        limit: usize,
         encoding: Option<Encoding>,
     ) -> Result<Option<Received>, Status> {
         if self.buf.is_empty() {
@@ -407,108 +429,30 @@ impl Deframer {
         self.over
     }
 
-    fn length(b: &[u8], limit: u32) -> Result<usize, Status> {
-        parse_prefix(b, limit as usize).map(|(_, n)| n)
+    fn length(b: &[u8], limit: usize) -> Result<usize, Status> {
+        parse_prefix(b, limit).map(|(_, n)| n)
     }
 
+    /// The message of `n` bytes taken off the queue: decompressed, its credit worked out.
     fn finish(
-        &self,
+        &mut self,
         flag: u8,
         body: Bytes,
         n: usize,
-        limit: u32,
+        limit: usize,
         encoding: Option<Encoding>,
     ) -> Result<Received, Status> {
+        let wire_len = PREFIX + n;
+        // The bytes earlier chunks brought are this message's first ones (it is the front).
+        let before = self.carried.min(wire_len);
+        self.carried -= before;
         // Decompressed bytes are charged to the process budget, as on the native face.
         let budget = self.budget.as_ref().map(|b| b.whole().unwrap_or(b));
-        let message = unframe(flag == 1, body, encoding, limit as usize, budget)?;
+        let message = unframe(flag == 1, body, encoding, limit, budget)?;
         Ok(Received {
             message,
-            wire_len: PREFIX + n,
+            wire_len,
+            credit: wire_len - before,
         })
-    }
-}
-
-/// One message out of a response's DATA: its compressed flag and bytes, and how many of the
-/// DATA bytes of the chunk that completed it belong to it (the credit it holds).
-pub(crate) struct Framed {
-    pub(crate) compressed: bool,
-    pub(crate) message: Bytes,
-    pub(crate) credit: usize,
-}
-
-/// Cuts messages out of a response's DATA chunks (the client's). A message inside one chunk is a slice of it (no copy);
-/// one split over chunks is gathered, its buffer growing as bytes arrive (a length prefix
-/// alone never makes it allocate), and never past `limit`.
-#[derive(Default)]
-pub(crate) struct CreditDeframer {
-    head: [u8; PREFIX],
-    head_len: usize,
-    /// Body bytes still wanted by the message being read (after its prefix).
-    want: usize,
-    /// The part of a split message gathered so far.
-    pub(super) body: BytesMut,
-    in_body: bool,
-    /// The compressed flag of the message being read.
-    compressed: bool,
-}
-
-impl CreditDeframer {
-    /// Feeds one DATA chunk; `out` gets every message it completes. Returns the chunk's bytes
-    /// that belong to a message not yet complete (their credit is released at once: without
-    /// that a message larger than the window could never arrive).
-    pub(crate) fn push(
-        &mut self,
-        mut chunk: Bytes,
-        limit: usize,
-        mut out: impl FnMut(Framed) -> Result<(), Status>,
-    ) -> Result<usize, Status> {
-        let total = chunk.len();
-        // Where in the chunk the last completed message ended.
-        let mut done_at = 0;
-        while !chunk.is_empty() || (self.in_body && self.want == 0) {
-            if !self.in_body {
-                let n = (PREFIX - self.head_len).min(chunk.len());
-                self.head[self.head_len..self.head_len + n].copy_from_slice(&chunk[..n]);
-                self.head_len += n;
-                chunk.advance(n);
-                if self.head_len < PREFIX {
-                    break;
-                }
-                let (compressed, len) = parse_prefix(&self.head, limit)?;
-                self.compressed = compressed;
-                self.want = len;
-                self.in_body = true;
-            }
-            let message = if self.body.is_empty() && chunk.len() >= self.want {
-                chunk.split_to(self.want)
-            } else {
-                let n = self.want.min(chunk.len());
-                self.body.extend_from_slice(&chunk[..n]);
-                chunk.advance(n);
-                self.want -= n;
-                if self.want > 0 {
-                    break;
-                }
-                self.body.split().freeze()
-            };
-            let end = total - chunk.len();
-            let compressed = self.compressed;
-            self.head_len = 0;
-            self.want = 0;
-            self.in_body = false;
-            out(Framed {
-                compressed,
-                message,
-                credit: end - done_at,
-            })?;
-            done_at = end;
-        }
-        Ok(total - done_at)
-    }
-
-    /// Whether a message was cut off by the end of the stream.
-    pub(crate) fn partial(&self) -> bool {
-        self.head_len > 0 || self.in_body
     }
 }

@@ -38,8 +38,8 @@
 //! connection whose PING is not answered within `keepalive_timeout`.
 
 //!
-//! `wire.rs` (headers, metadata, status, `grpc-timeout`) and `framing.rs` (the message prefix
-//! and the deframers), gRPC's wire details free of I/O, are built always: the client's gRPC
+//! `wire.rs` (headers, metadata, status, `grpc-timeout`) and `framing.rs` (the message codec:
+//! one framer and one deframer), gRPC's wire details free of I/O, are built always: the client's gRPC
 //! mode (`client/grpc.rs`) uses them too. Only `server.rs` (a connection), `call.rs` (a call)
 //! and `watch.rs` (the frame boundaries the timers read) are behind the feature `grpc`.
 

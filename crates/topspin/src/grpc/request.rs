@@ -121,7 +121,7 @@ impl Inbound {
     ) -> Result<(), Status> {
         let n = chunk.len();
         self.deframer.push(chunk);
-        while let Some(r) = self.deframer.next(self.limit, self.recv)? {
+        while let Some(r) = self.deframer.next(self.limit as usize, self.recv)? {
             if let Some(tx) = &self.stream {
                 // Counted as the larger of its wire and decompressed sizes: a slow reader's
                 // queue holds at most a window of what the handler will see.

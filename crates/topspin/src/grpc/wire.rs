@@ -1,7 +1,7 @@
 //! gRPC over HTTP/2 on the wire (PROTOCOL-HTTP2.md and http-grpc-status-mapping.md of
 //! grpc/grpc), free of I/O and shared by both sides — the server's gRPC face (`server.rs`,
 //! feature `grpc`) and the client's gRPC mode (`client/grpc.rs`, always built): the 5-byte
-//! message prefix and the deframers (in `framing.rs`, re-exported here), `grpc-timeout` both ways, metadata to and from HTTP/2
+//! message codec (the framer and the deframer, in `framing.rs`, re-exported here), `grpc-timeout` both ways, metadata to and from HTTP/2
 //! headers (`-bin` values in base64, reserved headers left out), the status both ways
 //! (`grpc-status`, `grpc-message` percent-encoded, `grpc-status-details-bin`) and the encoding
 //! headers. Items only the server uses are compiled with its feature.
@@ -418,7 +418,7 @@ pub(crate) fn reset_code(reason: h2::Reason) -> Code {
     }
 }
 
-// The message framing (prefix, deframers, `Frame`) is in `framing.rs`; the same names here.
+// The message codec (prefix, `Frame`, `Deframer`) is in `framing.rs`; the same names here.
 pub(crate) use super::framing::*;
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! One call of the client's gRPC mode on its h2 stream: the request headers, the request
-//! messages written within the stream's capacity, the response headers, messages (a
-//! `CreditDeframer`, credit given back as the consumer takes them) and trailers, mapped to
+//! messages written within the stream's capacity, the response headers, messages (the gRPC
+//! `Deframer`, credit given back as the consumer takes them) and trailers, mapped to
 //! the same call events a native call gives.
 
 use super::*;
@@ -19,13 +19,20 @@ pub(super) struct GrpcCall {
     message: Option<Bytes>,
     /// The response's message encoding (`grpc-encoding`).
     encoding: Option<Encoding>,
-    deframer: CreditDeframer,
+    /// Gathers response messages; a split one's buffer is charged to the memory budget.
+    deframer: Deframer,
     /// Credit of response messages handed to the stream's consumer and not given back yet.
     unconsumed: usize,
     /// Credit of parts of a message not yet complete, kept back while the consumer still has
     /// messages to take (released once it has taken them all): a reader that stops reading
     /// holds the server at the window, not the window plus the message under way.
     deferred: usize,
+    /// Credit of parts of a message not yet complete, kept back while the memory budget has no
+    /// room for what is gathered (a server then holds this side to its budget plus a window
+    /// per stream); given back once there is room, looked for every `RETRY_WINDOW`.
+    withheld: usize,
+    /// Rings while credit is withheld: time to look for room again.
+    retry: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// The pump's ack for the message queued last, sent once h2 has window for it.
     unacked: Option<Ack>,
     half_close_after: bool,
@@ -64,6 +71,7 @@ pub(super) enum Step {
 impl GrpcCall {
     pub(super) fn new(base: Arc<Base>, method: bytestring::ByteString, sink: Sink) -> GrpcCall {
         GrpcCall {
+            deframer: Deframer::new(base.window, Some(base.budget.clone())),
             base,
             method,
             sink: Some(sink),
@@ -71,9 +79,10 @@ impl GrpcCall {
             headers: Metadata::new(),
             message: None,
             encoding: None,
-            deframer: CreditDeframer::default(),
             unconsumed: 0,
             deferred: 0,
+            withheld: 0,
+            retry: None,
             unacked: None,
             half_close_after: false,
             half_closed: false,
@@ -181,53 +190,21 @@ impl GrpcCall {
         Ok(req)
     }
 
-    /// Queues one request message (prefixed) on the stream: a small one copied behind its
-    /// prefix as one DATA chunk, a large one as the prefix and then each of its segments as
-    /// they are (no copy).
+    /// Queues one request message on the stream, framed (`wire::Frame`: its prefix, then its
+    /// segments as they are, no copy).
     fn write(
         &self,
-        stream: &mut SendStream<Bytes>,
+        stream: &mut SendStream<Frame>,
         message: crate::codec::Payload,
         end: bool,
     ) -> Result<(), Status> {
-        let (flag, skip) = if self.compressed {
-            // topspin's compression put its flag byte first: 0 as is, 1 compressed — gRPC's
-            // compressed flag has the same meaning.
-            let Some(&f) = message.segments().iter().find_map(|s| s.first()) else {
-                return Err(Status::internal(
-                    "a compressed call's message lacks its flag byte",
-                ));
-            };
-            (f == 1, 1)
-        } else {
-            (false, 0)
-        };
-        let len = message.len() - skip;
-        let prefix = wire::prefix(flag, len)?;
-        let sent = if len < COPY_BELOW {
-            // Our own request message, below COPY_BELOW (16 KiB): sized by the caller, never
-            // by the peer.
-            let mut b = BytesMut::with_capacity(wire::PREFIX + len);
-            b.put_slice(&prefix);
-            for s in wire::segments_after(&message, skip) {
-                b.put_slice(&s);
-            }
-            stream.send_data(b.freeze(), end)
-        } else {
-            let mut r = stream.send_data(Bytes::copy_from_slice(&prefix), false);
-            let mut left = len;
-            for s in wire::segments_after(&message, skip) {
-                left -= s.len();
-                r = r.and_then(|()| stream.send_data(s, end && left == 0));
-            }
-            r
-        };
-        sent.map_err(|e| self.h2_error(&e))
+        let frame = Frame::encoded(message, self.compressed)?;
+        stream.send_data(frame, end).map_err(|e| self.h2_error(&e))
     }
 
     pub(super) async fn run(
         mut self,
-        send: SendRequest<Bytes>,
+        send: SendRequest<Frame>,
         mut call: CallStart,
         mut rx: mpsc::UnboundedReceiver<CallCmd>,
     ) {
@@ -282,11 +259,11 @@ impl GrpcCall {
     /// call may arrive meanwhile (kept in `early`). `Err(None)`: the caller cancelled.
     async fn ready(
         &mut self,
-        send: SendRequest<Bytes>,
+        send: SendRequest<Frame>,
         rx: &mut mpsc::UnboundedReceiver<CallCmd>,
         mut sleep: std::pin::Pin<&mut tokio::time::Sleep>,
         early: &mut Early,
-    ) -> Result<SendRequest<Bytes>, Option<Status>> {
+    ) -> Result<SendRequest<Frame>, Option<Status>> {
         let ready = send.ready();
         tokio::pin!(ready);
         loop {
@@ -322,7 +299,7 @@ impl GrpcCall {
     /// stream sent while it waited to open.
     fn first_write(
         &mut self,
-        stream: &mut SendStream<Bytes>,
+        stream: &mut SendStream<Frame>,
         one: Option<crate::codec::Payload>,
         early: Early,
     ) -> Result<(), Status> {
@@ -342,7 +319,7 @@ impl GrpcCall {
         r
     }
 
-    fn half_close(&mut self, stream: &mut SendStream<Bytes>) {
+    fn half_close(&mut self, stream: &mut SendStream<Frame>) {
         if self.half_closed {
             return;
         }
@@ -351,14 +328,14 @@ impl GrpcCall {
             return;
         }
         self.half_closed = true;
-        let _ = stream.send_data(Bytes::new(), true);
+        let _ = stream.send_data(Frame::empty(), true);
     }
 
     /// The call's life once its stream is open.
     async fn exchange(
         mut self,
         response: ResponseFuture,
-        mut stream: SendStream<Bytes>,
+        mut stream: SendStream<Frame>,
         mut rx: mpsc::UnboundedReceiver<CallCmd>,
         mut sleep: std::pin::Pin<&mut tokio::time::Sleep>,
         has_deadline: bool,
@@ -393,6 +370,10 @@ impl GrpcCall {
                     Some(step) => step,
                     None => return, // cancelled: the stream is reset
                 },
+                () = async { self.retry.as_mut().expect("guarded").await }, if self.retry.is_some() => {
+                    self.on_retry(body.as_mut());
+                    Step::Go
+                }
                 () = &mut sleep, if has_deadline => {
                     stream.send_reset(h2::Reason::CANCEL);
                     let m = format!("deadline exceeded waiting for {}", &*self.method);
@@ -446,7 +427,7 @@ impl GrpcCall {
     fn on_capacity(
         &mut self,
         cap: Option<Result<usize, h2::Error>>,
-        stream: &mut SendStream<Bytes>,
+        stream: &mut SendStream<Frame>,
     ) -> Step {
         if let Some(ack) = self.unacked.take() {
             let _ = ack.send(match cap {
@@ -465,7 +446,7 @@ impl GrpcCall {
     fn on_cmd(
         &mut self,
         cmd: Option<CallCmd>,
-        stream: &mut SendStream<Bytes>,
+        stream: &mut SendStream<Frame>,
         body: Option<&mut RecvStream>,
     ) -> Option<Step> {
         match cmd {
@@ -581,48 +562,77 @@ impl GrpcCall {
     /// One DATA chunk: the messages it completes go to the sink.
     fn on_data(&mut self, chunk: Bytes, body: &mut RecvStream) -> Step {
         let n = chunk.len();
-        let (limit, budget) = (self.base.limit, &self.base.budget);
-        let (encoding, method) = (self.encoding, self.method.clone());
-        let sink = &mut self.sink;
-        let message = &mut self.message;
+        self.deframer.push(chunk);
         let mut held = 0usize;
-        let r = self.deframer.push(chunk, limit, |f: Framed| {
-            let m = wire::unframe(f.compressed, f.message, encoding, limit, Some(budget))?;
-            match sink {
-                Some(Sink::Stream { items, .. }) => {
-                    held += f.credit;
-                    // The consumer gives this credit back (Cmd::Credit) as it takes the message.
-                    let _ = items.send(Item::Message(m, f.credit as u32));
-                    Ok(())
-                }
-                Some(Sink::Unary(_)) if message.is_none() => {
-                    *message = Some(m);
-                    Ok(())
-                }
-                Some(Sink::Unary(_)) => Err(Status::internal(format!(
-                    "the server sent more than one response message for {}, which expects one",
-                    &*method
-                ))),
-                None => Ok(()),
+        let r = loop {
+            match self.deframer.next(self.base.limit, self.encoding) {
+                Ok(Some(m)) => match self.deliver(m) {
+                    Ok(h) => held += h,
+                    Err(s) => break Err(s),
+                },
+                Ok(None) => break Ok(()),
+                Err(s) => break Err(s),
             }
-        });
+        };
         // What no stream consumer holds is released now: parts of messages not yet complete
         // (a message larger than the window could otherwise never arrive) — unless the
-        // consumer has messages still to take: then once it has taken them — and the one
-        // response of a unary-response call (bounded by max_message_size).
+        // memory budget has no room for what is gathered (then once it has), or the consumer
+        // has messages still to take (then once it has taken them) — and the one response of
+        // a unary-response call (bounded by max_message_size).
         self.unconsumed += held;
-        let free = n - held;
-        if self.unconsumed == 0 {
-            let _ = body.flow_control().release_capacity(free);
-        } else {
-            self.deferred += free;
-        }
+        self.free(n - held, body);
         match r {
-            Ok(_) => Step::Go,
+            Ok(()) => Step::Go,
             Err(s) => {
                 self.fail(s);
                 Step::Done
             }
+        }
+    }
+
+    /// One response message to the sink; `Ok`: the credit a stream consumer now holds.
+    fn deliver(&mut self, m: Received) -> Result<usize, Status> {
+        match &mut self.sink {
+            Some(Sink::Stream { items, .. }) => {
+                // The consumer gives this credit back (Cmd::Credit) as it takes the message.
+                let _ = items.send(Item::Message(m.message, m.credit as u32));
+                Ok(m.credit)
+            }
+            Some(Sink::Unary(_)) if self.message.is_none() => {
+                self.message = Some(m.message);
+                Ok(0)
+            }
+            Some(Sink::Unary(_)) => Err(Status::internal(format!(
+                "the server sent more than one response message for {}, which expects one",
+                &*self.method
+            ))),
+            None => Ok(0),
+        }
+    }
+
+    /// Gives back `free` bytes of credit no consumer holds, or keeps them back (see
+    /// `withheld` and `deferred`).
+    fn free(&mut self, free: usize, body: &mut RecvStream) {
+        if self.deframer.must_wait() {
+            self.withheld += free;
+            if self.retry.is_none() {
+                let at = tokio::time::Instant::now() + RETRY_WINDOW;
+                self.retry = Some(Box::pin(tokio::time::sleep_until(at)));
+            }
+        } else if self.unconsumed == 0 {
+            let _ = body.flow_control().release_capacity(free);
+        } else {
+            self.deferred += free;
+        }
+    }
+
+    /// Time to look again whether the withheld credit can be given back.
+    fn on_retry(&mut self, body: Option<&mut RecvStream>) {
+        self.retry = None;
+        let withheld = std::mem::take(&mut self.withheld);
+        match body {
+            Some(b) => self.free(withheld, b),
+            None => self.withheld = withheld,
         }
     }
 
@@ -635,7 +645,7 @@ impl GrpcCall {
                 &*self.method
             )),
         };
-        if status.is_ok() && self.deframer.partial() {
+        if status.is_ok() && !self.deframer.is_empty() {
             return self.fail(Status::internal(format!(
                 "the response stream of {} ended in the middle of a message",
                 &*self.method

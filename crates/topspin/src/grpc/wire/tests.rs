@@ -249,40 +249,63 @@ fn metadata_to_headers_is_strict() {
     assert_eq!(e.code(), Code::InvalidArgument);
 }
 
+/// What [`deframe`] gives: the messages with their credit, and each part's rest.
+type Deframed = (Vec<(Bytes, usize)>, Vec<usize>);
+
+/// Feeds `parts` to `d`, draining it after each: the messages and each one's credit, and
+/// for each part what it left to an incomplete message (its length less that credit).
+fn deframe(d: &mut Deframer, parts: &[&[u8]], limit: usize) -> Result<Deframed, Status> {
+    let (mut got, mut rest) = (Vec::new(), Vec::new());
+    for part in parts {
+        d.push(Bytes::copy_from_slice(part));
+        let mut credit = 0;
+        while let Some(r) = d.next(limit, None)? {
+            credit += r.credit;
+            got.push((r.message, r.credit));
+        }
+        rest.push(part.len() - credit);
+    }
+    Ok((got, rest))
+}
+
+/// Each message's credit, worked out from where its bytes are: those of the part that
+/// completed it (the earlier parts' were an incomplete message's).
+fn credits_at(messages: &[&[u8]], cuts: &[usize]) -> Vec<usize> {
+    let mut at = 0;
+    messages
+        .iter()
+        .map(|m| {
+            let (start, end) = (at, at + PREFIX + m.len());
+            at = end;
+            let part_start = cuts.iter().copied().filter(|&c| c < end).max().unwrap_or(0);
+            end - start.max(part_start)
+        })
+        .collect()
+}
+
 #[test]
 fn deframes_across_chunks_with_credit() {
-    let mut wire = Vec::new();
-    for m in [&b"hello"[..], b"", b"0123456789"] {
-        wire.extend_from_slice(&prefix(false, m.len()).unwrap());
-        wire.extend_from_slice(m);
-    }
+    let messages: [&[u8]; 3] = [b"hello", b"", b"0123456789"];
+    let wire = wire_of(&messages);
     for cut in 0..wire.len() {
-        let mut d = CreditDeframer::default();
-        let mut got = Vec::new();
-        let mut credit = 0;
-        for part in [&wire[..cut], &wire[cut..]] {
-            let rest = d
-                .push(Bytes::copy_from_slice(part), 64, |f| {
-                    credit += f.credit;
-                    got.push(f.message);
-                    Ok(())
-                })
-                .unwrap();
-            credit += rest;
-        }
-        assert!(!d.partial());
+        let mut d = Deframer::new(1 << 20, None);
+        let (got, rest) = deframe(&mut d, &[&wire[..cut], &wire[cut..]], 64).unwrap();
+        assert!(d.is_empty());
+        let credit: usize = got.iter().map(|(_, c)| c).sum::<usize>() + rest.iter().sum::<usize>();
         assert_eq!(credit, wire.len(), "cut {cut}");
-        assert_eq!(got, [&b"hello"[..], b"", b"0123456789"], "cut {cut}");
+        let (got, credits): (Vec<Bytes>, Vec<usize>) = got.into_iter().unzip();
+        assert_eq!(got, messages, "cut {cut}");
+        assert_eq!(credits, credits_at(&messages, &[cut]), "cut {cut}");
     }
-    let mut d = CreditDeframer::default();
-    let e = d
-        .push(Bytes::from_static(&[0, 0, 0, 1, 0]), 64, |_| Ok(()))
-        .unwrap_err();
-    assert_eq!(e.code(), Code::ResourceExhausted);
-    let e = CreditDeframer::default()
-        .push(Bytes::from_static(&[7, 0, 0, 0, 0]), 64, |_| Ok(()))
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Internal);
+    let mut d = Deframer::new(1 << 20, None);
+    d.push(Bytes::from_static(&[0, 0, 0, 1, 0]));
+    assert_eq!(
+        d.next(64, None).unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    let mut d = Deframer::new(1 << 20, None);
+    d.push(Bytes::from_static(&[7, 0, 0, 0, 0]));
+    assert_eq!(d.next(64, None).unwrap_err().code(), Code::Internal);
 }
 
 /// What `timeout_header` writes, `parse_timeout` reads back: never shorter, and longer by
@@ -446,10 +469,10 @@ fn wire_of(messages: &[&[u8]]) -> Vec<u8> {
     wire
 }
 
-/// The server's deframer cut at every byte (prefix included): the same messages, each
-/// once, and a length over the limit refused on its prefix alone.
+/// The deframer (as the server's face uses it: a window of 8 to reserve) cut at every byte
+/// (prefix included): the same messages, each once, and a length over the limit refused on
+/// its prefix alone.
 #[test]
-#[cfg(feature = "grpc")]
 fn server_deframer_every_cut() {
     let messages: [&[u8]; 3] = [b"hello", b"", b"0123456789"];
     let wire = wire_of(&messages);
@@ -480,7 +503,7 @@ fn server_deframer_every_cut() {
     let mut d = Deframer::new(8, None);
     d.push(Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]));
     assert_eq!(
-        d.next(u32::MAX - 1, None).unwrap_err().code(),
+        d.next((u32::MAX - 1) as usize, None).unwrap_err().code(),
         Code::ResourceExhausted
     );
     let mut d = Deframer::new(8, None);
@@ -488,50 +511,121 @@ fn server_deframer_every_cut() {
     assert_eq!(d.next(64, None).unwrap_err().code(), Code::Internal);
 }
 
-/// The client's deframer over input cut in three at every pair of points, and the largest
-/// length a prefix can say refused before anything is gathered.
+/// The deframer (as the client mode uses it) over input cut in three at every pair of
+/// points: the messages, each one's credit, and what each part left to an incomplete message;
+/// and the largest length a prefix can say refused, or, within the limit, accepted without a
+/// buffer past the window.
 #[test]
 fn credit_deframer_three_cuts_and_oversize() {
     let messages: [&[u8]; 3] = [b"hello", b"", b"0123456789"];
     let wire = wire_of(&messages);
     for a in 0..=wire.len() {
         for b in a..=wire.len() {
-            let mut d = CreditDeframer::default();
-            let mut got = Vec::new();
-            let mut credit = 0;
-            for part in [&wire[..a], &wire[a..b], &wire[b..]] {
-                credit += d
-                    .push(Bytes::copy_from_slice(part), 10, |f| {
-                        credit += f.credit;
-                        got.push(f.message);
-                        Ok(())
-                    })
-                    .unwrap();
-            }
+            let mut d = Deframer::new(65_535, None);
+            let (got, rest) = deframe(&mut d, &[&wire[..a], &wire[a..b], &wire[b..]], 10).unwrap();
+            let (got, credits): (Vec<Bytes>, Vec<usize>) = got.into_iter().unzip();
             assert_eq!(got, messages, "cuts {a} {b}");
-            assert_eq!(credit, wire.len(), "cuts {a} {b}");
-            assert!(!d.partial());
+            assert_eq!(credits, credits_at(&messages, &[a, b]), "cuts {a} {b}");
+            assert_eq!(
+                credits.iter().sum::<usize>() + rest.iter().sum::<usize>(),
+                wire.len()
+            );
+            assert!(d.is_empty());
         }
     }
-    let mut d = CreditDeframer::default();
-    assert_eq!(
-        d.push(Bytes::from_static(&[0, 0xff]), 10, |_| Ok(()))
-            .unwrap(),
-        2
-    );
-    assert!(d.partial());
-    let e = d
-        .push(
-            Bytes::from_static(&[0xff, 0xff, 0xff]),
-            usize::MAX >> 1,
-            |_| Ok(()),
-        )
-        .map(|_| ())
-        .err();
-    // 4 GiB - 1 is within a 64-bit limit: accepted as a length, its body not yet here.
-    assert!(e.is_none() && d.partial() && d.body.capacity() == 0);
-    let e = CreditDeframer::default()
-        .push(Bytes::from_static(&[0, 0, 0, 0, 11, 1]), 10, |_| Ok(()))
-        .unwrap_err();
+    let mut d = Deframer::new(8, None);
+    let (got, rest) = deframe(&mut d, &[&[0, 0xff]], 10).unwrap();
+    assert!(got.is_empty() && rest == [2] && !d.is_empty());
+    // 4 GiB - 1 is within a 64-bit limit: accepted as a length, its body not yet here, and no
+    // more than the window reserved for it (there is no budget to reserve it whole against).
+    let (got, rest) = deframe(&mut d, &[&[0xff, 0xff, 0xff]], usize::MAX >> 1).unwrap();
+    assert!(got.is_empty() && rest == [3] && !d.is_empty());
+    assert!(d.buf.capacity() <= 8, "{}", d.buf.capacity());
+    let mut d = Deframer::new(8, None);
+    let e = deframe(&mut d, &[&[0, 0, 0, 0, 11, 1]], 10).unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted);
+}
+
+/// The client mode's response deframer charges a message split over DATA chunks to the
+/// memory budget while it gathers it (else a server could make a client hold up to
+/// max_message_size per call outside the budget), keeps it charged while the message is held,
+/// and gives all of it back once the message is dropped. The credit is the chunks' bytes.
+#[test]
+fn client_split_message_is_charged_to_the_budget() {
+    let budget = topspin_proto::MemoryBudget::new(1 << 20);
+    let body = vec![7u8; 100_000];
+    let wire = wire_of(&[&body]);
+    // As the client mode builds it: its call's window, the channel's budget.
+    let mut d = Deframer::new(65_535, Some(budget.clone()));
+    let mut got = Vec::new();
+    let mut credit = 0;
+    for (i, part) in wire.chunks(16_384).enumerate() {
+        let (m, rest) = deframe(&mut d, &[part], 1 << 20).unwrap();
+        credit += rest[0] + m.iter().map(|(_, c)| c).sum::<usize>();
+        got.extend(m.into_iter().map(|(m, _)| m));
+        let gathered = ((i + 1) * 16_384).min(wire.len());
+        assert!(
+            budget.used() >= gathered - PREFIX,
+            "{} bytes of the budget charged for {gathered} bytes gathered",
+            budget.used()
+        );
+    }
+    assert_eq!(credit, wire.len());
+    assert_eq!(got, [&body[..]]);
+    drop(d);
+    assert!(budget.used() >= body.len(), "the message held is charged");
+    drop(got);
+    assert_eq!(budget.used(), 0);
+}
+
+/// With the budget spent, the client mode's deframer says so (its caller then withholds the
+/// incomplete message's credit, as the face withholds its window) until there is room; the
+/// bytes then charged are given back when it is dropped.
+#[test]
+fn client_deframer_must_wait_on_a_spent_budget() {
+    let budget = topspin_proto::MemoryBudget::new(16_384);
+    assert!(budget.try_reserve(12_000)); // someone else's
+    let wire = wire_of(&[&[1u8; 20_000]]);
+    let mut d = Deframer::new(1024, Some(budget.clone()));
+    let (got, rest) = deframe(&mut d, &[&wire[..10_000]], 1 << 20).unwrap();
+    assert!(got.is_empty() && rest == [10_000]);
+    assert!(d.must_wait());
+    budget.release(12_000);
+    assert!(!d.must_wait());
+    assert!(budget.used() >= 10_000, "{}", budget.used());
+    drop(d);
+    assert_eq!(budget.used(), 0);
+}
+
+/// The framer as the client mode uses it: a message as topspin's codec left it, its flag byte
+/// first when the call compresses (that byte becomes the prefix's flag), read back by the one
+/// deframer; a flagged message without its byte is refused.
+#[test]
+fn encoded_frames_round_trip() {
+    use crate::codec::Payload;
+    let segs = |s: &[&'static [u8]]| {
+        Payload::from_segments(s.iter().map(|b| Bytes::from_static(b)).collect())
+    };
+    for (p, flagged, flag, body) in [
+        (segs(&[b"ab", b"", b"cd"]), false, 0, &b"abcd"[..]),
+        (segs(&[b"\x00ab", b"cd"]), true, 0, b"abcd"),
+        (segs(&[b"", b"\x01", b"xyz"]), true, 1, b"xyz"),
+        (segs(&[]), false, 0, b""),
+    ] {
+        let mut f = Frame::encoded(p, flagged).unwrap();
+        let wire = f.copy_to_bytes(f.remaining());
+        assert_eq!(wire[0], flag);
+        assert_eq!(
+            &wire[..],
+            [&prefix(flag == 1, body.len()).unwrap()[..], body].concat()
+        );
+        if flag == 0 {
+            let mut d = Deframer::new(64, None);
+            d.push(wire);
+            assert_eq!(d.next(64, None).unwrap().unwrap().message, body);
+        }
+    }
+    let e = Frame::encoded(segs(&[b""]), true).unwrap_err();
+    assert_eq!(e.code(), Code::Internal);
+    assert_eq!(Frame::empty().remaining(), 0);
 }

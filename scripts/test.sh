@@ -134,6 +134,19 @@ part_packages() {
   # The workspace's crates depend on each other by version: cargo packages them together
   # (through a local registry) and builds each from its tarball. `--allow-dirty`: a checkout
   # with uncommitted changes is tested as it is (CI's clean clone has none).
+  # cargo extracts the packaged crates it verifies the others against into
+  # $CARGO_HOME/registry/src/-<hash of this checkout's path>/ and never again once they are there:
+  # an extraction left by an earlier run in the same path (an older topspin-proto) would be built
+  # instead of this one. Nor does cargo rebuild a registry crate it built before (a registry's
+  # crates never change): the verifying builds' artifacts of the workspace's crates in
+  # $target/debug (where cargo verifies) would be linked instead of new ones. Both are removed
+  # first (in a fresh clone's CI run neither exists, and the cargo-test part builds after this).
+  local home="${CARGO_HOME:-$HOME/.cargo}" c
+  for c in topspin-proto topspin topspin-build topspin-health topspin-reflection topspin-cli; do
+    rm -rf "$home"/registry/src/-*/"$c"-[0-9]*
+  done
+  rm -rf "$target/package/tmp-registry" "$target"/debug/.fingerprint/topspin*-* \
+    "$target"/debug/deps/*topspin* "$target"/debug/build/topspin*-*
   cargo package --locked --allow-dirty -p topspin-proto -p topspin -p topspin-build \
     -p topspin-health -p topspin-reflection -p topspin-cli
 }

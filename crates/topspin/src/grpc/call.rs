@@ -8,10 +8,10 @@
 use super::request::{poll_armed, Inbound, Limits};
 use super::wire::{self, Frame};
 use super::Peer;
+use crate::codec::Payload;
 use crate::request::{Cancellation, ServerContext};
-use crate::server::handler::{
-    CallIo, Done, HandlerRef, Input, Outcome, Running, SCmd, ServerCredit, Spawned,
-};
+use crate::server::call::{self, Respond};
+use crate::server::handler::{CallIo, Done, HandlerRef, Input, IoRef, SCmd, ServerCredit, Spawned};
 use crate::server::Registry;
 use crate::{Compression, Encoding, Status};
 use bytes::Bytes;
@@ -173,11 +173,9 @@ impl Face {
             return;
         }
         let method = parts.uri.path();
-        let Some(handler) = self.registry.get(method) else {
-            let st =
-                Status::unimplemented(format!("method {method} is not implemented by this server"));
-            trailers_only(&mut respond, &st, false);
-            return;
+        let handler = match call::lookup(&self.registry, method) {
+            Ok(h) => h,
+            Err(st) => return trailers_only(&mut respond, &st, false),
         };
         let deadline = match headers.get(wire::GRPC_TIMEOUT) {
             None => None,
@@ -357,7 +355,7 @@ impl Call {
             retry,
             stall,
         };
-        let waiting = (handler, metadata, ctx);
+        let waiting = call::Waiting::new(handler, metadata, ctx, None);
         let mut req = Inbound::new(face.limits(), self.recv, !body.is_end_stream(), waiting);
         let mut a = self.answer(kind, face);
         if kind.client_streams() {
@@ -421,11 +419,11 @@ impl Call {
             tx: a.io.tx.clone(),
             id: self.id,
         });
-        let Some((handler, md, ctx)) = req.waiting.take() else {
+        let Some(w) = req.waiting.take() else {
             return Flow::Over;
         };
         let input = Input::Stream { rx: in_rx, credit };
-        let started = self.start(&handler, input, md, ctx, a.io.clone());
+        let started = self.start(&w.handler, input, w.metadata, w.ctx, a.io.as_ref());
         self.started(started, a, face)
     }
 
@@ -441,16 +439,26 @@ impl Call {
         }
     }
 
-    /// The handler returned.
-    fn finished<'f>(&mut self, d: Done, a: &mut Answer<'f>, face: &'f Face) -> Flow {
+    /// The handler returned (or was cancelled: no outcome): its outcome answered by the call
+    /// core's rules (`server::call::answer`).
+    fn finished<'f>(&mut self, (_, outcome, _): Done, a: &mut Answer<'f>, face: &'f Face) -> Flow {
         a.exec = None;
-        match self.done(d, a.rx.as_mut(), &face.unsent) {
-            Some((q, t)) => {
-                (a.pending, a.finish) = (Some(q), Some(t));
-                Flow::Go
+        let Some(outcome) = outcome else {
+            return Flow::Over;
+        };
+        self.guard.armed = false;
+        if let Some(rx) = a.rx.as_mut() {
+            // A response stream's headers are queued, not awaited: they go before the trailers.
+            while let Ok(cmd) = rx.try_recv() {
+                if let SCmd::Headers { metadata, .. } = cmd {
+                    self.headers(&metadata);
+                }
             }
-            None => Flow::Over,
         }
+        let mut none = 0;
+        let mut out = H2::new(self, a, &face.unsent, &mut none);
+        call::answer(outcome, &mut out);
+        out.flow()
     }
 
     /// The next thing that happened to the call, its sources polled in order.
@@ -514,13 +522,8 @@ impl Call {
         match ev {
             // The client cancelled (RST_STREAM): the guard cancels the handler.
             Ev::Reset => Flow::Over,
-            Ev::Deadline => Flow::End(Status::new(
-                Code::DeadlineExceeded,
-                "the call's deadline passed",
-            )),
-            Ev::Abort => Flow::End(Status::unavailable(
-                "the server shut down before the call finished",
-            )),
+            Ev::Deadline => Flow::End(call::expired()),
+            Ev::Abort => Flow::End(call::shut_down()),
             Ev::Done(d) => self.finished(d, a, face),
             Ev::Capacity(Some(Ok(n))) if n > 0 => {
                 self.push(&mut a.pending);
@@ -533,10 +536,9 @@ impl Call {
                 Flow::Go
             }
             Ev::Cmd(Some(cmd)) => {
-                match self.apply(cmd, &mut a.pending, &mut req.outstanding, &face.unsent) {
-                    Ok(()) => Flow::Go,
-                    Err(st) => Flow::End(st),
-                }
+                let mut out = H2::new(self, a, &face.unsent, &mut req.outstanding);
+                call::command(cmd, &mut out);
+                out.flow()
             }
             Ev::Retry => {
                 req.on_retry(body, t.retry.as_mut(), t.stall.as_mut());
@@ -555,8 +557,9 @@ impl Call {
             Ev::Data(Some(Err(_))) => Flow::Over, // reset or connection error
             Ev::Data(None) => match req.on_end() {
                 Ok(None) => Flow::Go,
-                Ok(Some(((handler, md, ctx), m))) => {
-                    let started = self.start(&handler, Input::One(m), md, ctx, a.io.clone());
+                Ok(Some((w, m))) => {
+                    let input = Input::One(m);
+                    let started = self.start(&w.handler, input, w.metadata, w.ctx, a.io.as_ref());
                     self.started(started, a, face)
                 }
                 Err(st) => Flow::End(st),
@@ -564,82 +567,27 @@ impl Call {
         }
     }
 
-    /// Builds the handler's future and polls it once on this task; one that is not done goes
-    /// on on a task of its own (`server::handler::Spawned`, as native calls do).
+    /// Builds the handler's future and polls it once on this task (`server::call`); one that
+    /// is not done goes on on a task of its own.
     fn start(
         &mut self,
         handler: &HandlerRef,
         input: Input,
         md: Metadata,
         ctx: ServerContext,
-        io: CallIo,
+        io: IoRef<'_>,
     ) -> Started {
-        // A call whose deadline passed on its way in is not started.
-        if ctx.deadline.is_some_and(|d| d <= Instant::now()) {
-            let st = Status::new(
-                Code::DeadlineExceeded,
-                "the deadline passed before the handler started",
-            );
-            self.end(&st, &Metadata::new());
-            return Started::Ended;
-        }
-        let mut running = Running {
-            id: self.id,
-            cancel: self.guard.cancel.clone(),
-            fut: Some(handler.call(input, md, ctx, io.as_ref(), None)),
+        let mut running = match call::prepare(self.id, handler, input, md, ctx, io, None) {
+            Ok(r) => r,
+            Err((st, _)) => {
+                self.end(&st, &Metadata::new());
+                return Started::Ended;
+            }
         };
-        let waker = futures_util::task::noop_waker();
-        let mut cx = std::task::Context::from_waker(&waker);
-        // As on a native connection: polled inline unless its method is known to block.
-        let polled = if running.cancel.is_cancelled() {
-            Pin::new(&mut running).poll(&mut cx)
-        } else {
-            running.poll_first(&mut cx, handler.inline())
-        };
-        match polled {
+        match call::first_poll(&mut running, handler) {
             Poll::Ready(done) => Started::Done(done),
             Poll::Pending => Started::Running(Spawned::spawn(running)),
         }
-    }
-
-    /// Applies a streaming handler's command.
-    fn apply<'f>(
-        &mut self,
-        cmd: SCmd,
-        pending: &mut Option<Queued<'f>>,
-        outstanding: &mut usize,
-        unsent: &'f Unsent,
-    ) -> Result<(), Status> {
-        match cmd {
-            SCmd::Headers { metadata, .. } => {
-                self.headers(&metadata);
-            }
-            SCmd::Credit { bytes, .. } => {
-                *outstanding = outstanding.saturating_sub(bytes as usize);
-            }
-            SCmd::Send {
-                message,
-                ack,
-                compress,
-                ..
-            } => {
-                if pending.is_some() || !self.headers(&Metadata::new()) {
-                    let _ = ack.send(Err(Status::cancelled("the call is over")));
-                    return Ok(());
-                }
-                let frame = match Frame::new(message, self.send.filter(|_| compress)) {
-                    Ok(f) => f,
-                    Err(st) => {
-                        let _ = ack.send(Err(st.clone()));
-                        return Err(st);
-                    }
-                };
-                // The handler's next message waits until h2 has taken all of this one.
-                *pending = Some(Queued::new(frame, Some(ack), unsent));
-                self.push(pending);
-            }
-        }
-        Ok(())
     }
 
     /// Gives h2 as much of the queued message as the stream's send capacity allows (h2 then
@@ -717,56 +665,6 @@ impl Call {
         }
     }
 
-    /// The handler returned (or was cancelled: `None`). A unary reply's message is returned to
-    /// go out within the stream's send capacity, with the trailers to send after it.
-    fn done<'f>(
-        &mut self,
-        (_, outcome, _): Done,
-        rx: Option<&mut mpsc::Receiver<SCmd>>,
-        unsent: &'f Unsent,
-    ) -> Option<(Queued<'f>, Metadata)> {
-        let outcome = outcome?;
-        self.guard.armed = false;
-        if let Some(rx) = rx {
-            // A response stream's headers are queued, not awaited: they go before the trailers.
-            while let Ok(cmd) = rx.try_recv() {
-                if let SCmd::Headers { metadata, .. } = cmd {
-                    self.headers(&metadata);
-                }
-            }
-        }
-        match outcome {
-            Outcome::Reply(Ok((message, headers, trailers))) => {
-                // The handler's compression choice applies to this very message: taken before
-                // it is framed (the headers that announce it go after, if framing succeeds).
-                if matches!(self.out, Out::Head(_)) {
-                    self.choose_compression(&headers);
-                }
-                let frame = match Frame::new(message, self.send) {
-                    Ok(f) => f,
-                    Err(st) => {
-                        self.end(&st, &Metadata::new());
-                        return None;
-                    }
-                };
-                if !self.send_headers(&headers) {
-                    return None;
-                }
-                let mut q = Some(Queued::new(frame, None, unsent));
-                self.push(&mut q);
-                match q {
-                    Some(q) => return Some((q, trailers)),
-                    None => self.end(&Status::ok(), &trailers),
-                }
-            }
-            Outcome::Reply(Err(st)) | Outcome::Finished(Err(st)) => {
-                self.end(&st, &Metadata::new());
-            }
-            Outcome::Finished(Ok(trailers)) => self.end(&Status::ok(), &trailers),
-        }
-        None
-    }
-
     /// Ends the call with `status`: trailers, or a trailers-only response if nothing was sent.
     /// A handler still running is cancelled (by the guard, when the call is dropped).
     fn end(&mut self, status: &Status, trailers: &Metadata) {
@@ -791,4 +689,94 @@ enum Started {
     Running(Spawned),
     /// Answered without running (its deadline had passed).
     Ended,
+}
+
+/// The gRPC face's response side of one call ([`Respond`]): its h2 stream, and the message
+/// waiting there for send capacity.
+struct H2<'c, 'f> {
+    call: &'c mut Call,
+    a: &'c mut Answer<'f>,
+    unsent: &'f Unsent,
+    /// The call's request bytes handed to the handler and not consumed yet.
+    outstanding: &'c mut usize,
+    /// The call ended.
+    ended: bool,
+}
+
+impl<'c, 'f> H2<'c, 'f> {
+    fn new(
+        call: &'c mut Call,
+        a: &'c mut Answer<'f>,
+        unsent: &'f Unsent,
+        outstanding: &'c mut usize,
+    ) -> H2<'c, 'f> {
+        H2 {
+            call,
+            a,
+            unsent,
+            outstanding,
+            ended: false,
+        }
+    }
+
+    /// What the call does next.
+    fn flow(&self) -> Flow {
+        if self.ended {
+            Flow::Over
+        } else {
+            Flow::Go
+        }
+    }
+}
+
+impl Respond for H2<'_, '_> {
+    fn headers(&mut self, headers: Metadata) -> Result<(), Status> {
+        if self.call.headers(&headers) {
+            Ok(())
+        } else {
+            Err(Status::cancelled("the call is over"))
+        }
+    }
+
+    fn reply(&mut self, message: Payload, trailers: Metadata) -> Result<Option<Metadata>, Status> {
+        // Compressed as the headers just sent announced.
+        let frame = Frame::new(message, self.call.send)?;
+        let mut q = Some(Queued::new(frame, None, self.unsent));
+        self.call.push(&mut q);
+        match q {
+            None => Ok(Some(trailers)),
+            Some(q) => {
+                // The trailers go once h2 has taken all of it (`Call::run`).
+                (self.a.pending, self.a.finish) = (Some(q), Some(trailers));
+                Ok(None)
+            }
+        }
+    }
+
+    fn send(&mut self, message: Payload, compress: bool, ack: call::Ack) {
+        if self.a.pending.is_some() || !self.call.headers(&Metadata::new()) {
+            let _ = ack.send(Err(Status::cancelled("the call is over")));
+            return;
+        }
+        match Frame::new(message, self.call.send.filter(|_| compress)) {
+            Ok(frame) => {
+                // The handler's next message waits until h2 has taken all of this one.
+                self.a.pending = Some(Queued::new(frame, Some(ack), self.unsent));
+                self.call.push(&mut self.a.pending);
+            }
+            Err(st) => {
+                let _ = ack.send(Err(st.clone()));
+                self.end(st, Metadata::new());
+            }
+        }
+    }
+
+    fn credit(&mut self, bytes: u32) {
+        *self.outstanding = self.outstanding.saturating_sub(bytes as usize);
+    }
+
+    fn end(&mut self, status: Status, trailers: Metadata) {
+        self.call.end(&status, &trailers);
+        self.ended = true;
+    }
 }

@@ -4,8 +4,7 @@
 //! given back as the handler consumes, and a message that stops arriving timed out.
 
 use super::wire::Deframer;
-use crate::request::ServerContext;
-use crate::server::handler::HandlerRef;
+use crate::server::call::Waiting;
 use crate::streaming::Item;
 use crate::{Encoding, Status};
 use bytes::Bytes;
@@ -20,9 +19,6 @@ use topspin_proto::{Code, Metadata};
 
 /// How often a call whose window is withheld (memory budget spent) looks for room again.
 const RETRY_WINDOW: Duration = Duration::from_millis(20);
-
-/// A handler not started yet, with what it is started with.
-pub(super) type Waiting = (HandlerRef, Metadata, ServerContext);
 
 /// Sets a call's timer to ring at `at`, making it the first time.
 pub(super) fn arm(mut timer: Pin<&mut Option<Sleep>>, at: Instant) {
@@ -55,9 +51,9 @@ pub(super) struct Inbound {
     deframer: Deframer,
     /// The body may still bring data.
     pub(super) body_open: bool,
-    /// Unary and server-streaming: the one request message, and what the handler needs once
-    /// it has arrived.
-    one: Option<Bytes>,
+    /// Unary and server-streaming: the call waiting for its one request message (the call
+    /// core's rules, `server::call`); every call's handler, metadata and context until it
+    /// starts.
     pub(super) waiting: Option<Waiting>,
     /// Client-streaming and bidi: where the handler's request messages go.
     pub(super) stream: Option<mpsc::UnboundedSender<Item>>,
@@ -89,7 +85,6 @@ impl Inbound {
         Inbound {
             deframer: Deframer::new(limits.window, Some(limits.budget)),
             body_open,
-            one: None,
             waiting: Some(waiting),
             stream: None,
             outstanding: 0,
@@ -129,13 +124,8 @@ impl Inbound {
                 self.outstanding += cost;
                 let credit = u32::try_from(cost).unwrap_or(u32::MAX);
                 let _ = tx.send(Item::Message(r.message, credit));
-            } else if self.one.is_none() && self.waiting.is_some() {
-                self.one = Some(r.message);
-            } else {
-                return Err(Status::invalid_argument(format!(
-                    "{} takes one request message, got more",
-                    method_of(&self.waiting)
-                )));
+            } else if let Some(w) = self.waiting.as_mut() {
+                w.on_message(r.message)?;
             }
         }
         if self.deframer.must_wait() {
@@ -207,21 +197,9 @@ impl Inbound {
             let _ = tx.send(Item::End(Ok(Metadata::new())));
             return Ok(None);
         }
-        let Some(waiting) = self.waiting.take() else {
-            return Ok(None);
-        };
-        match self.one.take() {
-            Some(m) => Ok(Some((waiting, m))),
-            None => Err(Status::invalid_argument(format!(
-                "{} takes one request message, got none",
-                &*waiting.2.method
-            ))),
+        match self.waiting.take() {
+            Some(waiting) => waiting.on_half_closed().map(Some),
+            None => Ok(None),
         }
     }
-}
-
-fn method_of(waiting: &Option<Waiting>) -> &str {
-    waiting
-        .as_ref()
-        .map_or("the method", |(_, _, c)| &*c.method)
 }

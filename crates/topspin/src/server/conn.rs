@@ -3,6 +3,7 @@
 //! that is not done after that first poll goes on on a task of its own. The connection loop is
 //! `crate::connection`'s.
 
+use super::call::{self, Waiting};
 use super::handler::{
     BoxFut, HandlerRef, Input, IoRef, Outcome, Running, SCmd, ServerCredit, Spawned,
 };
@@ -24,7 +25,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::WaitForCancellationFutureOwned;
-use topspin_proto::{CallId, Code, Connection, ErrorCode, Event, Metadata, Side};
+use topspin_proto::{CallId, Connection, ErrorCode, Event, Metadata, Side};
 
 /// Commands from a connection's handlers queued before they wait for room.
 const COMMAND_QUEUE: usize = 1024;
@@ -33,12 +34,7 @@ const COMMANDS_PER_TURN: usize = 256;
 
 enum Call {
     /// Unary and server-streaming calls wait for their one request message.
-    Awaiting {
-        handler: super::handler::HandlerRef,
-        metadata: Metadata,
-        ctx: ServerContext,
-        message: Option<Bytes>,
-    },
+    Awaiting(Waiting),
     Running {
         cancel: Cancellation,
         inbound: Option<mpsc::UnboundedSender<Item>>,
@@ -228,12 +224,7 @@ impl Role for ServerRole {
             // The grace period is over: end what is left.
             let ids: Vec<u32> = self.calls.keys().copied().collect();
             for id in ids {
-                self.end(
-                    id,
-                    Status::unavailable("the server shut down before the call finished"),
-                    Metadata::new(),
-                    conn,
-                );
+                self.end(id, call::shut_down(), Metadata::new(), conn);
             }
         }
     }
@@ -299,16 +290,10 @@ impl ServerRole {
         match self.calls.get_mut(&id.0) {
             // The one request message: its credit is never needed again (the client half-closes
             // with it), so none goes back.
-            Some(Call::Awaiting {
-                message: slot @ None,
-                ..
-            }) => *slot = Some(message),
-            Some(Call::Awaiting { ctx, .. }) => {
-                let st = Status::invalid_argument(format!(
-                    "{} takes one request message, got more",
-                    &*ctx.method
-                ));
-                self.end(id.0, st, Metadata::new(), conn);
+            Some(Call::Awaiting(waiting)) => {
+                if let Err(st) = waiting.on_message(message) {
+                    self.end(id.0, st, Metadata::new(), conn);
+                }
             }
             Some(Call::Running {
                 inbound: Some(tx), ..
@@ -328,25 +313,13 @@ impl ServerRole {
                     let _ = tx.send(Item::End(Ok(Metadata::new())));
                 }
             }
-            Some(Call::Awaiting { .. }) => {
-                let Some(Call::Awaiting {
-                    handler,
-                    metadata,
-                    ctx,
-                    message,
-                }) = self.calls.remove(&id)
-                else {
+            Some(Call::Awaiting(_)) => {
+                let Some(Call::Awaiting(waiting)) = self.calls.remove(&id) else {
                     return;
                 };
-                match message {
-                    Some(m) => self.spawn(id, handler, Some(m), metadata, ctx, conn),
-                    None => {
-                        let st = Status::invalid_argument(format!(
-                            "{} takes one request message, got none",
-                            &*ctx.method
-                        ));
-                        self.end(id, st, Metadata::new(), conn);
-                    }
+                match waiting.on_half_closed() {
+                    Ok((w, m)) => self.spawn(id, w.handler, Some(m), w.metadata, w.ctx, conn),
+                    Err(st) => self.end(id, st, Metadata::new(), conn),
                 }
             }
             None => {}
@@ -402,11 +375,7 @@ impl ServerRole {
             return;
         };
         let Some(handler) = self.handler(&method, method_id) else {
-            let st = Status::unimplemented(format!(
-                "method {} is not implemented by this server",
-                &*method
-            ));
-            self.end(id, st, Metadata::new(), conn);
+            self.end(id, call::unimplemented(&method), Metadata::new(), conn);
             return;
         };
         if handler.codec() != codec {
@@ -442,15 +411,8 @@ impl ServerRole {
                 self.spawn(id, handler, message, metadata, ctx, conn);
                 return;
             }
-            self.calls.insert(
-                id,
-                Call::Awaiting {
-                    handler,
-                    metadata,
-                    ctx,
-                    message,
-                },
-            );
+            let waiting = Waiting::new(handler, metadata, ctx, message);
+            self.calls.insert(id, Call::Awaiting(waiting));
         }
     }
 
@@ -463,17 +425,6 @@ impl ServerRole {
         ctx: ServerContext,
         conn: &mut Connection,
     ) {
-        // A call whose deadline passed on its way in is not started (its handler's work could
-        // only be thrown away).
-        if ctx.deadline.is_some_and(|d| d <= Instant::now()) {
-            let st = Status::new(
-                Code::DeadlineExceeded,
-                "the deadline passed before the handler started",
-            );
-            self.end(id, st, Metadata::new(), conn);
-            ctx.cancel.recycle(&mut self.cancel_pool);
-            return;
-        }
         let (input, inbound) = match message {
             Some(m) => (Input::One(m), None),
             None => {
@@ -489,11 +440,13 @@ impl ServerRole {
         };
         let io = IoRef { tx: &self.tx, id };
         let recycled = self.fut_pool.pop();
-        let cancel = ctx.cancel.clone();
-        let running = Running {
-            id,
-            cancel,
-            fut: Some(handler.call(input, metadata, ctx, io, recycled)),
+        let running = match call::prepare(id, &handler, input, metadata, ctx, io, recycled) {
+            Ok(r) => r,
+            Err((st, ctx)) => {
+                self.end(id, st, Metadata::new(), conn);
+                ctx.cancel.recycle(&mut self.cancel_pool);
+                return;
+            }
         };
         if self.room == 0 {
             // The client is not reading what it is sent: answer nothing more for now.
@@ -537,20 +490,11 @@ impl ServerRole {
         fresh: Option<Option<mpsc::UnboundedSender<Item>>>,
         conn: &mut Connection,
     ) {
-        if fresh.is_none() && running.cancel.is_cancelled() {
-            // A deferred call cancelled (or past its deadline) while it waited to start: its
-            // call was ended by whoever cancelled it. (A fresh call's cancellation was not
-            // handed to anything that could fire it yet.)
-            drop(running);
-            return;
-        }
         // Most handlers answer at once: poll once now, so the answer leaves in the same write
-        // as everything else this turn, without a trip through the scheduler. (This first poll
-        // runs on the connection task: a handler that blocks in it holds up the connection —
-        // once: its method's calls then start on tasks of their own, `handler::Inline`.)
-        let waker = futures_util::task::noop_waker();
-        let mut cx = std::task::Context::from_waker(&waker);
-        match running.poll_first(&mut cx, handler.inline()) {
+        // as everything else this turn, without a trip through the scheduler. (A deferred call
+        // cancelled while it waited to start is dropped unpolled: whoever cancelled it ended
+        // its call.)
+        match call::first_poll(&mut running, handler) {
             std::task::Poll::Ready((id, outcome, fut)) => {
                 self.recycle(fut);
                 let Some(o) = outcome else {

@@ -57,13 +57,21 @@ pub(crate) enum SCmd {
         /// Whether a face that compresses in its own frames (gRPC) compresses this one: the
         /// response's [`MessageCompression`](crate::MessageCompression) was on. (The native
         /// face's messages come encoded already.)
-        #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
         compress: bool,
     },
     Credit {
         id: u32,
         bytes: u32,
     },
+}
+
+impl SCmd {
+    /// The call the command is for.
+    pub(crate) fn id(&self) -> u32 {
+        match self {
+            SCmd::Headers { id, .. } | SCmd::Send { id, .. } | SCmd::Credit { id, .. } => *id,
+        }
+    }
 }
 
 /// How a handler's call is to be answered.

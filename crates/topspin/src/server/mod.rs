@@ -2,6 +2,7 @@
 //! them until a graceful [`ShutdownHandle::shutdown`].
 
 mod accept;
+pub(crate) mod call;
 mod conn;
 pub(crate) mod handler;
 mod shutdown;

@@ -1,6 +1,7 @@
-//! How a connection's calls are answered: replies, stream messages and ENDs handed to the
-//! engine, and what waits for the client's credit.
+//! How a connection's calls are answered: the call core's steps (`server::call`) carried out on
+//! the engine — replies, stream messages and ENDs — and what waits for the client's credit.
 
+use super::super::call::{self, Respond};
 use super::super::handler::{BoxFut, Outcome};
 use super::{Call, SCmd, ServerRole, COMMAND_QUEUE};
 use crate::connection::{call_error_status, send_message, Ack, Sent};
@@ -8,10 +9,105 @@ use crate::request::Cancellation;
 use crate::Status;
 use topspin_proto::{CallError, CallId, Connection, Metadata};
 
+/// The native face's response side of one call ([`Respond`]): the engine, and where the
+/// call's state is kept while its answer waits for the client.
+struct Native<'a> {
+    role: &'a mut ServerRole,
+    conn: &'a mut Connection,
+    id: u32,
+    /// A call not in `calls` (its handler answered in its first poll, see `run_inline`): its
+    /// cancellation handle, to put it there only if its reply or END has to wait.
+    fresh: Option<Cancellation>,
+}
+
+impl Native<'_> {
+    /// Keeps a reply and the END after it until the client grants credit.
+    fn keep(&mut self, message: crate::codec::Payload, trailers: Metadata) {
+        let (ack, _) = tokio::sync::oneshot::channel();
+        let len = message.len();
+        let blocked = Some(Box::new((message, ack)));
+        let end = Some(Box::new((Status::ok(), trailers)));
+        match self.fresh.take() {
+            Some(cancel) => {
+                self.role.held += len;
+                let kept = Call::Running {
+                    cancel,
+                    inbound: None,
+                    blocked,
+                    end,
+                    returned: true,
+                };
+                self.role.calls.insert(self.id, kept);
+            }
+            None => {
+                if let Some(Call::Running {
+                    blocked: b, end: e, ..
+                }) = self.role.calls.get_mut(&self.id)
+                {
+                    self.role.held += len;
+                    (*b, *e) = (blocked, end);
+                }
+            }
+        }
+    }
+}
+
+impl Respond for Native<'_> {
+    fn headers(&mut self, headers: Metadata) -> Result<(), Status> {
+        if headers.is_empty() {
+            return Ok(());
+        }
+        match self.conn.send_headers(CallId(self.id), &headers) {
+            // Not open: the call is over already; not allowed: its headers went already.
+            Ok(()) | Err(CallError::NotOpen(_) | CallError::NotAllowed(_)) => Ok(()),
+            Err(e) => Err(call_error_status(e, "response headers")),
+        }
+    }
+
+    fn reply(
+        &mut self,
+        message: crate::codec::Payload,
+        trailers: Metadata,
+    ) -> Result<Option<Metadata>, Status> {
+        if !self.conn.is_writable(CallId(self.id)) {
+            // No credit yet (a client whose window is 0 grants it with its CALL): the reply
+            // and the END wait for Event::Writable (protocol.md §7).
+            self.keep(message, trailers);
+            return Ok(None);
+        }
+        match self.conn.send_message(CallId(self.id), message, false) {
+            Ok(()) => Ok(Some(trailers)),
+            Err(e) => Err(call_error_status(e, "response message")),
+        }
+    }
+
+    fn send(&mut self, message: crate::codec::Payload, _compress: bool, ack: Ack) {
+        self.role.send(self.id, message, ack, self.conn);
+    }
+
+    fn credit(&mut self, bytes: u32) {
+        let _ = self.conn.grant_credit(CallId(self.id), bytes);
+    }
+
+    fn end(&mut self, status: Status, trailers: Metadata) {
+        // A failing status carries its own trailers (its metadata, its details).
+        let trailers = if trailers.is_empty() && !status.is_ok() {
+            status.wire_trailers()
+        } else {
+            trailers
+        };
+        match self.fresh.take() {
+            Some(cancel) => self
+                .role
+                .end_fresh(self.id, status, trailers, cancel, self.conn),
+            None => self.role.end(self.id, status, trailers, self.conn),
+        }
+    }
+}
+
 impl ServerRole {
     /// The answer of a handler that returned in its first poll, its call not in `calls` (see
-    /// `run_inline`): the same steps as `finish` and `end`, the call put in `calls` only if
-    /// its reply or its END has to wait for the client.
+    /// `run_inline`): put there only if its reply or its END has to wait for the client.
     pub(super) fn reply_fresh(
         &mut self,
         id: u32,
@@ -19,45 +115,13 @@ impl ServerRole {
         cancel: Cancellation,
         conn: &mut Connection,
     ) {
-        let (message, headers, trailers) = match reply {
-            Ok(r) => r,
-            Err(status) => {
-                let trailers = status.wire_trailers();
-                self.end_fresh(id, status, trailers, cancel, conn);
-                return;
-            }
+        let mut out = Native {
+            role: self,
+            conn,
+            id,
+            fresh: Some(cancel),
         };
-        if !headers.is_empty() {
-            if let Err(e) = conn.send_headers(CallId(id), &headers) {
-                let st = self.local_error(e, "response headers");
-                self.end_fresh(id, st, Metadata::new(), cancel, conn);
-                return;
-            }
-        }
-        if !conn.is_writable(CallId(id)) {
-            // No credit yet (a client whose window is 0 grants it with its CALL): the reply
-            // and the END wait for Event::Writable (protocol.md §7).
-            let (ack, _) = tokio::sync::oneshot::channel();
-            self.held += message.len();
-            self.calls.insert(
-                id,
-                Call::Running {
-                    cancel,
-                    inbound: None,
-                    blocked: Some(Box::new((message, ack))),
-                    end: Some(Box::new((Status::ok(), trailers))),
-                    returned: true,
-                },
-            );
-            return;
-        }
-        match conn.send_message(CallId(id), message, false) {
-            Ok(()) => self.end_fresh(id, Status::ok(), trailers, cancel, conn),
-            Err(e) => {
-                let st = self.local_error(e, "response message");
-                self.end_fresh(id, st, Metadata::new(), cancel, conn);
-            }
-        }
+        call::answer(Outcome::Reply(reply), &mut out);
     }
 
     /// `end` for a call whose handler returned and which is not in `calls`: it goes there only
@@ -97,8 +161,11 @@ impl ServerRole {
 
     /// A handler returned.
     pub(super) fn finish(&mut self, id: u32, outcome: Outcome, conn: &mut Connection) {
-        if let Some(Call::Running { returned, .. }) = self.calls.get_mut(&id) {
-            *returned = true;
+        match self.calls.get_mut(&id) {
+            Some(Call::Running { returned, .. }) => *returned = true,
+            // A reply to a call that is over already goes nowhere.
+            _ if matches!(outcome, Outcome::Reply(Ok(_))) => return,
+            _ => {}
         }
         if let Outcome::Finished(_) = outcome {
             // A response stream's headers are queued, not awaited: they go before its END.
@@ -109,49 +176,13 @@ impl ServerRole {
                 }
             }
         }
-        match outcome {
-            Outcome::Reply(Ok((message, headers, trailers))) => {
-                if !self.calls.contains_key(&id) {
-                    return;
-                }
-                if !headers.is_empty() {
-                    if let Err(e) = conn.send_headers(CallId(id), &headers) {
-                        self.end(
-                            id,
-                            self.local_error(e, "response headers"),
-                            Metadata::new(),
-                            conn,
-                        );
-                        return;
-                    }
-                }
-                if !conn.is_writable(CallId(id)) {
-                    // No credit yet (a client whose window is 0 grants it with its CALL): the
-                    // reply and the END wait for Event::Writable (protocol.md §7).
-                    if let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) {
-                        let (ack, _) = tokio::sync::oneshot::channel();
-                        self.held += message.len();
-                        *blocked = Some(Box::new((message, ack)));
-                        *end = Some(Box::new((Status::ok(), trailers)));
-                        return;
-                    }
-                }
-                match conn.send_message(CallId(id), message, false) {
-                    Ok(()) => self.end(id, Status::ok(), trailers, conn),
-                    Err(e) => self.end(
-                        id,
-                        self.local_error(e, "response message"),
-                        Metadata::new(),
-                        conn,
-                    ),
-                }
-            }
-            Outcome::Reply(Err(status)) | Outcome::Finished(Err(status)) => {
-                let trailers = status.wire_trailers();
-                self.end(id, status, trailers, conn);
-            }
-            Outcome::Finished(Ok(trailers)) => self.end(id, Status::ok(), trailers, conn),
-        }
+        let mut out = Native {
+            role: self,
+            conn,
+            id,
+            fresh: None,
+        };
+        call::answer(outcome, &mut out);
     }
 
     pub(super) fn local_error(&self, e: CallError, what: &str) -> Status {
@@ -200,27 +231,16 @@ impl ServerRole {
         }
     }
 
+    /// Applies a streaming handler's command to its call.
     pub(super) fn apply(&mut self, cmd: SCmd, conn: &mut Connection) {
-        match cmd {
-            SCmd::Headers { id, metadata } => {
-                if let Err(e) = conn.send_headers(CallId(id), &metadata) {
-                    if !matches!(e, CallError::NotOpen(_) | CallError::NotAllowed(_)) {
-                        self.end(
-                            id,
-                            self.local_error(e, "response headers"),
-                            Metadata::new(),
-                            conn,
-                        );
-                    }
-                }
-            }
-            SCmd::Send {
-                id, message, ack, ..
-            } => self.send(id, message, ack, conn),
-            SCmd::Credit { id, bytes } => {
-                let _ = conn.grant_credit(CallId(id), bytes);
-            }
-        }
+        let id = cmd.id();
+        let mut out = Native {
+            role: self,
+            conn,
+            id,
+            fresh: None,
+        };
+        call::command(cmd, &mut out);
     }
 
     pub(super) fn send(

@@ -1,0 +1,211 @@
+//! One server call's rules, whatever its face: the same for a native call (`server::conn`,
+//! driven by the sans-IO engine) and for a call of the gRPC face (`grpc::call`, an h2 stream).
+//! Each face translates its transport's events into these steps and implements [`Respond`]
+//! for its own response side; what a call may receive, when its handler starts, how it is
+//! polled and how its outcome is answered is decided here, once.
+//!
+//! The life of a call:
+//! 1. [`lookup`]: its method's handler, or `UNIMPLEMENTED`.
+//! 2. A unary or server-streaming call gathers its one request message ([`Waiting`]): a
+//!    second one, or none by the half-close, ends it `INVALID_ARGUMENT`. A client-streaming
+//!    or bidi call starts at once, its requests a stream.
+//! 3. [`prepare`]: a call whose deadline passed on its way in is not started
+//!    (`DEADLINE_EXCEEDED`); otherwise its handler's future is built.
+//! 4. [`first_poll`]: polled once on the connection's task (a handler that answers at once
+//!    needs no hand-off), unless its method is known to block (`handler::Inline`); a handler
+//!    that is not done goes on on a task of its own (`handler::Spawned`). A panic ends the
+//!    call alone, `INTERNAL` (`handler::Running`).
+//! 5. [`answer`]: its outcome becomes the face's response — headers, the one reply message,
+//!    then the end with its trailers; an error ends the call with its status. A streaming
+//!    handler's commands (headers, messages waiting for flow control, request credit) go
+//!    through [`command`].
+//! 6. A call that ends before its handler returned (the peer cancelled, its deadline passed,
+//!    the server's grace ran out: [`expired`], [`shut_down`]) cancels the handler.
+
+use super::handler::{BoxFut, Done, HandlerRef, Input, IoRef, Outcome, Running, SCmd};
+use super::Registry;
+use crate::codec::Payload;
+use crate::request::ServerContext;
+use crate::Status;
+use bytes::Bytes;
+use std::future::Future;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use tokio::sync::oneshot;
+use topspin_proto::{Code, Metadata};
+
+/// The handler of `method`, or the status that refuses the call.
+pub(crate) fn lookup(registry: &Registry, method: &str) -> Result<HandlerRef, Status> {
+    registry.get(method).ok_or_else(|| unimplemented(method))
+}
+
+/// A call of a method this server does not have.
+pub(crate) fn unimplemented(method: &str) -> Status {
+    Status::unimplemented(format!("method {method} is not implemented by this server"))
+}
+
+/// A call whose deadline passed while it ran: its handler is cancelled.
+pub(crate) fn expired() -> Status {
+    Status::new(Code::DeadlineExceeded, "the call's deadline passed")
+}
+
+/// A call still running when the server's shutdown grace ran out.
+pub(crate) fn shut_down() -> Status {
+    Status::unavailable("the server shut down before the call finished")
+}
+
+/// A unary or server-streaming call before its handler starts: its handler, its request
+/// metadata and context, and its one request message once it came.
+pub(crate) struct Waiting {
+    pub(crate) handler: HandlerRef,
+    pub(crate) metadata: Metadata,
+    pub(crate) ctx: ServerContext,
+    message: Option<Bytes>,
+}
+
+impl Waiting {
+    pub(crate) fn new(
+        handler: HandlerRef,
+        metadata: Metadata,
+        ctx: ServerContext,
+        message: Option<Bytes>,
+    ) -> Waiting {
+        Waiting {
+            handler,
+            metadata,
+            ctx,
+            message,
+        }
+    }
+
+    /// A request message came: the call's one, or one too many (the call ends with the
+    /// status returned).
+    pub(crate) fn on_message(&mut self, message: Bytes) -> Result<(), Status> {
+        if self.message.is_some() {
+            return Err(Status::invalid_argument(format!(
+                "{} takes one request message, got more",
+                &*self.ctx.method
+            )));
+        }
+        self.message = Some(message);
+        Ok(())
+    }
+
+    /// The client half-closed: the handler starts with its one request, or the call ends
+    /// with the status returned if none came.
+    pub(crate) fn on_half_closed(self) -> Result<(Waiting, Bytes), Status> {
+        let mut w = self;
+        match w.message.take() {
+            Some(m) => Ok((w, m)),
+            None => Err(Status::invalid_argument(format!(
+                "{} takes one request message, got none",
+                &*w.ctx.method
+            ))),
+        }
+    }
+}
+
+/// The handler's future for a call about to start, or the status that ends the call instead:
+/// a call whose deadline passed on its way in is not started (its handler's work could only
+/// be thrown away). `recycled`: a box of a finished call to put the future in.
+#[inline]
+pub(crate) fn prepare(
+    id: u32,
+    handler: &HandlerRef,
+    input: Input,
+    metadata: Metadata,
+    ctx: ServerContext,
+    io: IoRef<'_>,
+    recycled: Option<BoxFut>,
+) -> Result<Running, (Status, ServerContext)> {
+    if ctx.deadline.is_some_and(|d| d <= Instant::now()) {
+        let st = Status::new(
+            Code::DeadlineExceeded,
+            "the deadline passed before the handler started",
+        );
+        return Err((st, ctx));
+    }
+    let cancel = ctx.cancel.clone();
+    Ok(Running {
+        id,
+        cancel,
+        fut: Some(handler.call(input, metadata, ctx, io, recycled)),
+    })
+}
+
+/// The first poll of a call's handler, on its connection's task with a waker that does
+/// nothing: a handler that answers at once is done without a trip through the scheduler.
+/// `Pending`: it goes on on a task of its own (`handler::Spawned`), which registers for its
+/// call's cancellation. Not polled when its method is known to block (`handler::Inline`);
+/// a call cancelled before its first poll (one that waited to start) is dropped unpolled.
+#[inline]
+pub(crate) fn first_poll(running: &mut Running, handler: &HandlerRef) -> Poll<Done> {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    if running.cancel.is_cancelled() {
+        return std::pin::Pin::new(running).poll(&mut cx);
+    }
+    running.poll_first(&mut cx, handler.inline())
+}
+
+/// A streaming handler's message waiting for flow control, and who waits for it to go.
+pub(crate) type Ack = oneshot::Sender<Result<(), Status>>;
+
+/// A face's response side of one call, as the call's rules drive it.
+pub(crate) trait Respond {
+    /// The response headers (before any message). `Err`: the call ends with that status.
+    fn headers(&mut self, headers: Metadata) -> Result<(), Status>;
+    /// The one reply message of a unary-response call. `Ok(Some(trailers))`: it went, the
+    /// call ends now; `Ok(None)`: the face keeps it (and the trailers) until the peer has room,
+    /// then ends the call OK. `Err`: the call ends with that status.
+    fn reply(&mut self, message: Payload, trailers: Metadata) -> Result<Option<Metadata>, Status>;
+    /// A streaming handler's message: `ack` is told once it went (or why it cannot).
+    /// `compress`: the response's `MessageCompression` switch was on.
+    fn send(&mut self, message: Payload, compress: bool, ack: Ack);
+    /// The handler consumed `bytes` of request messages: the peer may send as much again.
+    fn credit(&mut self, bytes: u32);
+    /// The call's end: its status and trailers (a failing status's own metadata and headers
+    /// are the face's to encode).
+    fn end(&mut self, status: Status, trailers: Metadata);
+}
+
+/// Answers a handler's outcome: a reply is headers, its message and an OK end with its
+/// trailers; a finished stream ends with its trailers; an error ends the call with its status.
+#[inline]
+pub(crate) fn answer(outcome: Outcome, out: &mut impl Respond) {
+    match outcome {
+        Outcome::Reply(Ok((message, headers, trailers))) => {
+            match out
+                .headers(headers)
+                .and_then(|()| out.reply(message, trailers))
+            {
+                Ok(Some(trailers)) => out.end(Status::ok(), trailers),
+                Ok(None) => {}
+                Err(st) => out.end(st, Metadata::new()),
+            }
+        }
+        Outcome::Reply(Err(st)) | Outcome::Finished(Err(st)) => out.end(st, Metadata::new()),
+        Outcome::Finished(Ok(trailers)) => out.end(Status::ok(), trailers),
+    }
+}
+
+/// Applies a streaming handler's command to its call.
+#[inline]
+pub(crate) fn command(cmd: SCmd, out: &mut impl Respond) {
+    match cmd {
+        SCmd::Headers { metadata, .. } => {
+            if let Err(st) = out.headers(metadata) {
+                out.end(st, Metadata::new());
+            }
+        }
+        SCmd::Send {
+            message,
+            ack,
+            compress,
+            ..
+        } => out.send(message, compress, ack),
+        SCmd::Credit { bytes, .. } => out.credit(bytes),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,288 @@
+//! The call core's rules, without a face: a recording [`Respond`] stands for the native engine
+//! and an h2 stream.
+
+use super::*;
+use crate::server::handler::{CallKind, Handler};
+use crate::Config;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a face was asked to do, in order.
+#[derive(Debug, PartialEq)]
+enum Did {
+    Headers(usize),
+    Reply(usize),
+    Send(usize, bool),
+    Credit(u32),
+    End(Code, usize),
+}
+
+/// A face that records its steps; `room: false` keeps replies as a face without send
+/// capacity does; `refuse` fails its headers as a stream that is gone does.
+#[derive(Default)]
+struct Face {
+    did: Vec<Did>,
+    full: bool,
+    refuse: bool,
+}
+
+impl Respond for Face {
+    fn headers(&mut self, headers: Metadata) -> Result<(), Status> {
+        if self.refuse {
+            return Err(Status::cancelled("gone"));
+        }
+        self.did.push(Did::Headers(headers.len()));
+        Ok(())
+    }
+    fn reply(&mut self, message: Payload, trailers: Metadata) -> Result<Option<Metadata>, Status> {
+        self.did.push(Did::Reply(message.len()));
+        Ok((!self.full).then_some(trailers))
+    }
+    fn send(&mut self, message: Payload, compress: bool, _ack: Ack) {
+        self.did.push(Did::Send(message.len(), compress));
+    }
+    fn credit(&mut self, bytes: u32) {
+        self.did.push(Did::Credit(bytes));
+    }
+    fn end(&mut self, status: Status, trailers: Metadata) {
+        self.did.push(Did::End(status.code(), trailers.len()));
+    }
+}
+
+fn md(n: usize) -> Metadata {
+    (0..n)
+        .try_fold(Metadata::builder(), |b, i| b.entry(&format!("k{i}"), b"v"))
+        .expect("metadata")
+        .build()
+}
+
+fn payload(n: usize) -> Payload {
+    Payload::from(Bytes::from(vec![1u8; n]))
+}
+
+fn ctx(method: &str, deadline: Option<Instant>) -> ServerContext {
+    let config = Config::default();
+    ServerContext {
+        deadline,
+        encoding: None,
+        method: method.into(),
+        cancel: Default::default(),
+        conn: Arc::new(crate::request::ConnContext {
+            peer: crate::transport::PeerAddr::Stream,
+            #[cfg(feature = "tls")]
+            tls: None,
+            compression: None,
+            max_message_size: config.max_message_size(),
+            budget: config.memory_budget(),
+            protocol: crate::request::Protocol::Topspin,
+        }),
+    }
+}
+
+/// A handler whose future answers at once with `Outcome::Finished(Ok)`, or never.
+struct Fixed {
+    ready: bool,
+}
+
+impl Handler for Fixed {
+    fn kind(&self) -> CallKind {
+        CallKind::Unary
+    }
+    fn codec(&self) -> u8 {
+        1
+    }
+    fn call(
+        &self,
+        _: Input,
+        _: Metadata,
+        _: ServerContext,
+        _: IoRef<'_>,
+        recycled: Option<BoxFut>,
+    ) -> BoxFut {
+        if self.ready {
+            super::super::handler::place(
+                recycled,
+                std::future::ready(Outcome::Finished(Ok(Metadata::new()))),
+            )
+        } else {
+            super::super::handler::place(recycled, std::future::pending())
+        }
+    }
+}
+
+fn waiting(method: &str) -> Waiting {
+    let handler: HandlerRef = Arc::new(Fixed { ready: true });
+    Waiting::new(handler, Metadata::new(), ctx(method, None), None)
+}
+
+#[test]
+fn a_unary_call_takes_exactly_one_request_message() {
+    let mut w = waiting("/s/One");
+    w.on_message(Bytes::from_static(b"a")).expect("the first");
+    let st = w
+        .on_message(Bytes::from_static(b"b"))
+        .expect_err("a second");
+    assert_eq!(st.code(), Code::InvalidArgument);
+    assert_eq!(st.message(), "/s/One takes one request message, got more");
+    let (_, m) = w.on_half_closed().expect("one came");
+    assert_eq!(&m[..], b"a");
+
+    let st = waiting("/s/None")
+        .on_half_closed()
+        .err()
+        .expect("none came");
+    assert_eq!(st.code(), Code::InvalidArgument);
+    assert_eq!(st.message(), "/s/None takes one request message, got none");
+}
+
+#[test]
+fn an_unknown_method_is_unimplemented() {
+    let registry = Registry::default();
+    let st = lookup(&registry, "/s/Missing").err().expect("refused");
+    assert_eq!(st.code(), Code::Unimplemented);
+    assert_eq!(
+        st.message(),
+        "method /s/Missing is not implemented by this server"
+    );
+}
+
+#[test]
+fn a_call_whose_deadline_passed_on_its_way_in_is_not_started() {
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let handler: HandlerRef = Arc::new(Fixed { ready: true });
+    let past = Instant::now().checked_sub(Duration::from_millis(1));
+    let io = IoRef { tx: &tx, id: 1 };
+    let input = Input::One(Bytes::new());
+    let Err((st, _)) = prepare(
+        1,
+        &handler,
+        input,
+        Metadata::new(),
+        ctx("/s/M", past),
+        io,
+        None,
+    ) else {
+        panic!("started past its deadline");
+    };
+    assert_eq!(st.code(), Code::DeadlineExceeded);
+}
+
+#[test]
+fn the_first_poll_answers_at_once_or_leaves_the_handler_running() {
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    for ready in [true, false] {
+        let handler: HandlerRef = Arc::new(Fixed { ready });
+        let io = IoRef { tx: &tx, id: 7 };
+        let input = Input::One(Bytes::new());
+        let Ok(mut running) = prepare(
+            7,
+            &handler,
+            input,
+            Metadata::new(),
+            ctx("/s/M", None),
+            io,
+            None,
+        ) else {
+            panic!("not started");
+        };
+        match first_poll(&mut running, &handler) {
+            Poll::Ready((id, outcome, _)) => {
+                assert!(ready, "a handler that never answers was done");
+                assert_eq!(id, 7);
+                assert!(matches!(outcome, Some(Outcome::Finished(Ok(_)))));
+            }
+            Poll::Pending => assert!(!ready, "a handler that answers at once was pending"),
+        }
+    }
+}
+
+#[test]
+fn a_call_cancelled_before_its_first_poll_is_dropped_unpolled() {
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let handler: HandlerRef = Arc::new(Fixed { ready: true });
+    let io = IoRef { tx: &tx, id: 3 };
+    let c = ctx("/s/M", None);
+    c.cancel.cancel();
+    let input = Input::One(Bytes::new());
+    let Ok(mut running) = prepare(3, &handler, input, Metadata::new(), c, io, None) else {
+        panic!("not started");
+    };
+    let Poll::Ready((_, outcome, _)) = first_poll(&mut running, &handler) else {
+        panic!("a cancelled call is done at once");
+    };
+    assert!(
+        outcome.is_none(),
+        "a cancelled call has no outcome to answer"
+    );
+}
+
+#[test]
+fn a_reply_is_headers_then_its_message_then_an_ok_end_with_its_trailers() {
+    let mut face = Face::default();
+    answer(Outcome::Reply(Ok((payload(5), md(1), md(2)))), &mut face);
+    assert_eq!(
+        face.did,
+        [Did::Headers(1), Did::Reply(5), Did::End(Code::Ok, 2)]
+    );
+}
+
+#[test]
+fn a_reply_that_waits_for_room_is_ended_by_its_face() {
+    let mut face = Face {
+        full: true,
+        ..Face::default()
+    };
+    answer(Outcome::Reply(Ok((payload(5), md(0), md(0)))), &mut face);
+    assert_eq!(face.did, [Did::Headers(0), Did::Reply(5)]);
+}
+
+#[test]
+fn a_reply_whose_headers_fail_ends_with_that_status_and_sends_no_message() {
+    let mut face = Face {
+        refuse: true,
+        ..Face::default()
+    };
+    answer(Outcome::Reply(Ok((payload(5), md(1), md(0)))), &mut face);
+    assert_eq!(face.did, [Did::End(Code::Cancelled, 0)]);
+}
+
+#[test]
+fn errors_and_finished_streams_end_the_call() {
+    let mut face = Face::default();
+    answer(Outcome::Reply(Err(Status::not_found("x"))), &mut face);
+    answer(Outcome::Finished(Err(Status::aborted("y"))), &mut face);
+    answer(Outcome::Finished(Ok(md(3))), &mut face);
+    assert_eq!(
+        face.did,
+        [
+            Did::End(Code::NotFound, 0),
+            Did::End(Code::Aborted, 0),
+            Did::End(Code::Ok, 3)
+        ]
+    );
+}
+
+#[test]
+fn a_streaming_handlers_commands_reach_its_face() {
+    let mut face = Face::default();
+    let (ack, _) = oneshot::channel();
+    for cmd in [
+        SCmd::Headers {
+            id: 1,
+            metadata: md(2),
+        },
+        SCmd::Send {
+            id: 1,
+            message: payload(4),
+            ack,
+            compress: false,
+        },
+        SCmd::Credit { id: 1, bytes: 9 },
+    ] {
+        command(cmd, &mut face);
+    }
+    assert_eq!(
+        face.did,
+        [Did::Headers(2), Did::Send(4, false), Did::Credit(9)]
+    );
+}

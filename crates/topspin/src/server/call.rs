@@ -40,11 +40,13 @@ pub(crate) fn lookup(registry: &Registry, method: &str) -> Result<HandlerRef, St
 }
 
 /// A call of a method this server does not have.
-pub(crate) fn unimplemented(method: &str) -> Status {
+fn unimplemented(method: &str) -> Status {
     Status::unimplemented(format!("method {method} is not implemented by this server"))
 }
 
-/// A call whose deadline passed while it ran: its handler is cancelled.
+/// A call whose deadline passed while it ran: its handler is cancelled. (The native engine
+/// expires its calls itself, `topspin_proto::Connection::handle_timeout`.)
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
 pub(crate) fn expired() -> Status {
     Status::new(Code::DeadlineExceeded, "the call's deadline passed")
 }
@@ -108,7 +110,7 @@ impl Waiting {
 /// The handler's future for a call about to start, or the status that ends the call instead:
 /// a call whose deadline passed on its way in is not started (its handler's work could only
 /// be thrown away). `recycled`: a box of a finished call to put the future in.
-#[inline]
+#[inline(always)]
 pub(crate) fn prepare(
     id: u32,
     handler: &HandlerRef,
@@ -138,7 +140,7 @@ pub(crate) fn prepare(
 /// `Pending`: it goes on on a task of its own (`handler::Spawned`), which registers for its
 /// call's cancellation. Not polled when its method is known to block (`handler::Inline`);
 /// a call cancelled before its first poll (one that waited to start) is dropped unpolled.
-#[inline]
+#[inline(always)]
 pub(crate) fn first_poll(running: &mut Running, handler: &HandlerRef) -> Poll<Done> {
     let mut cx = Context::from_waker(std::task::Waker::noop());
     if running.cancel.is_cancelled() {
@@ -170,7 +172,7 @@ pub(crate) trait Respond {
 
 /// Answers a handler's outcome: a reply is headers, its message and an OK end with its
 /// trailers; a finished stream ends with its trailers; an error ends the call with its status.
-#[inline]
+#[inline(always)]
 pub(crate) fn answer(outcome: Outcome, out: &mut impl Respond) {
     match outcome {
         Outcome::Reply(Ok((message, headers, trailers))) => {

@@ -346,20 +346,21 @@ impl ServerRole {
     }
 
     /// The handler of a method, looked up by the id the client interned it under when it has
-    /// one (a vector index), by name otherwise.
-    fn handler(&mut self, method: &str, method_id: u16) -> Option<HandlerRef> {
+    /// one (a vector index), by name otherwise; the status that refuses the call if there is
+    /// none.
+    fn handler(&mut self, method: &str, method_id: u16) -> Result<HandlerRef, Status> {
         let slot = usize::from(method_id);
         if let Some(Some(h)) = self.by_id.get(slot) {
-            return Some(h.clone());
+            return Ok(h.clone());
         }
-        let h = self.registry.get(method)?;
+        let h = call::lookup(&self.registry, method)?;
         if method_id != 0 {
             if self.by_id.len() <= slot {
                 self.by_id.resize(slot + 1, None);
             }
             self.by_id[slot] = Some(h.clone());
         }
-        Some(h)
+        Ok(h)
     }
 
     fn on_call(&mut self, started: Event, conn: &mut Connection) {
@@ -374,9 +375,9 @@ impl ServerRole {
         else {
             return;
         };
-        let Some(handler) = self.handler(&method, method_id) else {
-            self.end(id, call::unimplemented(&method), Metadata::new(), conn);
-            return;
+        let handler = match self.handler(&method, method_id) {
+            Ok(h) => h,
+            Err(st) => return self.end(id, st, Metadata::new(), conn),
         };
         if handler.codec() != codec {
             let st = Status::unimplemented(format!(

@@ -541,6 +541,7 @@ impl Running {
     ///
     /// `Pending` without polling when `inline` says the method blocks: the handler then runs
     /// on a task of its own from the start. Otherwise the poll is timed and `inline` told.
+    #[inline]
     pub(crate) fn poll_first(
         &mut self,
         cx: &mut Context<'_>,
@@ -558,6 +559,7 @@ impl Running {
         r
     }
 
+    #[inline]
     fn poll_handler(&mut self, cx: &mut Context<'_>) -> Poll<Done> {
         let Some(fut) = self.fut.as_mut() else {
             return Poll::Ready((self.id, None, None));

@@ -53,6 +53,7 @@ impl Native<'_> {
 }
 
 impl Respond for Native<'_> {
+    #[inline(always)]
     fn headers(&mut self, headers: Metadata) -> Result<(), Status> {
         if headers.is_empty() {
             return Ok(());
@@ -64,6 +65,7 @@ impl Respond for Native<'_> {
         }
     }
 
+    #[inline(always)]
     fn reply(
         &mut self,
         message: crate::codec::Payload,
@@ -89,6 +91,7 @@ impl Respond for Native<'_> {
         let _ = self.conn.grant_credit(CallId(self.id), bytes);
     }
 
+    #[inline(always)]
     fn end(&mut self, status: Status, trailers: Metadata) {
         // A failing status carries its own trailers (its metadata, its details).
         let trailers = if trailers.is_empty() && !status.is_ok() {

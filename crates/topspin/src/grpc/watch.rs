@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+#[cfg(any(test, feature = "grpc"))] // the gRPC face's
 /// The client connection preface's length (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE: usize = 24;
 /// An HTTP/2 frame header's length.
@@ -58,6 +59,7 @@ impl Changed {
 
 impl Tracker {
     /// A client's bytes: the preface, then frames.
+    #[cfg(any(test, feature = "grpc"))] // the gRPC face's
     pub(crate) fn new(now: Instant) -> Tracker {
         Tracker::with_preface(now, PREFACE)
     }
@@ -145,6 +147,7 @@ pub(crate) struct Watched<IO> {
 
 impl<IO> Watched<IO> {
     /// A server's connection: reads a client's bytes.
+    #[cfg(any(test, feature = "grpc"))] // the gRPC face's
     pub(crate) fn new(io: IO) -> (Watched<IO>, Arc<Mutex<Tracker>>) {
         Watched::with(io, Tracker::new(Instant::now()))
     }

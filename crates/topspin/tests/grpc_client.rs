@@ -903,7 +903,46 @@ async fn an_unanswered_keepalive_ping_ends_the_connection() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e}");
-    assert!(e.message().contains("keep-alive"), "{e}");
+    // The one liveness policy's reason, as a native connection gives it.
+    assert!(e.message().contains("keep-alive PING unanswered"), "{e}");
+    assert!(e.message().contains("(keepalive_timeout)"), "{e}");
+}
+
+/// Keep-alive on an idle `grpc://` connection: PINGs go after `keepalive_interval` without a
+/// byte from the server (the one liveness policy's rule), tonic answers them, and the
+/// connection outlives many intervals without a call; once the path goes dead, the next PING
+/// is not answered and the connection is closed — a call made then fails fast, with the
+/// policy's reason, instead of waiting on a dead path.
+#[tokio::test]
+async fn keep_alive_keeps_an_idle_connection_to_a_live_server_and_drops_a_dead_one() {
+    let t = tonic_server(None).await;
+    let r = relay(t.port).await;
+    let (every, timeout) = (Duration::from_millis(100), Duration::from_millis(300));
+    let ch = Endpoint::new(format!("grpc://127.0.0.1:{}", r.port))
+        .unwrap()
+        .config(
+            topspin::Config::default()
+                .with_keepalive_interval(Some(every))
+                .with_keepalive_timeout(timeout),
+        )
+        .connect()
+        .await
+        .unwrap();
+    let echo = || ch.unary(RawCodec, "/test.T/Echo", b("alive"));
+    assert_eq!(echo().await.unwrap().into_inner(), b("alive"));
+    let down = r.down.load(Ordering::Relaxed);
+    tokio::time::sleep(every * 10).await;
+    // PINGs went and were answered (bytes came back), on the same connection.
+    assert!(r.down.load(Ordering::Relaxed) > down, "no PING answered");
+    assert_eq!(echo().await.unwrap().into_inner(), b("alive"));
+    assert_eq!(r.accepted.load(Ordering::Relaxed), 1);
+    // Dead: the connection is closed by keep-alive (a waiting call fails with its reason).
+    r.paused.store(true, Ordering::Relaxed);
+    let e = common::within(15, ch.unary(RawCodec, "/test.T/Slow", b("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("keepalive_timeout"), "{e}");
 }
 
 #[tokio::test]

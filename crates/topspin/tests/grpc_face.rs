@@ -835,6 +835,159 @@ async fn grpc_keep_alive_closes_a_silent_peer_and_keeps_a_live_one() {
     shutdown.shutdown(Duration::from_secs(1)).await;
 }
 
+/// A byte stream that can be frozen: once `frozen`, it neither reads nor writes again (a peer
+/// that hangs without closing its socket).
+struct Freezable {
+    io: tokio::net::TcpStream,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Freezable {
+    fn is_frozen(&self) -> bool {
+        self.frozen.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl tokio::io::AsyncRead for Freezable {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.is_frozen() {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Freezable {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.is_frozen() {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.is_frozen() {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// A keep-alive test server: the test service with these keep-alive settings on plain TCP.
+async fn keep_alive_server(
+    every: Duration,
+    timeout: Duration,
+) -> (String, topspin::Gauges, ShutdownHandle) {
+    let config = Config::default()
+        .with_keepalive_interval(Some(every))
+        .with_keepalive_timeout(timeout);
+    let server = service(Events::default())
+        .config(config)
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hp = server.local_addr().to_string()["tcp://".len()..].to_owned();
+    let gauges = server.gauges();
+    let shutdown = server.shutdown_handle();
+    tokio::spawn(server.serve());
+    (hp, gauges, shutdown)
+}
+
+/// The gRPC face's keep-alive is the native connection's rule (`connection::liveness`): an h2
+/// peer that answered the server's PINGs and then hangs (reads and writes nothing, its socket
+/// open) is closed once a PING goes unanswered for `keepalive_timeout`; until it hangs, its
+/// connection outlives many intervals.
+#[tokio::test]
+async fn grpc_keep_alive_closes_an_h2_peer_that_stops_answering() {
+    let (every, timeout) = (Duration::from_millis(200), Duration::from_millis(400));
+    let (hp, gauges, shutdown) = keep_alive_server(every, timeout).await;
+    let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let io = Freezable {
+        io: tokio::net::TcpStream::connect(&hp).await.unwrap(),
+        frozen: frozen.clone(),
+    };
+    let (mut client, conn) = h2::client::handshake(io).await.unwrap();
+    let conn = tokio::spawn(conn);
+    // Live: the idle client answers every PING (h2 does); many intervals pass.
+    tokio::time::sleep(every * 8).await;
+    assert!(!conn.is_finished(), "a live peer's connection was closed");
+    connections_become(&gauges, 1).await;
+    let req = http::Request::post(format!("http://{hp}/t.T/Echo"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    client = client.ready().await.expect("still open");
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    assert_eq!(resp.await.expect("answered").status(), http::StatusCode::OK);
+    // Hung: the server's next PING is never answered, and the server closes the connection.
+    frozen.store(true, std::sync::atomic::Ordering::Relaxed);
+    connections_become(&gauges, 0).await;
+    drop((client, conn));
+    shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
+/// As on a native connection, the gRPC face PINGs only after `keepalive_interval` without a
+/// byte from the client, and bytes answer its PING as the PONG would: a client that keeps
+/// sending (its own PINGs here) while it answers none of the server's is not closed.
+#[tokio::test]
+async fn grpc_keep_alive_spares_a_client_that_keeps_sending() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (every, timeout) = (Duration::from_secs(1), Duration::from_secs(1));
+    let (hp, gauges, shutdown) = keep_alive_server(every, timeout).await;
+    let sock = tokio::net::TcpStream::connect(&hp).await.unwrap();
+    let (mut rd, mut wr) = sock.into_split();
+    // Reads what the server sends (PING ACKs, maybe PINGs) until it closes.
+    let reader = tokio::spawn(async move {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = rd.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    wr.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    connections_become(&gauges, 1).await;
+    // A PING of its own every 100 ms for twice interval + timeout.
+    let ping = b"\0\0\x08\x06\0\0\0\0\0chatting";
+    for _ in 0..40 {
+        if wr.write_all(ping).await.is_err() {
+            break; // closed by the server (asserted below)
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !reader.is_finished(),
+        "the server closed a client that kept sending"
+    );
+    assert_eq!(gauges.snapshot().connections, 1);
+    drop(wr);
+    reader.abort();
+    shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
 /// A call still running when `max_connection_age_grace` after the age runs out is ended
 /// (its handler cancelled), as on a native connection.
 #[tokio::test]

@@ -11,10 +11,16 @@
 //! native protocol: a response stream's DATA is released to the server as the application
 //! consumes its messages (`Cmd::Credit`), and a request stream's next message is taken only
 //! once h2 has window for what was queued before it.
+//!
+//! A third task drives the HTTP/2 connection and keeps its timers — handshake (the server's
+//! SETTINGS), frame, write, idle and keep-alive PINGs — by the one liveness policy a native
+//! connection keeps (`grpc::live`, `connection::liveness`), reading what the server sends as it
+//! passes to h2 (`grpc::watch`).
 
 use super::conn::{CallStart, Cmd, ConnHandle, ConnShared, Sink, COMMAND_QUEUE};
 use crate::compression::{self, Encoding};
 use crate::connection::Ack;
+use crate::grpc::live::{Lapse, LapseTimer, Pings, Timers};
 use crate::grpc::wire::{self, Deframer, Frame, Received};
 use crate::streaming::Item;
 use crate::{Address, Config, Metadata, Status};
@@ -24,11 +30,14 @@ use h2::{RecvStream, SendStream};
 use http::header::{HeaderValue, CONTENT_TYPE, TE, USER_AGENT};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use rustc_hash::FxHashMap;
+use std::future::poll_fn;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
 
 /// How often a call whose response credit is withheld (memory budget spent) looks for room
 /// again.
@@ -61,7 +70,8 @@ struct Base {
     shared: Arc<ConnShared>,
     /// Largest response header (and trailer) list accepted.
     max_metadata: u32,
-    /// Why this side closed the connection (keep-alive), for the errors of its calls.
+    /// Why this side closed the connection (a timer: keep-alive, frame, write), for the errors
+    /// of its calls.
     closed: Arc<std::sync::OnceLock<String>>,
 }
 
@@ -97,33 +107,43 @@ where
         .max_header_list_size(max_metadata)
         .max_frame_size(config.max_frame_size().clamp(16_384, 16_777_215))
         .enable_push(false);
-    let (send, mut connection) = builder
-        .handshake::<T, Frame>(io)
+    // What the server sends is read along for the connection's timers (`grpc::watch`).
+    let started = Instant::now();
+    let (io, tracker) = crate::grpc::watch::Watched::of_server(io);
+    let (send, connection) = builder
+        .handshake::<_, Frame>(io)
         .await
         .map_err(|e| what(&format!("HTTP/2 handshake failed: {e}")))?;
     let shared = Arc::new(ConnShared::default());
-    let mut pings = connection.ping_pong();
-    let (stop, stopped) = oneshot::channel();
     let closed = Arc::new(std::sync::OnceLock::new());
-    tokio::spawn(drive(
-        connection,
-        stopped,
-        shared.clone(),
-        closed.clone(),
-        address.clone(),
-    ));
-    // One PING answered: the peer speaks HTTP/2 (a port that does not fails here, not at the
-    // first call). The caller bounds the wait with the handshake timeout.
-    if let Some(p) = pings.as_mut() {
-        if let Err(e) = p.ping(h2::Ping::opaque()).await {
-            let _ = stop.send(String::new());
+    let (ready, answered) = oneshot::channel();
+    let (idle_tx, idle_rx) = watch::channel(true);
+    let away = CancellationToken::new();
+    let driven = Drive {
+        tracker,
+        started,
+        config: config.clone(),
+        shared: shared.clone(),
+        closed: closed.clone(),
+        address: address.clone(),
+        idle: idle_rx,
+        away: away.clone(),
+    };
+    tokio::spawn(driven.run(connection, ready));
+    // One PING answered (the server's SETTINGS came first): the peer speaks HTTP/2 (a port
+    // that does not fails here, not at the first call). The caller bounds the wait with the
+    // handshake timeout.
+    match answered.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
             return Err(what(&format!(
                 "no HTTP/2 answer ({e}): is it a gRPC server, and does its port use TLS (grpcs://)?"
-            )));
+            )))
         }
-    }
-    if let (Some(p), Some(every)) = (pings, config.keepalive_interval()) {
-        tokio::spawn(keep_alive(p, every, config.keepalive_timeout(), stop));
+        Err(_) => {
+            let why = closed.get().map_or("the connection closed", String::as_str);
+            return Err(what(&format!("no HTTP/2 answer ({why})")));
+        }
     }
     let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
     // One message per ending call; the calls of a connection are bounded (the server's
@@ -146,49 +166,107 @@ where
         max_calls: config.max_pending_calls(),
         done_tx,
     };
-    tokio::spawn(router.run(rx, done_rx, config.idle_timeout()));
+    tokio::spawn(router.run(rx, done_rx, idle_tx, away));
     Ok(ConnHandle::new(tx, shared, None))
 }
 
-/// Drives the HTTP/2 connection until it ends or `stop` says why it must.
-async fn drive<T>(
-    mut connection: h2::client::Connection<T, Frame>,
-    mut stop: oneshot::Receiver<String>,
+/// What the loop that drives the HTTP/2 connection keeps.
+struct Drive {
+    tracker: Arc<std::sync::Mutex<crate::grpc::watch::Tracker>>,
+    started: Instant,
+    config: Config,
     shared: Arc<ConnShared>,
+    /// Why this side closed the connection, for the errors of its calls.
     closed: Arc<std::sync::OnceLock<String>>,
     address: Address,
-) where
-    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
-    let why = tokio::select! {
-        r = &mut connection => r.err().map(|e| e.to_string()),
-        // (a dropped sender disables this branch: no keep-alive)
-        Ok(why) = &mut stop => {
-            let _ = closed.set(why.clone());
-            Some(why)
-        }
-    };
-    // Dropping the connection fails its open streams (UNAVAILABLE in their calls).
-    shared.unusable.store(true, Ordering::Release);
-    drop(connection);
-    if let Some(why) = why {
-        tracing::debug!("gRPC connection to {address} ended: {why}");
-    }
+    /// No call is open (the router's).
+    idle: watch::Receiver<bool>,
+    /// Told when the connection was idle too long: the router ends once its calls have.
+    away: CancellationToken,
 }
 
-/// HTTP/2 keep-alive (`grpc::keep_alive`); tells `stop` why the connection must close once a
-/// PING is not answered, unless the connection went first.
-async fn keep_alive(
-    pings: h2::PingPong,
-    every: Duration,
-    timeout: Duration,
-    mut stop: oneshot::Sender<String>,
-) {
-    tokio::select! {
-        why = crate::grpc::keep_alive(pings, every, timeout) => {
-            let _ = stop.send(why);
+impl Drive {
+    /// Drives the HTTP/2 connection until it ends or a timer of the one liveness policy
+    /// (`grpc::live`: handshake, frame, write, idle, keep-alive) says it must; `ready` is told
+    /// when the first PING, sent at once, is answered.
+    async fn run<T>(
+        self,
+        mut connection: h2::client::Connection<crate::grpc::watch::Watched<T>, Frame>,
+        ready: oneshot::Sender<Result<(), h2::Error>>,
+    ) where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let Drive {
+            tracker,
+            started,
+            config,
+            shared,
+            closed,
+            address,
+            mut idle,
+            away,
+        } = self;
+        let changed = crate::grpc::watch::read(&tracker).changed.clone();
+        let mut pings = Pings::new(connection.ping_pong());
+        pings.send();
+        let mut ready = Some(ready);
+        let mut timers = Timers {
+            tracker,
+            started,
+            config: &config,
+            liveness: Default::default(),
+        };
+        let lapse = tokio::time::sleep_until(started.into());
+        tokio::pin!(lapse);
+        let mut timer = LapseTimer::default();
+        let (mut going, mut routed) = (false, true);
+        let why = loop {
+            let is_idle = *idle.borrow_and_update() && !going;
+            let next = timers.next(is_idle);
+            timer.arm(lapse.as_mut(), next);
+            tokio::select! {
+                r = &mut connection => break r.err().map(|e| e.to_string()),
+                () = poll_fn(|cx| timer.poll(lapse.as_mut(), cx)), if next.is_some() => {
+                    timer.armed = None;
+                    match timers.lapsed(is_idle, &mut pings) {
+                        Some(Lapse::Close(why)) => {
+                            let _ = closed.set(why.clone());
+                            break Some(why);
+                        }
+                        Some(Lapse::Idle) => {
+                            // New calls go to a new connection; this one closes once the
+                            // router is gone (with it h2's last handle).
+                            going = true;
+                            shared.unusable.store(true, Ordering::Release);
+                            away.cancel();
+                            tracing::debug!("gRPC connection to {address} idle for {:?}: closing", config.idle_timeout());
+                        }
+                        None => {}
+                    }
+                }
+                pong = poll_fn(|cx| pings.poll_pong(cx)) => {
+                    if pong.is_ok() {
+                        timers.alive();
+                    }
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(pong);
+                    }
+                }
+                r = idle.changed(), if routed => routed = r.is_ok(),
+                // A frame became incomplete or writes stalled: re-arm for its timer.
+                () = poll_fn(|_| if changed.take() { Poll::Ready(()) } else { Poll::Pending }) => {}
+                // The handshake was given up on (its timeout).
+                () = poll_fn(|cx| ready.as_mut().map_or(Poll::Pending, |r| r.poll_closed(cx))) => {
+                    break None;
+                }
+            }
+        };
+        // Dropping the connection fails its open streams (UNAVAILABLE in their calls).
+        shared.unusable.store(true, Ordering::Release);
+        drop(connection);
+        if let Some(why) = why {
+            tracing::debug!("gRPC connection to {address} ended: {why}");
         }
-        () = stop.closed() => {}
     }
 }
 
@@ -204,19 +282,17 @@ struct Router {
 }
 
 impl Router {
-    /// Runs until every handle is gone, or the connection has had no call for `idle`
-    /// (`Config::idle_timeout`): then it is marked unusable (new calls go to a new connection)
-    /// and closed.
+    /// Runs until every handle is gone, or the connection loop said it was idle too long
+    /// (`away`; it marked the connection unusable, so new calls go to a new connection) and
+    /// the calls left have ended. Tells `idle` whether no call is open.
     async fn run(
         mut self,
         mut rx: mpsc::Receiver<Cmd>,
         mut done_rx: mpsc::UnboundedReceiver<u64>,
-        idle: Option<Duration>,
+        idle: watch::Sender<bool>,
+        away: CancellationToken,
     ) {
-        let idle_for = idle.unwrap_or(crate::connection::FAR);
-        let idle_timer = tokio::time::sleep(idle_for);
-        tokio::pin!(idle_timer);
-        let mut busy = false;
+        let mut leaving = false;
         loop {
             tokio::select! {
                 biased;
@@ -228,24 +304,18 @@ impl Router {
                     // Every handle is gone: nobody waits for an answer any more.
                     None => break,
                 },
-                () = &mut idle_timer, if idle.is_some() && self.calls.is_empty() => {
-                    self.base.shared.unusable.store(true, Ordering::Release);
-                    // What raced in is refused as not sent (safe to retry).
-                    rx.close();
-                    while let Ok(cmd) = rx.try_recv() {
-                        self.apply(cmd);
-                    }
-                    tracing::debug!("gRPC connection to {} idle for {idle_for:?}: closing", self.base.address);
-                    break;
+                () = away.cancelled(), if !leaving => leaving = true,
+            }
+            let none = self.calls.is_empty();
+            if leaving && none {
+                // What raced in is refused as not sent (safe to retry).
+                rx.close();
+                while let Ok(cmd) = rx.try_recv() {
+                    self.apply(cmd);
                 }
+                break;
             }
-            if !self.calls.is_empty() {
-                busy = true;
-            } else if std::mem::take(&mut busy) {
-                idle_timer
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + idle_for);
-            }
+            idle.send_if_modified(|was| std::mem::replace(was, none) != none);
         }
     }
 

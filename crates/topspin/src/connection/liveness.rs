@@ -1,8 +1,11 @@
 //! The connection-level timers every face keeps — the handshake deadline, keep-alive pings,
 //! frames left incomplete, writes the peer does not take, idleness — and the connection age's
-//! jitter: one sans-IO policy. The native driver (`connection::Driver`) and the gRPC face's
-//! HTTP/2 loop (`grpc::server`) each tell it what they saw ([`Seen`]) and act on what is due
-//! ([`Due`]). (Call deadlines are the engine's; see `Connection::poll_timeout`.)
+//! jitter: one sans-IO policy. The native driver (`connection::Driver`) and both HTTP/2 loops
+//! (the gRPC face's, `grpc::server`, and the `grpc://` client mode's, `client::grpc`, through
+//! `grpc::live`) each tell it what they saw ([`Seen`]) and act on what is due ([`Due`]): a
+//! keep-alive PING after `keepalive_interval` without a byte from the peer, the connection
+//! closed when nothing (its answer or anything else) comes within `keepalive_timeout` of it.
+//! (Call deadlines are the engine's; see `Connection::poll_timeout`.)
 
 use crate::Config;
 use std::time::{Duration, Instant};
@@ -23,8 +26,7 @@ pub(crate) struct Seen {
     pub(crate) last_read: Instant,
     /// No call is open and the connection is not going away already (the idle timeout).
     pub(crate) idle: bool,
-    /// This policy sends the keep-alive PINGs (the native face; the gRPC face's PINGs are
-    /// h2's, on a timer of their own).
+    /// This policy sends the keep-alive PINGs (every face that can send one).
     pub(crate) pings: bool,
 }
 
@@ -67,6 +69,13 @@ impl Liveness {
         self.ping_sent.is_some()
     }
 
+    /// When the PING that waits was sent, unless bytes came after it: they answer it as its
+    /// PONG would (a loop that sees its reads only as `Seen::last_read`, as the HTTP/2 ones do,
+    /// need not call [`Liveness::alive`] for each).
+    fn unanswered(&self, s: &Seen) -> Option<Instant> {
+        self.ping_sent.filter(|&sent| s.last_read <= sent)
+    }
+
     /// The shortest time after the last read at which a timer here can be due while no frame
     /// is half received, no write stalls and no PING waits: the keep-alive interval or the
     /// idle timeout (an hour when neither is set: nothing is due then anyway).
@@ -85,7 +94,7 @@ impl Liveness {
             config
                 .keepalive_interval()
                 .filter(|_| s.pings)
-                .map(|iv| match self.ping_sent {
+                .map(|iv| match self.unanswered(s) {
                     Some(sent) => sent + config.keepalive_timeout(),
                     None => s.last_read + iv,
                 });
@@ -128,6 +137,7 @@ impl Liveness {
             }
         }
         if let Some(iv) = config.keepalive_interval().filter(|_| s.pings) {
+            self.ping_sent = self.unanswered(s);
             match self.ping_sent {
                 Some(sent) if now >= sent + config.keepalive_timeout() => {
                     return Some(Due::Close(format!(
@@ -205,10 +215,44 @@ mod tests {
         assert_eq!(l.next(&s, &config), Some(t0 + Duration::from_secs(12)));
         let unanswered = l.due(t0 + Duration::from_secs(12), &s, &config);
         assert!(matches!(unanswered, Some(Due::Close(why)) if why.contains("keepalive_timeout")));
-        // The gRPC face's PINGs are h2's: none from here.
+        // A loop that sends no PINGs is asked for none.
         let mut l = Liveness::default();
-        let h2 = Seen { pings: false, ..s };
-        assert_eq!(l.due(t0 + Duration::from_secs(10), &h2, &config), None);
+        let quiet = Seen { pings: false, ..s };
+        assert_eq!(l.due(t0 + Duration::from_secs(10), &quiet, &config), None);
+    }
+
+    #[test]
+    fn bytes_after_the_ping_answer_it_and_the_next_waits_for_silence_again() {
+        let t0 = Instant::now();
+        let config = Config::default()
+            .with_keepalive_interval(Some(Duration::from_secs(10)))
+            .with_keepalive_timeout(Duration::from_secs(2));
+        let mut l = Liveness::default();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(l.due(at(10), &seen(t0), &config), Some(Due::Ping));
+        assert!(l.waiting_for_pong());
+        // Bytes came a second after the PING (no PONG seen): the peer is alive.
+        let heard = Seen {
+            last_read: at(11),
+            ..seen(t0)
+        };
+        assert_eq!(l.next(&heard, &config), Some(at(21)));
+        assert_eq!(l.due(at(12), &heard, &config), None);
+        assert!(!l.waiting_for_pong());
+        assert_eq!(l.due(at(21), &heard, &config), Some(Due::Ping));
+        // Bytes read at the very instant of the PING came before it: no answer.
+        let mut l = Liveness::default();
+        assert_eq!(l.due(at(10), &seen(t0), &config), Some(Due::Ping));
+        let same = Seen {
+            last_read: at(10),
+            ..seen(t0)
+        };
+        assert!(matches!(l.due(at(12), &same, &config), Some(Due::Close(_))));
+        // A PONG (`alive`) answers it too.
+        let mut l = Liveness::default();
+        assert_eq!(l.due(at(10), &seen(t0), &config), Some(Due::Ping));
+        l.alive();
+        assert_eq!(l.due(at(12), &seen(t0), &config), Some(Due::Ping));
     }
 
     #[test]

@@ -34,24 +34,26 @@
 //! A gRPC connection counts in [`Server::gauges`](crate::Server::gauges) (connections, open
 //! calls) like a native one. At `Config::max_connection_age` (±10%) it is sent a graceful
 //! GOAWAY and its calls get `max_connection_age_grace`; with `Config::keepalive_interval` the
-//! server PINGs that often (every interval, whether or not it received anything) and closes a
-//! connection whose PING is not answered within `keepalive_timeout`.
+//! server PINGs a client it has received nothing from for that long and closes the connection
+//! at once when nothing (the PONG or anything else) comes within `keepalive_timeout` — the
+//! native connection's rule, from the same policy (`connection::liveness`, through `live.rs`).
 
 //!
 //! `wire.rs` (headers, metadata, status, `grpc-timeout`) and `framing.rs` (the message codec:
 //! one framer and one deframer), gRPC's wire details free of I/O, are built always: the client's gRPC
-//! mode (`client/grpc.rs`) uses them too. Only `server.rs` (a connection), `call.rs` (a call)
-//! and `watch.rs` (the frame boundaries the timers read) are behind the feature `grpc`.
+//! mode (`client/grpc.rs`) uses them too, and so are `watch.rs` (the frame boundaries the
+//! timers read) and `live.rs` (the timers of an HTTP/2 loop, keep-alive PINGs included). Only
+//! `server.rs` (a connection) and `call.rs` (a call) are behind the feature `grpc`.
 
 #[cfg(feature = "grpc")]
 mod call;
 mod framing;
+pub(crate) mod live;
 #[cfg(feature = "grpc")]
 mod request;
 #[cfg(feature = "grpc")]
 pub(crate) mod server;
-#[cfg(feature = "grpc")]
-mod watch;
+pub(crate) mod watch;
 pub(crate) mod wire;
 
 #[cfg(feature = "grpc")]
@@ -64,21 +66,4 @@ pub(crate) struct Peer {
     pub(crate) addr: crate::transport::PeerAddr,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<std::sync::Arc<crate::tls::TlsPeer>>,
-}
-
-/// HTTP/2 keep-alive, the gRPC face's and the client mode's: a PING every `every`; returns why
-/// the connection must close once one is not answered within `timeout` (never while they are).
-pub(crate) async fn keep_alive(
-    mut pings: h2::PingPong,
-    every: std::time::Duration,
-    timeout: std::time::Duration,
-) -> String {
-    loop {
-        tokio::time::sleep(every).await;
-        match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return format!("keep-alive PING failed: {e}"),
-            Err(_) => return format!("keep-alive PING not answered within {timeout:?}"),
-        }
-    }
 }

@@ -1,8 +1,9 @@
 //! One HTTP/2 connection of the gRPC face: h2's handshake, its timers (handshake, frame,
-//! write, idle, age, keep-alive, shutdown grace) and its loop; h2 accepts streams, each a
+//! write, idle and keep-alive from `live.rs`; age, shutdown grace) and its loop; h2 accepts streams, each a
 //! call run on the connection's task by [`Face::call`] (`call.rs`).
 
 use super::call::{Face, Unsent};
+use super::live::{Lapse, LapseTimer, Pings, Timers};
 use super::wire::Frame;
 use super::Peer;
 use crate::connection::liveness;
@@ -62,27 +63,16 @@ where
     tokio::pin!(grace);
     let aged = tokio::time::sleep(age.unwrap_or(Duration::ZERO));
     tokio::pin!(aged);
-    // `Config::keepalive_interval`: a PING that often; the connection closes if one is not
-    // answered within `keepalive_timeout`.
-    let pings = config
-        .keepalive_interval()
-        .and_then(|every| Some((conn.ping_pong()?, every)));
-    let keep_alive = async {
-        match pings {
-            Some((pings, every)) => {
-                super::keep_alive(pings, every, config.keepalive_timeout()).await
-            }
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(keep_alive);
     let mut going = Going::default();
-    // The handshake (the client's SETTINGS), frame and idle timers, as on a native connection.
+    // The handshake (the client's SETTINGS), frame, write, idle and keep-alive timers, as on a
+    // native connection; the keep-alive PINGs are h2's.
     let changed = super::watch::read(&tracker).changed.clone();
-    let timers = Timers {
+    let mut pings = Pings::new(config.keepalive_interval().and_then(|_| conn.ping_pong()));
+    let mut timers = Timers {
         tracker,
         started,
         config: &config,
+        liveness: Default::default(),
     };
     let lapse = tokio::time::sleep_until(started.into());
     tokio::pin!(lapse);
@@ -94,7 +84,8 @@ where
             () = poll_fn(|cx| timer.poll(lapse.as_mut(), cx)), if next.is_some() => {
                 timer.armed = None;
                 let idle = calls.is_empty() && !going.away;
-                if going.on_lapse(timers.lapsed(idle), &mut conn, &face.peer, &config) {
+                let lapsed = timers.lapsed(idle, &mut pings);
+                if going.on_lapse(lapsed, &mut conn, &face.peer, &config) {
                     break;
                 }
             }
@@ -109,6 +100,10 @@ where
             Some(()) = calls.next(), if !calls.is_empty() => {}
             // A frame became incomplete or writes stalled: re-arm for its timer.
             () = poll_fn(|_| if changed.take() { Poll::Ready(()) } else { Poll::Pending }) => {}
+            // The keep-alive PING's answer (an error: the connection is gone, `accept` says).
+            pong = poll_fn(|cx| pings.poll_pong(cx)) => if pong.is_ok() {
+                timers.alive();
+            },
             () = shutdown.token.cancelled(), if !going.shutting => {
                 going.on_shutdown(&shutdown, grace.as_mut(), &mut conn);
             }
@@ -119,11 +114,6 @@ where
             () = &mut grace, if going.away && !going.aborted => {
                 going.aborted = true;
                 face.abort.cancel();
-            }
-            why = &mut keep_alive => {
-                // Closed at once (the peer is not answering): its calls are dropped below.
-                tracing::debug!(peer = %face.peer.addr, "gRPC connection closed: {why}");
-                break;
             }
         }
         share.report(calls.len(), face.unsent.get());
@@ -213,43 +203,6 @@ fn face(registry: Arc<Registry>, peer: Peer, config: &Config, started: Instant) 
     }
 }
 
-/// The connection's timer for its handshake, frame, write and idle deadlines.
-#[derive(Default)]
-struct LapseTimer {
-    /// When the timer is due; moved only when the next deadline comes earlier (a deadline
-    /// that moves later, as the idle timeout does with every read, leaves it: firing early
-    /// only makes the loop look again), so most turns touch no timer — the native
-    /// connection's rule (`connection::covers`).
-    armed: Option<Instant>,
-    /// The timer was polled since it was last set, so it holds this task's waker (the task's
-    /// waker is `Coalesced`'s, the same every turn): until the timer wheel takes it out,
-    /// polling it again would say nothing new, and most turns skip it.
-    polled: bool,
-}
-
-impl LapseTimer {
-    fn arm(&mut self, sleep: Pin<&mut tokio::time::Sleep>, next: Option<Instant>) {
-        if let Some(t) = next.filter(|_| !crate::connection::covers(self.armed, next)) {
-            sleep.reset(t.into());
-            self.armed = Some(t);
-            self.polled = false;
-        }
-    }
-
-    fn poll(
-        &mut self,
-        sleep: Pin<&mut tokio::time::Sleep>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<()> {
-        if self.polled && !sleep.is_elapsed() {
-            return Poll::Pending;
-        }
-        // A poll refused for want of coop budget registers nothing: poll again then.
-        self.polled = tokio::task::coop::has_budget_remaining();
-        sleep.poll(cx)
-    }
-}
-
 /// How far the connection is in going away.
 #[derive(Default)]
 struct Going {
@@ -326,54 +279,6 @@ impl Going {
             .checked_add(config.max_connection_age_grace())
             .unwrap_or(now + FOREVER);
         grace.reset(until.into());
-    }
-}
-
-/// The connection timers of the gRPC face, read from what the client sent (`watch.rs`): the
-/// handshake (the client's SETTINGS), frame, write and idle timers of the one liveness policy
-/// native connections keep (`connection::liveness`). Keep-alive PINGs are h2's (`keep_alive`).
-struct Timers<'a> {
-    tracker: Arc<std::sync::Mutex<super::watch::Tracker>>,
-    started: Instant,
-    config: &'a Config,
-}
-
-/// What a lapsed timer asks for.
-enum Lapse {
-    /// Close at once, for this reason.
-    Close(String),
-    /// Idle too long: a graceful GOAWAY.
-    Idle,
-}
-
-impl Timers<'_> {
-    /// What the policy looks at, with `idle` telling whether no call is open.
-    fn seen(&self, idle: bool) -> liveness::Seen {
-        let t = super::watch::read(&self.tracker);
-        liveness::Seen {
-            started: self.started,
-            established: t.settings_received(),
-            partial_since: t.partial_since,
-            write_stalled_since: t.write_stalled_since,
-            last_read: t.last_read,
-            idle,
-            pings: false,
-        }
-    }
-
-    /// The earliest timer.
-    fn next(&self, idle: bool) -> Option<Instant> {
-        liveness::Liveness::default().next(&self.seen(idle), self.config)
-    }
-
-    /// What to do now that the earliest timer passed (`None`: it moved on meanwhile).
-    fn lapsed(&self, idle: bool) -> Option<Lapse> {
-        let due = liveness::Liveness::default().due(Instant::now(), &self.seen(idle), self.config);
-        match due? {
-            liveness::Due::Close(why) => Some(Lapse::Close(why)),
-            liveness::Due::Idle => Some(Lapse::Idle),
-            liveness::Due::Ping => None, // not asked for (`pings: false`)
-        }
     }
 }
 

@@ -1,9 +1,10 @@
-//! What the gRPC face's connection loop needs to know of the bytes a client sends, read as they
-//! pass to h2 (which does not say): whether the client's SETTINGS — the first frame after the
-//! preface (RFC 9113 §3.4) — has arrived, whether a frame is half received and since when, and
-//! when bytes last came — and whether the client takes the bytes we write. The loop holds the
+//! What an HTTP/2 loop — the gRPC face's or the `grpc://` client mode's — needs to know of the
+//! bytes its peer sends, read as they pass to h2 (which does not say): whether the peer's
+//! SETTINGS — the first frame after the client's preface, or the server's first frame
+//! (RFC 9113 §3.4) — has arrived, whether a frame is half received and since when, and when
+//! bytes last came — and whether the peer takes the bytes we write. The loop holds the
 //! connection to the same `Config` timers a native connection has (`handshake_timeout`,
-//! `frame_timeout`, `write_timeout`, `idle_timeout`) with them.
+//! `frame_timeout`, `write_timeout`, `idle_timeout`, `keepalive_*`) with them (`live.rs`).
 
 use std::io;
 use std::pin::Pin;
@@ -13,12 +14,13 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+#[cfg(any(test, feature = "grpc"))] // the gRPC face's
 /// The client connection preface's length (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE: usize = 24;
 /// An HTTP/2 frame header's length.
 const HEADER: usize = 9;
 
-/// Follows the frame boundaries of a client's byte stream (sans-IO).
+/// Follows the frame boundaries of a peer's byte stream (sans-IO).
 #[derive(Debug)]
 pub(crate) struct Tracker {
     /// Preface bytes still to come.
@@ -56,9 +58,20 @@ impl Changed {
 }
 
 impl Tracker {
+    /// A client's bytes: the preface, then frames.
+    #[cfg(any(test, feature = "grpc"))] // the gRPC face's
     pub(crate) fn new(now: Instant) -> Tracker {
+        Tracker::with_preface(now, PREFACE)
+    }
+
+    /// A server's bytes: frames only (its preface is its SETTINGS frame).
+    pub(crate) fn of_server(now: Instant) -> Tracker {
+        Tracker::with_preface(now, 0)
+    }
+
+    fn with_preface(now: Instant, preface: usize) -> Tracker {
         Tracker {
-            preface_left: PREFACE,
+            preface_left: preface,
             header: [0; HEADER],
             header_len: 0,
             payload_left: 0,
@@ -70,7 +83,7 @@ impl Tracker {
         }
     }
 
-    /// Whether the client's first frame (its SETTINGS) has arrived whole.
+    /// Whether the peer's first frame (its SETTINGS) has arrived whole.
     pub(crate) fn settings_received(&self) -> bool {
         self.settings
     }
@@ -133,8 +146,18 @@ pub(crate) struct Watched<IO> {
 }
 
 impl<IO> Watched<IO> {
+    /// A server's connection: reads a client's bytes.
+    #[cfg(any(test, feature = "grpc"))] // the gRPC face's
     pub(crate) fn new(io: IO) -> (Watched<IO>, Arc<Mutex<Tracker>>) {
-        let t = Tracker::new(Instant::now());
+        Watched::with(io, Tracker::new(Instant::now()))
+    }
+
+    /// A client's connection: reads a server's bytes.
+    pub(crate) fn of_server(io: IO) -> (Watched<IO>, Arc<Mutex<Tracker>>) {
+        Watched::with(io, Tracker::of_server(Instant::now()))
+    }
+
+    fn with(io: IO, t: Tracker) -> (Watched<IO>, Arc<Mutex<Tracker>>) {
         let changed = t.changed.clone();
         let tracker = Arc::new(Mutex::new(t));
         let w = Watched {
@@ -269,6 +292,17 @@ mod tests {
                 assert_eq!(t.last_read, now);
             }
         }
+    }
+
+    #[test]
+    fn a_servers_first_frame_is_its_settings() {
+        let mut t = Tracker::of_server(Instant::now());
+        t.feed(&frame(6, 4)[..5], Instant::now());
+        assert!(!t.settings_received());
+        assert!(t.partial_since.is_some());
+        t.feed(&frame(6, 4)[5..], Instant::now());
+        assert!(t.settings_received());
+        assert!(t.partial_since.is_none());
     }
 
     #[test]

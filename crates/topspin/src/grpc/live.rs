@@ -1,0 +1,157 @@
+//! The connection timers of both HTTP/2 loops — the gRPC face's (`server.rs`) and the
+//! `grpc://` client mode's (`client::grpc`): what the peer sent is read as it passes to h2
+//! (`watch.rs`), the one liveness policy native connections keep (`connection::liveness`)
+//! says what is due — handshake, frame, write, idle, keep-alive — and the keep-alive PINGs it
+//! asks for are h2's user PINGs ([`Pings`]).
+
+use super::watch::{self, Tracker};
+use crate::connection::liveness::{self, Liveness};
+use crate::Config;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+/// A PING sent with h2's `PingPong`, until its PONG (the `PingPong` comes back with it).
+type InFlight = Pin<Box<dyn Future<Output = (h2::PingPong, Result<h2::Pong, h2::Error>)> + Send>>;
+
+/// The keep-alive PINGs of an HTTP/2 connection: h2 lets one user PING be in flight, and its
+/// PONG is awaited by polling [`Pings::poll_pong`] from the connection's loop.
+#[derive(Default)]
+pub(crate) enum Pings {
+    /// No `PingPong` (h2 gave it away already): no PINGs.
+    #[default]
+    Off,
+    Ready(h2::PingPong),
+    Waiting(InFlight),
+}
+
+impl Pings {
+    pub(crate) fn new(pings: Option<h2::PingPong>) -> Pings {
+        pings.map_or(Pings::Off, Pings::Ready)
+    }
+
+    /// Sends a PING, unless one is still in flight (then its PONG answers for both).
+    pub(crate) fn send(&mut self) {
+        if let Pings::Ready(_) = self {
+            let Pings::Ready(mut pings) = std::mem::take(self) else {
+                unreachable!()
+            };
+            *self = Pings::Waiting(Box::pin(async move {
+                let pong = pings.ping(h2::Ping::opaque()).await;
+                (pings, pong)
+            }));
+        }
+    }
+
+    /// The PONG of the PING in flight (an error: the connection is gone, and so are PINGs).
+    /// Pending while none is in flight.
+    pub(crate) fn poll_pong(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), h2::Error>> {
+        let Pings::Waiting(fut) = self else {
+            return Poll::Pending;
+        };
+        let (pings, pong) = std::task::ready!(fut.as_mut().poll(cx));
+        *self = match pong {
+            Ok(_) => Pings::Ready(pings),
+            Err(_) => Pings::Off,
+        };
+        Poll::Ready(pong.map(|_| ()))
+    }
+}
+
+/// What a lapsed timer asks for.
+pub(crate) enum Lapse {
+    /// Close at once, for this reason.
+    Close(String),
+    /// Idle too long: go away.
+    Idle,
+}
+
+/// The connection timers of an HTTP/2 loop, read from what the peer sent (`watch.rs`): the
+/// handshake (the peer's SETTINGS), frame, write, idle and keep-alive timers of the one
+/// liveness policy native connections keep.
+pub(crate) struct Timers<'a> {
+    pub(crate) tracker: Arc<Mutex<Tracker>>,
+    pub(crate) started: Instant,
+    pub(crate) config: &'a Config,
+    pub(crate) liveness: Liveness,
+}
+
+impl Timers<'_> {
+    /// What the policy looks at, with `idle` telling whether no call is open (and the
+    /// connection is not going away already).
+    fn seen(&self, idle: bool) -> liveness::Seen {
+        let t = watch::read(&self.tracker);
+        liveness::Seen {
+            started: self.started,
+            established: t.settings_received(),
+            partial_since: t.partial_since,
+            write_stalled_since: t.write_stalled_since,
+            last_read: t.last_read,
+            idle,
+            pings: true,
+        }
+    }
+
+    /// The earliest timer.
+    pub(crate) fn next(&self, idle: bool) -> Option<Instant> {
+        self.liveness.next(&self.seen(idle), self.config)
+    }
+
+    /// What to do now that the earliest timer passed (`None`: nothing, or a keep-alive PING
+    /// sent with `pings`).
+    pub(crate) fn lapsed(&mut self, idle: bool, pings: &mut Pings) -> Option<Lapse> {
+        let seen = self.seen(idle);
+        match self.liveness.due(Instant::now(), &seen, self.config)? {
+            liveness::Due::Close(why) => Some(Lapse::Close(why)),
+            liveness::Due::Idle => Some(Lapse::Idle),
+            liveness::Due::Ping => {
+                pings.send();
+                None
+            }
+        }
+    }
+
+    /// A PONG came: the peer is alive.
+    pub(crate) fn alive(&mut self) {
+        self.liveness.alive();
+    }
+}
+
+/// The loop's timer for its connection timers.
+#[derive(Default)]
+pub(crate) struct LapseTimer {
+    /// When the timer is due; moved only when the next deadline comes earlier (a deadline
+    /// that moves later, as the idle timeout does with every read, leaves it: firing early
+    /// only makes the loop look again), so most turns touch no timer — the native
+    /// connection's rule (`connection::covers`).
+    pub(crate) armed: Option<Instant>,
+    /// The timer was polled since it was last set, so it holds this task's waker (the task's
+    /// waker is the same every turn): until the timer wheel takes it out, polling it again
+    /// would say nothing new, and most turns skip it.
+    polled: bool,
+}
+
+impl LapseTimer {
+    pub(crate) fn arm(&mut self, sleep: Pin<&mut tokio::time::Sleep>, next: Option<Instant>) {
+        if let Some(t) = next.filter(|_| !crate::connection::covers(self.armed, next)) {
+            sleep.reset(t.into());
+            self.armed = Some(t);
+            self.polled = false;
+        }
+    }
+
+    pub(crate) fn poll(
+        &mut self,
+        sleep: Pin<&mut tokio::time::Sleep>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        if self.polled && !sleep.is_elapsed() {
+            return Poll::Pending;
+        }
+        // A poll refused for want of coop budget registers nothing: poll again then.
+        self.polled = tokio::task::coop::has_budget_remaining();
+        sleep.poll(cx)
+    }
+}

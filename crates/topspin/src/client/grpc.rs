@@ -12,11 +12,11 @@
 //! consumes its messages (`Cmd::Credit`), and a request stream's next message is taken only
 //! once h2 has window for what was queued before it.
 
+use super::conn::{refused_unsent, Broken, Outcome};
 use super::conn::{CallStart, Cmd, ConnHandle, ConnShared, Sink, COMMAND_QUEUE};
 use crate::compression::{self, Encoding};
 use crate::connection::Ack;
-use crate::grpc::wire::{self, Deframer, Frame, Received};
-use crate::streaming::Item;
+use crate::grpc::wire::{self, Deframer, Frame};
 use crate::{Address, Config, Metadata, Status};
 use bytes::Bytes;
 use h2::client::{ResponseFuture, SendRequest};
@@ -287,10 +287,13 @@ impl Router {
             return;
         }
         if self.base.shared.unusable.load(Ordering::Acquire) {
-            sink.fail(Status::unavailable(format!(
-                "the connection to {} closed; the call was not sent and is safe to retry",
-                self.base.address
-            )));
+            sink.fail(
+                Status::unavailable(format!(
+                    "the connection to {} closed; the call was not sent and is safe to retry",
+                    self.base.address
+                ))
+                .with_unprocessed(),
+            );
             return;
         }
         let room = self

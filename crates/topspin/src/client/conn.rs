@@ -26,6 +26,7 @@ mod handle;
 pub(crate) use handle::{CallStart, Cmd, ConnHandle, ConnShared, Sink, Start};
 use handle::{Direct, StartDirect};
 mod outcome;
+pub(crate) use outcome::{call_over, expired_before_sent, expired_while_waiting, not_sent};
 pub(crate) use outcome::{refused_unsent, Broken, Outcome};
 
 pub(crate) type UnaryReply = super::completion::Completer<Result<Response<Bytes>, Status>>;
@@ -193,10 +194,10 @@ impl Role for ClientRole {
                 .partition(|s: &Start| s.call.deadline.is_some_and(|d| d <= now));
             self.waiting = kept;
             for s in Vec::from(expired) {
-                s.sink.fail(Status::deadline_exceeded(format!(
-                    "deadline exceeded while {} waited to be sent (the server's max_concurrent_calls was reached, or it was not reading)",
-                    &*s.call.method
-                )));
+                s.sink.fail(expired_while_waiting(
+                    &s.call.method,
+                    "to be sent (the server's max_concurrent_calls was reached, or it was not reading)",
+                ));
             }
         }
     }
@@ -344,11 +345,7 @@ impl ClientRole {
             Event::GoAway { .. } => {
                 self.shared.mark_unusable();
                 // Parked calls can never start here now.
-                let st = Status::unavailable(format!(
-                    "{} is going away; the call was not sent and is safe to retry",
-                    self.address
-                ))
-                .with_unprocessed();
+                let st = not_sent(format_args!("{} is going away", self.address));
                 for s in self.waiting.drain(..) {
                     s.sink.fail(st.clone());
                 }
@@ -419,7 +416,7 @@ impl ClientRole {
                 None => match self.parked(token) {
                     Some(s) => s.early.get_or_insert_default().send = Some((message, ack)),
                     None => {
-                        let _ = ack.send(Err(Status::cancelled("the call is over")));
+                        let _ = ack.send(Err(call_over()));
                     }
                 },
             },
@@ -503,10 +500,7 @@ impl ClientRole {
         };
         let timeout = match s.call.deadline {
             Some(d) if d <= now => {
-                s.sink.fail(Status::deadline_exceeded(format!(
-                    "the deadline of {} passed before it was sent",
-                    &*s.call.method
-                )));
+                s.sink.fail(expired_before_sent(&s.call.method));
                 return Started::Ended;
             }
             Some(d) => Some(d - now),
@@ -518,10 +512,10 @@ impl ClientRole {
             // MAX_CONCURRENT_CALLS 0: the server takes no calls at all; waiting would be for
             // ever (protocol.md §9).
             Err(CallError::TooManyCalls { limit: 0 }) => {
-                s.sink.fail(Status::unavailable(format!(
-                    "{} on {}: the server accepts no calls on this connection (its max_concurrent_calls is 0); the call was not sent and is safe to retry",
+                s.sink.fail(not_sent(format_args!(
+                    "{} on {}: the server accepts no calls on this connection (its max_concurrent_calls is 0)",
                     &*s.call.method, self.address
-                )).with_unprocessed());
+                )));
                 return Started::Ended;
             }
             Err(CallError::TooManyCalls { .. }) => {
@@ -596,7 +590,7 @@ impl ClientRole {
             Sent::Blocked(b) => match self.calls.get_mut(&id) {
                 Some(call) => call.blocked = Some(b),
                 None => {
-                    let _ = b.1.send(Err(Status::cancelled("the call is over")));
+                    let _ = b.1.send(Err(call_over()));
                 }
             },
             Sent::Refused(e, ack) => {

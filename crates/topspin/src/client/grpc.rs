@@ -12,6 +12,7 @@
 //! consumes its messages (`Cmd::Credit`), and a request stream's next message is taken only
 //! once h2 has window for what was queued before it.
 
+use super::conn::{call_over, expired_before_sent, expired_while_waiting, not_sent};
 use super::conn::{refused_unsent, Broken, Outcome};
 use super::conn::{CallStart, Cmd, ConnHandle, ConnShared, Sink, COMMAND_QUEUE};
 use crate::compression::{self, Encoding};
@@ -252,14 +253,14 @@ impl Router {
     fn forward(&mut self, token: u64, cmd: CallCmd) {
         let Some(tx) = self.calls.get(&token) else {
             if let CallCmd::Send(_, ack) = cmd {
-                let _ = ack.send(Err(Status::cancelled("the call is over")));
+                let _ = ack.send(Err(call_over()));
             }
             return;
         };
         if let Err(mpsc::error::SendError(cmd)) = tx.send(cmd) {
             self.calls.remove(&token);
             if let CallCmd::Send(_, ack) = cmd {
-                let _ = ack.send(Err(Status::cancelled("the call is over")));
+                let _ = ack.send(Err(call_over()));
             }
         }
     }
@@ -287,13 +288,10 @@ impl Router {
             return;
         }
         if self.base.shared.unusable.load(Ordering::Acquire) {
-            sink.fail(
-                Status::unavailable(format!(
-                    "the connection to {} closed; the call was not sent and is safe to retry",
-                    self.base.address
-                ))
-                .with_unprocessed(),
-            );
+            sink.fail(not_sent(format_args!(
+                "the connection to {} closed",
+                self.base.address
+            )));
             return;
         }
         let room = self

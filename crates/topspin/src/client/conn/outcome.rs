@@ -157,5 +157,29 @@ pub(crate) fn refused_unsent(status: Status) -> Status {
     }
 }
 
+/// A call that could not be sent because of `why` (the connection closed or is going away,
+/// the server takes no calls): UNAVAILABLE, marked unprocessed (safe to send again).
+pub(crate) fn not_sent(why: impl std::fmt::Display) -> Status {
+    Status::unavailable(format!("{why}; the call was not sent and is safe to retry"))
+        .with_unprocessed()
+}
+
+/// A call whose deadline passed before it was sent (protocol.md §8.1: never sent expired).
+pub(crate) fn expired_before_sent(method: &str) -> Status {
+    Status::deadline_exceeded(format!(
+        "the deadline of {method} passed before it was sent"
+    ))
+}
+
+/// A call whose deadline passed while it waited (`what`: for what) to be sent.
+pub(crate) fn expired_while_waiting(method: &str, what: &str) -> Status {
+    Status::deadline_exceeded(format!("deadline exceeded while {method} waited {what}"))
+}
+
+/// What a request message (or its pump) is told once its call is over.
+pub(crate) fn call_over() -> Status {
+    Status::cancelled("the call is over")
+}
+
 #[cfg(test)]
 mod tests;

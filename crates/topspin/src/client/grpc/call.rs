@@ -92,7 +92,7 @@ impl GrpcCall {
     /// The call is over: a request message still waiting for room is told so.
     fn over(&mut self) {
         if let Some(ack) = self.unacked.take() {
-            let _ = ack.send(Err(Status::cancelled("the call is over")));
+            let _ = ack.send(Err(call_over()));
         }
     }
 
@@ -215,11 +215,7 @@ impl GrpcCall {
         );
         tokio::pin!(sleep);
         if deadline.is_some_and(|d| d <= Instant::now()) {
-            let m = format!(
-                "the deadline of {} passed before it was sent",
-                &*self.method
-            );
-            return self.fail(Status::deadline_exceeded(m));
+            return self.fail(expired_before_sent(&self.method));
         }
         self.compressed = request_encoding(&call.metadata).is_some();
         let req = match self.request(&call) {
@@ -271,17 +267,12 @@ impl GrpcCall {
                     Err(e) => {
                         self.base.shared.unusable.store(true, Ordering::Release);
                         let st = self.h2_error(&e);
-                        Err(Some(Status::unavailable(format!(
-                            "{}; the call was not sent and is safe to retry", st.message()
-                        )).with_unprocessed()))
+                        Err(Some(not_sent(st.message())))
                     }
                 },
                 () = &mut sleep, if self.deadline.is_some() => {
-                    let m = format!(
-                        "deadline exceeded while {} waited for the server's concurrent-stream limit",
-                        &*self.method
-                    );
-                    return Err(Some(Status::deadline_exceeded(m)));
+                    let what = "for the server's concurrent-stream limit";
+                    return Err(Some(expired_while_waiting(&self.method, what)));
                 }
                 cmd = rx.recv() => match cmd {
                     Some(CallCmd::Send(m, ack)) => early.message = Some((m, ack)),
@@ -436,7 +427,7 @@ impl GrpcCall {
             let _ = ack.send(match cap {
                 Some(Ok(_)) => Ok(()),
                 Some(Err(e)) => Err(self.h2_error(&e)),
-                None => Err(Status::cancelled("the call is over")),
+                None => Err(call_over()),
             });
         }
         if std::mem::take(&mut self.half_close_after) {
@@ -455,7 +446,7 @@ impl GrpcCall {
         match cmd {
             Some(CallCmd::Send(m, ack)) => {
                 if self.half_closed || self.outcome.is_over() {
-                    let _ = ack.send(Err(Status::cancelled("the call is over")));
+                    let _ = ack.send(Err(call_over()));
                     return Some(Step::Go);
                 }
                 match self.write(stream, m, false) {

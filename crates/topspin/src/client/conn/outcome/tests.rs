@@ -144,4 +144,11 @@ fn a_call_the_server_did_not_process_is_marked_for_transparent_retry() {
 fn only_unavailable_refusals_before_the_write_are_unprocessed() {
     assert!(refused_unsent(Status::unavailable("closed")).is_unprocessed());
     assert!(!refused_unsent(Status::resource_exhausted("too large")).is_unprocessed());
+    let s = not_sent("the connection closed");
+    assert_eq!(s.code(), Code::Unavailable);
+    assert!(s.is_unprocessed());
+    assert_eq!(
+        s.message(),
+        "the connection closed; the call was not sent and is safe to retry"
+    );
 }

@@ -1025,6 +1025,9 @@ async fn response_headers_over_the_limit_fail_the_call() {
     assert_eq!(reply.into_inner(), b("still"));
 }
 
+/// Calls of `/x.X/RefusedOnce` the misbehaving server has seen.
+static REFUSED_ONCE: AtomicUsize = AtomicUsize::new(0);
+
 /// A bare HTTP/2 server (h2) that answers each path with one way a gRPC response can be
 /// wrong: the client must end each call with the status gRPC specifies, never hang.
 async fn misbehaving_server() -> u16 {
@@ -1157,6 +1160,18 @@ async fn misbehaving_server() -> u16 {
                         }
                         "/x.X/Cancel" => respond.send_reset(h2::Reason::CANCEL),
                         "/x.X/Refused" => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                        // Refused the first time (the server never processed it), then
+                        // answered: a client that sends it again gets the answer.
+                        "/x.X/RefusedOnce" if REFUSED_ONCE.fetch_add(1, Ordering::SeqCst) == 0 => {
+                            respond.send_reset(h2::Reason::REFUSED_STREAM)
+                        }
+                        "/x.X/RefusedOnce" => {
+                            let mut s = respond
+                                .send_response(grpc_head(StatusCode::OK, grpc), false)
+                                .unwrap();
+                            let _ = s.send_data(msg(b"again"), false);
+                            let _ = s.send_trailers(trailers(&[("grpc-status", "0")]));
+                        }
                         "/x.X/Calm" => respond.send_reset(h2::Reason::ENHANCE_YOUR_CALM),
                         _ => respond.send_reset(h2::Reason::INTERNAL_ERROR),
                     }
@@ -1229,6 +1244,31 @@ async fn what_a_broken_grpc_response_ends_with() {
         .unwrap_err();
         assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
     }
+}
+
+/// A stream the server refused (RST_STREAM REFUSED_STREAM: it never processed it) is marked
+/// unprocessed, as a native call above a GOAWAY's last_call_id is, and sent again once without
+/// any retry policy (transparent retry); the message of the first try's status is the reset.
+#[tokio::test]
+async fn a_refused_stream_is_sent_again_once() {
+    let port = misbehaving_server().await;
+    let ch = Endpoint::new(format!("grpc://127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    let r = common::within(15, ch.unary(RawCodec, "/x.X/RefusedOnce", b("x")))
+        .await
+        .expect("sent again");
+    assert_eq!(r.into_inner(), b("again"));
+    assert_eq!(REFUSED_ONCE.load(Ordering::SeqCst), 2, "two tries, no more");
+    // Refused every time: one more try only, then the caller gets the status.
+    let e = common::within(15, ch.unary(RawCodec, "/x.X/Refused", b("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("refused stream"), "{e}");
 }
 
 #[tokio::test]

@@ -154,3 +154,30 @@ async fn a_plain_message_is_a_request() {
     })
     .await;
 }
+
+/// The rules of a unary-response call's answer (exactly one message) are one, in one wording,
+/// on every transport and both client modes (native and `grpc://`): a server-streaming
+/// handler's two messages, or none, answer a unary call here.
+#[tokio::test]
+async fn a_unary_call_answered_with_two_messages_or_none_fails_in_one_wording() {
+    each_transport(&[], |t| async move {
+        let server = serve(builder(Probe::default()), t).await;
+        let ch = server.channel().await;
+        let two = unary(&ch, SERVER_STREAM, "2").await.unwrap_err();
+        assert_eq!(two.code(), Code::Internal, "{two}");
+        assert_eq!(
+            two.message(),
+            "the server sent more than one response message for /test.Echo/ServerStream, which expects one"
+        );
+        let none = unary(&ch, SERVER_STREAM, "0").await.unwrap_err();
+        assert_eq!(none.code(), Code::Internal, "{none}");
+        assert_eq!(
+            none.message(),
+            "the server ended /test.Echo/ServerStream with OK but sent no response message"
+        );
+        // The call was ended alone: the connection goes on.
+        assert_eq!(unary(&ch, UNARY, "after").await.unwrap(), bytes("after"));
+        server.stop().await;
+    })
+    .await;
+}

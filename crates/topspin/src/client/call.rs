@@ -94,8 +94,7 @@ impl CreditReturn for ClientCredit {
 }
 
 fn not_sent() -> Status {
-    Status::unavailable("the connection closed; the call was not sent and is safe to retry")
-        .with_unprocessed()
+    super::conn::not_sent("the connection closed")
 }
 
 /// Queues a command, waiting for room while the connection's queue is full (backpressure) — at

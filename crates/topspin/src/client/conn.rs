@@ -9,7 +9,6 @@ use crate::connection::{
     call_error_status, send_message, Ack, Blocked, Driver, Lapse, ReadRoute, Role, Sent,
     SharedDriver,
 };
-use crate::streaming::Item;
 use crate::transport::Transport;
 use crate::{Address, Config, Response, Status};
 use bytes::Bytes;
@@ -26,6 +25,9 @@ use topspin_proto::{CallError, CallId, Code, Connection, ErrorCode, Event, Metad
 mod handle;
 pub(crate) use handle::{CallStart, Cmd, ConnHandle, ConnShared, Sink, Start};
 use handle::{Direct, StartDirect};
+mod outcome;
+pub(crate) use outcome::{call_over, expired_before_sent, expired_while_waiting, not_sent};
+pub(crate) use outcome::{refused_unsent, Broken, Outcome};
 
 pub(crate) type UnaryReply = super::completion::Completer<Result<Response<Bytes>, Status>>;
 
@@ -48,9 +50,8 @@ enum Started {
 struct Call {
     token: u64,
     method: ByteString,
-    sink: Option<Sink>,
-    headers: Metadata,
-    message: Option<Bytes>,
+    /// Where its answer goes, by the delivery rules both client modes share.
+    outcome: Outcome,
     /// A message waiting for credit (boxed: rare, and keeps the call's state small).
     blocked: Option<Box<Blocked>>,
     half_close_after_blocked: bool,
@@ -193,10 +194,10 @@ impl Role for ClientRole {
                 .partition(|s: &Start| s.call.deadline.is_some_and(|d| d <= now));
             self.waiting = kept;
             for s in Vec::from(expired) {
-                s.sink.fail(Status::deadline_exceeded(format!(
-                    "deadline exceeded while {} waited to be sent (the server's max_concurrent_calls was reached, or it was not reading)",
-                    &*s.call.method
-                )));
+                s.sink.fail(expired_while_waiting(
+                    &s.call.method,
+                    "to be sent (the server's max_concurrent_calls was reached, or it was not reading)",
+                ));
             }
         }
     }
@@ -217,9 +218,7 @@ impl Role for ClientRole {
         }
         let status = Status::unavailable(format!("connection to {} closed: {why}", self.address));
         for (_, mut call) in self.calls.drain() {
-            if let Some(sink) = call.sink.take() {
-                sink.fail(status.clone());
-            }
+            call.outcome.fail(status.clone());
         }
         // Calls still waiting or queued were never written: safe to send elsewhere.
         let unsent = status.clone().with_unprocessed();
@@ -346,11 +345,7 @@ impl ClientRole {
             Event::GoAway { .. } => {
                 self.shared.mark_unusable();
                 // Parked calls can never start here now.
-                let st = Status::unavailable(format!(
-                    "{} is going away; the call was not sent and is safe to retry",
-                    self.address
-                ))
-                .with_unprocessed();
+                let st = not_sent(format_args!("{} is going away", self.address));
                 for s in self.waiting.drain(..) {
                     s.sink.fail(st.clone());
                 }
@@ -421,7 +416,7 @@ impl ClientRole {
                 None => match self.parked(token) {
                     Some(s) => s.early.get_or_insert_default().send = Some((message, ack)),
                     None => {
-                        let _ = ack.send(Err(Status::cancelled("the call is over")));
+                        let _ = ack.send(Err(call_over()));
                     }
                 },
             },
@@ -505,10 +500,7 @@ impl ClientRole {
         };
         let timeout = match s.call.deadline {
             Some(d) if d <= now => {
-                s.sink.fail(Status::deadline_exceeded(format!(
-                    "the deadline of {} passed before it was sent",
-                    &*s.call.method
-                )));
+                s.sink.fail(expired_before_sent(&s.call.method));
                 return Started::Ended;
             }
             Some(d) => Some(d - now),
@@ -520,10 +512,10 @@ impl ClientRole {
             // MAX_CONCURRENT_CALLS 0: the server takes no calls at all; waiting would be for
             // ever (protocol.md §9).
             Err(CallError::TooManyCalls { limit: 0 }) => {
-                s.sink.fail(Status::unavailable(format!(
-                    "{} on {}: the server accepts no calls on this connection (its max_concurrent_calls is 0); the call was not sent and is safe to retry",
+                s.sink.fail(not_sent(format_args!(
+                    "{} on {}: the server accepts no calls on this connection (its max_concurrent_calls is 0)",
                     &*s.call.method, self.address
-                )).with_unprocessed());
+                )));
                 return Started::Ended;
             }
             Err(CallError::TooManyCalls { .. }) => {
@@ -531,24 +523,15 @@ impl ClientRole {
                 return Started::Parked;
             }
             Err(e) => {
-                // start_call wrote nothing: a call refused as unavailable (closed, going
-                // away) never reached the server.
-                let status = self.refused(e, &s.call.method);
-                let status = if status.code() == Code::Unavailable {
-                    status.with_unprocessed()
-                } else {
-                    status
-                };
-                s.sink.fail(status);
+                // start_call wrote nothing.
+                s.sink.fail(refused_unsent(self.refused(e, &s.call.method)));
                 return Started::Ended;
             }
         };
         let mut call = Call {
             token: s.call.token,
             method: s.call.method,
-            sink: Some(s.sink),
-            headers: Metadata::new(),
-            message: None,
+            outcome: Outcome::new(s.sink),
             blocked: None,
             half_close_after_blocked: false,
             keyed,
@@ -563,9 +546,7 @@ impl ClientRole {
                 call.half_close_after_blocked = true;
             } else if let Err(e) = conn.send_message(id, message, true) {
                 let _ = conn.cancel(id, Code::Cancelled);
-                if let Some(sink) = call.sink.take() {
-                    sink.fail(self.refused(e, &call.method));
-                }
+                call.outcome.fail(self.refused(e, &call.method));
                 return Started::Ended;
             }
         }
@@ -609,7 +590,7 @@ impl ClientRole {
             Sent::Blocked(b) => match self.calls.get_mut(&id) {
                 Some(call) => call.blocked = Some(b),
                 None => {
-                    let _ = b.1.send(Err(Status::cancelled("the call is over")));
+                    let _ = b.1.send(Err(call_over()));
                 }
             },
             Sent::Refused(e, ack) => {
@@ -623,8 +604,8 @@ impl ClientRole {
                 // A request the server would refuse (too large …) ends the call: the server
                 // is told, and the caller gets the reason.
                 let _ = conn.cancel(CallId(id), Code::Cancelled);
-                if let Some(sink) = self.finish(id, conn).and_then(|c| c.sink) {
-                    sink.fail(status);
+                if let Some(mut call) = self.finish(id, conn) {
+                    call.outcome.fail(status);
                 }
             }
         }
@@ -651,16 +632,8 @@ impl ClientRole {
     }
 
     fn on_headers(&mut self, id: CallId, metadata: Metadata) {
-        let Some(call) = self.calls.get_mut(&id.0) else {
-            return;
-        };
-        match &mut call.sink {
-            Some(Sink::Stream { headers, .. }) => {
-                if let Some(h) = headers.take() {
-                    let _ = h.send(Ok(metadata));
-                }
-            }
-            _ => call.headers = metadata,
+        if let Some(call) = self.calls.get_mut(&id.0) {
+            call.outcome.on_headers(metadata);
         }
     }
 
@@ -668,28 +641,10 @@ impl ClientRole {
         let Some(call) = self.calls.get_mut(&id.0) else {
             return;
         };
-        match &mut call.sink {
-            Some(Sink::Stream { headers, items }) => {
-                if let Some(h) = headers.take() {
-                    let _ = h.send(Ok(Metadata::new()));
-                }
-                // The stream's consumer gives the credit back as it takes the message.
-                let _ = items.send(Item::Message(message, credit));
-            }
-            // One response message: its credit is never needed again (the call ends with it),
-            // so none goes back to the server.
-            Some(Sink::Unary(_)) if call.message.is_none() => call.message = Some(message),
-            Some(Sink::Unary(_)) => {
-                let method = call.method.clone();
-                let _ = conn.cancel(id, Code::Cancelled);
-                if let Some(sink) = self.finish(id.0, conn).and_then(|c| c.sink) {
-                    sink.fail(Status::internal(format!(
-                        "the server sent more than one response message for {}, which expects one",
-                        &*method
-                    )));
-                }
-            }
-            None => {}
+        if let Err(Broken) = call.outcome.on_message(message, credit, &call.method) {
+            // Its caller was told: the server is too.
+            let _ = conn.cancel(id, Code::Cancelled);
+            self.finish(id.0, conn);
         }
     }
 
@@ -706,20 +661,12 @@ impl ClientRole {
         if let Some((_, ack)) = call.blocked.take().map(|b| *b) {
             let _ = ack.send(Err(status.clone()));
         }
-        let Some(sink) = call.sink.take() else {
-            return;
-        };
-        if !status.is_ok() {
-            // A call above the last_call_id of the server's GOAWAY was not processed
-            // (protocol.md §8.3): marked so that it is sent again (a local flag, never on the wire).
-            if conn.go_away_received().is_some_and(|last| id.0 > last.0) {
-                sink.fail(status.with_unprocessed());
-            } else {
-                sink.end_err(Status::from_wire(status, trailers), call.headers);
-            }
-            return;
+        // A call above the last_call_id of the server's GOAWAY was not processed
+        // (protocol.md §8.3).
+        if !status.is_ok() && conn.go_away_received().is_some_and(|last| id.0 > last.0) {
+            return call.outcome.unprocessed(status);
         }
-        sink.end_ok(call.message.take(), call.headers, trailers, &call.method);
+        call.outcome.on_end(status, trailers, &call.method);
     }
 
     fn on_writable(&mut self, id: CallId, conn: &mut Connection) {

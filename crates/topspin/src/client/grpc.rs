@@ -17,12 +17,13 @@
 //! connection keeps (`grpc::live`, `connection::liveness`), reading what the server sends as it
 //! passes to h2 (`grpc::watch`).
 
+use super::conn::{call_over, expired_before_sent, expired_while_waiting, not_sent};
+use super::conn::{refused_unsent, Broken, Outcome};
 use super::conn::{CallStart, Cmd, ConnHandle, ConnShared, Sink, COMMAND_QUEUE};
 use crate::compression::{self, Encoding};
 use crate::connection::Ack;
 use crate::grpc::live::{Lapse, LapseTimer, Pings, Timers};
-use crate::grpc::wire::{self, Deframer, Frame, Received};
-use crate::streaming::Item;
+use crate::grpc::wire::{self, Deframer, Frame};
 use crate::{Address, Config, Metadata, Status};
 use bytes::Bytes;
 use h2::client::{ResponseFuture, SendRequest};
@@ -322,14 +323,14 @@ impl Router {
     fn forward(&mut self, token: u64, cmd: CallCmd) {
         let Some(tx) = self.calls.get(&token) else {
             if let CallCmd::Send(_, ack) = cmd {
-                let _ = ack.send(Err(Status::cancelled("the call is over")));
+                let _ = ack.send(Err(call_over()));
             }
             return;
         };
         if let Err(mpsc::error::SendError(cmd)) = tx.send(cmd) {
             self.calls.remove(&token);
             if let CallCmd::Send(_, ack) = cmd {
-                let _ = ack.send(Err(Status::cancelled("the call is over")));
+                let _ = ack.send(Err(call_over()));
             }
         }
     }
@@ -357,8 +358,8 @@ impl Router {
             return;
         }
         if self.base.shared.unusable.load(Ordering::Acquire) {
-            sink.fail(Status::unavailable(format!(
-                "the connection to {} closed; the call was not sent and is safe to retry",
+            sink.fail(not_sent(format_args!(
+                "the connection to {} closed",
                 self.base.address
             )));
             return;

@@ -6,7 +6,8 @@
 //!   `balance.rs`: one pool per server and the pick of one per call;
 //! - `call.rs`: the one bytes-level call path every call kind uses (start, guard, request
 //!   pump, waiting for the answer); this file: the typed call API on top;
-//! - `conn.rs`: the client's role in the connection loop (call bookkeeping);
+//! - `conn.rs`: the client's role in the connection loop (call bookkeeping); `conn/outcome.rs`:
+//!   one call's outcome and its delivery rules, for both modes;
 //!   `completion.rs`: the reusable completion a unary caller waits on;
 //! - `retry.rs`: retries, hedging, transparent retry and wait-for-ready, a layer over the
 //!   call path (each attempt is one `call::begin` plus its answer).

@@ -6,8 +6,7 @@
 use super::UnaryReply;
 use crate::connection::{Ack, Blocked, ReadRoute};
 use crate::streaming::Item;
-use crate::{Response, Status};
-use bytes::Bytes;
+use crate::Status;
 use bytestring::ByteString;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -42,47 +41,6 @@ impl Sink {
                     let _ = items.send(Item::End(Err(status)));
                 }
             },
-        }
-    }
-
-    /// The call ended with an error `status` from the server: a unary call's status keeps the
-    /// response headers that came before it ([`Status::headers`]; a response stream handed its
-    /// headers on already). The rule of both modes, native and gRPC.
-    pub(crate) fn end_err(self, status: Status, headers: Metadata) {
-        let status = match self {
-            Sink::Unary(_) if !headers.is_empty() => status.with_headers(headers),
-            _ => status,
-        };
-        self.fail(status);
-    }
-
-    /// The call ended OK (its `trailers` received): a unary call gets its one response
-    /// message, with the response `headers` — INTERNAL if the server sent none — and a response
-    /// stream its end. The rule of both modes, native and gRPC.
-    #[inline]
-    pub(crate) fn end_ok(
-        self,
-        message: Option<Bytes>,
-        headers: Metadata,
-        trailers: Metadata,
-        method: &str,
-    ) {
-        match self {
-            Sink::Unary(tx) => {
-                let r = match message {
-                    Some(m) => Ok(Response::from_parts(m, headers, trailers)),
-                    None => Err(Status::internal(format!(
-                        "the server ended {method} with OK but sent no response message"
-                    ))),
-                };
-                let _ = tx.send(r);
-            }
-            Sink::Stream { headers, items } => {
-                if let Some(h) = headers {
-                    let _ = h.send(Ok(Metadata::new()));
-                }
-                let _ = items.send(Item::End(Ok(trailers)));
-            }
         }
     }
 

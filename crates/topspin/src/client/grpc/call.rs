@@ -9,14 +9,10 @@ use super::*;
 pub(super) struct GrpcCall {
     base: Arc<Base>,
     method: bytestring::ByteString,
-    /// `None` once the call's result went out.
-    sink: Option<Sink>,
+    /// Where its answer goes, by the delivery rules both client modes share.
+    outcome: Outcome,
     /// Whether request messages carry topspin's flag byte (the call compresses).
     compressed: bool,
-    /// Response headers (unary-response calls keep them for the `Response`).
-    headers: Metadata,
-    /// The one response message of a unary-response call.
-    message: Option<Bytes>,
     /// The response's message encoding (`grpc-encoding`).
     encoding: Option<Encoding>,
     /// Gathers response messages; a split one's buffer is charged to the memory budget.
@@ -74,10 +70,8 @@ impl GrpcCall {
             deframer: Deframer::new(base.window, Some(base.budget.clone())),
             base,
             method,
-            sink: Some(sink),
+            outcome: Outcome::new(sink),
             compressed: false,
-            headers: Metadata::new(),
-            message: None,
             encoding: None,
             unconsumed: 0,
             deferred: 0,
@@ -91,11 +85,14 @@ impl GrpcCall {
     }
 
     fn fail(&mut self, status: Status) {
-        if let Some(sink) = self.sink.take() {
-            sink.fail(status);
-        }
+        self.outcome.fail(status);
+        self.over();
+    }
+
+    /// The call is over: a request message still waiting for room is told so.
+    fn over(&mut self) {
         if let Some(ack) = self.unacked.take() {
-            let _ = ack.send(Err(Status::cancelled("the call is over")));
+            let _ = ack.send(Err(call_over()));
         }
     }
 
@@ -106,8 +103,8 @@ impl GrpcCall {
             return Status::unavailable(format!("connection to {address} closed: {why}"));
         }
         match (e.is_remote(), e.is_go_away(), e.is_reset(), e.reason()) {
-            // The server's GOAWAY: streams past its last one were never processed.
-            (true, true, _, _) => Status::unavailable(format!(
+            // The server's graceful GOAWAY: streams past its last one were never processed.
+            (true, true, _, Some(h2::Reason::NO_ERROR)) => Status::unavailable(format!(
                 "{address} is going away ({e}); {method} was not processed and is safe to retry"
             )),
             // A server whose copy of the deadline (`grpc-timeout`) ran out first cancels the
@@ -218,11 +215,7 @@ impl GrpcCall {
         );
         tokio::pin!(sleep);
         if deadline.is_some_and(|d| d <= Instant::now()) {
-            let m = format!(
-                "the deadline of {} passed before it was sent",
-                &*self.method
-            );
-            return self.fail(Status::deadline_exceeded(m));
+            return self.fail(expired_before_sent(&self.method));
         }
         self.compressed = request_encoding(&call.metadata).is_some();
         let req = match self.request(&call) {
@@ -242,7 +235,8 @@ impl GrpcCall {
                 if e.is_go_away() || e.is_io() {
                     self.base.shared.unusable.store(true, Ordering::Release);
                 }
-                let st = self.h2_error(&e);
+                // Nothing of the call was written.
+                let st = refused_unsent(self.h2_error(&e));
                 return self.fail(st);
             }
         };
@@ -273,17 +267,12 @@ impl GrpcCall {
                     Err(e) => {
                         self.base.shared.unusable.store(true, Ordering::Release);
                         let st = self.h2_error(&e);
-                        Err(Some(Status::unavailable(format!(
-                            "{}; the call was not sent and is safe to retry", st.message()
-                        ))))
+                        Err(Some(not_sent(st.message())))
                     }
                 },
                 () = &mut sleep, if self.deadline.is_some() => {
-                    let m = format!(
-                        "deadline exceeded while {} waited for the server's concurrent-stream limit",
-                        &*self.method
-                    );
-                    return Err(Some(Status::deadline_exceeded(m)));
+                    let what = "for the server's concurrent-stream limit";
+                    return Err(Some(expired_while_waiting(&self.method, what)));
                 }
                 cmd = rx.recv() => match cmd {
                     Some(CallCmd::Send(m, ack)) => early.message = Some((m, ack)),
@@ -382,7 +371,7 @@ impl GrpcCall {
                 }
             };
             if let Step::Done = step {
-                if self.sink.is_none() && !data_done {
+                if self.outcome.is_over() && !data_done {
                     // Ended early (an error on this side): the server is told.
                     stream.send_reset(h2::Reason::CANCEL);
                 }
@@ -391,10 +380,15 @@ impl GrpcCall {
         }
     }
 
-    /// The call fails with h2's error `e`.
+    /// The call fails with h2's error `e`; one the server never processed is marked so.
     fn failed(&mut self, e: &h2::Error) -> Step {
         let st = self.h2_error(e);
-        self.fail(st);
+        if not_processed(e) {
+            self.outcome.unprocessed(st);
+            self.over();
+        } else {
+            self.fail(st);
+        }
         Step::Done
     }
 
@@ -433,7 +427,7 @@ impl GrpcCall {
             let _ = ack.send(match cap {
                 Some(Ok(_)) => Ok(()),
                 Some(Err(e)) => Err(self.h2_error(&e)),
-                None => Err(Status::cancelled("the call is over")),
+                None => Err(call_over()),
             });
         }
         if std::mem::take(&mut self.half_close_after) {
@@ -451,8 +445,8 @@ impl GrpcCall {
     ) -> Option<Step> {
         match cmd {
             Some(CallCmd::Send(m, ack)) => {
-                if self.half_closed || self.sink.is_none() {
-                    let _ = ack.send(Err(Status::cancelled("the call is over")));
+                if self.half_closed || self.outcome.is_over() {
+                    let _ = ack.send(Err(call_over()));
                     return Some(Step::Go);
                 }
                 match self.write(stream, m, false) {
@@ -533,15 +527,8 @@ impl GrpcCall {
                 return Step::Done;
             }
         }
-        let md = wire::metadata_from_headers(&head.headers);
-        match &mut self.sink {
-            Some(Sink::Stream { headers, .. }) => {
-                if let Some(h) = headers.take() {
-                    let _ = h.send(Ok(md));
-                }
-            }
-            _ => self.headers = md,
-        }
+        self.outcome
+            .on_headers(wire::metadata_from_headers(&head.headers));
         *body = Some(recv);
         Step::Go
     }
@@ -564,14 +551,20 @@ impl GrpcCall {
         let n = chunk.len();
         self.deframer.push(chunk);
         let mut held = 0usize;
+        // `Err(None)`: the outcome ended the call itself (a rule broken, its caller told).
         let r = loop {
             match self.deframer.next(self.base.limit, self.encoding) {
-                Ok(Some(m)) => match self.deliver(m) {
-                    Ok(h) => held += h,
-                    Err(s) => break Err(s),
-                },
+                Ok(Some(m)) => {
+                    match self
+                        .outcome
+                        .on_message(m.message, m.credit as u32, &self.method)
+                    {
+                        Ok(h) => held += h as usize,
+                        Err(Broken) => break Err(None),
+                    }
+                }
                 Ok(None) => break Ok(()),
-                Err(s) => break Err(s),
+                Err(s) => break Err(Some(s)),
             }
         };
         // What no stream consumer holds is released now: parts of messages not yet complete
@@ -584,29 +577,12 @@ impl GrpcCall {
         match r {
             Ok(()) => Step::Go,
             Err(s) => {
-                self.fail(s);
+                match s {
+                    Some(s) => self.fail(s),
+                    None => self.over(),
+                }
                 Step::Done
             }
-        }
-    }
-
-    /// One response message to the sink; `Ok`: the credit a stream consumer now holds.
-    fn deliver(&mut self, m: Received) -> Result<usize, Status> {
-        match &mut self.sink {
-            Some(Sink::Stream { items, .. }) => {
-                // The consumer gives this credit back (Cmd::Credit) as it takes the message.
-                let _ = items.send(Item::Message(m.message, m.credit as u32));
-                Ok(m.credit)
-            }
-            Some(Sink::Unary(_)) if self.message.is_none() => {
-                self.message = Some(m.message);
-                Ok(0)
-            }
-            Some(Sink::Unary(_)) => Err(Status::internal(format!(
-                "the server sent more than one response message for {}, which expects one",
-                &*self.method
-            ))),
-            None => Ok(0),
         }
     }
 
@@ -651,19 +627,23 @@ impl GrpcCall {
                 &*self.method
             )));
         }
-        if let Some(ack) = self.unacked.take() {
-            let _ = ack.send(Err(Status::cancelled("the call is over")));
-        }
-        let Some(sink) = self.sink.take() else {
-            return;
+        self.over();
+        // An error's trailers are in its status already (`status_of`).
+        let md = match trailers {
+            Some(t) if status.is_ok() => wire::metadata_from_headers(t),
+            _ => Metadata::new(),
         };
-        if !status.is_ok() {
-            return sink.end_err(status, std::mem::take(&mut self.headers));
-        }
-        let md = trailers
-            .map(wire::metadata_from_headers)
-            .unwrap_or_default();
-        let headers = std::mem::take(&mut self.headers);
-        sink.end_ok(self.message.take(), headers, md, &self.method);
+        self.outcome.on_end(status, md, &self.method);
     }
+}
+
+/// Whether h2's error `e` says the server never processed the call: a stream it refused
+/// (RST_STREAM REFUSED_STREAM, RFC 9113 §8.7), or one past the last stream id of its graceful
+/// GOAWAY (h2 ends those at once with the GOAWAY's NO_ERROR). After a GOAWAY with an error code
+/// the streams past its last id and those the closing connection then ends get the same error,
+/// processed or not: none of them is marked.
+fn not_processed(e: &h2::Error) -> bool {
+    let refused = e.is_reset() && e.reason() == Some(h2::Reason::REFUSED_STREAM);
+    let gone = e.is_go_away() && e.reason() == Some(h2::Reason::NO_ERROR);
+    e.is_remote() && (refused || gone)
 }

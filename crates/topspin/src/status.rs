@@ -10,3 +10,9 @@
 //! ```
 
 pub use topspin_proto::{Code, Status, DETAILS_KEY};
+
+/// What a message still waiting to be sent — and whoever waits for it to go — is told once its
+/// call is over: the same words on the client and the server, on every face.
+pub(crate) fn call_over() -> Status {
+    Status::cancelled("the call is over")
+}

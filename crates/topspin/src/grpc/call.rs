@@ -98,7 +98,7 @@ impl Drop for Queued<'_> {
     fn drop(&mut self) {
         self.unsent.sub(bytes::Buf::remaining(&self.frame));
         if let Some(ack) = self.ack.take() {
-            let _ = ack.send(Err(Status::cancelled("the call is over")));
+            let _ = ack.send(Err(crate::status::call_over()));
         }
     }
 }
@@ -734,7 +734,7 @@ impl Respond for H2<'_, '_> {
         if self.call.headers(&headers) {
             Ok(())
         } else {
-            Err(Status::cancelled("the call is over"))
+            Err(crate::status::call_over())
         }
     }
 
@@ -755,7 +755,7 @@ impl Respond for H2<'_, '_> {
 
     fn send(&mut self, message: Payload, compress: bool, ack: call::Ack) {
         if self.a.pending.is_some() || !self.call.headers(&Metadata::new()) {
-            let _ = ack.send(Err(Status::cancelled("the call is over")));
+            let _ = ack.send(Err(crate::status::call_over()));
             return;
         }
         match Frame::new(message, self.call.send.filter(|_| compress)) {

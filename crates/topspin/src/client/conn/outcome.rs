@@ -177,9 +177,7 @@ pub(crate) fn expired_while_waiting(method: &str, what: &str) -> Status {
 }
 
 /// What a request message (or its pump) is told once its call is over.
-pub(crate) fn call_over() -> Status {
-    Status::cancelled("the call is over")
-}
+pub(crate) use crate::status::call_over;
 
 #[cfg(test)]
 mod tests;

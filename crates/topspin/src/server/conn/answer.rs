@@ -222,7 +222,7 @@ impl ServerRole {
         {
             if let Some((m, ack)) = blocked.map(|b| *b) {
                 self.held = self.held.saturating_sub(m.len());
-                let _ = ack.send(Err(Status::cancelled("the call ended")));
+                let _ = ack.send(Err(crate::status::call_over()));
             }
             // A handler still running (its call ended without it) must stop; a call whose
             // handler returned was not cancelled (a clone of the handle the application kept
@@ -261,11 +261,11 @@ impl ServerRole {
                     *blocked = Some(b);
                 }
                 _ => {
-                    let _ = b.1.send(Err(Status::cancelled("the call is over")));
+                    let _ = b.1.send(Err(crate::status::call_over()));
                 }
             },
             Sent::Refused(CallError::NotOpen(_), ack) => {
-                let _ = ack.send(Err(Status::cancelled("the call is over")));
+                let _ = ack.send(Err(crate::status::call_over()));
             }
             Sent::Refused(e, ack) => {
                 let st = self.local_error(e, "response message");

@@ -211,12 +211,7 @@ impl Drive {
         let mut pings = Pings::new(connection.ping_pong());
         pings.send();
         let mut ready = Some(ready);
-        let mut timers = Timers {
-            tracker,
-            started,
-            config: &config,
-            liveness: Default::default(),
-        };
+        let mut timers = Timers::new(tracker, started, &config);
         let lapse = tokio::time::sleep_until(started.into());
         tokio::pin!(lapse);
         let mut timer = LapseTimer::default();

@@ -78,7 +78,18 @@ pub(crate) struct Timers<'a> {
     pub(crate) liveness: Liveness,
 }
 
-impl Timers<'_> {
+impl<'a> Timers<'a> {
+    /// The timers of a connection made or accepted at `started`, whose peer's bytes `tracker`
+    /// sees.
+    pub(crate) fn new(tracker: Arc<Mutex<Tracker>>, started: Instant, config: &'a Config) -> Self {
+        Timers {
+            tracker,
+            started,
+            config,
+            liveness: Liveness::default(),
+        }
+    }
+
     /// What the policy looks at, with `idle` telling whether no call is open (and the
     /// connection is not going away already).
     fn seen(&self, idle: bool) -> liveness::Seen {

@@ -68,12 +68,7 @@ where
     // native connection; the keep-alive PINGs are h2's.
     let changed = super::watch::read(&tracker).changed.clone();
     let mut pings = Pings::new(config.keepalive_interval().and_then(|_| conn.ping_pong()));
-    let mut timers = Timers {
-        tracker,
-        started,
-        config: &config,
-        liveness: Default::default(),
-    };
+    let mut timers = Timers::new(tracker, started, &config);
     let lapse = tokio::time::sleep_until(started.into());
     tokio::pin!(lapse);
     let mut timer = LapseTimer::default();

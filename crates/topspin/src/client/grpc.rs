@@ -68,6 +68,8 @@ struct Base {
     window: usize,
     /// What decompressed responses are charged to (`Config::memory_budget`).
     budget: Arc<topspin_proto::MemoryBudget>,
+    /// The buffer split responses are gathered in, kept between them (`wire::Spare`).
+    spare: Arc<wire::Spare>,
     shared: Arc<ConnShared>,
     /// Largest response header (and trailer) list accepted.
     max_metadata: u32,
@@ -159,6 +161,7 @@ where
             limit: config.max_message_size() as usize,
             window: window as usize,
             budget: config.memory_budget(),
+            spare: Arc::new(wire::Spare::new(Some(config.memory_budget()))),
             shared: shared.clone(),
             max_metadata,
             closed,

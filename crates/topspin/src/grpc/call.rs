@@ -123,6 +123,8 @@ pub(super) struct Face {
     pub(super) compression: Option<Compression>,
     /// What large request messages are reserved against (shared with native calls).
     pub(super) budget: Arc<topspin_proto::MemoryBudget>,
+    /// The buffer split request messages are gathered in, kept between them (`wire::Spare`).
+    pub(super) spare: Arc<wire::Spare>,
     /// The `CallIo` of unary handlers, which send nothing through it.
     pub(super) unary_tx: mpsc::Sender<SCmd>,
     pub(super) _unary_rx: mpsc::Receiver<SCmd>,
@@ -154,6 +156,7 @@ impl Face {
             max_message_size: self.max_message_size,
             frame_timeout: self.frame_timeout,
             far: self.far,
+            spare: self.spare.clone(),
         }
     }
 

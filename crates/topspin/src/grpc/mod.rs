@@ -23,7 +23,7 @@
 //! | stream window (`SETTINGS_INITIAL_WINDOW_SIZE`) | `Config::initial_call_window` (1 MiB); a request stream's data is given back as the handler consumes it, and withheld while a message being gathered finds no room in `Config::memory_budget` |
 //! | connection window | 2 × the stream window (2 MiB) |
 //! | frame size (`SETTINGS_MAX_FRAME_SIZE`) | 16 KiB (HTTP/2's default) |
-//! | one request message | `Config::max_message_size` (64 MiB), compressed or not; more is `RESOURCE_EXHAUSTED`; its buffer grows only by what the memory budget grants, and decompressed bytes stay charged while the handler holds them |
+//! | one request message | `Config::max_message_size` (64 MiB), compressed or not; more is `RESOURCE_EXHAUSTED`; its buffer grows only by what the memory budget grants, and decompressed bytes stay charged while the handler holds them; one such buffer per connection is kept for the next split message (`framing::Spare`), charged to the budget while kept |
 //! | response bytes in h2 per stream | h2's send buffer (400 KiB): a message goes to h2 only within the stream's send capacity; the rest waits in the call (one message per call) |
 //! | response bytes per connection | `Config::max_send_buffer` (4 MiB): past it new calls wait to start (shown as unsent bytes in the gauges) |
 //! | streams reset by the client and not yet accepted / reset locally | h2's defaults (20 / 50, "Rapid Reset"), then GOAWAY |

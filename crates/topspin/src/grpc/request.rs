@@ -44,6 +44,8 @@ pub(super) struct Limits {
     pub(super) frame_timeout: Duration,
     /// Where the stall timer waits while not armed.
     pub(super) far: Instant,
+    /// The connection's buffer for split messages (`wire::Spare`).
+    pub(super) spare: Arc<super::wire::Spare>,
 }
 
 /// What a call's request side holds.
@@ -83,7 +85,7 @@ impl Inbound {
         waiting: Waiting,
     ) -> Inbound {
         Inbound {
-            deframer: Deframer::new(limits.window, Some(limits.budget)),
+            deframer: Deframer::new(limits.window, Some(limits.budget)).with_spare(limits.spare),
             body_open,
             waiting: Some(waiting),
             stream: None,

@@ -170,6 +170,13 @@ fn face(registry: Arc<Registry>, peer: Peer, config: &Config, started: Instant) 
         budget: config.memory_budget(),
         protocol: Protocol::Grpc,
     });
+    // The connection's share of the process budget: one peer cannot spend it all (the native
+    // engine's rule, `topspin_proto::SHARE_OF_BUDGET`).
+    let budget = {
+        let process = config.memory_budget();
+        let share = (process.limit() / topspin_proto::SHARE_OF_BUDGET).max(1);
+        topspin_proto::MemoryBudget::share_of(&process, share)
+    };
     Face {
         unsent: Unsent {
             bytes: std::sync::atomic::AtomicUsize::new(0),
@@ -185,13 +192,8 @@ fn face(registry: Arc<Registry>, peer: Peer, config: &Config, started: Instant) 
         frame_timeout: config.frame_timeout(),
         far: started + FOREVER,
         compression: config.compression(),
-        // The connection's share of the process budget: one peer cannot spend it all (the
-        // native engine's rule, `topspin_proto::SHARE_OF_BUDGET`).
-        budget: {
-            let process = config.memory_budget();
-            let share = (process.limit() / topspin_proto::SHARE_OF_BUDGET).max(1);
-            topspin_proto::MemoryBudget::share_of(&process, share)
-        },
+        spare: Arc::new(super::wire::Spare::new(Some(budget.clone()))),
+        budget,
         unary_tx,
         _unary_rx: unary_rx,
         abort: CancellationToken::new(),

@@ -67,7 +67,8 @@ pub(super) enum Step {
 impl GrpcCall {
     pub(super) fn new(base: Arc<Base>, method: bytestring::ByteString, sink: Sink) -> GrpcCall {
         GrpcCall {
-            deframer: Deframer::new(base.window, Some(base.budget.clone())),
+            deframer: Deframer::new(base.window, Some(base.budget.clone()))
+                .with_spare(base.spare.clone()),
             base,
             method,
             outcome: Outcome::new(sink),

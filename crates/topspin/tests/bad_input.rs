@@ -39,6 +39,10 @@ const SKIPS: &[Skip] = &[
         Transport::Grpc,
         "these are native frames; grpc_hostile.rs plays hostile gRPC peers",
     ),
+    (
+        Transport::GrpcTonic,
+        "these are native frames written to a topspin server; the tonic server is not one",
+    ),
 ];
 
 /// A raw connection to `server` over its transport.
@@ -88,7 +92,7 @@ async fn assert_still_serving(server: &TestServer) {
 #[tokio::test]
 async fn garbage_bytes_get_bad_preface() {
     each_transport(SKIPS, |t| async move {
-        let server = serve(builder(Probe::default()), t).await;
+        let server = serve(standard(Probe::default()), t).await;
         let mut sock = raw(&server).await;
         sock.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
@@ -105,7 +109,7 @@ async fn garbage_bytes_get_bad_preface() {
 #[tokio::test]
 async fn a_four_gigabyte_length_prefix_is_refused_without_allocating() {
     each_transport(SKIPS, |t| async move {
-        let server = serve(builder(Probe::default()), t).await;
+        let server = serve(standard(Probe::default()), t).await;
         let mut sock = raw(&server).await;
         let mut bytes = hello();
         bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x03, 0, 0, 0, 1, 0, 0, 0]);
@@ -122,7 +126,7 @@ async fn a_four_gigabyte_length_prefix_is_refused_without_allocating() {
 #[tokio::test]
 async fn truncated_frame_then_close_is_handled() {
     each_transport(SKIPS, |t| async move {
-        let server = serve(builder(Probe::default()), t).await;
+        let server = serve(standard(Probe::default()), t).await;
         let mut sock = raw(&server).await;
         let mut bytes = hello();
         bytes.extend_from_slice(&[50, 0, 0, 0, 0x02, 1, 0, 0, 1, 0, 0, 0, 1, 2, 3]);
@@ -218,7 +222,7 @@ async fn opening_calls_without_end_hits_the_concurrency_limit() {
 async fn a_peer_that_vanishes_mid_call_cancels_its_handler() {
     each_transport(SKIPS, |t| async move {
         let probe = Probe::default();
-        let server = serve(builder(probe.clone()), t).await;
+        let server = serve(standard(probe.clone()), t).await;
         let mut sock = raw(&server).await;
         let mut bytes = hello();
         bytes.extend_from_slice(

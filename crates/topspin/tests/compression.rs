@@ -27,11 +27,15 @@ async fn server(
     compression: Option<Compression>,
     max_message_size: u32,
 ) -> TestServer {
-    let config = Config::default()
-        .with_compression(compression)
-        .with_max_message_size(max_message_size);
-    serve(builder(Probe::default()).config(config), tr).await
+    let service = standard(Probe::default())
+        .compression(compression)
+        .max_message_size(max_message_size);
+    serve(service, tr).await
 }
+
+/// Why the gRPC entries leave out a test that reads a response's encoding.
+const ENCODING_HIDDEN: &str =
+    "the gRPC client mode keeps grpc-encoding to itself: a response's encoding is not in its metadata";
 
 async fn channel(t: &TestServer, compression: Option<Compression>) -> Channel {
     t.connect_with(|e| e.config(Config::default().with_compression(compression)))
@@ -47,10 +51,10 @@ fn encoding(md: &Metadata) -> Option<&str> {
 
 #[tokio::test]
 async fn every_call_kind_round_trips_compressed_both_ways() {
-    let skips = [(
-        Transport::Grpc,
-        "the gRPC client mode keeps grpc-encoding to itself: a response's encoding is not in its metadata",
-    )];
+    let skips = [
+        (Transport::Grpc, ENCODING_HIDDEN),
+        (Transport::GrpcTonic, ENCODING_HIDDEN),
+    ];
     each_transport(&skips, |tr| async move {
         let t = server(tr, Some(Compression::new(Encoding::Gzip)), 64 << 20).await;
         let ch = channel(&t, Some(Compression::new(Encoding::Zstd))).await;
@@ -102,10 +106,10 @@ async fn every_call_kind_round_trips_compressed_both_ways() {
 
 #[tokio::test]
 async fn compression_is_per_call_and_only_where_both_sides_agree() {
-    let skips = [(
-        Transport::Grpc,
-        "the gRPC client mode keeps grpc-encoding to itself: a response's encoding is not in its metadata",
-    )];
+    let skips = [
+        (Transport::Grpc, ENCODING_HIDDEN),
+        (Transport::GrpcTonic, ENCODING_HIDDEN),
+    ];
     each_transport(&skips, |tr| async move {
         // A server without compression still decodes compressed requests; it answers plainly.
         let t = server(tr, None, 64 << 20).await;
@@ -166,7 +170,11 @@ async fn a_zip_bomb_fails_its_call_alone() {
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
-        assert!(err.message().contains("max_message_size"), "{err}");
+        if tr != Transport::GrpcTonic {
+            // The topspin server's words (a tonic server's: "size limit … exceeded while
+            // decompressing message").
+            assert!(err.message().contains("max_message_size"), "{err}");
+        }
         // The connection and the next call are fine.
         let r = ch
             .unary(RawCodec, UNARY, Request::new(body(5000)))
@@ -203,10 +211,16 @@ async fn a_zip_bomb_fails_its_call_alone() {
 
 #[tokio::test]
 async fn an_unknown_encoding_is_refused_naming_what_is_accepted() {
-    let skips = [(
-        Transport::Grpc,
-        "it sets the native topspin-encoding key by hand; grpc_face.rs covers an unknown grpc-encoding",
-    )];
+    let skips = [
+        (
+            Transport::Grpc,
+            "it sets the native topspin-encoding key by hand; grpc_face.rs covers an unknown grpc-encoding",
+        ),
+        (
+            Transport::GrpcTonic,
+            "it sets the native topspin-encoding key by hand, and asserts the topspin server's answer",
+        ),
+    ];
     each_transport(&skips, |tr| async move {
         let t = server(tr, None, 64 << 20).await;
         let ch = t.channel().await;
@@ -235,10 +249,13 @@ async fn an_unknown_encoding_is_refused_naming_what_is_accepted() {
 
 #[tokio::test]
 async fn calls_without_compression_carry_no_compression_metadata() {
-    let skips = [(
-        Transport::Grpc,
-        "a gRPC request carries user-agent, which handlers see as metadata (no compression keys)",
-    )];
+    let skips = [
+        (
+            Transport::Grpc,
+            "a gRPC request carries user-agent, which handlers see as metadata (no compression keys)",
+        ),
+        not_standard("its server has a method of its own, /t.T/M, counting request metadata"),
+    ];
     each_transport(&skips, |tr| async move {
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let s2 = seen.clone();
@@ -275,6 +292,7 @@ async fn decompressed_requests_are_held_to_the_memory_budget() {
         // Fixed: the gRPC face charged decompressed requests (and complete messages its
         // handler held) to the connection's share (1/8 of the budget) instead of the process
         // budget, so every 60 MiB request failed on the face.
+        not_standard("its server is a topspin server with a memory budget and a handler of its own"),
     ];
     let skips = trim(
         &skips,
@@ -347,7 +365,9 @@ async fn a_handler_chooses_its_response_compression_and_sees_the_requests() {
     // Fixed: the gRPC face framed a unary reply (compressed with the server's default, zstd)
     // before the handler's choice (gzip) was applied, and labelled it gzip; the client failed
     // "could not decompress a gzip message". grpc_face.rs missed it (its reply was too small).
-    let skips: [(Transport, &str); 0] = [];
+    let skips = [not_standard(
+        "its server has a method of its own, /t.C/Chooses, choosing its response compression",
+    )];
     each_transport(&skips, |tr| async move {
         use topspin::Response;
         const CHOOSES: &str = "/t.C/Chooses";
@@ -398,7 +418,10 @@ async fn a_handler_chooses_its_response_compression_and_sees_the_requests() {
 async fn message_compression_switches_between_messages_both_ways() {
     use topspin::{MessageCompression, Response, Status, Streaming};
     const FLIP: &str = "/t.C/Flip";
-    each_transport(&[], |tr| async move {
+    let skips = [not_standard(
+        "its server has a method of its own, /t.C/Flip, switching compression between messages",
+    )];
+    each_transport(&skips, |tr| async move {
         let b = builder(Probe::default()).streaming(
             FLIP,
             RawCodec,

@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_calls_on_one_channel() {
     each_transport(&[], |t| async move {
-        let server = serve(builder(Probe::default()), t).await;
+        let server = serve(standard(Probe::default()), t).await;
         let ch = server.channel().await;
         let calls = (0..1000).map(|i| {
             let ch = ch.clone();
@@ -28,7 +28,7 @@ async fn a_thousand_concurrent_calls_on_one_channel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_channels_at_once() {
     each_transport(&[], |t| async move {
-        let server = serve(builder(Probe::default()), t).await;
+        let server = serve(standard(Probe::default()), t).await;
         let server = std::sync::Arc::new(server);
         let clients = (0..100).map(|i| {
             let server = server.clone();
@@ -54,7 +54,7 @@ async fn a_hundred_channels_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_spreads_calls_over_connections() {
     each_transport(&[(Transport::Stream, STREAM_NO_ADDRESS)], |t| async move {
-        let server = serve(builder(Probe::default()), t).await;
+        let server = serve(standard(Probe::default()), t).await;
         let ch = server.connect_with(|e| e.connections(4)).await.unwrap();
         let calls = (0..200).map(|i| {
             let ch = ch.clone();

@@ -11,7 +11,7 @@ use topspin::{Code, Request};
 async fn expired_deadline_fails_the_call_and_cancels_the_handler() {
     each_transport(&[], |t| async move {
         let probe = Probe::default();
-        let server = serve(builder(probe.clone()), t).await;
+        let server = serve(standard(probe.clone()), t).await;
         let ch = server.channel().await;
         let started = Instant::now();
         let err = ch
@@ -48,7 +48,7 @@ async fn expired_deadline_fails_the_call_and_cancels_the_handler() {
 #[tokio::test]
 async fn handler_sees_the_remaining_time() {
     each_transport(&[], |t| async move {
-        let server = serve(builder(Probe::default()), t).await;
+        let server = serve(standard(Probe::default()), t).await;
         let ch = server.channel().await;
         let r = ch
             .unary(
@@ -73,7 +73,7 @@ async fn handler_sees_the_remaining_time() {
 #[tokio::test]
 async fn endpoint_default_timeout_applies() {
     each_transport(&[], |t| async move {
-        let server = serve(builder(Probe::default()), t).await;
+        let server = serve(standard(Probe::default()), t).await;
         let ch = server
             .connect_with(|e| e.timeout(Duration::from_millis(100)))
             .await

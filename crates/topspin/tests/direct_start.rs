@@ -50,7 +50,7 @@ async fn a_directly_started_call_still_times_out_when_the_server_never_answers()
 #[tokio::test]
 async fn calls_started_while_others_are_open_all_complete() {
     each_transport(&[], |t| async move {
-        let server = serve(builder(Probe::default()), t).await;
+        let server = serve(standard(Probe::default()), t).await;
         let ch = server.channel().await;
         for round in 0..20 {
             let calls = (0..32).map(|i| {

@@ -364,7 +364,7 @@ async fn a_connection_still_being_sniffed_at_shutdown_is_told_by_goaway() {
         .unwrap();
     // Accepted, and waiting in the sniff for the client's first byte.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let handle = server.handle.clone();
+    let handle = server.handle().clone();
     let stopping = tokio::spawn(async move { handle.shutdown(Duration::from_secs(5)).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut hello = PREFACE.to_vec();

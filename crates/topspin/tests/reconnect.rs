@@ -11,7 +11,7 @@ use topspin::Code;
 async fn in_flight_calls_fail_and_the_next_call_reconnects() {
     each_transport(&[(Transport::Stream, STREAM_NO_ADDRESS)], |t| async move {
         let probe = Probe::default();
-        let server = serve(builder(probe.clone()), t).await;
+        let server = serve(standard(probe.clone()), t).await;
         let addr = server.addr.clone();
         let ch = server
             .connect_with(|e| e.backoff(Duration::from_millis(10), Duration::from_millis(50)))
@@ -23,7 +23,7 @@ async fn in_flight_calls_fail_and_the_next_call_reconnects() {
         });
         within(5, probe.started.notified()).await;
         // Kill the server without grace.
-        within(5, server.handle.shutdown(Duration::ZERO)).await;
+        within(5, server.shutdown(Duration::ZERO)).await;
         let err = within(5, call).await.unwrap().unwrap_err();
         assert_eq!(err.code(), Code::Unavailable, "{err}");
         assert!(!err.message().is_empty());
@@ -32,7 +32,7 @@ async fn in_flight_calls_fail_and_the_next_call_reconnects() {
         assert_eq!(err.code(), Code::Unavailable);
         assert!(err.message().contains(&addr.to_string()), "{err}");
         // A new server on the same address: the channel reconnects (after its backoff).
-        let restarted = serve_at(builder(Probe::default()), t, &server.bound).await;
+        let restarted = serve_at(standard(Probe::default()), t, &server.bound).await;
         within(10, async {
             loop {
                 match unary(&ch, UNARY, "again").await {
@@ -62,7 +62,7 @@ async fn lazy_channel_connects_on_first_call_and_backs_off() {
         // The next attempt is throttled by backoff: it fails fast without trying.
         let e2 = unary(&ch, UNARY, "x").await.unwrap_err();
         assert!(e2.message().contains("next connection attempt in"), "{e2}");
-        let server = serve_at(builder(Probe::default()), t, &addr).await;
+        let server = serve_at(standard(Probe::default()), t, &addr).await;
         within(10, async {
             loop {
                 match unary(&ch, UNARY, "up").await {
@@ -84,7 +84,7 @@ async fn a_connection_that_drops_fails_calls_in_flight_with_the_reason() {
         "a stream's connection runs on a task of its own, not the server's: aborting serve() leaves it up",
     )], |t| async move {
         let probe = Probe::default();
-        let server = serve(builder(probe.clone()), t).await;
+        let server = serve(standard(probe.clone()), t).await;
         let ch = server.channel().await;
         let call = tokio::spawn({
             let ch = ch.clone();

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod blocking;
+mod tonic_service;
 
 use bytes::Bytes;
 use futures_util::{stream, Stream, StreamExt};
@@ -12,8 +13,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use topspin::codec::RawCodec;
 use topspin::{
-    Address, Channel, Code, Endpoint, Metadata, Request, Response, Server, ServerBuilder,
-    ShutdownHandle, Status, Streaming,
+    Address, Channel, Code, Compression, Config, Endpoint, Metadata, Request, Response, Server,
+    ServerBuilder, ShutdownHandle, Status, Streaming,
 };
 
 /// Reads a response stream to its end (panicking on an error status); how many messages came.
@@ -39,8 +40,10 @@ pub const HEADERS: &str = "/test.Echo/Headers";
 /// with its reason ([`each_transport`]) — the entries where its capability does not apply.
 ///
 /// `Grpc` is a topspin server's gRPC face dialled by topspin's own `grpc://` client mode, so it
-/// exercises both together; tonic against the face stays in `grpc_face.rs`, and the client mode
-/// against tonic in `grpc_client.rs`.
+/// exercises both together; `GrpcTonic` is the client mode against a tonic server serving the
+/// same test service ([`standard`]), so it takes part only where a test's server is that
+/// service. Tonic's client against the face stays in `grpc_face.rs`, and the client mode's
+/// own cases against tonic in `grpc_client.rs`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
     /// `tcp://127.0.0.1:0`.
@@ -61,6 +64,9 @@ pub enum Transport {
     Stream,
     /// The server's gRPC face on its TCP port, dialled as `grpc://`.
     Grpc,
+    /// A tonic server (`tests/common/tonic_service.rs`) serving the standard test service,
+    /// dialled as `grpc://`: the gRPC client mode against a gRPC server no one here wrote.
+    GrpcTonic,
 }
 
 /// Every transport this build has.
@@ -80,6 +86,7 @@ pub const ALL: &[Transport] = &[
     Transport::Stream,
     #[cfg(feature = "grpc")]
     Transport::Grpc,
+    Transport::GrpcTonic,
 ];
 
 impl std::fmt::Display for Transport {
@@ -94,6 +101,7 @@ impl std::fmt::Display for Transport {
             Transport::Shm => "shm",
             Transport::Stream => "stream",
             Transport::Grpc => "grpc",
+            Transport::GrpcTonic => "grpc-tonic-server",
         })
     }
 }
@@ -104,6 +112,13 @@ pub type Skip = (Transport, &'static str);
 /// Why `Stream` cannot take part in tests that dial an address again.
 pub const STREAM_NO_ADDRESS: &str =
     "a Channel::from_stream has no address: it cannot reconnect, pool or be dialled lazily";
+
+/// Why `GrpcTonic` cannot take part in a test whose server is a topspin `ServerBuilder` of its
+/// own (methods added, a handler of its own, settings only a topspin server has): the tonic
+/// server serves the standard test service alone. Each test says what its server has.
+pub const fn not_standard(what: &'static str) -> Skip {
+    (Transport::GrpcTonic, what)
+}
 
 /// Why a slow cell is left out on a transport whose layers another cell already runs: the
 /// abstract socket is the Unix socket's code with another address, wss:// is ws:// over tls://.
@@ -179,7 +194,11 @@ pub fn listen_addr(t: Transport) -> String {
     let n = NEXT_SOCK.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     match t {
-        Transport::Tcp | Transport::Tls | Transport::Grpc | Transport::Stream => {
+        Transport::Tcp
+        | Transport::Tls
+        | Transport::Grpc
+        | Transport::GrpcTonic
+        | Transport::Stream => {
             let scheme = if t == Transport::Tls { "tls" } else { "tcp" };
             format!("{scheme}://127.0.0.1:0")
         }
@@ -235,8 +254,13 @@ pub struct TestServer {
     pub addr: Address,
     /// The address the server is bound to (to bind another server there after this one).
     pub bound: String,
-    pub handle: ShutdownHandle,
+    /// The task serving: aborting it drops every connection, as a crash would (but for
+    /// `Stream`, whose connections run on tasks of their own).
     pub task: tokio::task::JoinHandle<()>,
+    /// A topspin server's; `None` for the tonic server of `GrpcTonic`.
+    handle: Option<ShutdownHandle>,
+    /// The tonic server's (`GrpcTonic`).
+    tonic: Option<tonic_service::Running>,
     acceptor: Option<topspin::StreamAcceptor>,
 }
 
@@ -278,8 +302,30 @@ impl TestServer {
         b
     }
 
+    /// The topspin server's shutdown handle (not for `GrpcTonic`: use [`TestServer::shutdown`]).
+    pub fn handle(&self) -> &ShutdownHandle {
+        self.handle.as_ref().unwrap_or_else(|| {
+            panic!(
+                "[{}] a tonic server has no topspin ShutdownHandle",
+                self.transport
+            )
+        })
+    }
+
+    /// Stops accepting, lets calls in flight finish for up to `grace`, then ends the rest;
+    /// returns when every connection is closed (a topspin server's
+    /// [`ShutdownHandle::shutdown`]; a tonic server's graceful shutdown, then its connections
+    /// dropped).
+    pub async fn shutdown(&self, grace: Duration) {
+        match (&self.handle, &self.tonic) {
+            (Some(handle), _) => handle.shutdown(grace).await,
+            (None, Some(tonic)) => tonic.shutdown(grace).await,
+            (None, None) => unreachable!("a test server is topspin's or tonic's"),
+        }
+    }
+
     pub async fn stop(self) {
-        self.handle.shutdown(Duration::from_secs(1)).await;
+        self.shutdown(Duration::from_secs(1)).await;
         let _ = self.task.await;
     }
 }
@@ -288,7 +334,7 @@ impl TestServer {
 /// gRPC face of a TCP port).
 pub fn dial_addr(t: Transport, bound: &str) -> Address {
     let dial = match t {
-        Transport::Grpc => bound.replacen("tcp://", "grpc://", 1),
+        Transport::Grpc | Transport::GrpcTonic => bound.replacen("tcp://", "grpc://", 1),
         _ => bound.to_owned(),
     };
     dial.parse().expect("a valid address")
@@ -305,13 +351,121 @@ pub fn endpoint_for(t: Transport, addr: Address) -> Endpoint {
     e
 }
 
-/// Starts `builder` on a fresh address of transport `t`.
-pub async fn serve(builder: ServerBuilder, t: Transport) -> TestServer {
-    serve_at(builder, t, &listen_addr(t)).await
+/// What a test server serves.
+pub enum TestService {
+    /// The standard test service ([`builder`]) with settings both a topspin and a tonic
+    /// server have: every transport, `GrpcTonic` included, can serve it.
+    Standard(Standard),
+    /// A topspin server the test built itself: every transport but `GrpcTonic` (whose tonic
+    /// server serves the standard service alone; such a test skips it with
+    /// [`not_standard`]).
+    Custom(ServerBuilder),
 }
 
-/// Starts `builder` on `addr` (of transport `t`): the one way the tests start a server.
-pub async fn serve_at(builder: ServerBuilder, t: Transport, addr: &str) -> TestServer {
+impl From<ServerBuilder> for TestService {
+    fn from(b: ServerBuilder) -> TestService {
+        TestService::Custom(b)
+    }
+}
+
+impl From<Standard> for TestService {
+    fn from(s: Standard) -> TestService {
+        TestService::Standard(s)
+    }
+}
+
+/// The standard test service ([`builder`]) reporting to `probe`, with the default settings.
+pub fn standard(probe: Probe) -> Standard {
+    Standard {
+        probe,
+        options: StandardOptions::default(),
+    }
+}
+
+/// The standard test service and the server settings it runs with ([`standard`]).
+pub struct Standard {
+    pub probe: Probe,
+    options: StandardOptions,
+}
+
+/// The server settings a test of the standard service may change: those a tonic server has
+/// too (`max_concurrent_streams`, `max_decoding_message_size`, `send_compressed`).
+#[derive(Clone, Copy)]
+pub struct StandardOptions {
+    pub max_message_size: u32,
+    pub max_concurrent_calls: Option<u32>,
+    pub compression: Option<Compression>,
+}
+
+impl Default for StandardOptions {
+    fn default() -> StandardOptions {
+        StandardOptions {
+            max_message_size: Config::default().max_message_size(),
+            max_concurrent_calls: None,
+            compression: None,
+        }
+    }
+}
+
+impl Standard {
+    /// Largest request message the server accepts.
+    pub fn max_message_size(mut self, bytes: u32) -> Standard {
+        self.options.max_message_size = bytes;
+        self
+    }
+
+    /// Most calls one connection may have open at once.
+    pub fn max_concurrent_calls(mut self, n: u32) -> Standard {
+        self.options.max_concurrent_calls = Some(n);
+        self
+    }
+
+    /// The server's response compression (where the client accepts it).
+    pub fn compression(mut self, c: Option<Compression>) -> Standard {
+        self.options.compression = c;
+        self
+    }
+
+    /// The topspin server of this service.
+    pub fn into_builder(self) -> ServerBuilder {
+        let o = self.options;
+        let mut config = Config::default()
+            .with_max_message_size(o.max_message_size)
+            .with_compression(o.compression);
+        if let Some(n) = o.max_concurrent_calls {
+            config = config.with_max_concurrent_calls(n);
+        }
+        builder(self.probe).config(config)
+    }
+}
+
+/// Starts `service` on a fresh address of transport `t`.
+pub async fn serve(service: impl Into<TestService>, t: Transport) -> TestServer {
+    serve_at(service, t, &listen_addr(t)).await
+}
+
+/// Starts `service` on `addr` (of transport `t`): the one way the tests start a server.
+pub async fn serve_at(service: impl Into<TestService>, t: Transport, addr: &str) -> TestServer {
+    let builder = match (service.into(), t) {
+        (TestService::Standard(s), Transport::GrpcTonic) => {
+            let (bound, task, running) = tonic_service::start(s.probe, s.options, addr).await;
+            return TestServer {
+                transport: t,
+                addr: dial_addr(t, &bound),
+                bound,
+                task,
+                handle: None,
+                tonic: Some(running),
+                acceptor: None,
+            };
+        }
+        (TestService::Custom(_), Transport::GrpcTonic) => panic!(
+            "[{t}] this test's server is a topspin ServerBuilder of its own, which the tonic \
+             server cannot serve: skip {t} with common::not_standard(\"what its server has\")"
+        ),
+        (TestService::Standard(s), _) => s.into_builder(),
+        (TestService::Custom(b), _) => b,
+    };
     #[cfg(feature = "tls")]
     let builder = if matches!(t, Transport::Tls | Transport::Wss) {
         builder.tls(test_tls().0.clone())
@@ -341,8 +495,9 @@ pub fn started(server: Server, t: Transport) -> TestServer {
         transport: t,
         addr,
         bound,
-        handle,
         task,
+        handle: Some(handle),
+        tonic: None,
         acceptor,
     }
 }
@@ -462,6 +617,29 @@ pub fn builder(probe: Probe) -> ServerBuilder {
         })
 }
 
+/// A request over a server's message limit, as the server refuses it: a topspin server with
+/// `RESOURCE_EXHAUSTED` naming the setting (`max_message_size`), a tonic server (`GrpcTonic`)
+/// with its own `OUT_OF_RANGE` ("decoded message length too large"); both name each of
+/// `numbers` (the size, the limit). The gRPC client mode sends such a request as it is: a gRPC
+/// server announces no message limit.
+pub fn assert_over_servers_limit(t: Transport, err: &Status, numbers: &[usize]) {
+    for n in numbers {
+        assert!(
+            err.message().contains(&n.to_string()),
+            "[{t}] names {n}: {err}"
+        );
+    }
+    if t == Transport::GrpcTonic {
+        assert_eq!(err.code(), Code::OutOfRange, "[{t}] {err}");
+    } else {
+        assert_eq!(err.code(), Code::ResourceExhausted, "[{t}] {err}");
+        assert!(
+            err.message().contains("max_message_size"),
+            "[{t}] names the setting: {err}"
+        );
+    }
+}
+
 pub fn bytes(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
@@ -510,7 +688,7 @@ pub fn lone_calls_mixed() {
         .unwrap();
         rt.block_on(each_transport(&[], |t| async move {
             let probe = Probe::default();
-            let server = serve(builder(probe), t).await;
+            let server = serve(standard(probe), t).await;
             let ch = server.channel().await;
             within(60, async {
                 for round in 0..40 {

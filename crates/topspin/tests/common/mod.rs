@@ -509,6 +509,8 @@ pub struct Probe {
     pub cancelled: Arc<std::sync::Mutex<Vec<String>>>,
     pub started: Arc<tokio::sync::Notify>,
     pub cancelled_notify: Arc<tokio::sync::Notify>,
+    /// The encoding of each compressed request the Unary method saw, in order.
+    pub encodings: Arc<std::sync::Mutex<Vec<&'static str>>>,
 }
 
 /// Runs `f` when dropped: tells a test that a handler's future went away.
@@ -524,7 +526,7 @@ fn text(b: &Bytes) -> String {
 }
 
 /// The test service:
-/// - Unary: echo;
+/// - Unary: echo (the encoding of a compressed request goes to the probe);
 /// - ServerStream: request "N" or "N:SIZE" → N messages ("0", "1", … or SIZE bytes each);
 /// - ClientStream: concatenation of the requests;
 /// - Bidi: echoes each request, prefixed "echo:";
@@ -534,9 +536,13 @@ fn text(b: &Bytes) -> String {
 ///   deadline in ms as header "remaining-ms".
 pub fn builder(probe: Probe) -> ServerBuilder {
     let p_slow = probe.clone();
+    let p_unary = probe.clone();
     Server::builder()
-        .unary(UNARY, RawCodec, |req: Request<Bytes>| async move {
-            Ok(Response::new(req.into_inner()))
+        .unary(UNARY, RawCodec, move |req: Request<Bytes>| {
+            if let Some(e) = req.encoding() {
+                p_unary.encodings.lock().unwrap().push(e.name());
+            }
+            async move { Ok(Response::new(req.into_inner())) }
         })
         .server_streaming(SERVER_STREAM, RawCodec, |req: Request<Bytes>| async move {
             let spec = text(req.get_ref());

@@ -152,6 +152,14 @@ impl Service<http::Request<tonic::body::Body>> for TestService {
         Box::pin(async move {
             let res = match path.as_str() {
                 UNARY => {
+                    let encoding = match req.headers().get("grpc-encoding") {
+                        Some(v) if v == "gzip" => Some("gzip"),
+                        Some(v) if v == "zstd" => Some("zstd"),
+                        _ => None,
+                    };
+                    if let Some(e) = encoding {
+                        probe.encodings.lock().unwrap().push(e);
+                    }
                     let h = |r: tonic::Request<Bytes>| async move {
                         Ok(tonic::Response::new(r.into_inner()))
                     };

@@ -114,32 +114,15 @@ async fn bidirectional_ping_pong() {
 
 #[tokio::test]
 async fn stream_error_status_reaches_the_client() {
-    let skips = [not_standard(
-        "its server has a method of its own, /t.S/Fail",
-    )];
-    each_transport(&skips, |t| async move {
-        let server = serve(
-            Server::builder().server_streaming(
-                "/t.S/Fail",
-                RawCodec,
-                |_req: Request<Bytes>| async move {
-                    let s = stream::iter(vec![
-                        Ok(bytes("one")),
-                        Err(topspin::Status::data_loss("disk on fire")),
-                    ]);
-                    Ok(Response::new(s))
-                },
-            ),
-            t,
-        )
-        .await;
+    each_transport(&[], |t| async move {
+        let server = serve(standard(Probe::default()), t).await;
         let ch = server.channel().await;
         let mut s = ch
-            .server_streaming(RawCodec, "/t.S/Fail", Request::new(Bytes::new()))
+            .server_streaming(RawCodec, STREAM_FAIL, bytes("1:DATA_LOSS:disk on fire"))
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(s.message().await.unwrap(), Some(bytes("one")));
+        assert_eq!(s.message().await.unwrap(), Some(bytes("0")));
         let err = s.message().await.unwrap_err();
         assert_eq!(err.code(), Code::DataLoss);
         assert_eq!(err.message(), "disk on fire");
@@ -225,29 +208,12 @@ async fn slow_reader_bounds_the_writer_on(t: Transport) {
 /// the END that closes it), whether the handler answers in its first poll or later.
 #[tokio::test]
 async fn headers_of_an_empty_response_stream_arrive() {
-    let skips = [not_standard(
-        "its server has a method of its own, /t.S/Empty",
-    )];
-    each_transport(&skips, |t| async move {
-        let b = Server::builder().server_streaming(
-            "/t.S/Empty",
-            RawCodec,
-            |r: Request<Bytes>| async move {
-                if r.get_ref().as_ref() == b"later" {
-                    tokio::task::yield_now().await;
-                }
-                let md = topspin::Metadata::builder().text("h", "v").unwrap().build();
-                Ok(
-                    Response::new(stream::empty::<Result<Bytes, topspin::Status>>())
-                        .with_metadata(md),
-                )
-            },
-        );
-        let server = serve(b, t).await;
+    each_transport(&[], |t| async move {
+        let server = serve(standard(Probe::default()), t).await;
         let ch = server.channel().await;
         for body in ["now", "later"] {
             let mut s = ch
-                .server_streaming(RawCodec, "/t.S/Empty", bytes(body))
+                .server_streaming(RawCodec, EMPTY, bytes(body))
                 .await
                 .unwrap()
                 .into_inner();

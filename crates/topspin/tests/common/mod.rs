@@ -33,6 +33,8 @@ pub const BIDI: &str = "/test.Echo/Bidi";
 pub const FAIL: &str = "/test.Echo/Fail";
 pub const SLOW: &str = "/test.Echo/Slow";
 pub const HEADERS: &str = "/test.Echo/Headers";
+pub const STREAM_FAIL: &str = "/test.Echo/StreamFail";
+pub const EMPTY: &str = "/test.Echo/Empty";
 
 /// Every way a topspin `Channel` reaches a topspin `Server`: the one list the capability tests
 /// (unary, streaming, deadlines, cancellation, metadata, limits, shutdown, reconnect,
@@ -533,7 +535,10 @@ fn text(b: &Bytes) -> String {
 /// - Fail: request "CODE:message" → that status (with details "d" and trailer "why");
 /// - Slow: waits until cancelled (records it in the probe) or 30 s;
 /// - Headers: echoes request metadata as response headers and trailers, and the remaining
-///   deadline in ms as header "remaining-ms".
+///   deadline in ms as header "remaining-ms";
+/// - StreamFail: request "N:CODE:message" → N messages ("0", "1", …), then that status;
+/// - Empty: an empty response stream with header "h: v" (request "later": answered after a
+///   yield, not in the handler's first poll).
 pub fn builder(probe: Probe) -> ServerBuilder {
     let p_slow = probe.clone();
     let p_unary = probe.clone();
@@ -620,6 +625,30 @@ pub fn builder(probe: Probe) -> ServerBuilder {
             Ok(Response::new(req.into_inner())
                 .with_metadata(md.clone())
                 .with_trailers(md))
+        })
+        .server_streaming(STREAM_FAIL, RawCodec, |req: Request<Bytes>| async move {
+            let spec = text(req.get_ref());
+            let mut parts = spec.splitn(3, ':');
+            let n = parts
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0);
+            let code = parts
+                .next()
+                .and_then(Code::from_name)
+                .unwrap_or(Code::Unknown);
+            let status = Status::new(code, parts.next().unwrap_or(""));
+            let messages = (0..n).map(|i| Ok(Bytes::from(i.to_string())));
+            Ok(Response::new(stream::iter(
+                messages.chain(std::iter::once(Err(status))),
+            )))
+        })
+        .server_streaming(EMPTY, RawCodec, |req: Request<Bytes>| async move {
+            if req.get_ref().as_ref() == b"later" {
+                tokio::task::yield_now().await;
+            }
+            let md = Metadata::builder().text("h", "v").unwrap().build();
+            Ok(Response::new(stream::empty::<Result<Bytes, Status>>()).with_metadata(md))
         })
 }
 

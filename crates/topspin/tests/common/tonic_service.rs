@@ -5,7 +5,8 @@
 //! [`Probe`] signals.
 
 use super::{
-    OnDrop, Probe, StandardOptions, BIDI, CLIENT_STREAM, FAIL, HEADERS, SERVER_STREAM, SLOW, UNARY,
+    OnDrop, Probe, StandardOptions, BIDI, CLIENT_STREAM, EMPTY, FAIL, HEADERS, SERVER_STREAM, SLOW,
+    STREAM_FAIL, UNARY,
 };
 use bytes::{Buf, BufMut, Bytes};
 use futures_util::{stream, Stream, StreamExt};
@@ -272,6 +273,37 @@ impl Service<http::Request<tonic::body::Body>> for TestService {
                             extra: Some(echo),
                         })
                     })
+                }
+                STREAM_FAIL => {
+                    let h = |r: tonic::Request<Bytes>| async move {
+                        let spec = text(r.get_ref());
+                        let mut parts = spec.splitn(3, ':');
+                        let n = parts
+                            .next()
+                            .and_then(|n| n.parse::<usize>().ok())
+                            .unwrap_or(0);
+                        let code = parts.next().and_then(topspin::Code::from_name);
+                        let code = code.unwrap_or(topspin::Code::Unknown) as u16 as i32;
+                        let status = tonic::Status::new(
+                            tonic::Code::from_i32(code),
+                            parts.next().unwrap_or(""),
+                        );
+                        let messages = (0..n).map(|i| Ok(Bytes::from(i.to_string())));
+                        let s = stream::iter(messages.chain(std::iter::once(Err(status))));
+                        Ok(tonic::Response::new(Box::pin(s) as BoxStream))
+                    };
+                    g.server_streaming(Handler(h), req).await
+                }
+                EMPTY => {
+                    let h = |r: tonic::Request<Bytes>| async move {
+                        if r.get_ref().as_ref() == b"later" {
+                            tokio::task::yield_now().await;
+                        }
+                        let mut resp = tonic::Response::new(Box::pin(stream::empty()) as BoxStream);
+                        resp.metadata_mut().insert("h", "v".parse().unwrap());
+                        Ok(resp)
+                    };
+                    g.server_streaming(Handler(h), req).await
                 }
                 _ => tonic::Status::unimplemented(format!("unknown method {path}")).into_http(),
             };

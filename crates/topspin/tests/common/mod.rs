@@ -35,6 +35,7 @@ pub const SLOW: &str = "/test.Echo/Slow";
 pub const HEADERS: &str = "/test.Echo/Headers";
 pub const STREAM_FAIL: &str = "/test.Echo/StreamFail";
 pub const EMPTY: &str = "/test.Echo/Empty";
+pub const GATED: &str = "/test.Echo/Gated";
 
 /// Every way a topspin `Channel` reaches a topspin `Server`: the one list the capability tests
 /// (unary, streaming, deadlines, cancellation, metadata, limits, shutdown, reconnect,
@@ -511,6 +512,8 @@ pub struct Probe {
     pub cancelled: Arc<std::sync::Mutex<Vec<String>>>,
     pub started: Arc<tokio::sync::Notify>,
     pub cancelled_notify: Arc<tokio::sync::Notify>,
+    /// Lets the Gated method's calls answer (one per `notify_one`).
+    pub release: Arc<tokio::sync::Notify>,
     /// The encoding of each compressed request the Unary method saw, in order.
     pub encodings: Arc<std::sync::Mutex<Vec<&'static str>>>,
 }
@@ -538,10 +541,12 @@ fn text(b: &Bytes) -> String {
 ///   deadline in ms as header "remaining-ms";
 /// - StreamFail: request "N:CODE:message" → N messages ("0", "1", …), then that status;
 /// - Empty: an empty response stream with header "h: v" (request "later": answered after a
-///   yield, not in the handler's first poll).
+///   yield, not in the handler's first poll);
+/// - Gated: signals `started`, waits for `release`, then echoes.
 pub fn builder(probe: Probe) -> ServerBuilder {
     let p_slow = probe.clone();
     let p_unary = probe.clone();
+    let p_gated = probe.clone();
     Server::builder()
         .unary(UNARY, RawCodec, move |req: Request<Bytes>| {
             if let Some(e) = req.encoding() {
@@ -642,6 +647,14 @@ pub fn builder(probe: Probe) -> ServerBuilder {
             Ok(Response::new(stream::iter(
                 messages.chain(std::iter::once(Err(status))),
             )))
+        })
+        .unary(GATED, RawCodec, move |req: Request<Bytes>| {
+            let probe = p_gated.clone();
+            async move {
+                probe.started.notify_one();
+                probe.release.notified().await;
+                Ok(Response::new(req.into_inner()))
+            }
         })
         .server_streaming(EMPTY, RawCodec, |req: Request<Bytes>| async move {
             if req.get_ref().as_ref() == b"later" {

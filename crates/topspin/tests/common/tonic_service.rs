@@ -5,8 +5,8 @@
 //! [`Probe`] signals.
 
 use super::{
-    OnDrop, Probe, StandardOptions, BIDI, CLIENT_STREAM, EMPTY, FAIL, HEADERS, SERVER_STREAM, SLOW,
-    STREAM_FAIL, UNARY,
+    OnDrop, Probe, StandardOptions, BIDI, CLIENT_STREAM, EMPTY, FAIL, GATED, HEADERS,
+    SERVER_STREAM, SLOW, STREAM_FAIL, UNARY,
 };
 use bytes::{Buf, BufMut, Bytes};
 use futures_util::{stream, Stream, StreamExt};
@@ -293,6 +293,17 @@ impl Service<http::Request<tonic::body::Body>> for TestService {
                         Ok(tonic::Response::new(Box::pin(s) as BoxStream))
                     };
                     g.server_streaming(Handler(h), req).await
+                }
+                GATED => {
+                    let h = move |r: tonic::Request<Bytes>| {
+                        let probe = probe.clone();
+                        async move {
+                            probe.started.notify_one();
+                            probe.release.notified().await;
+                            Ok(tonic::Response::new(r.into_inner()))
+                        }
+                    };
+                    g.unary(Handler(h), req).await
                 }
                 EMPTY => {
                     let h = |r: tonic::Request<Bytes>| async move {

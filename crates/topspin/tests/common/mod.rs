@@ -362,12 +362,12 @@ pub enum TestService {
     /// A topspin server the test built itself: every transport but `GrpcTonic` (whose tonic
     /// server serves the standard service alone; such a test skips it with
     /// [`not_standard`]).
-    Custom(ServerBuilder),
+    Custom(Box<ServerBuilder>),
 }
 
 impl From<ServerBuilder> for TestService {
     fn from(b: ServerBuilder) -> TestService {
-        TestService::Custom(b)
+        TestService::Custom(Box::new(b))
     }
 }
 
@@ -467,7 +467,7 @@ pub async fn serve_at(service: impl Into<TestService>, t: Transport, addr: &str)
              server cannot serve: skip {t} with common::not_standard(\"what its server has\")"
         ),
         (TestService::Standard(s), _) => s.into_builder(),
-        (TestService::Custom(b), _) => b,
+        (TestService::Custom(b), _) => *b,
     };
     #[cfg(feature = "tls")]
     let builder = if matches!(t, Transport::Tls | Transport::Wss) {

@@ -10,13 +10,13 @@ use topspin::Request;
 
 #[tokio::test]
 async fn dropping_a_unary_call_cancels_the_handler() {
-    each_transport(&[], |t| async move {
+    each_client(&[], |t| async move {
         let probe = Probe::default();
         let server = serve(standard(probe.clone()), t).await;
-        let ch = server.channel().await;
+        let ch = server.client().await;
         let call = tokio::spawn({
             let ch = ch.clone();
-            async move { unary(&ch, SLOW, "drop-me").await }
+            async move { ch.call(SLOW, "drop-me").await }
         });
         within(5, probe.started.notified()).await;
         call.abort(); // drops the call's future
@@ -32,7 +32,7 @@ async fn dropping_a_unary_call_cancels_the_handler() {
         })
         .await;
         // The channel is unaffected.
-        assert_eq!(unary(&ch, UNARY, "after").await.unwrap(), bytes("after"));
+        assert_eq!(ch.call(UNARY, "after").await.unwrap(), bytes("after"));
         server.stop().await;
     })
     .await;

@@ -9,20 +9,25 @@ use topspin::{Code, Request};
 
 #[tokio::test]
 async fn expired_deadline_fails_the_call_and_cancels_the_handler() {
-    each_transport(&[], |t| async move {
+    each_client(&[], |t| async move {
         let probe = Probe::default();
         let server = serve(standard(probe.clone()), t).await;
-        let ch = server.channel().await;
+        let ch = server.client().await;
         let started = Instant::now();
         let err = ch
             .unary(
-                RawCodec,
                 SLOW,
                 Request::new(bytes("slow-1")).with_timeout(Duration::from_millis(200)),
             )
             .await
             .unwrap_err();
-        assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+        if t == Transport::TonicClient && err.code() == Code::Cancelled {
+            // tonic's client ends a call at its deadline itself, in its own words, when its
+            // timer beats the face's DEADLINE_EXCEEDED.
+            assert_eq!(err.message(), "Timeout expired", "{err}");
+        } else {
+            assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+        }
         let took = started.elapsed();
         assert!(
             took >= Duration::from_millis(200) && took < Duration::from_secs(5),
@@ -47,12 +52,11 @@ async fn expired_deadline_fails_the_call_and_cancels_the_handler() {
 
 #[tokio::test]
 async fn handler_sees_the_remaining_time() {
-    each_transport(&[], |t| async move {
+    each_client(&[], |t| async move {
         let server = serve(standard(Probe::default()), t).await;
-        let ch = server.channel().await;
+        let ch = server.client().await;
         let r = ch
             .unary(
-                RawCodec,
                 HEADERS,
                 Request::new(bytes("x")).with_timeout(Duration::from_secs(10)),
             )

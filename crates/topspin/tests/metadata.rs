@@ -25,14 +25,14 @@ async fn request_metadata_reaches_the_handler_and_comes_back() {
 /// entries (the Headers method answers it as headers and as trailers).
 #[tokio::test]
 async fn ascii_request_metadata_reaches_the_handler_and_comes_back() {
-    each_transport(&[], |t| metadata_round_trip(t, "hello, world")).await;
+    each_client(&[], |t| metadata_round_trip(t, "hello, world")).await;
 }
 
 /// The Headers method echoes request metadata (`greeting` = `greeting`) as response headers
 /// and trailers.
 async fn metadata_round_trip(t: Transport, greeting: &str) {
     let server = serve(standard(Probe::default()), t).await;
-    let ch = server.channel().await;
+    let ch = server.client().await;
     let md = Metadata::builder()
         .text("user", "ann")
         .unwrap()
@@ -44,11 +44,7 @@ async fn metadata_round_trip(t: Transport, greeting: &str) {
         .unwrap()
         .build();
     let r = ch
-        .unary(
-            RawCodec,
-            HEADERS,
-            Request::new(bytes("x")).with_metadata(md),
-        )
+        .unary(HEADERS, Request::new(bytes("x")).with_metadata(md))
         .await
         .unwrap();
     for got in [r.metadata(), r.trailers()] {

@@ -14,22 +14,15 @@ use topspin::{Code, Config, Request, Response, Server};
 
 #[tokio::test]
 async fn server_streaming_over_every_transport() {
-    each_transport(&[], |t| async move {
+    each_client(&[], |t| async move {
         let server = serve(standard(Probe::default()), t).await;
-        let ch = server.channel().await;
-        let mut s = ch
-            .server_streaming(RawCodec, SERVER_STREAM, Request::new(bytes("100")))
-            .await
-            .unwrap()
-            .into_inner();
-        for i in 0..100 {
-            assert_eq!(
-                s.message().await.unwrap().unwrap(),
-                Bytes::from(i.to_string())
-            );
-        }
-        assert_eq!(s.message().await.unwrap(), None);
-        assert!(s.trailers().is_some());
+        let ch = server.client().await;
+        let (messages, end) = ch
+            .server_streaming(SERVER_STREAM, Request::new(bytes("100")))
+            .await;
+        let want: Vec<Bytes> = (0..100).map(|i| Bytes::from(i.to_string())).collect();
+        assert_eq!(messages, want);
+        end.expect("the stream ends OK, with trailers");
         server.stop().await;
     })
     .await;
@@ -114,16 +107,14 @@ async fn bidirectional_ping_pong() {
 
 #[tokio::test]
 async fn stream_error_status_reaches_the_client() {
-    each_transport(&[], |t| async move {
+    each_client(&[], |t| async move {
         let server = serve(standard(Probe::default()), t).await;
-        let ch = server.channel().await;
-        let mut s = ch
-            .server_streaming(RawCodec, STREAM_FAIL, bytes("1:DATA_LOSS:disk on fire"))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(s.message().await.unwrap(), Some(bytes("0")));
-        let err = s.message().await.unwrap_err();
+        let ch = server.client().await;
+        let (messages, end) = ch
+            .server_streaming(STREAM_FAIL, Request::new(bytes("1:DATA_LOSS:disk on fire")))
+            .await;
+        assert_eq!(messages, [bytes("0")]);
+        let err = end.unwrap_err();
         assert_eq!(err.code(), Code::DataLoss);
         assert_eq!(err.message(), "disk on fire");
         server.stop().await;

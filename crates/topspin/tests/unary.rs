@@ -9,11 +9,11 @@ use topspin::{Code, Request};
 
 #[tokio::test]
 async fn echo_over_every_transport() {
-    each_transport(&[], |t| async move {
+    each_client(&[], |t| async move {
         let server = serve(standard(Probe::default()), t).await;
-        let ch = server.channel().await;
+        let ch = server.client().await;
         for body in ["", "x", "hello topspin", &"z".repeat(100_000)] {
-            assert_eq!(unary(&ch, UNARY, body).await.unwrap(), bytes(body));
+            assert_eq!(ch.call(UNARY, body).await.unwrap(), bytes(body));
         }
         server.stop().await;
     })
@@ -22,18 +22,16 @@ async fn echo_over_every_transport() {
 
 #[tokio::test]
 async fn handler_errors_carry_code_message_details_and_trailers() {
-    each_transport(&[], |t| async move {
+    each_client(&[], |t| async move {
         let server = serve(standard(Probe::default()), t).await;
-        let ch = server.channel().await;
-        let err = unary(&ch, FAIL, "NOT_FOUND:no key 'apple'")
-            .await
-            .unwrap_err();
+        let ch = server.client().await;
+        let err = ch.call(FAIL, "NOT_FOUND:no key 'apple'").await.unwrap_err();
         assert_eq!(err.code(), Code::NotFound);
         assert_eq!(err.message(), "no key 'apple'");
         assert_eq!(err.details(), &Bytes::from_static(b"d"));
         assert_eq!(err.metadata().get_str("why"), Some("asked"));
         // The connection is fine afterwards.
-        assert_eq!(unary(&ch, UNARY, "ok").await.unwrap(), bytes("ok"));
+        assert_eq!(ch.call(UNARY, "ok").await.unwrap(), bytes("ok"));
         server.stop().await;
     })
     .await;
@@ -41,14 +39,14 @@ async fn handler_errors_carry_code_message_details_and_trailers() {
 
 #[tokio::test]
 async fn unknown_method_is_unimplemented_and_named() {
-    each_transport(&[], |t| async move {
+    each_client(&[], |t| async move {
         let server = serve(standard(Probe::default()), t).await;
-        let ch = server.channel().await;
-        let err = unary(&ch, "/test.Echo/Nope", "x").await.unwrap_err();
+        let ch = server.client().await;
+        let err = ch.call("/test.Echo/Nope", "x").await.unwrap_err();
         assert_eq!(err.code(), Code::Unimplemented);
         assert!(err.message().contains("/test.Echo/Nope"), "{err}");
         assert_eq!(
-            unary(&ch, UNARY, "still fine").await.unwrap(),
+            ch.call(UNARY, "still fine").await.unwrap(),
             bytes("still fine")
         );
         server.stop().await;

@@ -3,7 +3,10 @@
 #![allow(dead_code)]
 
 pub mod blocking;
+mod tonic_client;
 mod tonic_service;
+
+pub use tonic_client::Client;
 
 use bytes::Bytes;
 use futures_util::{stream, Stream, StreamExt};
@@ -70,6 +73,10 @@ pub enum Transport {
     /// A tonic server (`tests/common/tonic_service.rs`) serving the standard test service,
     /// dialled as `grpc://`: the gRPC client mode against a gRPC server no one here wrote.
     GrpcTonic,
+    /// Tonic's client against a topspin server's gRPC face (on its TCP port). Not in [`ALL`]:
+    /// tonic's client is no topspin `Channel`, so it takes part only in the cells written over
+    /// [`Client`] ([`each_client`]).
+    TonicClient,
 }
 
 /// Every transport this build has.
@@ -105,8 +112,27 @@ impl std::fmt::Display for Transport {
             Transport::Stream => "stream",
             Transport::Grpc => "grpc",
             Transport::GrpcTonic => "grpc-tonic-server",
+            Transport::TonicClient => "grpc-tonic-client",
         })
     }
+}
+
+/// [`ALL`], and tonic's client against the gRPC face ([`Transport::TonicClient`]): the
+/// entries of the cells written over [`Client`].
+pub fn clients() -> Vec<Transport> {
+    let mut all = ALL.to_vec();
+    #[cfg(feature = "grpc")]
+    all.push(Transport::TonicClient);
+    all
+}
+
+/// [`each_transport`] over [`clients`], for a cell that calls through [`TestServer::client`].
+pub async fn each_client<F, Fut>(skips: &[Skip], test: F)
+where
+    F: FnMut(Transport) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    each_of(clients(), skips, test).await
 }
 
 /// A transport a test leaves out, and why.
@@ -201,6 +227,7 @@ pub fn listen_addr(t: Transport) -> String {
         | Transport::Tls
         | Transport::Grpc
         | Transport::GrpcTonic
+        | Transport::TonicClient
         | Transport::Stream => {
             let scheme = if t == Transport::Tls { "tls" } else { "tcp" };
             format!("{scheme}://127.0.0.1:0")
@@ -274,6 +301,17 @@ impl TestServer {
             .unwrap_or_else(|e| panic!("[{}] connect: {e}", self.transport))
     }
 
+    /// A client of this server: tonic's for `TonicClient`, else a topspin channel.
+    pub async fn client(&self) -> Client {
+        if self.transport != Transport::TonicClient {
+            return Client::Topspin(self.channel().await);
+        }
+        let host_port = self.bound.strip_prefix("tcp://").expect("a TCP port");
+        Client::tonic(host_port)
+            .await
+            .unwrap_or_else(|e| panic!("[{}] connect: {e}", self.transport))
+    }
+
     /// An endpoint to dial this server with (its client TLS settings set); not for `Stream`.
     pub fn endpoint(&self) -> Endpoint {
         endpoint_for(self.transport, self.addr.clone())
@@ -285,6 +323,12 @@ impl TestServer {
         &self,
         f: impl FnOnce(Endpoint) -> Endpoint,
     ) -> Result<Channel, Status> {
+        assert!(
+            self.transport != Transport::TonicClient,
+            "[{}] tonic's client is no topspin Channel: a cell over it calls through \
+             TestServer::client",
+            self.transport
+        );
         let endpoint = f(self.endpoint());
         match &self.acceptor {
             Some(acceptor) => {

@@ -1,5 +1,6 @@
-//! Shared test fixtures: a test service with every call kind, started on any transport
-//! ([`Transport`], [`ALL`], [`serve`], [`each_transport`]).
+//! Shared test fixtures: a test service with every call kind ([`builder`], [`standard`]),
+//! started on any transport ([`Transport`], [`ALL`], [`serve`], [`each_transport`]) — or by
+//! tonic, and called by tonic's client ([`each_client`]).
 #![allow(dead_code)]
 
 pub mod blocking;
@@ -48,8 +49,10 @@ pub const GATED: &str = "/test.Echo/Gated";
 /// `Grpc` is a topspin server's gRPC face dialled by topspin's own `grpc://` client mode, so it
 /// exercises both together; `GrpcTonic` is the client mode against a tonic server serving the
 /// same test service ([`standard`]), so it takes part only where a test's server is that
-/// service. Tonic's client against the face stays in `grpc_face.rs`, and the client mode's
-/// own cases against tonic in `grpc_client.rs`.
+/// service; `TonicClient` is tonic's client against the face, not in [`ALL`] (it is no
+/// `Channel`) but in the cells written over [`Client`] ([`each_client`]). Tonic's client's
+/// own cases against the face stay in `grpc_face.rs`, and the client mode's against tonic in
+/// `grpc_client.rs`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
     /// `tcp://127.0.0.1:0`.

@@ -432,6 +432,17 @@ impl Connection {
             return Ok(());
         }
         loop {
+            // The commonest frame, a whole message on a call, goes to its handler without
+            // being built as a `Frame` and dispatched: the same checks, in the same order.
+            if self.handshake == Handshake::Established {
+                if let Some(m) = self.decoder.decode_whole_message(src) {
+                    self.on_whole_message(m, now)?;
+                    if self.closed.is_some() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
             let frame = match self.decoder.decode(src) {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),

@@ -68,6 +68,21 @@ impl FrameDecoder {
         }
     }
 
+    /// The commonest frame, a whole MESSAGE on a call, when one is complete at the front of
+    /// `src`: split off (its body by reference) without being built as a [`Frame`]. `None`
+    /// for anything else — another frame, too few bytes, a header [`FrameDecoder::decode`]
+    /// refuses — which `decode` then takes.
+    #[inline(always)]
+    pub(crate) fn decode_whole_message(&self, src: &mut BytesMut) -> Option<MessageFrame> {
+        let header = Header::parse(src.first_chunk::<HEADER_LEN>()?);
+        let total = HEADER_LEN + header.length as usize;
+        if !is_whole_message(&header) || header.length > self.max_frame_size || src.len() < total
+        {
+            return None;
+        }
+        Some(split_message(&header, src, total))
+    }
+
     /// Removes one complete frame from the front of `src` and decodes it; `Ok(None)` when more
     /// bytes are needed. Payload slices share `src`'s memory.
     #[inline]
@@ -80,18 +95,8 @@ impl FrameDecoder {
             return Ok(None);
         }
         // A whole message on a call, the commonest frame: its body is the payload.
-        if header.ty == FrameType::MESSAGE.0
-            && header.flags & FLAG_SPLIT == 0
-            && header.call_id != CallId::CONNECTION
-        {
-            let mut chunk = src.split_to(total).freeze();
-            chunk.advance(HEADER_LEN);
-            return Ok(Some(Frame::Message(MessageFrame {
-                call_id: header.call_id,
-                end_stream: header.flags & FLAG_END_STREAM != 0,
-                total_len: None,
-                chunk,
-            })));
+        if is_whole_message(&header) {
+            return Ok(Some(Frame::Message(split_message(&header, src, total))));
         }
         // Frames without a body are parsed where they lie and skipped; only a frame with a
         // body (a message, a text, metadata) is split off, its header then dropped from the
@@ -103,5 +108,26 @@ impl FrameDecoder {
         let mut payload = src.split_to(total).freeze();
         payload.advance(HEADER_LEN);
         Frame::decode(&header, payload).map(Some)
+    }
+}
+
+/// Whether a header is a whole (not split) MESSAGE's on a call.
+#[inline(always)]
+fn is_whole_message(header: &Header) -> bool {
+    header.ty == FrameType::MESSAGE.0
+        && header.flags & FLAG_SPLIT == 0
+        && header.call_id != CallId::CONNECTION
+}
+
+/// Splits a whole MESSAGE of `total` bytes (header included) off the front of `src`.
+#[inline(always)]
+fn split_message(header: &Header, src: &mut BytesMut, total: usize) -> MessageFrame {
+    let mut chunk = src.split_to(total).freeze();
+    chunk.advance(HEADER_LEN);
+    MessageFrame {
+        call_id: header.call_id,
+        end_stream: header.flags & FLAG_END_STREAM != 0,
+        total_len: None,
+        chunk,
     }
 }

@@ -432,11 +432,11 @@ impl Connection {
             return Ok(());
         }
         loop {
-            // The commonest frame, a whole message on a call, goes to its handler without
-            // being built as a `Frame` and dispatched: the same checks, in the same order.
+            // The commonest frames of a call go to their handlers without being built as a
+            // `Frame` and dispatched: the same checks, in the same order.
             if self.handshake == Handshake::Established {
-                if let Some(m) = self.decoder.decode_whole_message(src) {
-                    self.on_whole_message(m, now)?;
+                if let Some(hot) = self.decoder.decode_hot(src, self.side == Side::Server) {
+                    self.on_hot(hot, now)?;
                     if self.closed.is_some() {
                         return Ok(());
                     }

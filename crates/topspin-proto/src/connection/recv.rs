@@ -6,7 +6,8 @@ use super::flow::no_credit;
 use super::{Connection, Event, Handshake, Side};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::frame::{
-    self, CallFrame, CallId, EndFrame, Frame, FrameType, MessageFrame, HEADER_LEN, MAX_METHOD_ID,
+    self, CallFrame, CallId, EndFrame, Frame, FrameType, Hot, MessageFrame, HEADER_LEN,
+    MAX_METHOD_ID,
 };
 use crate::metadata::Metadata;
 use crate::settings::MAX_WINDOW;
@@ -293,20 +294,29 @@ impl Connection {
         }
     }
 
-    /// A whole MESSAGE, decoded by `handle_input`'s fast path once the handshake is done: as
-    /// [`Connection::on_frame`] and [`Connection::on_call_frame`] would take it (any side may
-    /// send MESSAGE).
+    /// A frame decoded by `handle_input`'s fast path once the handshake is done (a CALL only
+    /// on a server, an END only on a client: the side that may receive it): as
+    /// [`Connection::on_frame`] and [`Connection::on_call_frame`] would take it.
     #[inline(always)]
-    pub(super) fn on_whole_message(
-        &mut self,
-        m: MessageFrame,
-        now: Instant,
-    ) -> Result<(), ProtocolError> {
-        let id = m.call_id.0;
-        if !self.calls.contains(id) {
-            return self.not_open(FrameType::MESSAGE, id);
+    pub(super) fn on_hot(&mut self, hot: Hot, now: Instant) -> Result<(), ProtocolError> {
+        match hot {
+            Hot::Message(m) => {
+                let id = m.call_id.0;
+                if !self.calls.contains(id) {
+                    return self.not_open(FrameType::MESSAGE, id);
+                }
+                self.on_message(id, m, now)
+            }
+            Hot::Call(c) => self.on_call(c, now),
+            Hot::End(e) => {
+                let id = e.call_id.0;
+                if !self.calls.contains(id) {
+                    return self.not_open(FrameType::END, id);
+                }
+                self.on_end(id, e);
+                Ok(())
+            }
         }
-        self.on_message(id, m, now)
     }
 
     /// A frame of a call that is not open: ignored if it crossed the call's end on the wire,

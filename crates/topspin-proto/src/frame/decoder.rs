@@ -1,7 +1,8 @@
 //! Splits frames off a receive buffer, by reference.
 
 use super::{
-    CallId, Frame, FrameType, Header, MessageFrame, FLAG_END_STREAM, FLAG_SPLIT, HEADER_LEN,
+    CallFrame, CallId, EndFrame, Frame, FrameType, Header, MessageFrame, FLAG_END_STREAM,
+    FLAG_SPLIT, HEADER_LEN,
 };
 use crate::error::{ErrorCode, ProtocolError};
 use bytes::{Buf, BytesMut};
@@ -68,19 +69,35 @@ impl FrameDecoder {
         }
     }
 
-    /// The commonest frame, a whole MESSAGE on a call, when one is complete at the front of
-    /// `src`: split off (its body by reference) without being built as a [`Frame`]. `None`
-    /// for anything else — another frame, too few bytes, a header [`FrameDecoder::decode`]
-    /// refuses — which `decode` then takes.
+    /// The commonest frames of a call, when one is complete at the front of `src`: a whole
+    /// MESSAGE (its body split off by reference), and — on the side that receives them
+    /// (`server`: CALL, else END) — a CALL of an interned method or an END with no texts and
+    /// no metadata, parsed in place; each taken off `src` without being built as a [`Frame`].
+    /// `None` for anything else (another frame, too few bytes, a header or call id
+    /// [`FrameDecoder::decode`] refuses), which `decode` then takes: same checks, same fields.
     #[inline(always)]
-    pub(crate) fn decode_whole_message(&self, src: &mut BytesMut) -> Option<MessageFrame> {
+    pub(crate) fn decode_hot(&self, src: &mut BytesMut, server: bool) -> Option<Hot> {
         let header = Header::parse(src.first_chunk::<HEADER_LEN>()?);
         let total = HEADER_LEN + header.length as usize;
-        if !is_whole_message(&header) || header.length > self.max_frame_size || src.len() < total
-        {
+        if header.length > self.max_frame_size || src.len() < total {
             return None;
         }
-        Some(split_message(&header, src, total))
+        if is_whole_message(&header) {
+            return Some(Hot::Message(split_message(&header, src, total)));
+        }
+        if header.call_id == CallId::CONNECTION {
+            return None;
+        }
+        let payload = &src[HEADER_LEN..total];
+        let hot = match FrameType(header.ty) {
+            FrameType::CALL if server => Hot::Call(super::call::decode_bare(&header, payload)?),
+            FrameType::END if !server => {
+                Hot::End(super::response::decode_bare_end(&header, payload)?)
+            }
+            _ => return None,
+        };
+        src.advance(total);
+        Some(hot)
     }
 
     /// Removes one complete frame from the front of `src` and decodes it; `Ok(None)` when more
@@ -109,6 +126,16 @@ impl FrameDecoder {
         payload.advance(HEADER_LEN);
         Frame::decode(&header, payload).map(Some)
     }
+}
+
+/// A frame [`FrameDecoder::decode_hot`] takes off the receive buffer.
+pub(crate) enum Hot {
+    /// A whole MESSAGE on a call.
+    Message(MessageFrame),
+    /// A CALL of an interned method, with no metadata.
+    Call(CallFrame),
+    /// An END with no status message and no trailers.
+    End(EndFrame),
 }
 
 /// Whether a header is a whole (not split) MESSAGE's on a call.

@@ -148,35 +148,13 @@ where
             }
             return Ok(Bytes::from(buf));
         }
-        // Small messages are encoded into a per-thread buffer and split off it: once the
-        // messages sent earlier are dropped, `reserve` reclaims the buffer in place, so steady
-        // state allocates nothing per message.
-        ENCODE_BUF.with(|b| {
-            let mut buf = b.borrow_mut();
-            if buf.capacity() < len {
-                buf.reserve(len.max(ENCODE_POOL_CHUNK));
-            }
-            // Zeroed first, then written through a plain slice: prost writes varints a byte
-            // at a time, and a slice's `put_u8` is a store where `BytesMut`'s checks its
-            // capacity and length every time (~40 instructions per field on a small message).
-            // (`len` is prost's own `encoded_len`, which its `encode_raw` writes exactly.)
-            let start = buf.len();
-            buf.resize(start + len, 0);
-            let mut out: &mut [u8] = &mut buf[start..];
-            item.encode_raw(&mut out);
-            if !out.is_empty() {
-                let missing = out.len();
-                buf.clear();
-                return Err(short(missing, len));
-            }
-            Ok(buf.split().freeze())
-        })
+        encode_pooled(&item, len)
     }
 
     fn encode_payload(&self, item: E) -> Result<Payload, Status> {
         let len = item.encoded_len();
         if len <= ENCODE_POOL_MAX {
-            return self.encode(item).map(Payload::from);
+            return encode_pooled(&item, len).map(Payload::from);
         }
         // Room for all of it (`len` is our own message's encoded length, not a peer's number):
         // whatever goes by reference leaves its part of the allocation
@@ -204,6 +182,34 @@ where
             ))
         })
     }
+}
+
+/// A small message (`len`, its `encoded_len`, at most [`ENCODE_POOL_MAX`]) encoded into a
+/// per-thread buffer and split off it: once the messages sent earlier are dropped, `reserve`
+/// reclaims the buffer in place, so steady state allocates nothing per message.
+#[cfg(feature = "prost")]
+#[inline]
+fn encode_pooled<E: prost::Message>(item: &E, len: usize) -> Result<Bytes, Status> {
+    ENCODE_BUF.with(|b| {
+        let mut buf = b.borrow_mut();
+        if buf.capacity() < len {
+            buf.reserve(len.max(ENCODE_POOL_CHUNK));
+        }
+        // Zeroed first, then written through a plain slice: prost writes varints a byte at a
+        // time, and a slice's `put_u8` is a store where `BytesMut`'s checks its capacity and
+        // length every time (~40 instructions per field on a small message). (`len` is
+        // prost's own `encoded_len`, which its `encode_raw` writes exactly.)
+        let start = buf.len();
+        buf.resize(start + len, 0);
+        let mut out: &mut [u8] = &mut buf[start..];
+        item.encode_raw(&mut out);
+        if !out.is_empty() {
+            let missing = out.len();
+            buf.clear();
+            return Err(short(missing, len));
+        }
+        Ok(buf.split().freeze())
+    })
 }
 
 /// A [`BufMut`] that builds a [`Payload`]: prost writes a `Bytes` field with

@@ -432,6 +432,17 @@ impl Connection {
             return Ok(());
         }
         loop {
+            // The commonest frames of a call go to their handlers without being built as a
+            // `Frame` and dispatched: the same checks, in the same order.
+            if self.handshake == Handshake::Established {
+                if let Some(hot) = self.decoder.decode_hot(src, self.side == Side::Server) {
+                    self.on_hot(hot, now)?;
+                    if self.closed.is_some() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
             let frame = match self.decoder.decode(src) {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),

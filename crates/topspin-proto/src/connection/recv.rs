@@ -6,7 +6,8 @@ use super::flow::no_credit;
 use super::{Connection, Event, Handshake, Side};
 use crate::error::{ErrorCode, ProtocolError};
 use crate::frame::{
-    self, CallFrame, CallId, EndFrame, Frame, FrameType, MessageFrame, HEADER_LEN, MAX_METHOD_ID,
+    self, CallFrame, CallId, EndFrame, Frame, FrameType, Hot, MessageFrame, HEADER_LEN,
+    MAX_METHOD_ID,
 };
 use crate::metadata::Metadata;
 use crate::settings::MAX_WINDOW;
@@ -276,18 +277,7 @@ impl Connection {
     fn on_call_frame(&mut self, frame: Frame, now: Instant) -> Result<(), ProtocolError> {
         let id = frame.call_id().0;
         if !self.calls.contains(id) {
-            if id <= self.highest {
-                return Ok(()); // crossed an END or CANCEL on the wire (protocol.md §6)
-            }
-            let e = ProtocolError::new(
-                ErrorCode::UNKNOWN_CALL,
-                format!(
-                    "{} frame for call id {id}, which was never opened (highest so far: {})",
-                    frame.frame_type().name(),
-                    self.highest
-                ),
-            );
-            return Err(self.fail(e, true));
+            return self.not_open(frame.frame_type(), id);
         }
         match frame {
             Frame::Message(m) => self.on_message(id, m, now),
@@ -302,6 +292,49 @@ impl Connection {
             Frame::Credit { increment, .. } => self.on_credit(id, increment),
             _ => Ok(()),
         }
+    }
+
+    /// A frame decoded by `handle_input`'s fast path once the handshake is done (a CALL only
+    /// on a server, an END only on a client: the side that may receive it): as
+    /// [`Connection::on_frame`] and [`Connection::on_call_frame`] would take it.
+    #[inline(always)]
+    pub(super) fn on_hot(&mut self, hot: Hot, now: Instant) -> Result<(), ProtocolError> {
+        match hot {
+            Hot::Message(m) => {
+                let id = m.call_id.0;
+                if !self.calls.contains(id) {
+                    return self.not_open(FrameType::MESSAGE, id);
+                }
+                self.on_message(id, m, now)
+            }
+            Hot::Call(c) => self.on_call(c, now),
+            Hot::End(e) => {
+                let id = e.call_id.0;
+                if !self.calls.contains(id) {
+                    return self.not_open(FrameType::END, id);
+                }
+                self.on_end(id, e);
+                Ok(())
+            }
+        }
+    }
+
+    /// A frame of a call that is not open: ignored if it crossed the call's end on the wire,
+    /// an error if the call never existed (protocol.md §6).
+    #[cold]
+    fn not_open(&mut self, ty: FrameType, id: u32) -> Result<(), ProtocolError> {
+        if id <= self.highest {
+            return Ok(()); // crossed an END or CANCEL on the wire (protocol.md §6)
+        }
+        let e = ProtocolError::new(
+            ErrorCode::UNKNOWN_CALL,
+            format!(
+                "{} frame for call id {id}, which was never opened (highest so far: {})",
+                ty.name(),
+                self.highest
+            ),
+        );
+        Err(self.fail(e, true))
     }
 
     /// MESSAGE (protocol.md §5.4): a whole message, or the first chunk of a split one.

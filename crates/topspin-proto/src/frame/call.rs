@@ -106,7 +106,7 @@ pub(crate) fn write_call(
 /// is interned), decoded from the receive buffer in place; `None` for any other shape, which
 /// [`decode`] handles. Same checks, same frame.
 #[inline]
-pub(super) fn decode_bare(header: &Header, payload: &[u8]) -> Option<Frame> {
+pub(super) fn decode_bare(header: &Header, payload: &[u8]) -> Option<CallFrame> {
     if header.flags & FLAG_NAMED != 0 {
         return None;
     }
@@ -115,14 +115,14 @@ pub(super) fn decode_bare(header: &Header, payload: &[u8]) -> Option<Frame> {
         return None;
     }
     let [f0, f1, codec, _, t @ ..] = *b.first_chunk::<CALL_FIXED_LEN>()?;
-    Some(Frame::Call(CallFrame {
+    Some(CallFrame {
         call_id: header.call_id,
         method_id: u16::from_le_bytes([f0, f1]),
         method_name: None,
         codec,
         timeout_us: u64::from_le_bytes(t),
         metadata: Metadata::new(),
-    }))
+    })
 }
 
 #[inline]

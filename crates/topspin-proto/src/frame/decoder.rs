@@ -1,7 +1,8 @@
 //! Splits frames off a receive buffer, by reference.
 
 use super::{
-    CallId, Frame, FrameType, Header, MessageFrame, FLAG_END_STREAM, FLAG_SPLIT, HEADER_LEN,
+    CallFrame, CallId, EndFrame, Frame, FrameType, Header, MessageFrame, FLAG_END_STREAM,
+    FLAG_SPLIT, HEADER_LEN,
 };
 use crate::error::{ErrorCode, ProtocolError};
 use bytes::{Buf, BytesMut};
@@ -68,6 +69,37 @@ impl FrameDecoder {
         }
     }
 
+    /// The commonest frames of a call, when one is complete at the front of `src`: a whole
+    /// MESSAGE (its body split off by reference), and — on the side that receives them
+    /// (`server`: CALL, else END) — a CALL of an interned method or an END with no texts and
+    /// no metadata, parsed in place; each taken off `src` without being built as a [`Frame`].
+    /// `None` for anything else (another frame, too few bytes, a header or call id
+    /// [`FrameDecoder::decode`] refuses), which `decode` then takes: same checks, same fields.
+    #[inline(always)]
+    pub(crate) fn decode_hot(&self, src: &mut BytesMut, server: bool) -> Option<Hot> {
+        let header = Header::parse(src.first_chunk::<HEADER_LEN>()?);
+        let total = HEADER_LEN + header.length as usize;
+        if header.length > self.max_frame_size || src.len() < total {
+            return None;
+        }
+        if is_whole_message(&header) {
+            return Some(Hot::Message(split_message(&header, src, total)));
+        }
+        if header.call_id == CallId::CONNECTION {
+            return None;
+        }
+        let payload = &src[HEADER_LEN..total];
+        let hot = match FrameType(header.ty) {
+            FrameType::CALL if server => Hot::Call(super::call::decode_bare(&header, payload)?),
+            FrameType::END if !server => {
+                Hot::End(super::response::decode_bare_end(&header, payload)?)
+            }
+            _ => return None,
+        };
+        src.advance(total);
+        Some(hot)
+    }
+
     /// Removes one complete frame from the front of `src` and decodes it; `Ok(None)` when more
     /// bytes are needed. Payload slices share `src`'s memory.
     #[inline]
@@ -80,18 +112,8 @@ impl FrameDecoder {
             return Ok(None);
         }
         // A whole message on a call, the commonest frame: its body is the payload.
-        if header.ty == FrameType::MESSAGE.0
-            && header.flags & FLAG_SPLIT == 0
-            && header.call_id != CallId::CONNECTION
-        {
-            let mut chunk = src.split_to(total).freeze();
-            chunk.advance(HEADER_LEN);
-            return Ok(Some(Frame::Message(MessageFrame {
-                call_id: header.call_id,
-                end_stream: header.flags & FLAG_END_STREAM != 0,
-                total_len: None,
-                chunk,
-            })));
+        if is_whole_message(&header) {
+            return Ok(Some(Frame::Message(split_message(&header, src, total))));
         }
         // Frames without a body are parsed where they lie and skipped; only a frame with a
         // body (a message, a text, metadata) is split off, its header then dropped from the
@@ -103,5 +125,36 @@ impl FrameDecoder {
         let mut payload = src.split_to(total).freeze();
         payload.advance(HEADER_LEN);
         Frame::decode(&header, payload).map(Some)
+    }
+}
+
+/// A frame [`FrameDecoder::decode_hot`] takes off the receive buffer.
+pub(crate) enum Hot {
+    /// A whole MESSAGE on a call.
+    Message(MessageFrame),
+    /// A CALL of an interned method, with no metadata.
+    Call(CallFrame),
+    /// An END with no status message and no trailers.
+    End(EndFrame),
+}
+
+/// Whether a header is a whole (not split) MESSAGE's on a call.
+#[inline(always)]
+fn is_whole_message(header: &Header) -> bool {
+    header.ty == FrameType::MESSAGE.0
+        && header.flags & FLAG_SPLIT == 0
+        && header.call_id != CallId::CONNECTION
+}
+
+/// Splits a whole MESSAGE of `total` bytes (header included) off the front of `src`.
+#[inline(always)]
+fn split_message(header: &Header, src: &mut BytesMut, total: usize) -> MessageFrame {
+    let mut chunk = src.split_to(total).freeze();
+    chunk.advance(HEADER_LEN);
+    MessageFrame {
+        call_id: header.call_id,
+        end_stream: header.flags & FLAG_END_STREAM != 0,
+        total_len: None,
+        chunk,
     }
 }

@@ -22,6 +22,7 @@ pub use connection::{
 };
 pub use control::{encode_cancel, encode_credit, encode_half_close};
 pub use decoder::FrameDecoder;
+pub(crate) use decoder::Hot;
 pub use header::{CallId, Header, HEADER_LEN};
 pub use message::{encode_continuation_head, encode_message_head, MessageFrame};
 pub use response::{encode_end, encode_headers, end_len, EndFrame, END_FIXED_LEN};
@@ -348,8 +349,8 @@ impl Frame {
     ) -> Option<Result<Frame, ProtocolError>> {
         let ty = FrameType(header.ty);
         let frame = match ty {
-            FrameType::CALL => call::decode_bare(header, payload),
-            FrameType::END => response::decode_bare_end(header, payload),
+            FrameType::CALL => call::decode_bare(header, payload).map(Frame::Call),
+            FrameType::END => response::decode_bare_end(header, payload).map(Frame::End),
             FrameType::HEADERS if payload == [0, 0] => Some(Frame::Headers {
                 call_id: header.call_id,
                 metadata: Metadata::new(),

@@ -104,16 +104,16 @@ pub(super) fn decode_headers(header: &Header, payload: Bytes) -> Result<Frame, P
 /// An END with no message and no trailers (the usual OK), decoded from the receive buffer in
 /// place; `None` for any other shape, which [`decode_end`] handles. Same checks, same frame.
 #[inline]
-pub(super) fn decode_bare_end(header: &Header, payload: &[u8]) -> Option<Frame> {
+pub(super) fn decode_bare_end(header: &Header, payload: &[u8]) -> Option<EndFrame> {
     let [c0, c1, 0, 0, 0, 0] = *<&[u8; END_FIXED_LEN + 2]>::try_from(payload).ok()? else {
         return None;
     };
-    Some(Frame::End(EndFrame {
+    Some(EndFrame {
         call_id: header.call_id,
         code: Code::from_u16(u16::from_le_bytes([c0, c1])),
         message: ByteString::new(),
         trailers: Metadata::new(),
-    }))
+    })
 }
 
 #[inline]

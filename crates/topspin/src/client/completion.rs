@@ -153,8 +153,7 @@ impl<T> Waiter<T> {
             }
         };
         if let Some(slot) = self.slot.take() {
-            let pool = self.pool.clone();
-            pool.recycle(slot);
+            self.pool.recycle(slot);
         }
         Poll::Ready(out)
     }

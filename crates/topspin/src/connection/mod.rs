@@ -350,7 +350,9 @@ impl<R: Role, T: Transport> Driver<R, T> {
             }
         }
         self.report();
-        if !task_needed && waiting() {
+        // (Whether the call still waits takes its completion's lock: asked only when the spin
+        // is on at all.)
+        if !task_needed && spin::enabled() && waiting() {
             // As the task would: stay on the CPU a moment rather than sleep.
             self.spin.before_wait(progressed || first, cx);
         }

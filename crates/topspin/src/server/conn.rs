@@ -169,23 +169,25 @@ impl Role for ServerRole {
                     return Poll::Ready(());
                 }
             }
-            if let Poll::Ready(Some(cmd)) = self.rx.poll_recv(cx) {
-                // What else is queued goes in the same write, up to the send buffer's room:
-                // counted from before the first command, so that at most one message goes
-                // past it (a handler on another thread may queue its next message while
-                // this batch is applied).
-                let base = conn.transmit_len();
-                self.apply(cmd, conn);
-                for _ in 0..COMMANDS_PER_TURN {
-                    if conn.transmit_len().saturating_sub(base) >= room {
-                        break;
+            if self.commands_possible() {
+                if let Poll::Ready(Some(cmd)) = self.rx.poll_recv(cx) {
+                    // What else is queued goes in the same write, up to the send buffer's room:
+                    // counted from before the first command, so that at most one message goes
+                    // past it (a handler on another thread may queue its next message while
+                    // this batch is applied).
+                    let base = conn.transmit_len();
+                    self.apply(cmd, conn);
+                    for _ in 0..COMMANDS_PER_TURN {
+                        if conn.transmit_len().saturating_sub(base) >= room {
+                            break;
+                        }
+                        match self.rx.try_recv() {
+                            Ok(cmd) => self.apply(cmd, conn),
+                            Err(_) => break,
+                        }
                     }
-                    match self.rx.try_recv() {
-                        Ok(cmd) => self.apply(cmd, conn),
-                        Err(_) => break,
-                    }
+                    return Poll::Ready(());
                 }
-                return Poll::Ready(());
             }
         }
         if self.grace_deadline.is_none() && self.shutdown_signalled(cx) {
@@ -255,6 +257,18 @@ impl Role for ServerRole {
 }
 
 impl ServerRole {
+    /// Whether a command can be waiting or arrive: `false` while nothing is queued and no
+    /// handler holds a clone of `tx` (a response stream's sender, a request stream's credit
+    /// return). Until this task clones it again nothing can be sent, so the receiver needs no
+    /// poll (nor the waker it registers): the idle turn of every unary call saves that poll.
+    #[inline]
+    fn commands_possible(&self) -> bool {
+        // `tx` is ours for the role's lifetime: a count of 1 is ours alone. A sender that
+        // sent and then dropped its clone is seen with its message (the count is read with
+        // acquire ordering), so the queue is looked at once no other sender is left.
+        self.rx.sender_strong_count() > 1 || !self.rx.is_empty()
+    }
+
     /// Whether the server began shutting down; registers the task's waker otherwise.
     ///
     /// Fast path: the signal is polled (its waker put in the token's waiter list, a lock and a

@@ -139,7 +139,7 @@ func (ss *ServerStream) queue(msg []byte, end bool, reserved int) error {
 		err := c.eng.SendMessage(ss.s.id, msg, false)
 		if err == nil {
 			if end {
-				ss.endLocked(OK, "", nil)
+				ss.endLocked(OK, "", nil, nil)
 				ss.cancelLocked(context.Canceled)
 			}
 			c.sendLocked()

@@ -162,11 +162,11 @@ func (s *Server) run(ss *ServerStream, h Handler) {
 	err := callHandler(h, ss)
 	ss.releaseHeld()
 	if err == nil {
-		ss.endWith(OK, "", nil, context.Canceled)
+		ss.endWith(OK, "", nil, nil, context.Canceled)
 		return
 	}
 	st := StatusOf(err)
-	ss.endWith(st.Code, st.Message, st.Trailers, context.Canceled)
+	ss.endWith(st.Code, st.Message, st.Trailers, st.Headers, context.Canceled)
 }
 
 // UnaryRaw adapts a function of one encoded request to one encoded response. The server's

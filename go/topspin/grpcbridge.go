@@ -258,6 +258,11 @@ func (g *grpcCall) finish(err error) error {
 	if st == nil || st.Code == OK {
 		return nil
 	}
+	if len(st.Headers) > 0 {
+		// A failing status's headers (protocol.md §5.4): grpc-go sends headers set and not
+		// sent yet in a HEADERS frame before the trailers (no trailers-only response).
+		g.setHeader(st.Headers)
+	}
 	gst := status.New(codes.Code(st.Code), st.Message)
 	if details != nil {
 		p := new(spb.Status)

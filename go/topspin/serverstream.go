@@ -106,24 +106,32 @@ func (ss *ServerStream) cancelLocked(err error) {
 }
 
 func (ss *ServerStream) deadlineFired() {
-	ss.endWith(DeadlineExceeded, "deadline exceeded", nil, context.DeadlineExceeded)
+	ss.endWith(DeadlineExceeded, "deadline exceeded", nil, nil, context.DeadlineExceeded)
 }
 
-// endWith sends END (if the call is still open) and ends the context with cause.
-func (ss *ServerStream) endWith(code Code, msg string, trailers Metadata, cause error) {
+// endWith sends END (if the call is still open) and ends the context with cause; headers
+// (a failing status's) go before it as endLocked says.
+func (ss *ServerStream) endWith(code Code, msg string, trailers, headers Metadata, cause error) {
 	c := ss.s.c
 	c.mu.Lock()
-	ss.endLocked(code, msg, trailers)
+	ss.endLocked(code, msg, trailers, headers)
 	ss.cancelLocked(cause)
 	c.sendLocked()
 }
 
-// endLocked queues END if the call is still open (under mu).
-func (ss *ServerStream) endLocked(code Code, msg string, trailers Metadata) {
+// endLocked queues END if the call is still open (under mu). The headers set and not sent
+// yet, and a failing status's headers after them, go first in a HEADERS frame, unless the
+// call sent its headers already or they are over the client's metadata limit: then the END
+// goes alone (protocol.md §5.4, as the Rust server).
+func (ss *ServerStream) endLocked(code Code, msg string, trailers, headers Metadata) {
 	if ss.s.ended {
 		return
 	}
 	c := ss.s.c
+	if len(headers) > 0 {
+		ss.header = append(ss.header[:len(ss.header):len(ss.header)], headers...)
+		ss.hdrSet = true
+	}
 	if ss.hdrSet {
 		_ = c.eng.SendHeaders(ss.s.id, ss.header)
 		ss.hdrSet = false
@@ -226,7 +234,7 @@ func (ss *ServerStream) Recv() ([]byte, error) {
 				ss.held.Add(charged)
 				if err != nil {
 					st := StatusOf(err)
-					ss.endWith(st.Code, st.Message, nil, context.Canceled)
+					ss.endWith(st.Code, st.Message, nil, nil, context.Canceled)
 					return nil, st
 				}
 				msg = dec

@@ -44,12 +44,28 @@ func MD(kv ...string) Metadata {
 	return md
 }
 
-// Status is the error of a call that did not end with OK: a code, a message and the
-// trailers the server sent with it.
+// Status is the error of a call that did not end with OK: a code, a message, the trailers
+// the server sent with it and the response headers that came before it.
+//
+// Headers (protocol.md §5.4): on the client, the response headers the server sent before the
+// failing END (empty if it sent none, or for errors of the client's own); on the server, a
+// handler that returns a *Status with Headers set fails the call with those response headers
+// (after any SetHeader added): they go in a HEADERS frame before the END if the call has sent
+// no headers yet and they fit the client's metadata limit; otherwise the END goes alone.
+//
+//	return nil, &topspin.Status{Code: topspin.Unavailable, Message: "draining",
+//		Headers: topspin.MD("retry-after", "5")}
+//
+// and on the client:
+//
+//	if st := topspin.StatusOf(err); st != nil {
+//		retry, _ := st.Headers.Get("retry-after")
+//	}
 type Status struct {
 	Code     Code
 	Message  string
 	Trailers Metadata
+	Headers  Metadata
 }
 
 func (s *Status) Error() string {

@@ -29,9 +29,10 @@ func (s *stream) init(rnote chan struct{}) {
 	s.recvq, s.costs = s.qbuf[:0], s.cbuf[:0]
 }
 
-// status is the call's end as an error (nil for OK).
+// status is the call's end as an error, with the response headers that came before it
+// (client; protocol.md §5.4).
 func (s *stream) status() *Status {
-	return &Status{Code: s.code, Message: s.msg, Trailers: s.trailers}
+	return &Status{Code: s.code, Message: s.msg, Trailers: s.trailers, Headers: s.headers}
 }
 
 func (s *stream) setEnd(code Code, msg string, trailers Metadata) {

@@ -232,7 +232,8 @@ export class ClientCall {
           this.opts.onTrailer?.(e.trailers);
           this.finish(null);
         } else {
-          this.finish(new TopspinError(e.code, e.message, [...this.headers, ...e.trailers]));
+          // The response headers that came before the failing END stay with it (§5.4).
+          this.finish(new TopspinError(e.code, e.message, e.trailers, { headers: this.headers }));
         }
         break;
       case "Writable":
@@ -282,7 +283,7 @@ export class ClientCall {
       this.live.engine.cancel(this.id, code);
       this.live.driver.pump();
     }
-    this.finish(new TopspinError(code, message, this.headers));
+    this.finish(new TopspinError(code, message, [], { headers: this.headers }));
   }
 
   /** Sends one request message; waits for send credit. */

@@ -62,7 +62,7 @@ export interface InterceptorResponseCommon {
   readonly header: Metadata;
   /**
    * Trailers. Client: added to this array once the response (stream) has been read to its end
-   * (a failed call's are in its `TopspinError.metadata`). Server: the
+   * (a failed call's are in its `TopspinError.trailers`). Server: the
    * handler's `ctx.responseTrailers`, which an interceptor may add to until the status is sent.
    */
   readonly trailer: Metadata;

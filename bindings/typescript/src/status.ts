@@ -28,9 +28,29 @@ export enum Code {
 /** The trailer key that carries a status's binary details (§5.1). */
 export const DETAILS_KEY = "topspin-status-details-bin";
 
+/** What a {@link TopspinError} carries besides its code, message and trailers. */
+export interface TopspinErrorOptions {
+  /** Binary status details; by default those of the `topspin-status-details-bin` trailer. */
+  details?: Uint8Array;
+  /** Response headers (§5.4): those that came before the failing END, or those to send with it. */
+  headers?: Metadata;
+}
+
 /**
  * A call that did not end with `OK`: `code` (§11), `message` for people, `details` (the bytes of
- * `topspin-status-details-bin`, if any) and `metadata` (the response headers and trailers).
+ * `topspin-status-details-bin`, if any), the response `headers` that came before the failing END
+ * (§5.4), the `trailers`, and `metadata` (both: headers followed by trailers).
+ *
+ * A handler that throws one with `headers` fails its call with those response headers: the
+ * server sends them (after the `ctx.responseHeaders` set so far) in a HEADERS frame before the
+ * END, if the call sent no headers yet and they fit the client's metadata limit; otherwise the
+ * END goes alone.
+ *
+ * ```ts
+ * throw new TopspinError(Code.UNAVAILABLE, "draining", [], { headers: [{ key: "retry-after", value: "5" }] });
+ * // the client:
+ * catch (e) { if (e instanceof TopspinError) console.log(e.headers, e.trailers); }
+ * ```
  */
 export class TopspinError extends Error {
   /** The status code. */
@@ -39,16 +59,27 @@ export class TopspinError extends Error {
   readonly rawMessage: string;
   /** Binary status details (`topspin-status-details-bin`), or undefined. */
   readonly details: Uint8Array | undefined;
+  /** Response headers: received before the END (client), or to send before it (server). */
+  readonly headers: Metadata;
+  /** Trailers: received with the END (client), or to send with it (server). */
+  readonly trailers: Metadata;
   /** Response headers followed by trailers. */
   readonly metadata: Metadata;
 
-  constructor(code: Code, message: string, metadata: Metadata = [], details?: Uint8Array) {
+  /**
+   * `trailers`: the status's trailers. The fourth argument is the details, or
+   * {@link TopspinErrorOptions} (details and response headers).
+   */
+  constructor(code: Code, message: string, trailers: Metadata = [], options?: Uint8Array | TopspinErrorOptions) {
     super(`[${Code[code] ?? code}] ${message}`);
     this.name = "TopspinError";
     this.code = code;
     this.rawMessage = message;
-    this.metadata = metadata;
-    const d = details ?? metadata.find((e) => e.key === DETAILS_KEY)?.value;
+    const opts: TopspinErrorOptions = options instanceof Uint8Array ? { details: options } : (options ?? {});
+    this.headers = opts.headers ?? [];
+    this.trailers = trailers;
+    this.metadata = this.headers.length === 0 ? trailers : [...this.headers, ...trailers];
+    const d = opts.details ?? trailers.find((e) => e.key === DETAILS_KEY)?.value;
     this.details = d instanceof Uint8Array ? d : undefined;
   }
 

@@ -83,7 +83,7 @@ export function toGrpcMetadata(g: typeof grpc, md: Metadata): grpc.Metadata {
 /** The status a thrown value ends a gRPC call with. */
 function grpcStatus(g: typeof grpc, err: unknown, trailers: Metadata): grpc.ServerErrorResponse {
   const t = TopspinError.from(err);
-  const md: Metadata = [...trailers, ...t.metadata.filter((e) => e.key !== DETAILS_KEY && e.key !== GRPC_DETAILS_KEY)];
+  const md: Metadata = [...trailers, ...t.trailers.filter((e) => e.key !== DETAILS_KEY && e.key !== GRPC_DETAILS_KEY)];
   if (t.details !== undefined) md.push({ key: GRPC_DETAILS_KEY, value: t.details });
   const code = t.code === Code.OK ? Code.UNKNOWN : t.code;
   const e: grpc.ServerErrorResponse = Object.assign(new Error(t.rawMessage), { details: t.rawMessage, metadata: toGrpcMetadata(g, md) });
@@ -123,11 +123,16 @@ class CallState {
     if (!this.abort.signal.aborted) this.abort.abort(why);
   }
 
-  /** Sends the response headers the handler set, once, before the first message or the status. */
-  sendHeaders(): void {
+  /**
+   * Sends the response headers the handler set, once, before the first message or the status;
+   * `failure` (a thrown error) adds its own headers (§5.4: HEADERS, then the trailers).
+   */
+  sendHeaders(failure?: unknown): void {
     if (this.headersSent) return;
     this.headersSent = true;
-    if (this.ctx.responseHeaders.length > 0) this.call.sendMetadata(toGrpcMetadata(this.env.grpc, this.ctx.responseHeaders));
+    const extra = failure instanceof TopspinError ? failure.headers : [];
+    const md = extra.length === 0 ? this.ctx.responseHeaders : [...this.ctx.responseHeaders, ...extra];
+    if (md.length > 0) this.call.sendMetadata(toGrpcMetadata(this.env.grpc, md));
   }
 
   /** Holds a large request message in the memory budget (released by {@link CallState.release}). */
@@ -251,7 +256,7 @@ function singleResponse(env: GrpcCallEnv, route: Route, method: string): grpc.ha
     run().then(
       () => st.done(),
       (err: unknown) => {
-        st.sendHeaders();
+        st.sendHeaders(err);
         callback(st.error(err));
         st.done();
       },
@@ -291,7 +296,7 @@ function streamResponse(env: GrpcCallEnv, route: Route, method: string): grpc.ha
       },
       (err: unknown) => {
         if (!call.cancelled) {
-          st.sendHeaders();
+          st.sendHeaders(err);
           call.emit("error", st.error(err));
         }
         st.done();

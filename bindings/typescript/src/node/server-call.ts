@@ -39,8 +39,12 @@ export interface CallSetup {
 
 /** @internal How a handler's call reads and writes. */
 export interface CallIO {
-  /** Sends the response headers once (with `topspin-encoding` when responses are compressed). */
-  sendHeaders(): void;
+  /**
+   * Sends the response headers once (with `topspin-encoding` when responses are compressed),
+   * followed by `extra` (a failing status's headers, §5.4). Throws `RESOURCE_EXHAUSTED` when
+   * they are over the client's limit (nothing sent).
+   */
+  sendHeaders(extra?: Metadata): void;
   /** The decoded request messages; each one taken gives its credit back. */
   inputs: AsyncGenerator<unknown>;
   /** Sends one response message, waiting for room and credit. */
@@ -78,11 +82,12 @@ export function callIO(engine: Connection, driver: Driver, call: ServerCall, set
   const { route, reqDecoder, respEncoder, ours } = setup;
   const limit = engine.local.maxMessageSize;
   let headersSent = false;
-  const sendHeaders = (): void => {
+  const sendHeaders = (extra: Metadata = []): void => {
     if (headersSent) return;
     headersSent = true;
-    if (respEncoder !== null && ours !== undefined) engine.sendHeaders(call.id, [...ctx.responseHeaders, { key: ENCODING_KEY, value: ours }]);
-    else if (ctx.responseHeaders.length > 0) engine.sendHeaders(call.id, ctx.responseHeaders);
+    const md = extra.length === 0 ? ctx.responseHeaders : [...ctx.responseHeaders, ...extra];
+    if (respEncoder !== null && ours !== undefined) engine.sendHeaders(call.id, [...md, { key: ENCODING_KEY, value: ours }]);
+    else if (md.length > 0) engine.sendHeaders(call.id, md);
   };
   const inputs = (async function* () {
     for (;;) {

@@ -811,14 +811,22 @@ export class Server {
     return deadline;
   }
 
-  /** The handler returned (`err` null: OK with the trailers) or threw `err`: END with its status. */
+  /**
+   * The handler returned (`err` null: OK with the trailers) or threw `err`: END with its status,
+   * after the response headers not sent yet and the error's own (§5.4) — unless they are over the
+   * client's limit: then the END goes alone, as the Rust server's.
+   */
   private endCall(c: ServerConn, call: ServerCall, io: CallIO, ctx: HandlerContext, err: TopspinError | null): void {
     if (call.done) return;
-    io.sendHeaders();
+    try {
+      io.sendHeaders(err?.headers);
+    } catch {
+      // over the client's metadata limit: not sent
+    }
     if (err === null) c.engine.endCall(call.id, Code.OK, "", ctx.responseTrailers);
     else {
-      const details = err.details !== undefined && !err.metadata.some((m) => m.key === DETAILS_KEY) ? [{ key: DETAILS_KEY, value: err.details }] : [];
-      c.engine.endCall(call.id, err.code === Code.OK ? Code.UNKNOWN : err.code, err.rawMessage, [...ctx.responseTrailers, ...err.metadata, ...details]);
+      const details = err.details !== undefined && !err.trailers.some((m) => m.key === DETAILS_KEY) ? [{ key: DETAILS_KEY, value: err.details }] : [];
+      c.engine.endCall(call.id, err.code === Code.OK ? Code.UNKNOWN : err.code, err.rawMessage, [...ctx.responseTrailers, ...err.trailers, ...details]);
     }
     this.finish(c, call, null);
     c.driver.pump();

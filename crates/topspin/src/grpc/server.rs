@@ -24,8 +24,6 @@ use tokio_util::sync::CancellationToken;
 /// Response bytes h2 buffers per stream beyond what the client's window lets out (h2's
 /// default); a handler's next message waits until they are written.
 const SEND_BUFFER: usize = 400 * 1024;
-/// A grace too long to add to now: as good as no end.
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// Header-list room beyond `max_metadata_size`, for the HTTP/2 and gRPC headers themselves.
 const HEADER_ROOM: u32 = 4096;
 
@@ -190,7 +188,7 @@ fn face(registry: Arc<Registry>, peer: Peer, config: &Config, started: Instant) 
         max_metadata_size: config.max_metadata_size() as usize,
         window: config.initial_call_window() as usize,
         frame_timeout: config.frame_timeout(),
-        far: started + FOREVER,
+        far: started + crate::connection::FAR,
         compression: config.compression(),
         spare: Arc::new(super::wire::Spare::new(Some(budget.clone()))),
         budget,
@@ -274,7 +272,7 @@ impl Going {
         let now = Instant::now();
         let until = now
             .checked_add(config.max_connection_age_grace())
-            .unwrap_or(now + FOREVER);
+            .unwrap_or(now + crate::connection::FAR);
         grace.reset(until.into());
     }
 }

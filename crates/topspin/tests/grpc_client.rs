@@ -8,7 +8,7 @@
 mod common;
 mod layered;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use futures_util::{stream, Stream, StreamExt};
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tonic::codec::{CompressionEncoding, DecodeBuf, EncodeBuf};
+use tonic::codec::CompressionEncoding;
 use tonic::codegen::{http, Service};
 use tonic::server::{Grpc, NamedService};
 use topspin::codec::RawCodec;
@@ -27,39 +27,8 @@ use topspin::{Channel, Code, Compression, Encoding, Endpoint, Metadata, Request}
 
 // ---- the tonic side -------------------------------------------------------------------------
 
-/// tonic's codec for raw bytes (what a generated prost codec does, minus prost).
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl tonic::codec::Codec for Raw {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl tonic::codec::Encoder for Raw {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for Raw {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
-}
+/// tonic's codec for raw bytes: the one the tonic entry of the capability suite uses.
+use common::TonicRaw as Raw;
 
 /// A call as the server saw it: method, `grpc-timeout`, `grpc-encoding`.
 type CallHeaders = (String, Option<String>, Option<String>);

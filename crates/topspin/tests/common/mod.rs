@@ -6,6 +6,9 @@
 pub mod blocking;
 mod tonic_client;
 mod tonic_service;
+/// tonic's codec for raw bytes (what a generated prost codec does, minus prost).
+#[allow(unused_imports)]
+pub use tonic_service::Raw as TonicRaw;
 
 pub use tonic_client::Client;
 

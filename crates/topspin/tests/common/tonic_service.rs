@@ -25,7 +25,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// tonic's codec for raw bytes (what a generated prost codec does, minus prost).
 #[derive(Clone, Copy, Default)]
-pub(super) struct Raw;
+pub struct Raw;
 
 impl tonic::codec::Codec for Raw {
     type Encode = Bytes;

@@ -224,10 +224,7 @@ impl Face {
             recv,
             accepts,
             negotiating,
-            guard: CancelGuard {
-                cancel,
-                armed: true,
-            },
+            guard: call::Cancel::running(cancel),
         };
         // A connection whose client does not read what it was sent starts no more handlers.
         self.unsent.room().await;
@@ -252,21 +249,6 @@ impl Out {
             Out::Head(r) => r.poll_reset(cx).map(|_| ()),
             Out::Body(s) => s.poll_reset(cx).map(|_| ()),
             Out::Closed => Poll::Pending,
-        }
-    }
-}
-
-/// Cancels the handler's call if the call ends (or its connection goes) before the handler
-/// returned: its `Request::cancellation()` fires and its future is dropped.
-struct CancelGuard {
-    cancel: Cancellation,
-    armed: bool,
-}
-
-impl Drop for CancelGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            self.cancel.cancel();
         }
     }
 }
@@ -296,7 +278,9 @@ struct Call {
     /// The encodings the client accepts (`grpc-accept-encoding`, a bit per encoding).
     accepts: u8,
     negotiating: bool,
-    guard: CancelGuard,
+    /// Fired if the call ends (or its connection goes) before its handler returned: its
+    /// `Request::cancellation()` fires and its future is dropped.
+    guard: call::Cancel,
 }
 
 /// A call's timers and its connection's shutdown, pinned on its task.
@@ -449,7 +433,7 @@ impl Call {
         let Some(outcome) = outcome else {
             return Flow::Over;
         };
-        self.guard.armed = false;
+        self.guard.handler_returned();
         if let Some(rx) = a.rx.as_mut() {
             // A response stream's headers are queued, not awaited: they go before the trailers.
             while let Ok(cmd) = rx.try_recv() {

@@ -20,12 +20,13 @@
 //!    handler's commands (headers, messages waiting for flow control, request credit) go
 //!    through [`command`].
 //! 6. A call that ends before its handler returned (the peer cancelled, its deadline passed,
-//!    the server's grace ran out: [`expired`], [`shut_down`]) cancels the handler.
+//!    the server's grace ran out: [`expired`], [`shut_down`]; its connection went) cancels the
+//!    handler; one that ends after does not ([`Cancel`]).
 
 use super::handler::{BoxFut, Done, HandlerRef, Input, IoRef, Outcome, Running, SCmd};
 use super::Registry;
 use crate::codec::Payload;
-use crate::request::ServerContext;
+use crate::request::{Cancellation, ServerContext};
 use crate::Status;
 use bytes::Bytes;
 use std::future::Future;
@@ -54,6 +55,61 @@ pub(crate) fn expired() -> Status {
 /// A call still running when the server's shutdown grace ran out.
 pub(crate) fn shut_down() -> Status {
     Status::unavailable("the server shut down before the call finished")
+}
+
+/// A call's cancellation, as every face keeps it: fired when the call ends — the peer
+/// cancelled, its deadline passed, the server's grace ran out, its connection went — before its
+/// handler returned, never after (a clone the application kept must not fire once its handler
+/// is done: "abandoned" and "done" stay apart). Dropped, it is over ([`Cancel::over`]).
+#[derive(Debug)]
+pub(crate) struct Cancel {
+    /// `None` once over.
+    handle: Option<Cancellation>,
+    returned: bool,
+}
+
+impl Cancel {
+    /// The cancellation of a call whose handler runs.
+    pub(crate) fn running(handle: Cancellation) -> Cancel {
+        Cancel {
+            handle: Some(handle),
+            returned: false,
+        }
+    }
+
+    /// The cancellation of a call whose handler returned already (its answer waits to go).
+    pub(crate) fn returned(handle: Cancellation) -> Cancel {
+        Cancel {
+            handle: Some(handle),
+            returned: true,
+        }
+    }
+
+    /// The handler returned: the call's end is no cancellation any more.
+    pub(crate) fn handler_returned(&mut self) {
+        self.returned = true;
+    }
+
+    /// The call is over: its handler, if still running, is cancelled; the handle goes back to
+    /// `pool` for the next call when nothing else holds it.
+    pub(crate) fn over(mut self, pool: Option<&mut Vec<Cancellation>>) {
+        if let Some(handle) = self.handle.take() {
+            if !self.returned {
+                handle.cancel();
+            }
+            if let Some(pool) = pool {
+                handle.recycle(pool);
+            }
+        }
+    }
+}
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        if let (Some(handle), false) = (&self.handle, self.returned) {
+            handle.cancel();
+        }
+    }
 }
 
 /// A unary or server-streaming call before its handler starts: its handler, its request

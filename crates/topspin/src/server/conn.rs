@@ -36,14 +36,13 @@ enum Call {
     /// Unary and server-streaming calls wait for their one request message.
     Awaiting(Waiting),
     Running {
-        cancel: Cancellation,
+        /// Fired if the call ends before its handler returned (dropped with the call).
+        cancel: call::Cancel,
         inbound: Option<mpsc::UnboundedSender<Item>>,
         /// A message waiting for credit (boxed: rare, and keeps the call's state small).
         blocked: Option<Box<Blocked>>,
         /// The handler finished while a message was still being sent.
         end: Option<Box<(Status, Metadata)>>,
-        /// The handler returned: ending the call is no cancellation.
-        returned: bool,
     },
 }
 
@@ -245,14 +244,10 @@ impl Role for ServerRole {
 
     fn on_end(&mut self, _conn: &mut Connection, why: &str) {
         tracing::debug!(peer = %self.context.peer, "server connection ends: {why}");
-        // Running handlers stop with their calls.
+        // Running handlers stop with their calls (`call::Cancel`, dropped with them).
         self.deferred.clear();
         self.held = 0;
-        for (_, call) in self.calls.drain() {
-            if let Call::Running { cancel, .. } = call {
-                cancel.cancel();
-            }
-        }
+        self.calls.clear();
     }
 }
 
@@ -348,7 +343,7 @@ impl ServerRole {
             ..
         }) = self.calls.remove(&id)
         {
-            cancel.cancel();
+            cancel.over(Some(&mut self.cancel_pool));
             if let Some(tx) = inbound {
                 let _ = tx.send(Item::End(Err(status.clone())));
             }
@@ -482,11 +477,10 @@ impl ServerRole {
         self.calls.insert(
             id,
             Call::Running {
-                cancel,
+                cancel: call::Cancel::running(cancel),
                 inbound,
                 blocked: None,
                 end: None,
-                returned: false,
             },
         );
     }

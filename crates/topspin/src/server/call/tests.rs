@@ -286,3 +286,32 @@ fn a_streaming_handlers_commands_reach_its_face() {
         [Did::Headers(2), Did::Send(4, false), Did::Credit(9)]
     );
 }
+
+/// A call that ends before its handler returned cancels the handler — ended by the face
+/// (`over`) or dropped with its connection; once the handler returned, neither fires the
+/// cancellation (a clone the application kept tells "done" from "abandoned"), and the handle
+/// is reused when nothing else holds it.
+#[test]
+fn a_call_is_cancelled_only_if_it_ends_before_its_handler_returned() {
+    let mut pool = Vec::new();
+    let fired = |make: fn(Cancellation) -> Cancel, end: fn(Cancel, &mut Vec<Cancellation>)| {
+        let handle = Cancellation::default();
+        let kept = handle.clone();
+        end(make(handle), &mut Vec::new());
+        kept.is_cancelled()
+    };
+    let over = |c: Cancel, pool: &mut Vec<Cancellation>| c.over(Some(pool));
+    let dropped = |c: Cancel, _: &mut Vec<Cancellation>| drop(c);
+    assert!(fired(Cancel::running, over), "ended while running");
+    assert!(fired(Cancel::running, dropped), "dropped while running");
+    assert!(!fired(Cancel::returned, over), "ended after it returned");
+    assert!(
+        !fired(Cancel::returned, dropped),
+        "dropped after it returned"
+    );
+    let mut c = Cancel::running(Cancellation::default());
+    c.handler_returned();
+    c.over(Some(&mut pool));
+    assert_eq!(pool.len(), 1, "an unshared handle is reused");
+    assert!(!pool[0].is_cancelled());
+}

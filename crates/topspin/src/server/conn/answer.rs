@@ -31,11 +31,10 @@ impl Native<'_> {
             Some(cancel) => {
                 self.role.held += len;
                 let kept = Call::Running {
-                    cancel,
+                    cancel: call::Cancel::returned(cancel),
                     inbound: None,
                     blocked,
                     end,
-                    returned: true,
                 };
                 self.role.calls.insert(self.id, kept);
             }
@@ -141,11 +140,10 @@ impl ServerRole {
             self.calls.insert(
                 id,
                 Call::Running {
-                    cancel,
+                    cancel: call::Cancel::returned(cancel),
                     inbound: None,
                     blocked: None,
                     end: Some(Box::new((status, trailers))),
-                    returned: true,
                 },
             );
             return;
@@ -165,7 +163,7 @@ impl ServerRole {
     /// A handler returned.
     pub(super) fn finish(&mut self, id: u32, outcome: Outcome, conn: &mut Connection) {
         match self.calls.get_mut(&id) {
-            Some(Call::Running { returned, .. }) => *returned = true,
+            Some(Call::Running { cancel, .. }) => cancel.handler_returned(),
             // A reply to a call that is over already goes nowhere.
             _ if matches!(outcome, Outcome::Reply(Ok(_))) => return,
             _ => {}
@@ -214,23 +212,16 @@ impl ServerRole {
             Err(_) => {}
         }
         if let Some(Call::Running {
-            cancel,
-            blocked,
-            returned,
-            ..
+            cancel, blocked, ..
         }) = self.calls.remove(&id)
         {
             if let Some((m, ack)) = blocked.map(|b| *b) {
                 self.held = self.held.saturating_sub(m.len());
                 let _ = ack.send(Err(crate::status::call_over()));
             }
-            // A handler still running (its call ended without it) must stop; a call whose
-            // handler returned was not cancelled (a clone of the handle the application kept
-            // must not fire), and the handle is reused if nothing else holds it.
-            if !returned {
-                cancel.cancel();
-            }
-            cancel.recycle(&mut self.cancel_pool);
+            // A handler still running (its call ended without it) stops; the handle is reused
+            // if nothing else holds it.
+            cancel.over(Some(&mut self.cancel_pool));
         }
     }
 

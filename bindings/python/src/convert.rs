@@ -95,6 +95,7 @@ pub(crate) fn status_err(py: Python<'_>, s: &Status) -> PyErr {
             s.message(),
             PyBytes::new(py, s.details()),
             md_to_py(py, s.metadata())?,
+            md_to_py(py, s.headers())?,
         ))?;
         Ok(PyErr::from_value(e))
     })();

@@ -148,22 +148,35 @@ impl ServerCall {
         }
         Ok(())
     }
-    /// Ends the call with a status.
-    #[pyo3(signature = (code, message, details=None, trailers=None))]
+    /// Ends the call with a status, after the response headers `headers` if none went yet
+    /// (protocol.md §5.4: a failing call may carry them; the client keeps them on its error).
+    #[pyo3(signature = (code, message, details=None, trailers=None, headers=None))]
     fn finish_err(
         &self,
         code: u16,
         message: &str,
         details: Option<&Bound<'_, PyAny>>,
         trailers: Option<&Bound<'_, PyAny>>,
+        headers: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let s = status_from_py(code, message, details, trailers)?;
-        if let Some(tx) = lock(&self.headers).take() {
-            let _ = tx.send(Metadata::new());
-        }
+        let headers = md_from_py(headers)?;
+        // A response stream that has not started yet starts with them.
+        let headers = match lock(&self.headers).take() {
+            Some(tx) => {
+                let _ = tx.send(headers);
+                Metadata::new()
+            }
+            None => headers,
+        };
         let reply = lock(&self.reply).take();
         match reply {
             Some(Reply::Unary(tx)) => {
+                let s = if headers.is_empty() {
+                    s
+                } else {
+                    s.with_headers(headers)
+                };
                 let _ = tx.send(Err(s));
             }
             Some(Reply::Stream(tx)) => {

@@ -315,6 +315,35 @@ def test_streaming_handler_headers() -> None:
         server.stop(1)
 
 
+def test_a_failing_call_carries_its_response_headers() -> None:
+    """protocol.md §5.4: a handler that set its headers (or put them on its error) and then
+    failed sends them before the error, and the client keeps them on its StatusError."""
+
+    class Failing(kv_topspin.StoreServicer):
+        def Get(self, request: kv_pb2.GetRequest, context: topspin.ServicerContext) -> kv_pb2.Entry:
+            context.set_initial_metadata([("set-h", "1")])
+            if request.key == "plain":
+                raise topspin.StatusError(topspin.Code.NOT_FOUND, "plain")
+            raise topspin.StatusError(
+                topspin.Code.NOT_FOUND, "with headers", headers=[("err-h", "2")]
+            )
+
+    server = topspin.Server()
+    kv_topspin.add_StoreServicer_to_server(Failing(), server)
+    addr = server.start("tcp://127.0.0.1:0")
+    try:
+        c = kv_topspin.StoreClient(topspin.Channel(addr))
+        with pytest.raises(topspin.StatusError) as ei:
+            c.Get(kv_pb2.GetRequest(key="k"))
+        assert ei.value.code == topspin.Code.NOT_FOUND
+        assert ei.value.headers == [("set-h", "1"), ("err-h", "2")]
+        with pytest.raises(topspin.StatusError) as ei:
+            c.Get(kv_pb2.GetRequest(key="plain"))
+        assert ei.value.headers == [("set-h", "1")]
+    finally:
+        server.stop(1)
+
+
 def test_blocking_handlers_run_concurrently() -> None:
     barrier = threading.Barrier(3, timeout=10)
 

@@ -113,6 +113,47 @@ async fn trailers_of_a_stream_that_ends_in_an_error_are_kept() {
     .await;
 }
 
+/// A response stream may end with a status item that is OK: the call ends OK and the status's
+/// metadata are its trailers (the Python binding ends its streams so, with the trailers a
+/// handler set while its stream ran). Lost on the native face once (a core that took an OK
+/// status for one without trailers); caught by the Python suite.
+#[tokio::test]
+async fn a_stream_ended_by_an_ok_status_item_carries_its_metadata_as_trailers() {
+    use futures_util::StreamExt;
+    use topspin::{Response, Status};
+    const ENDS_OK: &str = "/t.M/EndsWithAnOkStatus";
+    let skips = [not_standard(
+        "its server has a method of its own, /t.M/EndsWithAnOkStatus",
+    )];
+    each_transport(&skips, |t| async move {
+        let b = builder(Probe::default()).server_streaming(
+            ENDS_OK,
+            RawCodec,
+            |_r: Request<bytes::Bytes>| async move {
+                let end = Metadata::builder().text("count", "1").unwrap().build();
+                let items = futures_util::stream::iter([
+                    Ok(bytes::Bytes::from_static(b"one")),
+                    Err(Status::ok().with_metadata(end)),
+                ]);
+                Ok(Response::new(items))
+            },
+        );
+        let server = serve(b, t).await;
+        let ch = server.channel().await;
+        let mut s = ch
+            .server_streaming(RawCodec, ENDS_OK, bytes("x"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(&s.next().await.unwrap().unwrap()[..], b"one");
+        assert!(s.next().await.is_none(), "the stream ends OK");
+        let trailers = s.trailers().expect("the trailers of an ended stream");
+        assert_eq!(trailers.get_str("count"), Some("1"));
+        server.stop().await;
+    })
+    .await;
+}
+
 /// A handler that fails with headers (`Status::with_headers`): they go before the status, and
 /// the client reads them on the error (unary) or as the stream's headers (server streaming),
 /// the trailers apart.

@@ -43,20 +43,26 @@ class StatusError(Exception):
         message: str = "",
         details: bytes = b"",
         trailers: Optional[Metadata] = None,
+        headers: Optional[Metadata] = None,
     ) -> None:
         super().__init__(f"{Code(code).name}: {message}")
         self.code = Code(code)
         self.message = message
         self.details = details
         self.trailers: list[tuple[str, MetadataValue]] = list(trailers or [])
+        #: The response headers that came before the error (a client's), or that go before it
+        #: (a handler's, after those of ``set_initial_metadata``), as gRPC servers allow.
+        self.headers: list[tuple[str, MetadataValue]] = list(headers or [])
 
     def __repr__(self) -> str:
         return f"StatusError({self.code.name}, {self.message!r})"
 
 
-def _make(code: int, message: str, details: bytes, trailers: Metadata) -> StatusError:
+def _make(
+    code: int, message: str, details: bytes, trailers: Metadata, headers: Metadata = ()
+) -> StatusError:
     try:
         c = Code(code)
     except ValueError:
         c = Code.UNKNOWN
-    return StatusError(c, message, details, trailers)
+    return StatusError(c, message, details, trailers, headers)

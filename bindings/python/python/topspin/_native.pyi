@@ -86,7 +86,12 @@ class ServerCall:
         self, data: Optional[bytes] = None, trailers: _Md = None, headers: _Md = None
     ) -> None: ...
     def finish_err(
-        self, code: int, message: str, details: Optional[bytes] = None, trailers: _Md = None
+        self,
+        code: int,
+        message: str,
+        details: Optional[bytes] = None,
+        trailers: _Md = None,
+        headers: _Md = None,
     ) -> None: ...
 
 class Server:

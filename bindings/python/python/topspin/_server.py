@@ -86,7 +86,10 @@ class ServicerContext:
 
 def _fail(call: _native.ServerCall, e: BaseException, ctx: ServicerContext) -> None:
     if isinstance(e, StatusError):
-        call.finish_err(int(e.code), e.message, e.details, e.trailers or ctx._trailers)
+        headers = (ctx._headers or []) + e.headers
+        call.finish_err(
+            int(e.code), e.message, e.details, e.trailers or ctx._trailers, headers or None
+        )
     elif isinstance(e, asyncio.CancelledError):
         call.finish_err(int(Code.CANCELLED), "the handler was cancelled")
     else:

@@ -221,8 +221,9 @@ pub(crate) trait Respond {
     fn send(&mut self, message: Payload, compress: bool, ack: Ack);
     /// The handler consumed `bytes` of request messages: the peer may send as much again.
     fn credit(&mut self, bytes: u32);
-    /// The call's end: its status and trailers (a failing status's own metadata and headers
-    /// are the face's to encode).
+    /// The call's end: its status and trailers. A status's own metadata, details and headers
+    /// are the face's to encode — a failing one's, and an OK one's a response stream ended
+    /// with (its metadata are then the trailers).
     fn end(&mut self, status: Status, trailers: Metadata);
 }
 

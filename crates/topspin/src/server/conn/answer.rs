@@ -92,8 +92,11 @@ impl Respond for Native<'_> {
 
     #[inline(always)]
     fn end(&mut self, status: Status, trailers: Metadata) {
-        // A failing status carries its own trailers (its metadata, its details).
-        let trailers = if trailers.is_empty() && !status.is_ok() {
+        // A status that ends the call without trailers of its own carries them itself: its
+        // metadata and details (a failing one; or an OK one a response stream ended with).
+        let trailers = if trailers.is_empty()
+            && !(status.metadata().is_empty() && status.details().is_empty())
+        {
             status.wire_trailers()
         } else {
             trailers

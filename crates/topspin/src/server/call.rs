@@ -210,8 +210,16 @@ pub(crate) type Ack = oneshot::Sender<Result<(), Status>>;
 
 /// A face's response side of one call, as the call's rules drive it.
 pub(crate) trait Respond {
-    /// The response headers (before any message). `Err`: the call ends with that status.
+    /// The response headers (before any message), sent at once, empty ones too: a client may
+    /// wait for a response stream to open (grpc-go's `Header()`). `Err`: the call ends with
+    /// that status.
     fn headers(&mut self, headers: Metadata) -> Result<(), Status>;
+    /// A unary reply's headers, sent just before its message: a face may leave empty ones out
+    /// (a native call without HEADERS has empty response headers, protocol.md §5.4).
+    #[inline(always)]
+    fn reply_headers(&mut self, headers: Metadata) -> Result<(), Status> {
+        self.headers(headers)
+    }
     /// The one reply message of a unary-response call. `Ok(Some(trailers))`: it went, the
     /// call ends now; `Ok(None)`: the face keeps it (and the trailers) until the peer has room,
     /// then ends the call OK. `Err`: the call ends with that status.
@@ -234,7 +242,7 @@ pub(crate) fn answer(outcome: Outcome, out: &mut impl Respond) {
     match outcome {
         Outcome::Reply(Ok((message, headers, trailers))) => {
             match out
-                .headers(headers)
+                .reply_headers(headers)
                 .and_then(|()| out.reply(message, trailers))
             {
                 Ok(Some(trailers)) => out.end(Status::ok(), trailers),

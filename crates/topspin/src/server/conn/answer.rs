@@ -54,14 +54,19 @@ impl Native<'_> {
 impl Respond for Native<'_> {
     #[inline(always)]
     fn headers(&mut self, headers: Metadata) -> Result<(), Status> {
-        if headers.is_empty() {
-            return Ok(());
-        }
         match self.conn.send_headers(CallId(self.id), &headers) {
             // Not open: the call is over already; not allowed: its headers went already.
             Ok(()) | Err(CallError::NotOpen(_) | CallError::NotAllowed(_)) => Ok(()),
             Err(e) => Err(call_error_status(e, "response headers")),
         }
+    }
+
+    #[inline(always)]
+    fn reply_headers(&mut self, headers: Metadata) -> Result<(), Status> {
+        if headers.is_empty() {
+            return Ok(()); // no HEADERS: empty response headers (§5.4)
+        }
+        self.headers(headers)
     }
 
     #[inline(always)]

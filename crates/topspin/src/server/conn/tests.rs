@@ -104,3 +104,37 @@ fn a_batch_of_commands_goes_at_most_one_message_past_the_room() {
     assert!(role.poll_work(&mut cx, &mut server, MIB).is_ready());
     assert!(server.transmit_len() >= 2 * MIB);
 }
+
+/// A response stream's headers go at once, empty ones too: a client that waits for the
+/// stream to open (grpc-go's `Header()`, the Go client's) is not held up until the first
+/// message. Only a unary reply may leave empty headers out (no HEADERS is empty headers).
+///
+/// Failed once: the call core's native `headers` left out empty headers on both paths, and
+/// a Go client waiting for a Watch stream's headers waited for its deadline.
+#[test]
+fn a_response_streams_empty_headers_go_at_once() {
+    let (mut client, mut server) = engines();
+    let now = Instant::now();
+    let id = client
+        .start_call("/s/Stream", 1, None, &Metadata::new(), now)
+        .expect("call");
+    client
+        .send_message(id, Bytes::new(), true)
+        .expect("request");
+    shuttle(&mut client, &mut server, now);
+    while server.poll_event().is_some() {}
+    let mut role = role();
+    role.apply(
+        SCmd::Headers {
+            id: id.0,
+            metadata: Metadata::new(),
+        },
+        &mut server,
+    );
+    shuttle(&mut server, &mut client, now);
+    let mut opened = false;
+    while let Some(e) = client.poll_event() {
+        opened |= matches!(e, topspin_proto::Event::Headers { id: h, .. } if h == id);
+    }
+    assert!(opened, "the stream's empty headers were not sent");
+}

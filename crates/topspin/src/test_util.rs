@@ -26,3 +26,17 @@ impl Wake for CountingWaker {
         self.0.fetch_add(1, Ordering::SeqCst);
     }
 }
+
+/// A server connection's context with the default `Config` (a `Stream` peer, the native face).
+pub(crate) fn conn_context() -> Arc<crate::request::ConnContext> {
+    let config = crate::Config::default();
+    Arc::new(crate::request::ConnContext {
+        peer: crate::transport::PeerAddr::Stream,
+        #[cfg(feature = "tls")]
+        tls: None,
+        compression: None,
+        max_message_size: config.max_message_size(),
+        budget: config.memory_budget(),
+        protocol: crate::request::Protocol::Topspin,
+    })
+}

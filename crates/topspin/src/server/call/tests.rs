@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::server::handler::{CallKind, Handler};
-use crate::Config;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,21 +60,12 @@ fn payload(n: usize) -> Payload {
 }
 
 fn ctx(method: &str, deadline: Option<Instant>) -> ServerContext {
-    let config = Config::default();
     ServerContext {
         deadline,
         encoding: None,
         method: method.into(),
         cancel: Default::default(),
-        conn: Arc::new(crate::request::ConnContext {
-            peer: crate::transport::PeerAddr::Stream,
-            #[cfg(feature = "tls")]
-            tls: None,
-            compression: None,
-            max_message_size: config.max_message_size(),
-            budget: config.memory_budget(),
-            protocol: crate::request::Protocol::Topspin,
-        }),
+        conn: crate::test_util::conn_context(),
     }
 }
 

@@ -194,10 +194,6 @@ impl ServerRole {
         call::answer(outcome, &mut out);
     }
 
-    pub(super) fn local_error(&self, e: CallError, what: &str) -> Status {
-        call_error_status(e, what)
-    }
-
     /// Ends a call with a status (waiting for a message still being sent, if any). Also used
     /// to refuse a call that never got state here (unknown method, wrong codec).
     pub(super) fn end(
@@ -267,7 +263,7 @@ impl ServerRole {
                 let _ = ack.send(Err(crate::status::call_over()));
             }
             Sent::Refused(e, ack) => {
-                let st = self.local_error(e, "response message");
+                let st = call_error_status(e, "response message");
                 let _ = ack.send(Err(st.clone()));
                 self.end(id, st, Metadata::new(), conn);
             }

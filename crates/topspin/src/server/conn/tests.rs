@@ -37,16 +37,7 @@ fn role() -> ServerRole {
     let registry = Arc::new(Registry {
         methods: FxHashMap::default(),
     });
-    let config = Config::default();
-    let context = Arc::new(crate::request::ConnContext {
-        peer: crate::transport::PeerAddr::Stream,
-        #[cfg(feature = "tls")]
-        tls: None,
-        compression: None,
-        max_message_size: config.max_message_size(),
-        budget: config.memory_budget(),
-        protocol: crate::request::Protocol::Topspin,
-    });
+    let context = crate::test_util::conn_context();
     ServerRole::new(registry, context, super::super::Shutdown::default())
 }
 

@@ -26,6 +26,8 @@ struct Stream {
 
 fn stream() -> (Outcome, Stream) {
     let (h, headers) = oneshot::channel();
+    // Unbounded as `Sink::Stream`'s item channel is: bounded by the call's receive window
+    // (each item holds credit until the consumer takes it); here, by the test's few messages.
     let (i, items) = mpsc::unbounded_channel();
     let sink = Sink::Stream {
         headers: Some(h),

@@ -93,6 +93,21 @@ test("idle timeout: a connection without calls gets GOAWAY and is closed; one wi
   }
 });
 
+test("idle timeout: counts from the handshake, not from when the handshake timer would have lapsed", async () => {
+  // Regression: the idle timer was set only when another timer fired, so with the default
+  // 10 s handshake timeout a connection idle for 300 ms was closed after about 10 s.
+  const server = echoServer({ idleTimeoutMs: 300, handshakeTimeoutMs: 120_000 });
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  try {
+    const idle = await Raw.open(addr);
+    idle.handshake();
+    await idle.closedByServer(20_000);
+    assert.match((await idle.frame("GOAWAY", 0)).reason, /idle timeout/);
+  } finally {
+    await server.close(100);
+  }
+});
+
 test("keep-alive: a peer that never answers PINGs is closed with TIMEOUT; one that answers stays", async () => {
   const server = echoServer({ keepalive: { intervalMs: 100, timeoutMs: 300 } });
   const addr = await server.listen("tcp://127.0.0.1:0");

@@ -37,6 +37,8 @@ export class Liveness {
   /** When the open split messages must have progressed (Infinity: none open, as last seen). */
   private messageDue = Infinity;
   private pingSent = 0;
+  /** Whether the handshake was seen complete (the idle and keep-alive times start then). */
+  private established = false;
   private timer: ReturnType<typeof setTimeout> | undefined;
   private timerAt = Infinity;
   private stopped = false;
@@ -68,6 +70,11 @@ export class Liveness {
     const now = Date.now();
     this.lastActive = now;
     this.pingSent = 0;
+    if (!this.established && this.driver.engine.established) {
+      // The handshake's timer was the one set; idleness and keep-alive count from now.
+      this.established = true;
+      this.arm();
+    }
     if (!this.driver.engine.partialInput) this.partialSince = 0;
     else if (this.partialSince === 0) {
       this.partialSince = now;

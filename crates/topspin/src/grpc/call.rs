@@ -10,8 +10,8 @@ use super::wire::{self, Frame};
 use super::Peer;
 use crate::codec::Payload;
 use crate::request::{Cancellation, ServerContext};
-use crate::server::call::{self, Respond};
-use crate::server::handler::{CallIo, Done, HandlerRef, Input, IoRef, SCmd, ServerCredit, Spawned};
+use crate::server::call::{self, Respond, ServerCall};
+use crate::server::handler::{CallIo, Done, Input, IoRef, SCmd, ServerCredit, Spawned};
 use crate::server::Registry;
 use crate::{Compression, Encoding, Status};
 use bytes::Bytes;
@@ -209,14 +209,14 @@ impl Face {
             );
             return trailers_only(&mut respond, &st, negotiating);
         }
-        let cancel = Cancellation::default();
         let ctx = ServerContext {
             deadline,
             encoding: recv,
             method: bytestring::ByteString::from(method),
-            cancel: cancel.clone(),
+            cancel: Cancellation::default(),
             conn: self.context.clone(),
         };
+        let kind = handler.kind();
         let mut call = Call {
             id: respond.stream_id().as_u32(),
             out: Out::Head(respond),
@@ -224,11 +224,11 @@ impl Face {
             recv,
             accepts,
             negotiating,
-            guard: call::Cancel::running(cancel),
+            state: ServerCall::Waiting(call::Waiting::new(handler, metadata, ctx, None)),
         };
         // A connection whose client does not read what it was sent starts no more handlers.
         self.unsent.room().await;
-        call.run(self, handler, metadata, ctx, body).await;
+        call.run(self, kind, body).await;
     }
 }
 
@@ -278,9 +278,10 @@ struct Call {
     /// The encodings the client accepts (`grpc-accept-encoding`, a bit per encoding).
     accepts: u8,
     negotiating: bool,
-    /// Fired if the call ends (or its connection goes) before its handler returned: its
-    /// `Request::cancellation()` fires and its future is dropped.
-    guard: call::Cancel,
+    /// The call core's state: waiting for its one request, or started (dropped with the
+    /// call — it ended, or its connection went — before its handler returned, it cancels
+    /// the handler: its `Request::cancellation()` fires and its future is dropped).
+    state: ServerCall,
 }
 
 /// A call's timers and its connection's shutdown, pinned on its task.
@@ -318,18 +319,13 @@ enum Flow {
 }
 
 impl Call {
-    async fn run(
-        &mut self,
-        face: &Face,
-        handler: HandlerRef,
-        metadata: Metadata,
-        ctx: ServerContext,
-        mut body: RecvStream,
-    ) {
-        let kind = handler.kind();
+    async fn run(&mut self, face: &Face, kind: crate::CallKind, mut body: RecvStream) {
         // The call's timers exist only once armed: most calls have none (a `Sleep` made per
         // call reads the runtime's handle and the clock).
-        let deadline: Option<Sleep> = ctx.deadline.map(|d| tokio::time::sleep_until(d.into()));
+        let deadline: Option<Sleep> = match &self.state {
+            ServerCall::Waiting(w) => w.ctx.deadline.map(|d| tokio::time::sleep_until(d.into())),
+            _ => None,
+        };
         tokio::pin!(deadline);
         let abort = face.abort.cancelled();
         tokio::pin!(abort);
@@ -342,12 +338,11 @@ impl Call {
             retry,
             stall,
         };
-        let waiting = call::Waiting::new(handler, metadata, ctx, None);
-        let mut req = Inbound::new(face.limits(), self.recv, !body.is_end_stream(), waiting);
+        let mut req = Inbound::new(face.limits(), self.recv, !body.is_end_stream());
         let mut a = self.answer(kind, face);
         if kind.client_streams() {
             // Requests arrive as a stream: the handler starts now.
-            if let Flow::Over = self.start_streaming(&mut req, &mut a, face) {
+            if let Flow::Over = self.start_streaming(&mut a, face) {
                 return;
             }
         }
@@ -390,27 +385,21 @@ impl Call {
     }
 
     /// Starts a client-streaming or bidi handler, its requests a stream.
-    fn start_streaming<'f>(
-        &mut self,
-        req: &mut Inbound,
-        a: &mut Answer<'f>,
-        face: &'f Face,
-    ) -> Flow {
+    fn start_streaming<'f>(&mut self, a: &mut Answer<'f>, face: &'f Face) -> Flow {
         // Unbounded as a channel, bounded by what is sent into it: the body is read only while
         // `outstanding` (each queued message counted at the larger of its wire and
         // decompressed sizes, given back as the handler consumes it) is under `face.window`,
         // so at most one window plus one message waits here.
         let (tx, in_rx) = mpsc::unbounded_channel();
-        req.stream = Some(tx);
         let credit = Box::new(ServerCredit {
             tx: a.io.tx.clone(),
             id: self.id,
         });
-        let Some(w) = req.waiting.take() else {
+        let ServerCall::Waiting(w) = std::mem::replace(&mut self.state, ServerCall::Gone) else {
             return Flow::Over;
         };
         let input = Input::Stream { rx: in_rx, credit };
-        let started = self.start(&w.handler, input, w.metadata, w.ctx, a.io.as_ref());
+        let started = self.start(w, input, Some(tx), a.io.as_ref());
         self.started(started, a, face)
     }
 
@@ -433,7 +422,7 @@ impl Call {
         let Some(outcome) = outcome else {
             return Flow::Over;
         };
-        self.guard.handler_returned();
+        self.state.handler_returned();
         if let Some(rx) = a.rx.as_mut() {
             // A response stream's headers are queued, not awaited: they go before the trailers.
             while let Ok(cmd) = rx.try_recv() {
@@ -536,17 +525,17 @@ impl Call {
                 Err(st) => Flow::End(st),
             },
             Ev::Data(Some(Ok(chunk))) => {
-                match req.on_data(chunk, body, t.retry.as_mut(), t.stall.as_mut()) {
+                let (retry, stall) = (t.retry.as_mut(), t.stall.as_mut());
+                match req.on_data(chunk, &mut self.state, body, retry, stall) {
                     Ok(()) => Flow::Go,
                     Err(st) => Flow::End(st),
                 }
             }
             Ev::Data(Some(Err(_))) => Flow::Over, // reset or connection error
-            Ev::Data(None) => match req.on_end() {
+            Ev::Data(None) => match req.on_end(&mut self.state) {
                 Ok(None) => Flow::Go,
                 Ok(Some((w, m))) => {
-                    let input = Input::One(m);
-                    let started = self.start(&w.handler, input, w.metadata, w.ctx, a.io.as_ref());
+                    let started = self.start(w, Input::One(m), None, a.io.as_ref());
                     self.started(started, a, face)
                 }
                 Err(st) => Flow::End(st),
@@ -555,23 +544,25 @@ impl Call {
     }
 
     /// Builds the handler's future and polls it once on this task (`server::call`); one that
-    /// is not done goes on on a task of its own.
+    /// is not done goes on on a task of its own. `requests`: its request stream's sender.
     fn start(
         &mut self,
-        handler: &HandlerRef,
+        w: call::Waiting,
         input: Input,
-        md: Metadata,
-        ctx: ServerContext,
+        requests: Option<mpsc::UnboundedSender<crate::streaming::Item>>,
         io: IoRef<'_>,
     ) -> Started {
-        let mut running = match call::prepare(self.id, handler, input, md, ctx, io, None) {
+        let (handler, md, ctx) = (w.handler, w.metadata, w.ctx);
+        let mut running = match call::prepare(self.id, &handler, input, md, ctx, io, None) {
             Ok(r) => r,
             Err((st, _)) => {
                 self.end(&st, &Metadata::new());
                 return Started::Ended;
             }
         };
-        match call::first_poll(&mut running, handler) {
+        let cancel = call::Cancel::running(running.cancel.clone());
+        self.state = ServerCall::started(cancel, requests, ());
+        match call::first_poll(&mut running, &handler) {
             Poll::Ready(done) => Started::Done(done),
             Poll::Pending => Started::Running(Spawned::spawn(running)),
         }

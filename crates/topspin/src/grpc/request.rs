@@ -4,8 +4,7 @@
 //! given back as the handler consumes, and a message that stops arriving timed out.
 
 use super::wire::Deframer;
-use crate::server::call::Waiting;
-use crate::streaming::Item;
+use crate::server::call::{Received, ServerCall, Waiting};
 use crate::{Encoding, Status};
 use bytes::Bytes;
 use h2::RecvStream;
@@ -13,9 +12,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use tokio::time::Sleep;
-use topspin_proto::{Code, Metadata};
+use topspin_proto::Code;
 
 /// How often a call whose window is withheld (memory budget spent) looks for room again.
 const RETRY_WINDOW: Duration = Duration::from_millis(20);
@@ -53,12 +51,6 @@ pub(super) struct Inbound {
     deframer: Deframer,
     /// The body may still bring data.
     pub(super) body_open: bool,
-    /// Unary and server-streaming: the call waiting for its one request message (the call
-    /// core's rules, `server::call`); every call's handler, metadata and context until it
-    /// starts.
-    pub(super) waiting: Option<Waiting>,
-    /// Client-streaming and bidi: where the handler's request messages go.
-    pub(super) stream: Option<mpsc::UnboundedSender<Item>>,
     /// Request bytes handed to the handler and not consumed yet; the body is read only while
     /// they are under the stream window, so a handler that does not read bounds the client.
     pub(super) outstanding: usize,
@@ -78,17 +70,10 @@ pub(super) struct Inbound {
 }
 
 impl Inbound {
-    pub(super) fn new(
-        limits: Limits,
-        recv: Option<Encoding>,
-        body_open: bool,
-        waiting: Waiting,
-    ) -> Inbound {
+    pub(super) fn new(limits: Limits, recv: Option<Encoding>, body_open: bool) -> Inbound {
         Inbound {
             deframer: Deframer::new(limits.window, Some(limits.budget)).with_spare(limits.spare),
             body_open,
-            waiting: Some(waiting),
-            stream: None,
             outstanding: 0,
             withheld: 0,
             stall_armed: false,
@@ -106,12 +91,13 @@ impl Inbound {
         self.body_open && self.outstanding < self.window
     }
 
-    /// A chunk of the body arrived: the messages it completes go to the handler (or are
-    /// kept as the one request), and the window reopens (bounded by `outstanding`) unless an
-    /// unfinished message is held with the memory budget spent.
+    /// A chunk of the body arrived: the messages it completes go to `call` (the handler's
+    /// request stream, or kept as the one request), and the window reopens (bounded by
+    /// `outstanding`) unless an unfinished message is held with the memory budget spent.
     pub(super) fn on_data(
         &mut self,
         chunk: Bytes,
+        call: &mut ServerCall,
         body: &mut RecvStream,
         mut retry: Pin<&mut Option<Sleep>>,
         stall: Pin<&mut Option<Sleep>>,
@@ -119,15 +105,12 @@ impl Inbound {
         let n = chunk.len();
         self.deframer.push(chunk);
         while let Some(r) = self.deframer.next(self.limit as usize, self.recv)? {
-            if let Some(tx) = &self.stream {
-                // Counted as the larger of its wire and decompressed sizes: a slow reader's
-                // queue holds at most a window of what the handler will see.
-                let cost = r.wire_len.max(r.message.len());
+            // Counted as the larger of its wire and decompressed sizes: a slow reader's queue
+            // holds at most a window of what the handler will see.
+            let cost = r.wire_len.max(r.message.len());
+            let credit = u32::try_from(cost).unwrap_or(u32::MAX);
+            if call.on_message(r.message, credit)? == Received::Queued {
                 self.outstanding += cost;
-                let credit = u32::try_from(cost).unwrap_or(u32::MAX);
-                let _ = tx.send(Item::Message(r.message, credit));
-            } else if let Some(w) = self.waiting.as_mut() {
-                w.on_message(r.message)?;
             }
         }
         if self.deframer.must_wait() {
@@ -186,22 +169,18 @@ impl Inbound {
         ))
     }
 
-    /// The body ended: a request stream ends; a unary or server-streaming handler gets its
-    /// one message (`Ok(Some(..))`: start it).
-    pub(super) fn on_end(&mut self) -> Result<Option<(Waiting, Bytes)>, Status> {
+    /// The body ended: `call`'s request stream ends; a unary or server-streaming handler gets
+    /// its one message (`Ok(Some(..))`: start it).
+    pub(super) fn on_end(
+        &mut self,
+        call: &mut ServerCall,
+    ) -> Result<Option<(Waiting, Bytes)>, Status> {
         self.body_open = false;
         if !self.deframer.is_empty() {
             return Err(Status::internal(
                 "the request stream ended inside a message",
             ));
         }
-        if let Some(tx) = self.stream.take() {
-            let _ = tx.send(Item::End(Ok(Metadata::new())));
-            return Ok(None);
-        }
-        match self.waiting.take() {
-            Some(waiting) => waiting.on_half_closed().map(Some),
-            None => Ok(None),
-        }
+        call.on_half_closed()
     }
 }

@@ -22,17 +22,21 @@
 //! 6. A call that ends before its handler returned (the peer cancelled, its deadline passed,
 //!    the server's grace ran out: [`expired`], [`shut_down`]; its connection went) cancels the
 //!    handler; one that ends after does not ([`Cancel`]).
+//!
+//! A call's state between these steps is one [`ServerCall`] on both faces: the native
+//! connection keeps one per call in its map, a gRPC-face call on its own task.
 
 use super::handler::{BoxFut, Done, HandlerRef, Input, IoRef, Outcome, Running, SCmd};
 use super::Registry;
 use crate::codec::Payload;
 use crate::request::{Cancellation, ServerContext};
+use crate::streaming::Item;
 use crate::Status;
 use bytes::Bytes;
 use std::future::Future;
 use std::task::{Context, Poll};
 use std::time::Instant;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use topspin_proto::{Code, Metadata};
 
 /// The handler of `method`, or the status that refuses the call.
@@ -159,6 +163,130 @@ impl Waiting {
                 "{} takes one request message, got none",
                 &*w.ctx.method
             ))),
+        }
+    }
+}
+
+/// One call's state, whatever its face: gathering its one request message, or started.
+/// `S` is what the face keeps of a started call's response side (the native face: a reply or
+/// an END waiting for the client's credit; the gRPC face keeps that on the call's task).
+pub(crate) enum ServerCall<S = ()> {
+    /// A unary or server-streaming call before its handler starts.
+    Waiting(Waiting),
+    /// Its handler started; it may have returned, its answer still on its way.
+    Started(Started<S>),
+    /// Between the two (its one request taken, its handler not yet started), or over.
+    Gone,
+}
+
+/// A call whose handler started.
+pub(crate) struct Started<S> {
+    /// Fired if the call ends before its handler returned.
+    cancel: Cancel,
+    /// Client-streaming and bidi: where the request messages go, until the client half-closes.
+    requests: Option<mpsc::UnboundedSender<Item>>,
+    /// The face's response side.
+    pub(crate) send: S,
+}
+
+/// What became of a request message ([`ServerCall::on_message`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Received {
+    /// Kept as the call's one request.
+    Kept,
+    /// Handed to the handler's request stream: its credit comes back as the handler consumes.
+    Queued,
+    /// Nobody takes it (the handler has no request stream, or it ended): its credit is the
+    /// face's to give back at once.
+    Unwanted(u32),
+}
+
+impl<S> ServerCall<S> {
+    /// A call whose handler started: `cancel` its handle, `requests` its request stream.
+    #[inline(always)]
+    pub(crate) fn started(
+        cancel: Cancel,
+        requests: Option<mpsc::UnboundedSender<Item>>,
+        send: S,
+    ) -> ServerCall<S> {
+        ServerCall::Started(Started {
+            cancel,
+            requests,
+            send,
+        })
+    }
+
+    /// A request message came with `credit`: the call's one request, one too many (the call
+    /// ends with the status returned), or one for the handler's request stream.
+    #[inline]
+    pub(crate) fn on_message(&mut self, message: Bytes, credit: u32) -> Result<Received, Status> {
+        match self {
+            ServerCall::Waiting(w) => w.on_message(message).map(|()| Received::Kept),
+            ServerCall::Started(Started {
+                requests: Some(tx), ..
+            }) => {
+                // A handler that dropped its request stream takes no more: nothing to return.
+                let _ = tx.send(Item::Message(message, credit));
+                Ok(Received::Queued)
+            }
+            _ => Ok(Received::Unwanted(credit)),
+        }
+    }
+
+    /// The client half-closed: a started call's request stream ends (`Ok(None)`); a waiting
+    /// call's handler is to start with its one request (`Ok(Some(..))`, the state is then
+    /// [`ServerCall::Gone`]), or the call ends with the status returned if none came.
+    #[inline]
+    pub(crate) fn on_half_closed(&mut self) -> Result<Option<(Waiting, Bytes)>, Status> {
+        match self {
+            ServerCall::Started(s) => {
+                if let Some(tx) = s.requests.take() {
+                    let _ = tx.send(Item::End(Ok(Metadata::new())));
+                }
+                Ok(None)
+            }
+            ServerCall::Waiting(_) => match std::mem::replace(self, ServerCall::Gone) {
+                ServerCall::Waiting(w) => w.on_half_closed().map(Some),
+                _ => Ok(None),
+            },
+            ServerCall::Gone => Ok(None),
+        }
+    }
+
+    /// The handler returned: the call's end is no cancellation any more.
+    #[inline]
+    pub(crate) fn handler_returned(&mut self) {
+        if let ServerCall::Started(s) = self {
+            s.cancel.handler_returned();
+        }
+    }
+
+    /// The face's response side of a started call.
+    #[inline]
+    pub(crate) fn send_mut(&mut self) -> Option<&mut S> {
+        match self {
+            ServerCall::Started(s) => Some(&mut s.send),
+            _ => None,
+        }
+    }
+
+    /// The call is over: a handler still running is cancelled (its request stream told
+    /// `why`, when the peer cancelled it); the handle goes back to `pool`. Returns the face's
+    /// response side, for what it kept to be let go.
+    pub(crate) fn over(
+        self,
+        why: Option<&Status>,
+        pool: Option<&mut Vec<Cancellation>>,
+    ) -> Option<S> {
+        match self {
+            ServerCall::Started(s) => {
+                s.cancel.over(pool);
+                if let (Some(tx), Some(st)) = (s.requests, why) {
+                    let _ = tx.send(Item::End(Err(st.clone())));
+                }
+                Some(s.send)
+            }
+            _ => None,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! that is not done after that first poll goes on on a task of its own. The connection loop is
 //! `crate::connection`'s.
 
-use super::call::{self, Waiting};
+use super::call::{self, Received, ServerCall, Waiting};
 use super::handler::{
     BoxFut, HandlerRef, Input, IoRef, Outcome, Running, SCmd, ServerCredit, Spawned,
 };
@@ -32,18 +32,16 @@ const COMMAND_QUEUE: usize = 1024;
 /// Commands taken per turn.
 const COMMANDS_PER_TURN: usize = 256;
 
-enum Call {
-    /// Unary and server-streaming calls wait for their one request message.
-    Awaiting(Waiting),
-    Running {
-        /// Fired if the call ends before its handler returned (dropped with the call).
-        cancel: call::Cancel,
-        inbound: Option<mpsc::UnboundedSender<Item>>,
-        /// A message waiting for credit (boxed: rare, and keeps the call's state small).
-        blocked: Option<Box<Blocked>>,
-        /// The handler finished while a message was still being sent.
-        end: Option<Box<(Status, Metadata)>>,
-    },
+/// A call's state (the call core's, `server::call`), with what this face keeps of its answer.
+type Call = ServerCall<Waits>;
+
+/// What a started call keeps of its answer while it waits for the client's credit.
+#[derive(Default)]
+struct Waits {
+    /// A message waiting for credit (boxed: rare, and keeps the call's state small).
+    blocked: Option<Box<Blocked>>,
+    /// The handler finished while a message was still being sent.
+    end: Option<Box<(Status, Metadata)>>,
 }
 
 /// Serves one connection over `transport` until it ends.
@@ -296,61 +294,48 @@ impl ServerRole {
     }
 
     fn on_message(&mut self, id: CallId, message: Bytes, credit: u32, conn: &mut Connection) {
-        match self.calls.get_mut(&id.0) {
-            // The one request message: its credit is never needed again (the client half-closes
-            // with it), so none goes back.
-            Some(Call::Awaiting(waiting)) => {
-                if let Err(st) = waiting.on_message(message) {
-                    self.end(id.0, st, Metadata::new(), conn);
-                }
-            }
-            Some(Call::Running {
-                inbound: Some(tx), ..
-            }) => {
-                let _ = tx.send(Item::Message(message, credit));
-            }
-            _ => {
+        let received = match self.calls.get_mut(&id.0) {
+            Some(call) => call.on_message(message, credit),
+            None => Ok(Received::Unwanted(credit)),
+        };
+        match received {
+            // The one request message's credit is never needed again (the client half-closes
+            // with it), so none goes back; a queued one's goes back as the handler consumes.
+            Ok(Received::Kept | Received::Queued) => {}
+            Ok(Received::Unwanted(credit)) => {
                 let _ = conn.grant_credit(id, credit);
             }
+            Err(st) => self.end(id.0, st, Metadata::new(), conn),
         }
     }
 
     fn on_half_closed(&mut self, id: u32, conn: &mut Connection) {
-        match self.calls.get_mut(&id) {
-            Some(Call::Running { inbound, .. }) => {
-                if let Some(tx) = inbound.take() {
-                    let _ = tx.send(Item::End(Ok(Metadata::new())));
-                }
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        match call.on_half_closed() {
+            Ok(None) => {}
+            Ok(Some((w, m))) => {
+                self.calls.remove(&id);
+                self.spawn(id, w.handler, Some(m), w.metadata, w.ctx, conn);
             }
-            Some(Call::Awaiting(_)) => {
-                let Some(Call::Awaiting(waiting)) = self.calls.remove(&id) else {
-                    return;
-                };
-                match waiting.on_half_closed() {
-                    Ok((w, m)) => self.spawn(id, w.handler, Some(m), w.metadata, w.ctx, conn),
-                    Err(st) => self.end(id, st, Metadata::new(), conn),
-                }
-            }
-            None => {}
+            Err(st) => self.end(id, st, Metadata::new(), conn),
         }
     }
 
     fn on_cancelled(&mut self, id: u32, status: Status) {
-        if let Some(Call::Running {
-            cancel,
-            inbound,
-            blocked,
-            ..
-        }) = self.calls.remove(&id)
-        {
-            cancel.over(Some(&mut self.cancel_pool));
-            if let Some(tx) = inbound {
-                let _ = tx.send(Item::End(Err(status.clone())));
+        if let Some(call) = self.calls.remove(&id) {
+            if let Some(waits) = call.over(Some(&status), Some(&mut self.cancel_pool)) {
+                self.let_go(waits, status);
             }
-            if let Some((m, ack)) = blocked.map(|b| *b) {
-                self.held = self.held.saturating_sub(m.len());
-                let _ = ack.send(Err(status));
-            }
+        }
+    }
+
+    /// What an ended call kept of its answer: a message waiting for credit is told `why`.
+    fn let_go(&mut self, waits: Waits, why: Status) {
+        if let Some((m, ack)) = waits.blocked.map(|b| *b) {
+            self.held = self.held.saturating_sub(m.len());
+            let _ = ack.send(Err(why));
         }
     }
 
@@ -422,7 +407,7 @@ impl ServerRole {
                 return;
             }
             let waiting = Waiting::new(handler, metadata, ctx, message);
-            self.calls.insert(id, Call::Awaiting(waiting));
+            self.calls.insert(id, ServerCall::Waiting(waiting));
         }
     }
 
@@ -474,15 +459,9 @@ impl ServerRole {
         cancel: Cancellation,
         inbound: Option<mpsc::UnboundedSender<Item>>,
     ) {
-        self.calls.insert(
-            id,
-            Call::Running {
-                cancel: call::Cancel::running(cancel),
-                inbound,
-                blocked: None,
-                end: None,
-            },
-        );
+        let cancel = call::Cancel::running(cancel);
+        self.calls
+            .insert(id, ServerCall::started(cancel, inbound, Waits::default()));
     }
 
     /// Polls a new handler once on the connection task, then leaves it to a task of its own

@@ -305,3 +305,72 @@ fn a_call_is_cancelled_only_if_it_ends_before_its_handler_returned() {
     assert_eq!(pool.len(), 1, "an unshared handle is reused");
     assert!(!pool[0].is_cancelled());
 }
+
+#[test]
+fn a_waiting_call_keeps_its_one_request_and_starts_on_the_half_close() {
+    let mut call: ServerCall = ServerCall::Waiting(waiting("/s/One"));
+    let got = call.on_message(Bytes::from_static(b"a"), 7);
+    assert_eq!(got.expect("the first"), Received::Kept);
+    let (_, m) = call.on_half_closed().expect("one came").expect("it starts");
+    assert_eq!(&m[..], b"a");
+    assert!(matches!(call, ServerCall::Gone));
+    // Nothing is left to cancel or let go.
+    assert!(call.over(None, None).is_none());
+
+    let mut call: ServerCall = ServerCall::Waiting(waiting("/s/None"));
+    let st = call.on_half_closed().err().expect("none came");
+    assert_eq!(st.message(), "/s/None takes one request message, got none");
+    assert!(matches!(call, ServerCall::Gone));
+}
+
+#[test]
+fn a_started_calls_requests_go_to_its_stream_until_the_half_close() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let cancel = Cancel::running(Cancellation::default());
+    let mut call = ServerCall::started(cancel, Some(tx), ());
+    let got = call.on_message(Bytes::from_static(b"a"), 5);
+    assert_eq!(got.expect("queued"), Received::Queued);
+    assert!(call.on_half_closed().expect("no error").is_none());
+    assert!(matches!(rx.try_recv(), Ok(Item::Message(m, 5)) if &m[..] == b"a"));
+    assert!(matches!(rx.try_recv(), Ok(Item::End(Ok(_)))));
+    // After the half-close nobody takes a message: its credit is the face's to return.
+    let got = call.on_message(Bytes::from_static(b"b"), 9);
+    assert_eq!(got.expect("unwanted"), Received::Unwanted(9));
+
+    // A unary call's handler has no stream at all.
+    let cancel = Cancel::running(Cancellation::default());
+    let mut call = ServerCall::started(cancel, None, ());
+    let got = call.on_message(Bytes::from_static(b"c"), 3);
+    assert_eq!(got.expect("unwanted"), Received::Unwanted(3));
+}
+
+#[test]
+fn a_started_call_that_ends_cancels_its_running_handler_and_tells_its_stream_why() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let handle = Cancellation::default();
+    let kept = handle.clone();
+    let call = ServerCall::started(Cancel::running(handle), Some(tx), 42u8);
+    let why = Status::cancelled("the client cancelled");
+    assert_eq!(
+        call.over(Some(&why), None),
+        Some(42),
+        "the face's side back"
+    );
+    assert!(kept.is_cancelled());
+    assert!(matches!(rx.try_recv(), Ok(Item::End(Err(st))) if st.code() == Code::Cancelled));
+
+    // Once its handler returned, its end cancels nothing.
+    let handle = Cancellation::default();
+    let kept = handle.clone();
+    let mut call = ServerCall::started(Cancel::running(handle), None, ());
+    call.handler_returned();
+    let mut pool = Vec::new();
+    call.over(None, Some(&mut pool));
+    assert!(!kept.is_cancelled());
+
+    // Dropped (its connection went) while the handler runs: cancelled.
+    let handle = Cancellation::default();
+    let kept = handle.clone();
+    drop(ServerCall::started(Cancel::running(handle), None, ()));
+    assert!(kept.is_cancelled());
+}

@@ -1,9 +1,9 @@
 //! How a connection's calls are answered: the call core's steps (`server::call`) carried out on
 //! the engine — replies, stream messages and ENDs — and what waits for the client's credit.
 
-use super::super::call::{self, Respond};
+use super::super::call::{self, Respond, ServerCall};
 use super::super::handler::{BoxFut, Outcome};
-use super::{Call, SCmd, ServerRole, COMMAND_QUEUE};
+use super::{SCmd, ServerRole, Waits, COMMAND_QUEUE};
 use crate::connection::{call_error_status, send_message, Ack, Sent};
 use crate::request::Cancellation;
 use crate::Status;
@@ -25,26 +25,21 @@ impl Native<'_> {
     fn keep(&mut self, message: crate::codec::Payload, trailers: Metadata) {
         let (ack, _) = tokio::sync::oneshot::channel();
         let len = message.len();
-        let blocked = Some(Box::new((message, ack)));
-        let end = Some(Box::new((Status::ok(), trailers)));
+        let waits = Waits {
+            blocked: Some(Box::new((message, ack))),
+            end: Some(Box::new((Status::ok(), trailers))),
+        };
         match self.fresh.take() {
             Some(cancel) => {
                 self.role.held += len;
-                let kept = Call::Running {
-                    cancel: call::Cancel::returned(cancel),
-                    inbound: None,
-                    blocked,
-                    end,
-                };
+                let kept = ServerCall::started(call::Cancel::returned(cancel), None, waits);
                 self.role.calls.insert(self.id, kept);
             }
             None => {
-                if let Some(Call::Running {
-                    blocked: b, end: e, ..
-                }) = self.role.calls.get_mut(&self.id)
-                {
+                let calls = &mut self.role.calls;
+                if let Some(w) = calls.get_mut(&self.id).and_then(ServerCall::send_mut) {
                     self.role.held += len;
-                    (*b, *e) = (blocked, end);
+                    *w = waits;
                 }
             }
         }
@@ -145,15 +140,12 @@ impl ServerRole {
         conn: &mut Connection,
     ) {
         if let Err(CallError::WouldBlock) = conn.end_call(CallId(id), &status, &trailers) {
-            self.calls.insert(
-                id,
-                Call::Running {
-                    cancel: call::Cancel::returned(cancel),
-                    inbound: None,
-                    blocked: None,
-                    end: Some(Box::new((status, trailers))),
-                },
-            );
+            let waits = Waits {
+                blocked: None,
+                end: Some(Box::new((status, trailers))),
+            };
+            let kept = ServerCall::started(call::Cancel::returned(cancel), None, waits);
+            self.calls.insert(id, kept);
             return;
         }
         // The handler returned: the call was not cancelled, and its handle is reused.
@@ -171,10 +163,10 @@ impl ServerRole {
     /// A handler returned.
     pub(super) fn finish(&mut self, id: u32, outcome: Outcome, conn: &mut Connection) {
         match self.calls.get_mut(&id) {
-            Some(Call::Running { cancel, .. }) => cancel.handler_returned(),
+            Some(call) => call.handler_returned(),
             // A reply to a call that is over already goes nowhere.
-            _ if matches!(outcome, Outcome::Reply(Ok(_))) => return,
-            _ => {}
+            None if matches!(outcome, Outcome::Reply(Ok(_))) => return,
+            None => {}
         }
         if let Outcome::Finished(_) = outcome {
             // A response stream's headers are queued, not awaited: they go before its END.
@@ -206,8 +198,8 @@ impl ServerRole {
         match conn.end_call(CallId(id), &status, &trailers) {
             Ok(()) => {}
             Err(CallError::WouldBlock) => {
-                if let Some(Call::Running { end, .. }) = self.calls.get_mut(&id) {
-                    *end = Some(Box::new((status, trailers)));
+                if let Some(w) = self.calls.get_mut(&id).and_then(ServerCall::send_mut) {
+                    w.end = Some(Box::new((status, trailers)));
                     return;
                 }
             }
@@ -215,17 +207,12 @@ impl ServerRole {
             // means the call is already over.
             Err(_) => {}
         }
-        if let Some(Call::Running {
-            cancel, blocked, ..
-        }) = self.calls.remove(&id)
-        {
-            if let Some((m, ack)) = blocked.map(|b| *b) {
-                self.held = self.held.saturating_sub(m.len());
-                let _ = ack.send(Err(crate::status::call_over()));
-            }
+        if let Some(call) = self.calls.remove(&id) {
             // A handler still running (its call ended without it) stops; the handle is reused
             // if nothing else holds it.
-            cancel.over(Some(&mut self.cancel_pool));
+            if let Some(waits) = call.over(None, Some(&mut self.cancel_pool)) {
+                self.let_go(waits, crate::status::call_over());
+            }
         }
     }
 
@@ -250,10 +237,10 @@ impl ServerRole {
     ) {
         match send_message(conn, CallId(id), message, ack) {
             Sent::Done => {}
-            Sent::Blocked(b) => match self.calls.get_mut(&id) {
-                Some(Call::Running { blocked, .. }) => {
+            Sent::Blocked(b) => match self.calls.get_mut(&id).and_then(ServerCall::send_mut) {
+                Some(w) => {
                     self.held += b.0.len();
-                    *blocked = Some(b);
+                    w.blocked = Some(b);
                 }
                 _ => {
                     let _ = b.1.send(Err(crate::status::call_over()));
@@ -271,11 +258,11 @@ impl ServerRole {
     }
 
     pub(super) fn on_writable(&mut self, id: u32, conn: &mut Connection) {
-        let Some(Call::Running { blocked, end, .. }) = self.calls.get_mut(&id) else {
+        let Some(w) = self.calls.get_mut(&id).and_then(ServerCall::send_mut) else {
             return;
         };
-        let blocked = blocked.take();
-        let end = end.take();
+        let blocked = w.blocked.take();
+        let end = w.end.take();
         if let Some((message, ack)) = blocked.map(|b| *b) {
             self.held = self.held.saturating_sub(message.len());
             self.send(id, message, ack, conn);

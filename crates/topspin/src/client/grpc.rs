@@ -4,41 +4,43 @@
 //! `grpc://host:port` (h2c, prior knowledge) and `grpcs://host:port` (TLS, ALPN `h2`)
 //! addresses. The generated clients and every `Channel` call kind work unchanged.
 //!
-//! One router task keeps the calls of the connection by token and forwards their commands;
-//! each call runs as a task of its own around its h2 stream: request headers (`:path` = the
-//! method, `grpc-timeout` from the deadline, metadata), 5-byte-prefixed messages, response
-//! headers, messages and trailers into the call's sink. Flow control stays bounded as on the
-//! native protocol: a response stream's DATA is released to the server as the application
-//! consumes its messages (`Cmd::Credit`), and a request stream's next message is taken only
-//! once h2 has window for what was queued before it.
-//!
-//! A third task drives the HTTP/2 connection and keeps its timers — handshake (the server's
-//! SETTINGS), frame, write, idle and keep-alive PINGs — by the one liveness policy a native
-//! connection keeps (`grpc::live`, `connection::liveness`), reading what the server sends as it
-//! passes to h2 (`grpc::watch`).
+//! One task per connection, as on the gRPC face: it drives the HTTP/2 connection, keeps its
+//! timers — handshake (the server's SETTINGS), frame, write, idle and keep-alive PINGs — by the
+//! one liveness policy a native connection keeps (`grpc::live`, `connection::liveness`, reading
+//! what the server sends as it passes to h2, `grpc::watch`), routes the channel's commands to
+//! the calls by token ([`Router`]), and runs every call beside it: each call is a future around
+//! its h2 stream — request headers (`:path` = the method, `grpc-timeout` from the deadline,
+//! metadata), 5-byte-prefixed messages, response headers, messages and trailers into the call's
+//! sink. A call's bytes thus pass no task but the connection's between h2 and the caller (the
+//! wake-ups h2 gives its own task become more turns of one poll, `grpc::live::Coalesced`).
+//! Flow control stays bounded as on the native protocol: a response stream's DATA is released
+//! to the server as the application consumes its messages (`Cmd::Credit`), and a request
+//! stream's next message is taken only once h2 has window for what was queued before it.
 
 use super::conn::{call_over, expired_before_sent, expired_while_waiting, not_sent};
 use super::conn::{refused_unsent, Broken, Outcome};
 use super::conn::{CallStart, Cmd, ConnHandle, ConnShared, Sink, COMMAND_QUEUE};
 use crate::compression::{self, Encoding};
 use crate::connection::Ack;
-use crate::grpc::live::{Lapse, LapseTimer, Pings, Timers};
+use crate::grpc::live::{Coalesced, Lapse, LapseTimer, Pings, Timers};
 use crate::grpc::wire::{self, Deframer, Frame};
 use crate::{Address, Config, Metadata, Status};
 use bytes::Bytes;
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt;
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{RecvStream, SendStream};
 use http::header::{HeaderValue, CONTENT_TYPE, TE, USER_AGENT};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use rustc_hash::FxHashMap;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{mpsc, oneshot};
 
 /// How often a call whose response credit is withheld (memory budget spent) looks for room
 /// again.
@@ -120,8 +122,25 @@ where
     let shared = Arc::new(ConnShared::default());
     let closed = Arc::new(std::sync::OnceLock::new());
     let (ready, answered) = oneshot::channel();
-    let (idle_tx, idle_rx) = watch::channel(true);
-    let away = CancellationToken::new();
+    let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+    let router = Router {
+        send,
+        base: Arc::new(Base {
+            address: address.clone(),
+            scheme,
+            authority,
+            limit: config.max_message_size() as usize,
+            window: window as usize,
+            budget: config.memory_budget(),
+            spare: Arc::new(wire::Spare::new(Some(config.memory_budget()))),
+            shared: shared.clone(),
+            max_metadata,
+            closed: closed.clone(),
+        }),
+        calls: FxHashMap::default(),
+        running: FuturesUnordered::new(),
+        max_calls: config.max_pending_calls(),
+    };
     let driven = Drive {
         tracker,
         started,
@@ -129,10 +148,8 @@ where
         shared: shared.clone(),
         closed: closed.clone(),
         address: address.clone(),
-        idle: idle_rx,
-        away: away.clone(),
     };
-    tokio::spawn(driven.run(connection, ready));
+    tokio::spawn(Coalesced::new(driven.run(connection, ready, router, rx)));
     // One PING answered (the server's SETTINGS came first): the peer speaks HTTP/2 (a port
     // that does not fails here, not at the first call). The caller bounds the wait with the
     // handshake timeout.
@@ -148,29 +165,6 @@ where
             return Err(what(&format!("no HTTP/2 answer ({why})")));
         }
     }
-    let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-    // One message per ending call; the calls of a connection are bounded (the server's
-    // concurrent-stream limit plus `Config::max_pending_calls`), so is this queue.
-    let (done_tx, done_rx) = mpsc::unbounded_channel();
-    let router = Router {
-        send,
-        base: Arc::new(Base {
-            address: address.clone(),
-            scheme,
-            authority,
-            limit: config.max_message_size() as usize,
-            window: window as usize,
-            budget: config.memory_budget(),
-            spare: Arc::new(wire::Spare::new(Some(config.memory_budget()))),
-            shared: shared.clone(),
-            max_metadata,
-            closed,
-        }),
-        calls: FxHashMap::default(),
-        max_calls: config.max_pending_calls(),
-        done_tx,
-    };
-    tokio::spawn(router.run(rx, done_rx, idle_tx, away));
     Ok(ConnHandle::new(tx, shared, None))
 }
 
@@ -183,20 +177,24 @@ struct Drive {
     /// Why this side closed the connection, for the errors of its calls.
     closed: Arc<std::sync::OnceLock<String>>,
     address: Address,
-    /// No call is open (the router's).
-    idle: watch::Receiver<bool>,
-    /// Told when the connection was idle too long: the router ends once its calls have.
-    away: CancellationToken,
 }
 
+/// How long the calls of a connection that ended have to see so (their streams fail at once
+/// once h2's connection is dropped; this only bounds a call that would not end).
+const WIND_DOWN: Duration = Duration::from_secs(5);
+
 impl Drive {
-    /// Drives the HTTP/2 connection until it ends or a timer of the one liveness policy
-    /// (`grpc::live`: handshake, frame, write, idle, keep-alive) says it must; `ready` is told
-    /// when the first PING, sent at once, is answered.
+    /// Drives the HTTP/2 connection and its calls until every handle is gone, the connection
+    /// ends, a timer of the one liveness policy (`grpc::live`: handshake, frame, write, idle,
+    /// keep-alive) says it must, or it was idle too long (marked unusable, so new calls go to a
+    /// new connection) and the calls left have ended; `ready` is told when the first PING, sent
+    /// at once, is answered.
     async fn run<T>(
         self,
         mut connection: h2::client::Connection<crate::grpc::watch::Watched<T>, Frame>,
         ready: oneshot::Sender<Result<(), h2::Error>>,
+        mut router: Router,
+        mut rx: mpsc::Receiver<Cmd>,
     ) where
         T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
@@ -207,8 +205,6 @@ impl Drive {
             shared,
             closed,
             address,
-            mut idle,
-            away,
         } = self;
         let changed = crate::grpc::watch::read(&tracker).changed.clone();
         let mut pings = Pings::new(connection.ping_pong());
@@ -218,13 +214,29 @@ impl Drive {
         let lapse = tokio::time::sleep_until(started.into());
         tokio::pin!(lapse);
         let mut timer = LapseTimer::default();
-        let (mut going, mut routed) = (false, true);
+        let mut leaving = false;
         let why = loop {
-            let is_idle = *idle.borrow_and_update() && !going;
+            if leaving && router.calls.is_empty() {
+                // What raced in is refused as not sent (safe to retry).
+                rx.close();
+                while let Ok(cmd) = rx.try_recv() {
+                    router.apply(cmd);
+                }
+                break None;
+            }
+            let is_idle = router.calls.is_empty() && !leaving;
             let next = timers.next(is_idle);
             timer.arm(lapse.as_mut(), next);
             tokio::select! {
                 r = &mut connection => break r.err().map(|e| e.to_string()),
+                Some(token) = router.running.next(), if !router.running.is_empty() => {
+                    router.calls.remove(&token);
+                }
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => router.apply(cmd),
+                    // Every handle is gone: nobody waits for an answer any more.
+                    None => break None,
+                },
                 () = poll_fn(|cx| timer.poll(lapse.as_mut(), cx)), if next.is_some() => {
                     timer.armed = None;
                     match timers.lapsed(is_idle, &mut pings) {
@@ -234,10 +246,9 @@ impl Drive {
                         }
                         Some(Lapse::Idle) => {
                             // New calls go to a new connection; this one closes once the
-                            // router is gone (with it h2's last handle).
-                            going = true;
+                            // calls left have ended.
+                            leaving = true;
                             shared.unusable.store(true, Ordering::Release);
-                            away.cancel();
                             tracing::debug!("gRPC connection to {address} idle for {:?}: closing", config.idle_timeout());
                         }
                         None => {}
@@ -251,7 +262,6 @@ impl Drive {
                         let _ = ready.send(pong);
                     }
                 }
-                r = idle.changed(), if routed => routed = r.is_ok(),
                 // A frame became incomplete or writes stalled: re-arm for its timer.
                 () = poll_fn(|_| if changed.take() { Poll::Ready(()) } else { Poll::Pending }) => {}
                 // The handshake was given up on (its timeout).
@@ -260,62 +270,51 @@ impl Drive {
                 }
             }
         };
-        // Dropping the connection fails its open streams (UNAVAILABLE in their calls).
         shared.unusable.store(true, Ordering::Release);
-        drop(connection);
+        router.wind_down(connection, why.is_none()).await;
         if let Some(why) = why {
             tracing::debug!("gRPC connection to {address} ended: {why}");
         }
     }
 }
 
-/// Routes the channel's commands to the calls of one connection.
+/// A call running on its connection's task; its token once it ended.
+type Running = Pin<Box<dyn Future<Output = u64> + Send>>;
+
+/// Routes the channel's commands to the calls of one connection, and holds the calls.
 struct Router {
     send: SendRequest<Frame>,
     base: Arc<Base>,
     /// The calls by token: at most `max_calls` plus the server's concurrent-stream limit.
     calls: FxHashMap<u64, mpsc::UnboundedSender<CallCmd>>,
+    /// The calls' futures (one per entry of `calls`, until it ends).
+    running: FuturesUnordered<Running>,
     max_calls: usize,
-    /// Each call's task sends its token here when it ends (at most one per call in `calls`).
-    done_tx: mpsc::UnboundedSender<u64>,
 }
 
 impl Router {
-    /// Runs until every handle is gone, or the connection loop said it was idle too long
-    /// (`away`; it marked the connection unusable, so new calls go to a new connection) and
-    /// the calls left have ended. Tells `idle` whether no call is open.
-    async fn run(
-        mut self,
-        mut rx: mpsc::Receiver<Cmd>,
-        mut done_rx: mpsc::UnboundedReceiver<u64>,
-        idle: watch::Sender<bool>,
-        away: CancellationToken,
-    ) {
-        let mut leaving = false;
-        loop {
-            tokio::select! {
-                biased;
-                Some(token) = done_rx.recv() => {
-                    self.calls.remove(&token);
-                }
-                cmd = rx.recv() => match cmd {
-                    Some(cmd) => self.apply(cmd),
-                    // Every handle is gone: nobody waits for an answer any more.
-                    None => break,
-                },
-                () = away.cancelled(), if !leaving => leaving = true,
-            }
-            let none = self.calls.is_empty();
-            if leaving && none {
-                // What raced in is refused as not sent (safe to retry).
-                rx.close();
-                while let Ok(cmd) = rx.try_recv() {
-                    self.apply(cmd);
-                }
-                break;
-            }
-            idle.send_if_modified(|was| std::mem::replace(was, none) != none);
+    /// The connection's loop ended: a graceful end (`graceful`: no error, nobody waits or the
+    /// connection was idle) lets h2 finish what the calls left have queued and say GOAWAY;
+    /// then the connection is dropped, which fails its open streams (UNAVAILABLE in their
+    /// calls, which are run until they have told their callers so).
+    async fn wind_down<T>(
+        self,
+        mut connection: h2::client::Connection<crate::grpc::watch::Watched<T>, Frame>,
+        graceful: bool,
+    ) where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let Router {
+            send, mut running, ..
+        } = self;
+        drop(send);
+        if graceful && running.is_empty() {
+            // No handle and no stream left: h2 closes the connection (GOAWAY) and resolves.
+            let _ = tokio::time::timeout(WIND_DOWN, &mut connection).await;
         }
+        drop(connection);
+        let _ = tokio::time::timeout(WIND_DOWN, async { while running.next().await.is_some() {} })
+            .await;
     }
 
     fn forward(&mut self, token: u64, cmd: CallCmd) {
@@ -379,15 +378,14 @@ impl Router {
         // at least 5 bytes of the stream's window, so at most window/5 of them).
         let (tx, rx) = mpsc::unbounded_channel();
         self.calls.insert(call.token, tx);
-        let done = self.done_tx.clone();
         let (send, base) = (self.send.clone(), self.base.clone());
-        tokio::spawn(async move {
+        self.running.push(Box::pin(async move {
             let token = call.token;
             GrpcCall::new(base, call.method.clone(), sink)
                 .run(send, call, rx)
                 .await;
-            let _ = done.send(token);
-        });
+            token
+        }));
     }
 }
 

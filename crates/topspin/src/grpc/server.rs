@@ -3,7 +3,7 @@
 //! call run on the connection's task by [`Face::call`] (`call.rs`).
 
 use super::call::{Face, Unsent};
-use super::live::{Lapse, LapseTimer, Pings, Timers};
+use super::live::{Coalesced, Lapse, LapseTimer, Pings, Timers};
 use super::wire::Frame;
 use super::Peer;
 use crate::connection::liveness;
@@ -274,89 +274,5 @@ impl Going {
             .checked_add(config.max_connection_age_grace())
             .unwrap_or(now + crate::connection::FAR);
         grace.reset(until.into());
-    }
-}
-
-/// Runs a connection's future so that the wake-ups it gives itself while it runs (h2 wakes
-/// the connection whenever a call queues a frame or takes data; the calls run on the same task)
-/// become another turn of the same poll rather than a reschedule: tokio reschedules a task that
-/// woke itself as a yield, which also wakes a parked worker thread to steal it — an extra
-/// thread wake-up (and often a migration to another CPU) per call. Wake-ups from elsewhere
-/// (the socket, spawned handlers) go to the task as usual. At most [`TURNS`] turns per poll.
-struct Coalesced<F> {
-    fut: Pin<Box<F>>,
-    shared: Arc<WakeState>,
-    waker: std::task::Waker,
-}
-
-/// Turns of one poll before the task yields to others anyway.
-const TURNS: usize = 32;
-const IDLE: u8 = 0;
-const RUNNING: u8 = 1;
-const RUNNING_WOKEN: u8 = 2;
-
-#[derive(Default)]
-struct WakeState {
-    state: std::sync::atomic::AtomicU8,
-    task: futures_util::task::AtomicWaker,
-}
-
-impl std::task::Wake for WakeState {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        use std::sync::atomic::Ordering::AcqRel;
-        match self.state.compare_exchange(
-            RUNNING,
-            RUNNING_WOKEN,
-            AcqRel,
-            std::sync::atomic::Ordering::Acquire,
-        ) {
-            Ok(_) | Err(RUNNING_WOKEN) => {}
-            Err(_) => self.task.wake(),
-        }
-    }
-}
-
-impl<F: Future<Output = ()>> Coalesced<F> {
-    fn new(fut: F) -> Coalesced<F> {
-        let shared = Arc::new(WakeState::default());
-        Coalesced {
-            fut: Box::pin(fut),
-            waker: std::task::Waker::from(shared.clone()),
-            shared,
-        }
-    }
-}
-
-impl<F: Future<Output = ()>> Future for Coalesced<F> {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
-        use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
-        let this = &mut *self;
-        this.shared.task.register(cx.waker());
-        let mut inner = std::task::Context::from_waker(&this.waker);
-        for _ in 0..TURNS {
-            this.shared.state.store(RUNNING, Release);
-            if this.fut.as_mut().poll(&mut inner).is_ready() {
-                this.shared.state.store(IDLE, Release);
-                return Poll::Ready(());
-            }
-            if this
-                .shared
-                .state
-                .compare_exchange(RUNNING, IDLE, AcqRel, Acquire)
-                .is_ok()
-            {
-                return Poll::Pending; // nothing woke it while it ran
-            }
-            // Woken while running: another turn.
-        }
-        this.shared.state.store(IDLE, Release);
-        cx.waker().wake_by_ref();
-        Poll::Pending
     }
 }

@@ -276,6 +276,13 @@ pub(crate) fn decode(encoding: Encoding, mut message: Bytes, room: &Room) -> Res
     }
 }
 
+/// Whether a message that starts with its flag byte (a direction that uses an encoding) is
+/// compressed.
+#[inline]
+pub(crate) fn flagged_compressed(message: &[u8]) -> bool {
+    message.first() == Some(&COMPRESSED)
+}
+
 pub(crate) fn inflate(encoding: Encoding, body: &[u8], room: &Room) -> Result<Bytes, Status> {
     let limit = room.max;
     let failed = |e: std::io::Error| {
@@ -576,6 +583,14 @@ impl<C: Codec> Codec for Compressed<C> {
 }
 
 impl<C: Codec> Compressed<C> {
+    /// Whether `message`, as received (before [`Codec::decode`]), arrived compressed: its flag
+    /// byte says so on a direction that uses an encoding. (A face that decompresses itself
+    /// hands over plain bytes and says so beside them.)
+    #[inline]
+    pub(crate) fn arrived_compressed(&self, message: &[u8]) -> bool {
+        self.recv.is_some() && flagged_compressed(message)
+    }
+
     /// [`Codec::encode_payload`], compressed only if `on` (else with flag 0, on a direction
     /// that compresses): one message of a call whose [`MessageCompression`] is off.
     #[inline]

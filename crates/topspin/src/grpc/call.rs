@@ -213,6 +213,7 @@ impl Face {
         let ctx = ServerContext {
             deadline,
             encoding: recv,
+            compressed: false,
             method: bytestring::ByteString::from(method),
             cancel: cancel.clone(),
             conn: self.context.clone(),

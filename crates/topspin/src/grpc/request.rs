@@ -125,9 +125,9 @@ impl Inbound {
                 let cost = r.wire_len.max(r.message.len());
                 self.outstanding += cost;
                 let credit = u32::try_from(cost).unwrap_or(u32::MAX);
-                let _ = tx.send(Item::Message(r.message, credit));
+                let _ = tx.send(Item::Message(r.message, credit, r.compressed));
             } else if let Some(w) = self.waiting.as_mut() {
-                w.on_message(r.message)?;
+                w.on_message(r.message, r.compressed)?;
             }
         }
         if self.deframer.must_wait() {

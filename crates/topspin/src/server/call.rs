@@ -137,8 +137,9 @@ impl Waiting {
     }
 
     /// A request message came: the call's one, or one too many (the call ends with the
-    /// status returned).
-    pub(crate) fn on_message(&mut self, message: Bytes) -> Result<(), Status> {
+    /// status returned). `compressed`: it arrived compressed, and its face decompressed it
+    /// (gRPC's; a native message keeps its flag byte for the handler to read).
+    pub(crate) fn on_message(&mut self, message: Bytes, compressed: bool) -> Result<(), Status> {
         if self.message.is_some() {
             return Err(Status::invalid_argument(format!(
                 "{} takes one request message, got more",
@@ -146,6 +147,7 @@ impl Waiting {
             )));
         }
         self.message = Some(message);
+        self.ctx.compressed = compressed;
         Ok(())
     }
 

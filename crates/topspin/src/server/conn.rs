@@ -289,6 +289,7 @@ impl ServerRole {
         ServerContext {
             deadline,
             encoding: None,
+            compressed: false,
             method,
             cancel: self.cancel_pool.pop().unwrap_or_default(),
             conn: self.context.clone(),
@@ -300,14 +301,14 @@ impl ServerRole {
             // The one request message: its credit is never needed again (the client half-closes
             // with it), so none goes back.
             Some(Call::Awaiting(waiting)) => {
-                if let Err(st) = waiting.on_message(message) {
+                if let Err(st) = waiting.on_message(message, false) {
                     self.end(id.0, st, Metadata::new(), conn);
                 }
             }
             Some(Call::Running {
                 inbound: Some(tx), ..
             }) => {
-                let _ = tx.send(Item::Message(message, credit));
+                let _ = tx.send(Item::Message(message, credit, false));
             }
             _ => {
                 let _ = conn.grant_credit(id, credit);

@@ -63,6 +63,7 @@ fn ctx(method: &str, deadline: Option<Instant>) -> ServerContext {
     ServerContext {
         deadline,
         encoding: None,
+        compressed: false,
         method: method.into(),
         cancel: Default::default(),
         conn: crate::test_util::conn_context(),
@@ -108,9 +109,10 @@ fn waiting(method: &str) -> Waiting {
 #[test]
 fn a_unary_call_takes_exactly_one_request_message() {
     let mut w = waiting("/s/One");
-    w.on_message(Bytes::from_static(b"a")).expect("the first");
+    w.on_message(Bytes::from_static(b"a"), false)
+        .expect("the first");
     let st = w
-        .on_message(Bytes::from_static(b"b"))
+        .on_message(Bytes::from_static(b"b"), false)
         .expect_err("a second");
     assert_eq!(st.code(), Code::InvalidArgument);
     assert_eq!(st.message(), "/s/One takes one request message, got more");

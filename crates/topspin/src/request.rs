@@ -172,7 +172,11 @@ impl<T> Request<T> {
 
     /// Server: the encoding the request's messages came in (`topspin-encoding` on the native
     /// face, `grpc-encoding` on the gRPC face); `None` when they came uncompressed (and on a
-    /// client's request).
+    /// client's request). It is the call's: a call with an encoding may still send a message
+    /// as it is (one under the client's threshold, say) — whether each message arrived
+    /// compressed is [`Request::message_compressed`] (the one request) and
+    /// [`Streaming::last_message_compressed`](crate::Streaming::last_message_compressed) (a
+    /// request stream's).
     ///
     /// ```
     /// use topspin::Request;

@@ -583,12 +583,23 @@ impl<C: Codec> Codec for Compressed<C> {
 }
 
 impl<C: Codec> Compressed<C> {
-    /// Whether `message`, as received (before [`Codec::decode`]), arrived compressed: its flag
-    /// byte says so on a direction that uses an encoding. (A face that decompresses itself
-    /// hands over plain bytes and says so beside them.)
+    /// [`Codec::decode`], setting `compressed` when the message's flag byte says it arrived
+    /// compressed (on a direction that uses an encoding; a face that decompresses itself
+    /// hands over plain bytes and says so beside them). A call without an encoding does
+    /// nothing more than `decode`: `compressed` is left alone.
     #[inline]
-    pub(crate) fn arrived_compressed(&self, message: &[u8]) -> bool {
-        self.recv.is_some() && flagged_compressed(message)
+    pub(crate) fn decode_noting(
+        &self,
+        buf: Bytes,
+        compressed: &mut bool,
+    ) -> Result<C::Decode, Status> {
+        match self.recv {
+            Some(e) => {
+                *compressed = flagged_compressed(&buf);
+                self.inner.decode(decode(e, buf, &self.room)?)
+            }
+            None => self.inner.decode(buf),
+        }
     }
 
     /// [`Codec::encode_payload`], compressed only if `on` (else with flag 0, on a direction

@@ -405,8 +405,7 @@ where
             Err(s) => return place(recycled, std::future::ready(Outcome::Reply(Err(s)))),
         };
         // The native flag byte (a face that decompressed the message set this already).
-        ctx.compressed |= codec.arrived_compressed(&b);
-        match codec.decode(b) {
+        match codec.decode_noting(b, &mut ctx.compressed) {
             Ok(m) => place(
                 recycled,
                 reply(codec, (self.1)(Request::from_server(m, md, ctx))),
@@ -446,8 +445,7 @@ where
             Err(s) => return place(recycled, std::future::ready(Outcome::Finished(Err(s)))),
         };
         // The native flag byte (a face that decompressed the message set this already).
-        ctx.compressed |= codec.arrived_compressed(&b);
-        match codec.decode(b) {
+        match codec.decode_noting(b, &mut ctx.compressed) {
             Ok(m) => place(
                 recycled,
                 stream_out(

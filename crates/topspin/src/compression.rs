@@ -276,6 +276,13 @@ pub(crate) fn decode(encoding: Encoding, mut message: Bytes, room: &Room) -> Res
     }
 }
 
+/// Whether a message that starts with its flag byte (a direction that uses an encoding) is
+/// compressed.
+#[inline]
+pub(crate) fn flagged_compressed(message: &[u8]) -> bool {
+    message.first() == Some(&COMPRESSED)
+}
+
 pub(crate) fn inflate(encoding: Encoding, body: &[u8], room: &Room) -> Result<Bytes, Status> {
     let limit = room.max;
     let failed = |e: std::io::Error| {
@@ -576,6 +583,25 @@ impl<C: Codec> Codec for Compressed<C> {
 }
 
 impl<C: Codec> Compressed<C> {
+    /// [`Codec::decode`], setting `compressed` when the message's flag byte says it arrived
+    /// compressed (on a direction that uses an encoding; a face that decompresses itself
+    /// hands over plain bytes and says so beside them). A call without an encoding does
+    /// nothing more than `decode`: `compressed` is left alone.
+    #[inline]
+    pub(crate) fn decode_noting(
+        &self,
+        buf: Bytes,
+        compressed: &mut bool,
+    ) -> Result<C::Decode, Status> {
+        match self.recv {
+            Some(e) => {
+                *compressed = flagged_compressed(&buf);
+                self.inner.decode(decode(e, buf, &self.room)?)
+            }
+            None => self.inner.decode(buf),
+        }
+    }
+
     /// [`Codec::encode_payload`], compressed only if `on` (else with flag 0, on a direction
     /// that compresses): one message of a call whose [`MessageCompression`] is off.
     #[inline]

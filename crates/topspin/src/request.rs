@@ -172,7 +172,11 @@ impl<T> Request<T> {
 
     /// Server: the encoding the request's messages came in (`topspin-encoding` on the native
     /// face, `grpc-encoding` on the gRPC face); `None` when they came uncompressed (and on a
-    /// client's request).
+    /// client's request). It is the call's: a call with an encoding may still send a message
+    /// as it is (one under the client's threshold, say) — whether each message arrived
+    /// compressed is [`Request::message_compressed`] (the one request) and
+    /// [`Streaming::last_message_compressed`](crate::Streaming::last_message_compressed) (a
+    /// request stream's).
     ///
     /// ```
     /// use topspin::Request;
@@ -185,6 +189,49 @@ impl<T> Request<T> {
                 .ok()
                 .flatten()
         })
+    }
+
+    /// Server: whether the request message arrived compressed (a unary or server-streaming
+    /// call's one message; a request stream tells message by message,
+    /// [`Streaming::last_message_compressed`](crate::Streaming::last_message_compressed)).
+    /// [`Request::encoding`] is the call's encoding, which says how its messages *may* be
+    /// compressed; each message still says whether it is — a client sends a message as it is
+    /// (gRPC's compressed flag 0; topspin's flag byte 0, protocol.md §15) when it is under its
+    /// compression's threshold or would not shrink. `false` on a client's request.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use bytes::Bytes;
+    /// use topspin::codec::RawCodec;
+    /// use topspin::{Compression, Config, Encoding, Endpoint, Request, Response, Server};
+    ///
+    /// let server = Server::builder()
+    ///     .unary("/demo.D/Flag", RawCodec, |req: Request<Bytes>| async move {
+    ///         let seen = format!("{:?} {}", req.encoding(), req.message_compressed());
+    ///         Ok(Response::new(Bytes::from(seen)))
+    ///     })
+    ///     .bind("tcp://127.0.0.1:0")
+    ///     .await?;
+    /// let address = server.local_addr().clone();
+    /// let shutdown = server.shutdown_handle();
+    /// tokio::spawn(server.serve());
+    ///
+    /// // A gzip channel compresses messages of 1 KiB and more (the default threshold).
+    /// let gzip = Config::default().with_compression(Some(Compression::new(Encoding::Gzip)));
+    /// let channel = Endpoint::new(address)?.config(gzip).connect().await?;
+    /// let big = Request::new(Bytes::from(vec![b'x'; 4096]));
+    /// let r = channel.unary(RawCodec, "/demo.D/Flag", big).await?;
+    /// assert_eq!(r.get_ref(), "Some(Gzip) true");
+    /// let small = Request::new(Bytes::from_static(b"hi")); // under the threshold: as it is
+    /// let r = channel.unary(RawCodec, "/demo.D/Flag", small).await?;
+    /// assert_eq!(r.get_ref(), "Some(Gzip) false");
+    /// assert!(!Request::new(()).message_compressed());
+    /// shutdown.shutdown(std::time::Duration::from_secs(1)).await;
+    /// # Ok(()) }
+    /// ```
+    pub fn message_compressed(&self) -> bool {
+        self.ctx.as_ref().is_some_and(|c| c.compressed)
     }
 
     /// Server: the full method name, e.g. `/kv.Store/Get`.
@@ -336,6 +383,9 @@ pub(crate) struct ServerContext {
     /// The request's encoding when the face read it out of the metadata (gRPC); the native
     /// face leaves `topspin-encoding` in the metadata, where [`Request::encoding`] finds it.
     pub(crate) encoding: Option<crate::Encoding>,
+    /// The one request message of a unary or server-streaming call arrived compressed (set
+    /// by the face that decompressed it, or by the handler that reads its flag byte).
+    pub(crate) compressed: bool,
     pub(crate) method: bytestring::ByteString,
     pub(crate) cancel: Cancellation,
     /// What every call of its connection shares (one reference count per call, and a small

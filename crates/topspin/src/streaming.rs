@@ -12,7 +12,10 @@ use topspin_proto::Metadata;
 /// What a connection task delivers to a stream consumer.
 #[derive(Debug)]
 pub(crate) enum Item {
-    Message(Bytes, u32),
+    /// A message, the credit it takes, and whether it arrived compressed: `true` only from a
+    /// face that decompressed it itself (the gRPC face, whose frame prefix has the flag). A
+    /// native message keeps its flag byte for the call's decoder ([`Streaming::new`]).
+    Message(Bytes, u32, bool),
     /// The stream ended: trailers on success (client side) or an error status.
     End(Result<Metadata, Status>),
 }
@@ -69,6 +72,10 @@ pub struct Streaming<T> {
     head: Head<T>,
     trailers: Option<Metadata>,
     done: bool,
+    /// The messages start with the native flag byte (protocol.md §15), which the decoder reads.
+    flagged: bool,
+    /// The message last returned arrived compressed.
+    last_compressed: bool,
 }
 
 impl<T> std::fmt::Debug for Streaming<T> {
@@ -80,10 +87,13 @@ impl<T> std::fmt::Debug for Streaming<T> {
 }
 
 impl<T> Streaming<T> {
+    /// A server's request stream. `flagged`: its messages start with the native flag byte
+    /// (protocol.md §15: 0 as is, 1 compressed), which `decode` reads and strips.
     pub(crate) fn new(
         rx: mpsc::UnboundedReceiver<Item>,
         decode: Decoder<T>,
         credit: Box<dyn CreditReturn>,
+        flagged: bool,
     ) -> Streaming<T> {
         Streaming {
             rx,
@@ -92,6 +102,8 @@ impl<T> Streaming<T> {
             head: Head::Open(Metadata::new()),
             trailers: None,
             done: false,
+            flagged,
+            last_compressed: false,
         }
     }
 
@@ -110,6 +122,8 @@ impl<T> Streaming<T> {
             head: Head::Opening(opening),
             trailers: None,
             done: false,
+            flagged: false,
+            last_compressed: false,
         }
     }
 
@@ -216,6 +230,62 @@ impl<T> Streaming<T> {
         self.head = Head::Failed(Status::cancelled("cancelled by the caller"));
     }
 
+    /// Server: whether the message [`Streaming::message`] (or the [`Stream`] implementation)
+    /// returned last arrived compressed. A call's encoding ([`Request::encoding`]) says how
+    /// its messages may be compressed; each message still says whether it is — a client may
+    /// send some as they are (gRPC's compressed flag 0; topspin's flag byte 0, protocol.md
+    /// §15), e.g. one under its compression's threshold or while its [`MessageCompression`]
+    /// is off. `false` before the first message, and on a client's response stream.
+    ///
+    /// Read it after each message, as gRPC's interop case `client_compressed_streaming`
+    /// checks its requests' `expect_compressed`:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use bytes::Bytes;
+    /// use futures_util::{stream, StreamExt};
+    /// use topspin::codec::RawCodec;
+    /// use topspin::{Channel, Compression, Encoding, MessageCompression, Request, Response, Server};
+    ///
+    /// let server = Server::builder()
+    ///     .client_streaming("/demo.D/Flags", RawCodec, |req: Request<topspin::Streaming<Bytes>>| async move {
+    ///         let mut requests = req.into_inner();
+    ///         let mut seen = Vec::new();
+    ///         while let Some(_message) = requests.message().await? {
+    ///             seen.push(if requests.last_message_compressed() { b'c' } else { b'-' });
+    ///         }
+    ///         Ok(Response::new(Bytes::from(seen)))
+    ///     })
+    ///     .bind("tcp://127.0.0.1:0")
+    ///     .await?;
+    /// let address = server.local_addr().clone();
+    /// let shutdown = server.shutdown_handle();
+    /// tokio::spawn(server.serve());
+    /// let channel = Channel::connect(address).await?;
+    ///
+    /// // A gzip call whose second message goes as it is.
+    /// let switch = MessageCompression::new();
+    /// let flip = switch.clone();
+    /// let messages = stream::iter([0, 1]).map(move |i| {
+    ///     flip.set_enabled(i == 0);
+    ///     Bytes::from(vec![b'x'; 1000])
+    /// });
+    /// let req = Request::new(messages)
+    ///     .with_compression(Some(Compression::new(Encoding::Gzip).with_threshold(0)))
+    ///     .with_message_compression(&switch);
+    /// let seen = channel.client_streaming(RawCodec, "/demo.D/Flags", req).await?;
+    /// assert_eq!(&seen.get_ref()[..], b"c-");
+    /// shutdown.shutdown(std::time::Duration::from_secs(1)).await;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`Request::encoding`]: crate::Request::encoding
+    /// [`MessageCompression`]: crate::MessageCompression
+    pub fn last_message_compressed(&self) -> bool {
+        self.last_compressed
+    }
+
     /// The trailers, once the stream has ended successfully (client side).
     pub fn trailers(&self) -> Option<&Metadata> {
         self.trailers.as_ref()
@@ -238,8 +308,10 @@ impl<T> Streaming<T> {
         }
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Item::Message(b, credit))) => {
+            Poll::Ready(Some(Item::Message(b, credit, compressed))) => {
                 self.credit.give_back(credit);
+                self.last_compressed =
+                    compressed || (self.flagged && crate::compression::flagged_compressed(&b));
                 Poll::Ready(Some((self.decode)(b)))
             }
             Poll::Ready(Some(Item::End(Ok(trailers)))) => {

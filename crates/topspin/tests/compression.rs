@@ -502,6 +502,165 @@ async fn message_compression_switches_between_messages_both_ways() {
     .await;
 }
 
+const ONE: &str = "/t.C/One";
+const ONE_OUT: &str = "/t.C/OneOut";
+const MANY: &str = "/t.C/Many";
+
+/// A server whose handlers answer what they saw of their requests: `c` for a message that
+/// arrived compressed, `-` for one that did not (`/t.C/One` adds whether the call named an
+/// encoding; `/t.C/Many` answers one character per request message).
+fn reports_compressed() -> topspin::ServerBuilder {
+    use topspin::{Response, Status, Streaming};
+    fn seen(compressed: bool) -> char {
+        if compressed {
+            'c'
+        } else {
+            '-'
+        }
+    }
+    builder(Probe::default())
+        .unary(ONE, RawCodec, |req: Request<Bytes>| async move {
+            let s = format!(
+                "{}{}",
+                seen(req.message_compressed()),
+                req.encoding().is_some()
+            );
+            Ok(Response::new(Bytes::from(s)))
+        })
+        .server_streaming(ONE_OUT, RawCodec, |req: Request<Bytes>| async move {
+            let s = Bytes::from(seen(req.message_compressed()).to_string());
+            Ok(Response::new(stream::iter([Ok::<_, Status>(s)])))
+        })
+        .client_streaming(
+            MANY,
+            RawCodec,
+            |req: Request<Streaming<Bytes>>| async move {
+                let mut s = req.into_inner();
+                assert!(!s.last_message_compressed(), "no message returned yet");
+                let mut seen_all = String::new();
+                while let Some(m) = s.message().await? {
+                    assert_eq!(m, body(4096));
+                    seen_all.push(seen(s.last_message_compressed()));
+                }
+                Ok(Response::new(Bytes::from(seen_all)))
+            },
+        )
+}
+
+/// A handler sees, message by message, whether each request arrived compressed
+/// (`Request::message_compressed`, `Streaming::last_message_compressed`), not only the call's
+/// encoding (`Request::encoding`): a call that compresses may send a message as it is (flag 0,
+/// as gRPC's interop case `client_compressed_streaming` does with its second message).
+#[tokio::test]
+async fn a_handler_sees_which_request_messages_arrived_compressed() {
+    use topspin::MessageCompression;
+    let skips = [not_standard(
+        "its server has methods of its own, /t.C/One, /t.C/OneOut and /t.C/Many, reporting \
+         what their handlers saw",
+    )];
+    each_transport(&skips, |tr| async move {
+        let b = reports_compressed();
+        let t = serve(b, tr).await;
+        let gzip = Compression::new(Encoding::Gzip).with_threshold(0);
+        // Compressed, as it is on a call that does not compress, and as it is on a call that
+        // does (the message under the compression's threshold: flag 0, the call still gzip).
+        let cases = [
+            (Some(gzip), "ctrue"),
+            (None, "-false"),
+            (Some(gzip.with_threshold(1 << 20)), "-true"),
+        ];
+        for (compression, want) in cases {
+            let ch = channel(&t, compression).await;
+            let r = ch
+                .unary(RawCodec, ONE, Request::new(body(4096)))
+                .await
+                .unwrap();
+            assert_eq!(
+                r.get_ref(),
+                want.as_bytes(),
+                "[{tr}] unary, {compression:?}"
+            );
+            let mut out = ch
+                .server_streaming(RawCodec, ONE_OUT, Request::new(body(4096)))
+                .await
+                .unwrap()
+                .into_inner();
+            let m = out.message().await.unwrap().unwrap();
+            assert_eq!(
+                m,
+                &want.as_bytes()[..1],
+                "[{tr}] server stream, {compression:?}"
+            );
+        }
+        // A request stream whose first message goes compressed and its second as it is, then
+        // compressed again.
+        let ch = channel(&t, None).await;
+        let switch = MessageCompression::new();
+        let flip = switch.clone();
+        let requests = stream::iter(0..3).map(move |i| {
+            flip.set_enabled(i != 1);
+            body(4096)
+        });
+        let req = Request::new(requests)
+            .with_compression(Some(gzip))
+            .with_message_compression(&switch);
+        let r = ch.client_streaming(RawCodec, MANY, req).await.unwrap();
+        assert_eq!(r.get_ref(), "c-c".as_bytes(), "[{tr}] request stream");
+        t.stop().await;
+    })
+    .await;
+}
+
+/// [`a_handler_sees_which_request_messages_arrived_compressed`] with tonic's client against the
+/// gRPC face (`TonicClient`), as far as tonic can say it: it compresses every message of a call
+/// that compresses (it has no per-message switch and no threshold), so a call's messages are all
+/// compressed or all not.
+#[cfg(feature = "grpc")]
+#[tokio::test]
+async fn a_handler_sees_which_of_tonic_s_requests_arrived_compressed() {
+    use tonic::codec::CompressionEncoding;
+    use tonic::codegen::http::uri::PathAndQuery;
+    eprintln!(
+        "[{}] a compressed call's message sent as it is: not tried (tonic compresses every \
+         message of a call that compresses)",
+        Transport::TonicClient
+    );
+    let t = serve(reports_compressed(), Transport::TonicClient).await;
+    let host_port = t.bound.strip_prefix("tcp://").expect("a TCP port");
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{host_port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for (gzip, want_one, want_many) in [(true, "ctrue", "cc"), (false, "-false", "--")] {
+        let mut g = tonic::client::Grpc::new(ch.clone());
+        if gzip {
+            g = g.send_compressed(CompressionEncoding::Gzip);
+        }
+        g.ready().await.unwrap();
+        let one = g
+            .unary(
+                tonic::Request::new(body(4096)),
+                PathAndQuery::from_static(ONE),
+                TonicRaw,
+            )
+            .await
+            .unwrap();
+        assert_eq!(one.get_ref(), want_one.as_bytes(), "gzip: {gzip}");
+        g.ready().await.unwrap();
+        let many = g
+            .client_streaming(
+                tonic::Request::new(stream::iter([body(4096), body(4096)])),
+                PathAndQuery::from_static(MANY),
+                TonicRaw,
+            )
+            .await
+            .unwrap();
+        assert_eq!(many.get_ref(), want_many.as_bytes(), "gzip: {gzip}");
+    }
+    t.stop().await;
+}
+
 /// What a pipe's client end read and wrote.
 #[derive(Default)]
 struct Counted {

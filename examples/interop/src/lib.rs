@@ -3,8 +3,8 @@
 //! (`scripts/test-interop.sh` runs grpc-go's). It follows gRPC's interop test descriptions:
 //! payloads of zeros of the asked size, the echoed metadata (`x-grpc-test-echo-initial` in the
 //! response headers, `x-grpc-test-echo-trailing-bin` in the trailers), the asked status, the
-//! asked compression per call and per message, and `INVALID_ARGUMENT` for a request that was
-//! expected compressed and was not.
+//! asked compression per call and per message, and `INVALID_ARGUMENT` for a request message
+//! whose compressed flag is not what its `expect_compressed` says.
 //!
 //! ```
 //! use topspin_interop::{server_builder, testing};
@@ -88,18 +88,22 @@ fn asked_status(s: Option<&pb::EchoStatus>) -> Option<Status> {
     Some(Status::new(code, s.message.clone()))
 }
 
-/// `INVALID_ARGUMENT` for a request expected compressed that came uncompressed (the call's
-/// `grpc-encoding`; nothing is checked when it is not expected compressed).
-fn check_compressed(
-    expect: Option<&pb::BoolValue>,
-    encoding: Option<Encoding>,
-) -> Result<(), Status> {
-    if expect.is_some_and(|e| e.value) && encoding.is_none() {
-        return Err(Status::invalid_argument(
+/// `INVALID_ARGUMENT` for a request message whose compressed flag is not what its
+/// `expect_compressed` says (as gRPC's C++ interop server checks): checked message by message
+/// (`compressed`: `Request::message_compressed`, `Streaming::last_message_compressed`), not by
+/// the call's `grpc-encoding` — a call that compresses may send a message as it is, as
+/// `client_compressed_streaming`'s second message goes. Nothing is checked without
+/// `expect_compressed`.
+fn check_compressed(expect: Option<&pb::BoolValue>, compressed: bool) -> Result<(), Status> {
+    match expect {
+        Some(e) if e.value && !compressed => Err(Status::invalid_argument(
             "the request was expected compressed and came uncompressed",
-        ));
+        )),
+        Some(e) if !e.value && compressed => Err(Status::invalid_argument(
+            "the request was expected uncompressed and came compressed",
+        )),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// gzip for every message that is worth it or not: the interop tests ask for compression by
@@ -162,7 +166,7 @@ impl Interop {
     ) -> Result<Response<pb::SimpleResponse>, Status> {
         check_compressed(
             request.get_ref().expect_compressed.as_ref(),
-            request.encoding(),
+            request.message_compressed(),
         )?;
         let (headers, trailers) = echoed(request.metadata());
         let req = request.into_inner();
@@ -227,11 +231,13 @@ impl pb::TestService for Interop {
         &self,
         request: Request<Streaming<pb::StreamingInputCallRequest>>,
     ) -> Result<Response<pb::StreamingInputCallResponse>, Status> {
-        let encoding = request.encoding();
         let mut input = request.into_inner();
         let mut size = 0usize;
         while let Some(m) = input.message().await? {
-            check_compressed(m.expect_compressed.as_ref(), encoding)?;
+            check_compressed(
+                m.expect_compressed.as_ref(),
+                input.last_message_compressed(),
+            )?;
             size += m.payload.map_or(0, |p| p.body.len());
         }
         let aggregated_payload_size = i32::try_from(size)

@@ -410,9 +410,9 @@ fn forward(
                 _ = items.closed() => return,
             };
             match item {
-                Some(Item::Message(m, credit)) => {
+                Some(Item::Message(m, credit, compressed)) => {
                     rec.response_bytes += m.len() as u64;
-                    let _ = items.send(Item::Message(m, credit));
+                    let _ = items.send(Item::Message(m, credit, compressed));
                 }
                 Some(Item::End(r)) => {
                     match &r {

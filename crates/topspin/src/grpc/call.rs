@@ -212,6 +212,7 @@ impl Face {
         let ctx = ServerContext {
             deadline,
             encoding: recv,
+            compressed: false,
             method: bytestring::ByteString::from(method),
             cancel: Cancellation::default(),
             conn: self.context.clone(),

@@ -250,6 +250,8 @@ pub(crate) struct Received {
     #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // the face's
     pub(crate) wire_len: usize,
     pub(crate) credit: usize,
+    /// Its prefix's compressed flag was set (it arrived compressed, and was decompressed).
+    pub(crate) compressed: bool,
 }
 
 /// A connection's buffer for messages split over DATA chunks, kept between messages and calls
@@ -529,11 +531,13 @@ impl Deframer {
         self.carried -= before;
         // Decompressed bytes are charged to the process budget, as on the native face.
         let budget = self.budget.as_ref().map(|b| b.whole().unwrap_or(b));
-        let message = unframe(flag == 1, body, encoding, limit, budget)?;
+        let compressed = flag == 1;
+        let message = unframe(compressed, body, encoding, limit, budget)?;
         Ok(Received {
             message,
             wire_len,
             credit: wire_len - before,
+            compressed,
         })
     }
 }

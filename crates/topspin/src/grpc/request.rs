@@ -109,7 +109,7 @@ impl Inbound {
             // holds at most a window of what the handler will see.
             let cost = r.wire_len.max(r.message.len());
             let credit = u32::try_from(cost).unwrap_or(u32::MAX);
-            if call.on_message(r.message, credit)? == Received::Queued {
+            if call.on_message(r.message, credit, r.compressed)? == Received::Queued {
                 self.outstanding += cost;
             }
         }

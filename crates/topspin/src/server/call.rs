@@ -141,8 +141,9 @@ impl Waiting {
     }
 
     /// A request message came: the call's one, or one too many (the call ends with the
-    /// status returned).
-    pub(crate) fn on_message(&mut self, message: Bytes) -> Result<(), Status> {
+    /// status returned). `compressed`: it arrived compressed, and its face decompressed it
+    /// (gRPC's; a native message keeps its flag byte for the handler to read).
+    pub(crate) fn on_message(&mut self, message: Bytes, compressed: bool) -> Result<(), Status> {
         if self.message.is_some() {
             return Err(Status::invalid_argument(format!(
                 "{} takes one request message, got more",
@@ -150,6 +151,7 @@ impl Waiting {
             )));
         }
         self.message = Some(message);
+        self.ctx.compressed = compressed;
         Ok(())
     }
 
@@ -218,15 +220,22 @@ impl<S> ServerCall<S> {
 
     /// A request message came with `credit`: the call's one request, one too many (the call
     /// ends with the status returned), or one for the handler's request stream.
+    /// `compressed`: it arrived compressed and its face decompressed it (gRPC's; a native
+    /// message keeps its flag byte for the handler's decoder).
     #[inline]
-    pub(crate) fn on_message(&mut self, message: Bytes, credit: u32) -> Result<Received, Status> {
+    pub(crate) fn on_message(
+        &mut self,
+        message: Bytes,
+        credit: u32,
+        compressed: bool,
+    ) -> Result<Received, Status> {
         match self {
-            ServerCall::Waiting(w) => w.on_message(message).map(|()| Received::Kept),
+            ServerCall::Waiting(w) => w.on_message(message, compressed).map(|()| Received::Kept),
             ServerCall::Started(Started {
                 requests: Some(tx), ..
             }) => {
                 // A handler that dropped its request stream takes no more: nothing to return.
-                let _ = tx.send(Item::Message(message, credit));
+                let _ = tx.send(Item::Message(message, credit, compressed));
                 Ok(Received::Queued)
             }
             _ => Ok(Received::Unwanted(credit)),

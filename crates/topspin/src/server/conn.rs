@@ -287,6 +287,7 @@ impl ServerRole {
         ServerContext {
             deadline,
             encoding: None,
+            compressed: false,
             method,
             cancel: self.cancel_pool.pop().unwrap_or_default(),
             conn: self.context.clone(),
@@ -295,7 +296,7 @@ impl ServerRole {
 
     fn on_message(&mut self, id: CallId, message: Bytes, credit: u32, conn: &mut Connection) {
         let received = match self.calls.get_mut(&id.0) {
-            Some(call) => call.on_message(message, credit),
+            Some(call) => call.on_message(message, credit, false),
             None => Ok(Received::Unwanted(credit)),
         };
         match received {

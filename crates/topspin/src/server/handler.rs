@@ -263,13 +263,19 @@ fn wrong_input(recycled: Option<BoxFut>) -> BoxFut {
     )
 }
 
-fn typed_stream<C: Codec>(codec: C, input: Input) -> Option<Streaming<C::Decode>> {
+fn typed_stream<C: Codec>(codec: Compressed<C>, input: Input) -> Option<Streaming<C::Decode>> {
     match input {
-        Input::Stream { rx, credit } => Some(Streaming::new(
-            rx,
-            Box::new(move |b| codec.decode(b)),
-            credit,
-        )),
+        Input::Stream { rx, credit } => {
+            // Native messages keep their flag byte, which tells the stream which arrived
+            // compressed; the gRPC face says so beside each message.
+            let flagged = codec.recv.is_some();
+            Some(Streaming::new(
+                rx,
+                Box::new(move |b| codec.decode(b)),
+                credit,
+                flagged,
+            ))
+        }
         Input::One(_) => None,
     }
 }
@@ -393,11 +399,13 @@ where
         let Input::One(b) = input else {
             return wrong_input(recycled);
         };
+        let mut ctx = ctx;
         let codec = match call_codec(&self.0, &md, &ctx) {
             Ok(c) => c,
             Err(s) => return place(recycled, std::future::ready(Outcome::Reply(Err(s)))),
         };
-        match codec.decode(b) {
+        // The native flag byte (a face that decompressed the message set this already).
+        match codec.decode_noting(b, &mut ctx.compressed) {
             Ok(m) => place(
                 recycled,
                 reply(codec, (self.1)(Request::from_server(m, md, ctx))),
@@ -431,11 +439,13 @@ where
         let Input::One(b) = input else {
             return wrong_input(recycled);
         };
+        let mut ctx = ctx;
         let codec = match call_codec(&self.0, &md, &ctx) {
             Ok(c) => c,
             Err(s) => return place(recycled, std::future::ready(Outcome::Finished(Err(s)))),
         };
-        match codec.decode(b) {
+        // The native flag byte (a face that decompressed the message set this already).
+        match codec.decode_noting(b, &mut ctx.compressed) {
             Ok(m) => place(
                 recycled,
                 stream_out(

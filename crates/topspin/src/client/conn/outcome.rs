@@ -72,7 +72,7 @@ impl Outcome {
                 if let Some(h) = headers.take() {
                     let _ = h.send(Ok(Metadata::new()));
                 }
-                let _ = items.send(Item::Message(message, credit));
+                let _ = items.send(Item::Message(message, credit, false));
                 Ok(credit)
             }
             Some(Sink::Unary(_)) if self.message.is_none() => {

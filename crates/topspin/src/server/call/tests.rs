@@ -63,6 +63,7 @@ fn ctx(method: &str, deadline: Option<Instant>) -> ServerContext {
     ServerContext {
         deadline,
         encoding: None,
+        compressed: false,
         method: method.into(),
         cancel: Default::default(),
         conn: crate::test_util::conn_context(),
@@ -108,9 +109,10 @@ fn waiting(method: &str) -> Waiting {
 #[test]
 fn a_unary_call_takes_exactly_one_request_message() {
     let mut w = waiting("/s/One");
-    w.on_message(Bytes::from_static(b"a")).expect("the first");
+    w.on_message(Bytes::from_static(b"a"), false)
+        .expect("the first");
     let st = w
-        .on_message(Bytes::from_static(b"b"))
+        .on_message(Bytes::from_static(b"b"), false)
         .expect_err("a second");
     assert_eq!(st.code(), Code::InvalidArgument);
     assert_eq!(st.message(), "/s/One takes one request message, got more");
@@ -309,7 +311,7 @@ fn a_call_is_cancelled_only_if_it_ends_before_its_handler_returned() {
 #[test]
 fn a_waiting_call_keeps_its_one_request_and_starts_on_the_half_close() {
     let mut call: ServerCall = ServerCall::Waiting(waiting("/s/One"));
-    let got = call.on_message(Bytes::from_static(b"a"), 7);
+    let got = call.on_message(Bytes::from_static(b"a"), 7, false);
     assert_eq!(got.expect("the first"), Received::Kept);
     let (_, m) = call.on_half_closed().expect("one came").expect("it starts");
     assert_eq!(&m[..], b"a");
@@ -328,19 +330,19 @@ fn a_started_calls_requests_go_to_its_stream_until_the_half_close() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = Cancel::running(Cancellation::default());
     let mut call = ServerCall::started(cancel, Some(tx), ());
-    let got = call.on_message(Bytes::from_static(b"a"), 5);
+    let got = call.on_message(Bytes::from_static(b"a"), 5, true);
     assert_eq!(got.expect("queued"), Received::Queued);
     assert!(call.on_half_closed().expect("no error").is_none());
-    assert!(matches!(rx.try_recv(), Ok(Item::Message(m, 5)) if &m[..] == b"a"));
+    assert!(matches!(rx.try_recv(), Ok(Item::Message(m, 5, true)) if &m[..] == b"a"));
     assert!(matches!(rx.try_recv(), Ok(Item::End(Ok(_)))));
     // After the half-close nobody takes a message: its credit is the face's to return.
-    let got = call.on_message(Bytes::from_static(b"b"), 9);
+    let got = call.on_message(Bytes::from_static(b"b"), 9, false);
     assert_eq!(got.expect("unwanted"), Received::Unwanted(9));
 
     // A unary call's handler has no stream at all.
     let cancel = Cancel::running(Cancellation::default());
     let mut call = ServerCall::started(cancel, None, ());
-    let got = call.on_message(Bytes::from_static(b"c"), 3);
+    let got = call.on_message(Bytes::from_static(b"c"), 3, false);
     assert_eq!(got.expect("unwanted"), Received::Unwanted(3));
 }
 

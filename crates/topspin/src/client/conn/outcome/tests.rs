@@ -108,8 +108,8 @@ fn a_stream_gets_headers_then_messages_with_their_credit_then_its_end() {
     o.on_end(Status::ok(), md("t", "2"), METHOD);
     let h = s.headers.try_recv().unwrap().unwrap();
     assert_eq!(h.get_str("h"), Some("1"));
-    assert!(matches!(s.items.try_recv(), Ok(Item::Message(m, 5)) if m == "a"));
-    assert!(matches!(s.items.try_recv(), Ok(Item::Message(m, 6)) if m == "b"));
+    assert!(matches!(s.items.try_recv(), Ok(Item::Message(m, 5, false)) if m == "a"));
+    assert!(matches!(s.items.try_recv(), Ok(Item::Message(m, 6, false)) if m == "b"));
     match s.items.try_recv() {
         Ok(Item::End(Ok(t))) => assert_eq!(t.get_str("t"), Some("2")),
         other => panic!("{other:?}"),

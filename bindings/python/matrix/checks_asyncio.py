@@ -151,6 +151,9 @@ class Checks:
             expect(e.code == topspin.Code.NOT_FOUND, f"status {one_line(e)}")
             expect(e.message == "nope", f"message {e.message!r}")
             expect(e.details == DETAILS, f"details {e.details.hex()}")
+            # The handler's response header came before the error and stays with it (§5.4).
+            h = dict(e.headers).get("x-fail-h")
+            expect(h == "v1", f"header x-fail-h {h!r} (headers {e.headers}, trailers {e.trailers})")
 
     async def compression(self) -> None:
         """One channel per algorithm: the API sets request compression per channel."""

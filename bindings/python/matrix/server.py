@@ -103,6 +103,9 @@ class Matrix(rpc.MatrixAsyncServicer):
             code = topspin.Code(request.code)
         except ValueError:
             code = topspin.Code.UNKNOWN
+        # A response header set before the handler fails: it goes out before the error
+        # (protocol.md §5.4), and the client finds it on its StatusError.
+        context.set_initial_metadata([("x-fail-h", "v1")])
         raise topspin.StatusError(code, request.message, request.details)
 
     async def Sleep(self, request: pb.SleepReq, context: topspin.ServicerContext) -> pb.Msg:

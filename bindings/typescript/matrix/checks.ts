@@ -83,6 +83,8 @@ function metaValue(md: Metadata, key: string): string | Uint8Array | undefined {
   return md.find((m) => m.key === key)?.value;
 }
 
+const keys = (md: Metadata): string => md.map((m) => m.key).join(", ");
+
 /** Polls `WasCancelled(tag)` every 50 ms until true; fails after `withinMs`. */
 async function seenCancelled(ctx: Ctx, withinMs = 3000): Promise<void> {
   const until = now() + withinMs;
@@ -231,6 +233,9 @@ async function errorDetails(ctx: Ctx): Promise<Outcome> {
   expect(e.code === Code.NOT_FOUND, `ended ${describe(e)}`);
   expect(e.rawMessage === "nope", `message ${JSON.stringify(e.rawMessage)}`);
   expect(sameBytes(e.details, details), `details ${hex(e.details)}`);
+  // the handler's response header came before the failing END and stays with the error (§5.4)
+  const h = metaValue(e.headers, "x-fail-h");
+  expect(h === "v1", `header x-fail-h = ${String(h)} (header keys [${keys(e.headers)}], trailer keys [${keys(e.trailers)}])`);
   return undefined;
 }
 

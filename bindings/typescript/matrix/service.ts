@@ -83,7 +83,8 @@ export function matrixImpl(tags: CancelledTags): ServiceImpl<typeof Matrix> {
       for await (const m of reqs) yield { payload: m.payload };
     },
     fail(req) {
-      throw new TopspinError(req.code, req.message, [], req.details);
+      // a response header that goes out before the failing END (protocol.md §5.4)
+      throw new TopspinError(req.code, req.message, [], { details: req.details, headers: [{ key: "x-fail-h", value: "v1" }] });
     },
     async sleep(req, ctx) {
       recordOnAbort(ctx, tags, req.tag);

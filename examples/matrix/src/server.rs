@@ -169,7 +169,15 @@ impl pb::Matrix for State {
     async fn fail(&self, req: Request<pb::FailReq>) -> Result<Response<pb::Msg>, Status> {
         let r = req.into_inner();
         let code = u16::try_from(r.code).map_or(Code::Unknown, Code::from_u16);
-        Err(Status::new(code, r.message).with_details(r.details))
+        // A response header that goes out before the error (protocol.md §5.4): a Rust handler
+        // attaches a failing call's headers to its status.
+        let headers = Metadata::builder()
+            .text("x-fail-h", "v1")
+            .map_err(metadata_error)?
+            .build();
+        Err(Status::new(code, r.message)
+            .with_details(r.details)
+            .with_headers(headers))
     }
 
     async fn sleep(&self, req: Request<pb::SleepReq>) -> Result<Response<pb::Msg>, Status> {

@@ -303,6 +303,15 @@ async fn error_details(cx: &Ctx) -> Outcome {
     })?;
     expect(s.details().as_ref() == details, || {
         format!("details {:02x?}", s.details().as_ref())
+    })?;
+    // The handler's response header travels before the error and stays with it (§5.4).
+    expect(s.headers().get_str("x-fail-h") == Some("v1"), || {
+        format!(
+            "header x-fail-h {:?} (headers {:?}, trailers {:?})",
+            s.headers().get_str("x-fail-h"),
+            s.headers(),
+            s.metadata()
+        )
     })
 }
 

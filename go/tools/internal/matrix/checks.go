@@ -194,7 +194,8 @@ func (c *client) cancel() error {
 }
 
 // errorDetails compares the raw details bytes: a *topspin.Status keeps its trailers, and the
-// details are the topspin-status-details-bin trailer's value, as the server sent it.
+// details are the topspin-status-details-bin trailer's value, as the server sent it. The
+// status keeps the response headers too: the Fail handler's x-fail-h must be among them.
 func (c *client) errorDetails() error {
 	ctx, cancel := callCtx()
 	defer cancel()
@@ -213,6 +214,10 @@ func (c *client) errorDetails() error {
 	}
 	if !bytes.Equal([]byte(got), details) {
 		return fmt.Errorf("details % x, want % x", got, details)
+	}
+	// The handler's response header went before the error and stays with it (§5.4).
+	if h, ok := st.Headers.Get("x-fail-h"); !ok || h != "v1" {
+		return fmt.Errorf("header x-fail-h %q (present %v), want \"v1\" (headers %q, trailers %q)", h, ok, st.Headers, st.Trailers)
 	}
 	return nil
 }

@@ -146,6 +146,32 @@ func TestTraceCheckNeedsTheServersInstrumentation(t *testing.T) {
 	}
 }
 
+// trailerOnly fails as asked but sends x-fail-h as a trailer, not a response header.
+type trailerOnly struct {
+	*matrix.Service
+}
+
+func (trailerOnly) Fail(ctx context.Context, req *matrixpb.FailReq) (*matrixpb.Msg, error) {
+	return nil, &topspin.Status{Code: topspin.Code(req.Code), Message: req.Message,
+		Trailers: topspin.MD(topspin.KeyStatusDetails, string(req.Details), "x-fail-h", "v1")}
+}
+
+// The error-details check wants the Fail handler's header among the error's response
+// headers (protocol.md §5.4): the same header as a trailer does not pass.
+func TestErrorDetailsCheckWantsTheHeaderOnTheError(t *testing.T) {
+	target := serve(t, "tcp", trailerOnly{matrix.NewService()})
+	var out bytes.Buffer
+	if matrix.Run(target, "go-test-trailer-only", &out) {
+		t.Fatalf("every check passed against a server that sends no x-fail-h header:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "\nFAIL error-details: header x-fail-h") {
+		t.Errorf("want the error-details check failing, naming the header:\n%s", out.String())
+	}
+	if strings.Count(out.String(), "FAIL") != 1 {
+		t.Errorf("more than the error-details check failed:\n%s", out.String())
+	}
+}
+
 // A client given a closed port fails every check with the reason, without hanging.
 func TestUnreachableServerFailsEveryCheck(t *testing.T) {
 	l, err := topspin.Listen("tcp://127.0.0.1:0")

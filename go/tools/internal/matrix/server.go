@@ -115,13 +115,17 @@ func (s *Service) Bidi(ctx context.Context, stream topspin.BidiStreamingServer[m
 	}
 }
 
-// Fail ends the call with the code, message and details asked for. The details are the
+// Fail sets the response header x-fail-h: v1, then ends the call with the code, message and
+// details asked for. The details are the
 // bytes of a google.rpc.Status: they go as they are in the topspin-status-details-bin
 // trailer (Status.WithDetails would build a new google.rpc.Status from messages instead).
 func (s *Service) Fail(ctx context.Context, req *matrixpb.FailReq) (*matrixpb.Msg, error) {
 	if req.Code == 0 || req.Code > uint32(topspin.Unauthenticated) {
 		return nil, topspin.Errorf(topspin.InvalidArgument, "code %d is not a failure status code (1..16)", req.Code)
 	}
+	// A response header set before the handler fails: it goes out before the error
+	// (protocol.md §5.4), and the client finds it on its error.
+	topspin.SetHeader(ctx, topspin.MD("x-fail-h", "v1"))
 	st := &topspin.Status{Code: topspin.Code(req.Code), Message: req.Message}
 	if len(req.Details) > 0 {
 		st.Trailers = topspin.MD(topspin.KeyStatusDetails, string(req.Details))

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -12,11 +13,40 @@ struct State<T> {
     waker: Option<Waker>,
     /// The completer was dropped without a value.
     abandoned: bool,
-    /// The waiter went away.
-    closed: bool,
 }
 
-type Slot<T> = Arc<Mutex<State<T>>>;
+/// A slot: the state under its lock, and flags either end reads without taking it (the lock
+/// is taken only to move the value or the waker).
+#[derive(Debug)]
+struct Inner<T> {
+    st: Mutex<State<T>>,
+    /// The outcome is in (`value` or `abandoned`); set under the lock.
+    done: AtomicBool,
+    /// The waiter is driving the outcome in itself: the completer leaves the waker alone
+    /// (the waiter looks again when it is done driving). Cleared under the lock by a waiter
+    /// that registers its waker.
+    muted: AtomicBool,
+    /// The waiter went away.
+    closed: AtomicBool,
+}
+
+impl<T> Inner<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<T>> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The outcome is in (the caller holds the lock and put it in `st`): the waker to wake,
+    /// unless the waiter drives the outcome in itself.
+    fn finish(&self, st: &mut State<T>) -> Option<Waker> {
+        self.done.store(true, Ordering::Release);
+        if self.muted.load(Ordering::Relaxed) {
+            return None;
+        }
+        st.waker.take()
+    }
+}
+
+type Slot<T> = Arc<Inner<T>>;
 
 /// Slots waiting for reuse, shared by the clones of a channel.
 #[derive(Debug)]
@@ -43,12 +73,16 @@ impl<T> Pool<T> {
             .unwrap_or_else(|e| e.into_inner())
             .pop()
             .unwrap_or_else(|| {
-                Arc::new(Mutex::new(State {
-                    value: None,
-                    waker: None,
-                    abandoned: false,
-                    closed: false,
-                }))
+                Arc::new(Inner {
+                    st: Mutex::new(State {
+                        value: None,
+                        waker: None,
+                        abandoned: false,
+                    }),
+                    done: AtomicBool::new(false),
+                    muted: AtomicBool::new(false),
+                    closed: AtomicBool::new(false),
+                })
             });
         (
             Completer(Some(slot.clone())),
@@ -65,6 +99,9 @@ impl<T> Pool<T> {
         if Arc::strong_count(&slot) != 1 {
             return;
         }
+        // Nobody else holds it: the flags are this end's to reset.
+        slot.done.store(false, Ordering::Relaxed);
+        slot.muted.store(false, Ordering::Relaxed);
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if free.len() < MAX_POOLED {
             free.push(slot);
@@ -83,12 +120,12 @@ impl<T> Completer<T> {
             return Err(value);
         };
         let waker = {
-            let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
-            if st.closed {
+            let mut st = slot.lock();
+            if slot.closed.load(Ordering::Acquire) {
                 return Err(value);
             }
             st.value = Some(value);
-            st.waker.take()
+            slot.finish(&mut st)
         };
         if let Some(w) = waker {
             w.wake();
@@ -100,7 +137,7 @@ impl<T> Completer<T> {
     pub(crate) fn is_closed(&self) -> bool {
         self.0
             .as_ref()
-            .is_none_or(|s| s.lock().unwrap_or_else(|e| e.into_inner()).closed)
+            .is_none_or(|s| s.closed.load(Ordering::Acquire))
     }
 }
 
@@ -108,9 +145,9 @@ impl<T> Drop for Completer<T> {
     fn drop(&mut self) {
         if let Some(slot) = self.0.take() {
             let waker = {
-                let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+                let mut st = slot.lock();
                 st.abandoned = true;
-                st.waker.take()
+                slot.finish(&mut st)
             };
             if let Some(w) = waker {
                 w.wake();
@@ -128,14 +165,21 @@ pub(crate) struct Waiter<T> {
 
 impl<T> Waiter<T> {
     /// Takes the outcome if there is one (and resets the slot for reuse, under the lock the
-    /// completer is done with); otherwise registers `waker`, or (`None`) takes the one
-    /// registered back out, so that a completion this task makes itself wakes nobody.
+    /// completer is done with); otherwise registers `waker`, or (`None`) mutes the one
+    /// registered, so that a completion this task makes itself wakes nobody — that takes no
+    /// lock unless the outcome is in.
     fn check(&mut self, waker: Option<&Waker>) -> Poll<Option<T>> {
         let Some(slot) = self.slot.as_ref() else {
             return Poll::Ready(None);
         };
+        if waker.is_none() {
+            slot.muted.store(true, Ordering::Relaxed);
+            if !slot.done.load(Ordering::Acquire) {
+                return Poll::Pending;
+            }
+        }
         let out = {
-            let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = slot.lock();
             if let Some(v) = st.value.take() {
                 st.waker = None;
                 Some(v)
@@ -144,10 +188,11 @@ impl<T> Waiter<T> {
                 st.abandoned = false;
                 None
             } else {
-                match waker {
-                    Some(w) if st.waker.as_ref().is_some_and(|r| r.will_wake(w)) => {}
-                    Some(w) => st.waker = Some(w.clone()),
-                    None => st.waker = None,
+                if let Some(w) = waker {
+                    if !st.waker.as_ref().is_some_and(|r| r.will_wake(w)) {
+                        st.waker = Some(w.clone());
+                    }
+                    slot.muted.store(false, Ordering::Relaxed);
                 }
                 return Poll::Pending;
             }
@@ -160,13 +205,12 @@ impl<T> Waiter<T> {
 
     /// Whether the outcome is in (or the completer is gone).
     fn resolved(slot: &Slot<T>) -> bool {
-        let st = slot.lock().unwrap_or_else(|e| e.into_inner());
-        st.value.is_some() || st.abandoned
+        slot.done.load(Ordering::Acquire)
     }
 
     /// Polls, first letting `drive` try to bring the outcome in on this task (the caller
-    /// reading its own reply): while it runs no waker is registered, so the completion it
-    /// makes does not wake this task again. `drive` gets whether the outcome is still awaited.
+    /// reading its own reply): while it runs the waker is muted, so the completion it makes
+    /// does not wake this task again. `drive` gets whether the outcome is still awaited.
     pub(crate) fn poll_driving(
         &mut self,
         cx: &mut Context<'_>,
@@ -193,7 +237,7 @@ impl<T> Future for Waiter<T> {
 impl<T> Drop for Waiter<T> {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            slot.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+            slot.closed.store(true, Ordering::Release);
             // Recycled later by nobody: the completer still holds it, so it is just freed.
         }
     }
@@ -202,6 +246,34 @@ impl<T> Drop for Waiter<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::CountingWaker;
+
+    /// A completion the waiter drives in itself wakes nobody; one from elsewhere after the
+    /// waiter registered wakes it.
+    #[test]
+    fn a_completion_the_waiter_drives_wakes_nobody() {
+        let pool = Arc::new(Pool::<u32>::default());
+        let (counter, waker) = CountingWaker::new();
+        let mut cx = Context::from_waker(&waker);
+        let (c, mut w) = pool.pair();
+        let pending = w.poll_driving(&mut cx, |_, waiting| assert!(waiting()));
+        assert!(pending.is_pending());
+        let mut c = Some(c);
+        let r = w.poll_driving(&mut cx, |_, waiting| {
+            if let Some(c) = c.take() {
+                assert_eq!(c.send(5), Ok(()));
+            }
+            assert!(!waiting());
+        });
+        assert_eq!(r, Poll::Ready(Some(5)));
+        assert_eq!(counter.count(), 0, "driven in: no wake");
+        let (c, mut w) = pool.pair();
+        assert!(w.poll_driving(&mut cx, |_, _| {}).is_pending());
+        assert_eq!(c.send(6), Ok(()));
+        assert_eq!(counter.count(), 1, "completed elsewhere: woken");
+        assert_eq!(Pin::new(&mut w).poll(&mut cx), Poll::Ready(Some(6)));
+        assert_eq!(pool.free.lock().unwrap().len(), 1, "one slot, reused");
+    }
 
     #[tokio::test]
     async fn completes_and_reuses() {

@@ -337,13 +337,17 @@ impl<R: Role, T: Transport> Driver<R, T> {
                 }
             }
         }
-        let task_needed = more
-            || self.io.unsent(&self.conn) != 0
-            || self.conn.has_events()
-            || self.conn.is_closed()
-            || self.conn.is_going_away()
-            || self.role.stop().is_some()
-            || !self.timer_covers();
+        // Nothing read (`more` implies something was): the engine is as it was when this
+        // began, quiet by the checks above, and its deadlines did not move — the task armed
+        // for them when it last polled (or `act_outside` woke it to).
+        let task_needed = progressed
+            && (more
+                || self.io.unsent(&self.conn) != 0
+                || self.conn.has_events()
+                || self.conn.is_closed()
+                || self.conn.is_going_away()
+                || self.role.stop().is_some()
+                || !self.timer_covers());
         if task_needed {
             if let Some(t) = self.waker.as_ref() {
                 t.wake_by_ref();

@@ -72,18 +72,18 @@ impl Wake for ReadRoute {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let to = {
+        let task = {
             let mut st = self.lock();
-            match &st.reader {
-                Some(r) => {
-                    let r = r.clone();
-                    st.delivered = true;
-                    Some(r)
-                }
-                None => st.task.clone(),
+            if let Some(r) = &st.reader {
+                // Woken under the lock, which saves cloning (and dropping) the reader's waker:
+                // a waker only schedules its task, it does not poll it here.
+                r.wake_by_ref();
+                st.delivered = true;
+                return;
             }
+            st.task.clone()
         };
-        if let Some(w) = to {
+        if let Some(w) = task {
             w.wake();
         }
     }

@@ -187,7 +187,8 @@ impl SocketTransport {
             recv_drained(socket2::SockRef::from(s), buf, &mut got)
         });
         match r {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+            // `got` is set only with the short read's `WouldBlock` (no need to ask its kind).
+            Err(_) if got > 0 => Ok(got),
             other => other,
         }
     }

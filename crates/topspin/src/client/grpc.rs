@@ -66,7 +66,7 @@ struct Base {
     authority: Authority,
     /// Largest response message accepted (also after decompression).
     limit: usize,
-    /// A call's stream window (`Config::initial_call_window`, clamped as h2 is told).
+    /// A call's stream window (`grpc::stream_window`, as h2 is told).
     window: usize,
     /// What decompressed responses are charged to (`Config::memory_budget`).
     budget: Arc<topspin_proto::MemoryBudget>,
@@ -99,12 +99,11 @@ where
         .and_then(|hp| Authority::try_from(hp).ok())
         .ok_or_else(|| what(&"the address has no host:port"))?;
     // Windows and header sizes bound what the server can make this side hold: per stream
-    // `initial_call_window` of DATA not yet consumed, per connection eight of those, response
+    // `initial_call_window` (plus room for the prefixes, `grpc::stream_window`) of DATA not
+    // yet consumed, per connection eight of those, response
     // headers and trailers `max_metadata_size` (at least 8 KiB, what gRPC servers assume).
     let max_metadata = config.max_metadata_size().max(8 * 1024);
-    let window = config
-        .initial_call_window()
-        .clamp(65_535, topspin_proto::MAX_WINDOW);
+    let window = crate::grpc::stream_window(config);
     let mut builder = h2::client::Builder::new();
     builder
         .initial_window_size(window)

@@ -59,6 +59,23 @@ pub(crate) mod wire;
 #[cfg(feature = "grpc")]
 pub(crate) use server::serve;
 
+/// Room in an HTTP/2 stream window beyond `Config::initial_call_window`, for the 5-byte
+/// prefixes HTTP/2 counts with the messages: one frame's worth.
+const PREFIX_ROOM: u32 = 16 * 1024;
+
+/// The HTTP/2 stream window of a gRPC call, on the face and in the client mode:
+/// `Config::initial_call_window` — what a call may receive ahead of its consumer, counted in
+/// message bytes as on the native protocol — plus [`PREFIX_ROOM`] for the messages' 5-byte
+/// prefixes, so that a message as large as the call window (a 1 MiB message with the 1 MiB
+/// default) arrives whole without waiting a round trip for a WINDOW_UPDATE for its last five
+/// bytes. Within what HTTP/2 allows.
+pub(crate) fn stream_window(config: &crate::Config) -> u32 {
+    config
+        .initial_call_window()
+        .saturating_add(PREFIX_ROOM)
+        .clamp(65_535, topspin_proto::MAX_WINDOW)
+}
+
 #[cfg(feature = "grpc")]
 /// Who is on the other end of the connection.
 #[derive(Clone, Debug)]
@@ -66,4 +83,29 @@ pub(crate) struct Peer {
     pub(crate) addr: crate::transport::PeerAddr,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<std::sync::Arc<crate::tls::TlsPeer>>,
+}
+
+#[cfg(test)]
+mod tests {
+    /// A message as large as the call window fits in the HTTP/2 window with its prefix; the
+    /// window stays within HTTP/2's limits.
+    #[test]
+    fn the_stream_window_holds_a_call_window_sized_message_with_its_prefix() {
+        let config = crate::Config::default();
+        let call = config.initial_call_window();
+        let w = super::stream_window(&config);
+        assert!(w >= call + 5, "{w} < {call} + 5");
+        assert!(
+            w - call <= 64 * 1024,
+            "only a little room beyond the call window"
+        );
+        let tiny = config.clone().with_initial_call_window(1);
+        assert_eq!(
+            super::stream_window(&tiny),
+            65_535,
+            "HTTP/2's initial window at least"
+        );
+        let huge = config.with_initial_call_window(topspin_proto::MAX_WINDOW);
+        assert_eq!(super::stream_window(&huge), topspin_proto::MAX_WINDOW);
+    }
 }

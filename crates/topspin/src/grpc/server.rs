@@ -126,7 +126,7 @@ async fn handshake<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let window = config.initial_call_window();
+    let window = super::stream_window(config);
     let mut builder = h2::server::Builder::new();
     builder
         .max_concurrent_streams(config.max_concurrent_calls())

@@ -186,6 +186,9 @@ pub(crate) struct Started<S> {
     /// Fired if the call ends before its handler returned.
     cancel: Cancel,
     /// Client-streaming and bidi: where the request messages go, until the client half-closes.
+    /// Unbounded as a channel, bounded by what the face lets in: the call's window of
+    /// unconsumed request bytes (native credit; the gRPC face reads the body only while its
+    /// `outstanding` is under the window).
     requests: Option<mpsc::UnboundedSender<Item>>,
     /// The face's response side.
     pub(crate) send: S,

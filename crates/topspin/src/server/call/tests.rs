@@ -327,6 +327,7 @@ fn a_waiting_call_keeps_its_one_request_and_starts_on_the_half_close() {
 
 #[test]
 fn a_started_calls_requests_go_to_its_stream_until_the_half_close() {
+    // Unbounded as the faces' request streams are; here it holds the two items sent below.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = Cancel::running(Cancellation::default());
     let mut call = ServerCall::started(cancel, Some(tx), ());
@@ -348,6 +349,7 @@ fn a_started_calls_requests_go_to_its_stream_until_the_half_close() {
 
 #[test]
 fn a_started_call_that_ends_cancels_its_running_handler_and_tells_its_stream_why() {
+    // Holds the one item `over` sends.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let handle = Cancellation::default();
     let kept = handle.clone();

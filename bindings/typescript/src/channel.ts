@@ -450,7 +450,7 @@ export class Channel {
     if (live) {
       live.engine.goAway(0, "client closing");
       live.driver.pump();
-      if (live.calls.size === 0) live.driver.io.close();
+      if (live.calls.size === 0) live.driver.close();
     }
   }
 
@@ -505,7 +505,7 @@ export class Channel {
           break;
         default:
           if ("callId" in e) live.calls.get(e.callId)?.onEvent(e);
-          if (live.engine.goingAway && live.calls.size === 0 && this.live !== live) live.driver.io.close();
+          if (live.engine.goingAway && live.calls.size === 0 && this.live !== live) live.driver.close();
       }
     },
       this.options.maxSendBuffer ?? DEFAULT_MAX_SEND_BUFFER,

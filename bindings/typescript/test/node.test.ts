@@ -133,6 +133,38 @@ test("graceful shutdown: GOAWAY lets the call in progress finish; the next call 
   }
 });
 
+test("graceful shutdown: a call ending in the same timer turn as the shutdown's check still gets its reply and END", async () => {
+  // Regression (CI, stop 39): close() saw no call left and closed the socket before the
+  // driver's deferred flush had written the call's reply and END. The handler's timer and
+  // close()'s first check are armed in one loop turn with the same delay, so they fire together.
+  let entered: () => void = () => undefined;
+  const inHandler = new Promise<void>((r) => (entered = r));
+  const server = new Server().route("/t.T/Soon", {
+    kind: "unary",
+    decode: (b) => b,
+    encode: (v) => v as Uint8Array,
+    handler: async (req) => {
+      const later = new Promise((r) => setTimeout(r, 10));
+      entered();
+      await later;
+      return req;
+    },
+  });
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const ch = connect(addr);
+  try {
+    const call = await ch.start("/t.T/Soon");
+    await call.send(new Uint8Array([7]), true);
+    await inHandler;
+    const closing = server.close(5000);
+    assert.deepEqual([...((await call.receive()) ?? [])], [7]);
+    await call.end();
+    await closing;
+  } finally {
+    ch.close();
+  }
+});
+
 test("a slow reader holds the server back (flow control), then gets every byte", async () => {
   let sent = 0;
   const server = new Server().route("/t.T/Flood", {

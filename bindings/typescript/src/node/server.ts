@@ -546,11 +546,13 @@ export class Server {
     for (const c of this.conns) {
       c.engine.goAway(0, "server shutting down");
       c.driver.pump();
-      if (c.calls.size === 0) c.driver.io.close();
+      if (c.calls.size === 0) c.driver.close();
     }
     const until = Date.now() + graceMs;
     while ([...this.conns].some((c) => c.calls.size > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
-    for (const c of this.conns) c.driver.io.close();
+    // driver.close() writes what the engine queued first: a call that ended in this turn has its
+    // reply and END waiting for the driver's deferred flush.
+    for (const c of this.conns) c.driver.close();
     this.conns.clear();
     await face;
   }

@@ -369,6 +369,43 @@ async fn an_idle_grpc_connection_goes_away() {
     s.shutdown.shutdown(Duration::from_secs(1)).await;
 }
 
+/// Regression: the idle time counted from the last byte read, so a client sending a PING now
+/// and then kept its connection, and a `max_connections` slot, for ever. It counts from the
+/// last call's end (here: the handshake), as grpc-go's `MaxConnectionIdle`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_connection_that_only_pings_goes_away() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = start(Config::default().with_idle_timeout(Some(Duration::from_millis(800)))).await;
+    let tcp = tokio::net::TcpStream::connect(&s.hp).await.unwrap();
+    let (client, mut conn) = h2::client::handshake(tcp).await.unwrap();
+    let mut pings = conn.ping_pong().expect("h2's PingPong");
+    let t0 = Instant::now();
+    let conn = tokio::spawn(conn);
+    // A PING every 100 ms (each answered), for at most 10 s, until the server goes away.
+    let pinger = tokio::spawn(async move {
+        for _ in 0..100 {
+            if pings.ping(h2::Ping::opaque()).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    pinger.abort();
+    assert!(
+        ended.is_ok(),
+        "a pinging idle connection is still open after 10 s"
+    );
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(5),
+        "closed after {took:?} (idle_timeout 800 ms)"
+    );
+    drop(client);
+    s.good_call().await;
+    s.shutdown.shutdown(Duration::from_secs(1)).await;
+}
+
 /// A connection that made calls and then fell quiet is still sent GOAWAY after `idle_timeout`:
 /// the loop's timer, polled once when set and then only when the timer wheel fires it, is
 /// re-armed as calls come and go.

@@ -228,6 +228,51 @@ async fn a_handshaken_then_silent_peer_is_closed_by_the_idle_timeout() {
     server.stop().await;
 }
 
+/// Regression: the idle time counted from the last byte read, so a peer that sends a PING now
+/// and then (or only answers ours) kept its connection, and a `max_connections` slot, for ever.
+/// It counts from the last call's end (here: the handshake), as grpc-go's `MaxConnectionIdle`.
+#[tokio::test]
+async fn a_peer_that_only_pings_is_closed_by_the_idle_timeout() {
+    let config = Config::default().with_idle_timeout(Some(Duration::from_millis(500)));
+    let server = serve(builder(Probe::default()).config(config), Transport::Tcp).await;
+    let sock = tokio::net::TcpStream::connect(tcp_host_port(&server.addr))
+        .await
+        .unwrap();
+    let (mut rd, mut wr) = sock.into_split();
+    let mut hello = PREFACE.to_vec();
+    hello.extend_from_slice(&Frame::Settings(Settings::default()).to_bytes());
+    wr.write_all(&hello).await.unwrap();
+    // A PING every 150 ms (well under the PING rate limit), for at most 15 s, until the
+    // server closes.
+    let pinger = tokio::spawn(async move {
+        for i in 0u64..100 {
+            let ping = Frame::Ping {
+                ack: false,
+                data: i.to_be_bytes(),
+            };
+            if wr.write_all(&ping.to_bytes()).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    });
+    let t0 = std::time::Instant::now();
+    let mut buf = Vec::new();
+    within(10, rd.read_to_end(&mut buf)).await.unwrap();
+    let took = t0.elapsed();
+    pinger.abort();
+    let go_away = frames(&buf)
+        .into_iter()
+        .find_map(|f| match f {
+            Frame::GoAway { reason, .. } => Some(reason.to_string()),
+            _ => None,
+        })
+        .expect("a GOAWAY frame");
+    assert!(go_away.contains("idle"), "{go_away}");
+    assert!(took < Duration::from_secs(5), "closed only after {took:?}");
+    server.stop().await;
+}
+
 // --- Out of file descriptors ---------------------------------------------------------------
 
 const FD_CHILD: &str = "TOPSPIN_LIFECYCLE_FD_CHILD";

@@ -276,6 +276,13 @@ impl Connection {
         self.calls.len()
     }
 
+    /// Calls begun on this connection so far, a count that only grows (a server's highest call
+    /// id received, a client's highest allocated): a call that began and ended between two
+    /// looks at [`Connection::open_calls`] still changes it (an idle timer's use).
+    pub fn calls_begun(&self) -> u64 {
+        u64::from(self.highest)
+    }
+
     /// Send credit this side has on a call (negative while overdrawn), if it is open.
     pub fn send_credit(&self, id: CallId) -> Option<i64> {
         self.calls.get(id.0).map(|c| c.send_credit)

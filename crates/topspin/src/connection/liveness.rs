@@ -24,8 +24,11 @@ pub(crate) struct Seen {
     pub(crate) write_stalled_since: Option<Instant>,
     /// When bytes last came.
     pub(crate) last_read: Instant,
-    /// No call is open and the connection is not going away already (the idle timeout).
-    pub(crate) idle: bool,
+    /// Since when no call has been open, while none is and the connection is not going away
+    /// already: the idle timeout counts from then ([`IdleSince`]), not from the last read — a
+    /// PING, its answer or any other frame that is not a call keeps no connection from going
+    /// idle (protocol.md §9; grpc-go's `MaxConnectionIdle` counts the same way).
+    pub(crate) idle_since: Option<Instant>,
     /// This policy sends the keep-alive PINGs (every face that can send one).
     pub(crate) pings: bool,
 }
@@ -105,8 +108,8 @@ impl Liveness {
             .and_then(|(since, limit)| since.checked_add(limit));
         let idle = config
             .idle_timeout()
-            .filter(|_| s.idle)
-            .and_then(|limit| s.last_read.checked_add(limit));
+            .zip(s.idle_since)
+            .and_then(|(limit, since)| since.checked_add(limit));
         [handshake, keepalive, frame, write, idle]
             .into_iter()
             .flatten()
@@ -152,9 +155,52 @@ impl Liveness {
                 _ => {}
             }
         }
-        let idle = config.idle_timeout().filter(|_| s.idle);
-        idle.is_some_and(|limit| now >= s.last_read + limit)
+        let idle = config.idle_timeout().zip(s.idle_since);
+        idle.is_some_and(|(limit, since)| now >= since + limit)
             .then_some(Due::Idle)
+    }
+}
+
+/// Since when a connection has had no call open ([`Seen::idle_since`]), noted by its loop: from
+/// the end of its last call, or from the first look if none came. A loop that looks only now
+/// and then passes the count of calls begun so far, so that a call that began and ended
+/// between two looks still starts the idle time again.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct IdleSince {
+    since: Option<Instant>,
+    begun: u64,
+}
+
+impl IdleSince {
+    /// Notes what the loop sees now: `idle`, no call open (and not going away); `begun`, the
+    /// calls begun so far. Reads the clock only when idleness starts.
+    #[inline]
+    pub(crate) fn note(&mut self, idle: bool, begun: u64) {
+        if !idle {
+            self.since = None;
+        } else if self.since.is_none() || begun != self.begun {
+            self.since = Some(Instant::now());
+            self.begun = begun;
+        }
+    }
+
+    /// Since when the connection has been idle, as of the last [`IdleSince::note`]; `None` while
+    /// a call is open.
+    #[inline]
+    pub(crate) fn since(&self) -> Option<Instant> {
+        self.since
+    }
+
+    /// For a look between notes (`idle`, `begun` as in [`IdleSince::note`]): the noted time if
+    /// it still holds, else `fallback`, a time no later than the idleness began (a timer set
+    /// from it fires early at worst, and the loop notes and looks again then).
+    #[inline]
+    pub(crate) fn guess(&self, idle: bool, begun: u64, fallback: Instant) -> Option<Instant> {
+        idle.then(|| {
+            self.since
+                .filter(|_| begun == self.begun)
+                .unwrap_or(fallback)
+        })
     }
 }
 
@@ -177,7 +223,7 @@ mod tests {
             partial_since: None,
             write_stalled_since: None,
             last_read: now,
-            idle: false,
+            idle_since: None,
             pings: true,
         }
     }
@@ -280,10 +326,57 @@ mod tests {
         );
         let busy = seen(t0);
         assert_eq!(l.due(t0 + Duration::from_secs(60), &busy, &config), None);
-        let idle = Seen { idle: true, ..busy };
+        let idle = Seen {
+            idle_since: Some(t0),
+            ..busy
+        };
         assert_eq!(
             l.due(t0 + Duration::from_secs(60), &idle, &config),
             Some(Due::Idle)
         );
+    }
+
+    #[test]
+    fn pings_and_other_frames_keep_no_connection_from_going_idle() {
+        // Regression: the idle time counted from the last read, so a peer sending a PING (or
+        // answering ours) now and then held its connection, and a max_connections slot, for ever.
+        let t0 = Instant::now();
+        let config = Config::default()
+            .with_idle_timeout(Some(Duration::from_secs(60)))
+            .with_keepalive_interval(Some(Duration::from_secs(10)));
+        let mut l = Liveness::default();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let chatty = Seen {
+            last_read: at(55),
+            idle_since: Some(t0),
+            ..seen(t0)
+        };
+        assert_eq!(l.next(&chatty, &config), Some(at(60)));
+        assert_eq!(l.due(at(60), &chatty, &config), Some(Due::Idle));
+    }
+
+    #[test]
+    fn idle_time_starts_again_after_every_call_even_one_between_two_looks() {
+        let mut idle = IdleSince::default();
+        idle.note(true, 0);
+        let first = idle.since().expect("idle");
+        idle.note(true, 0);
+        assert_eq!(
+            idle.since(),
+            Some(first),
+            "no call since: the same idleness"
+        );
+        idle.note(false, 1);
+        assert_eq!(idle.since(), None, "a call is open");
+        idle.note(true, 1);
+        let second = idle.since().expect("idle again");
+        assert!(second >= first);
+        // A call began and ended between two looks: idleness starts again.
+        let fallback = Instant::now();
+        assert_eq!(idle.guess(true, 2, fallback), Some(fallback));
+        assert_eq!(idle.guess(true, 1, fallback), Some(second));
+        assert_eq!(idle.guess(false, 1, fallback), None);
+        idle.note(true, 2);
+        assert!(idle.since().expect("idle") >= second);
     }
 }

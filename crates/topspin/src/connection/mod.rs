@@ -102,6 +102,9 @@ pub(crate) struct Driver<R, T> {
     role: R,
     config: Config,
     liveness: Liveness,
+    /// Since when no call has been open (the idle timeout), noted whenever the task is about
+    /// to wait and when a timer fires.
+    idle: liveness::IdleSince,
     started: Instant,
     /// The connection's near timer (call deadlines, the role's): tokio's. Replaced (in its
     /// box: no allocation) rather than reset when disarmed, so that a connection with no near
@@ -160,6 +163,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
             role,
             config,
             liveness: Liveness::default(),
+            idle: liveness::IdleSince::default(),
             started: now,
             sleep: Box::pin(tokio::time::sleep_until(to_tokio(now))),
             armed: None,
@@ -479,6 +483,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
     /// to wait (busy turns need no timer): no timer registration on wake-ups that need none.
     /// Whether a timer was already due (the loop then goes on).
     fn arm_timer(&mut self, cx: &mut Context<'_>) -> bool {
+        self.note_idle();
         // Most waits: the alarm already covers the far deadlines, told by one comparison.
         let far = if self.alarm_surely_covers() {
             self.alarm_at
@@ -629,9 +634,26 @@ impl<R: Role, T: Transport> Driver<R, T> {
             partial_since: self.io.partial_since,
             write_stalled_since: self.io.write_stalled_since,
             last_read: self.io.last_read,
-            idle: self.role.idle() && !self.conn.is_going_away(),
+            // Between notes (a call ended outside the task), the last read stands in for when
+            // idleness began: the timer looks again then and notes the time.
+            idle_since: self
+                .idle
+                .guess(self.is_idle(), self.conn.calls_begun(), self.io.last_read),
             pings: true,
         }
+    }
+
+    /// No call is open and the connection is not going away (the idle timeout applies).
+    #[inline]
+    fn is_idle(&self) -> bool {
+        self.role.idle() && !self.conn.is_going_away()
+    }
+
+    /// Notes whether the connection is idle now, and since when.
+    #[inline]
+    fn note_idle(&mut self) {
+        let idle = self.is_idle();
+        self.idle.note(idle, self.conn.calls_begun());
     }
 
     /// The next far deadline: the handshake's and the liveness timers'.
@@ -640,6 +662,7 @@ impl<R: Role, T: Transport> Driver<R, T> {
     }
 
     fn on_timer(&mut self) {
+        self.note_idle();
         let now = Instant::now();
         self.conn.handle_timeout(now);
         let lapse = if self.conn.is_closed() {

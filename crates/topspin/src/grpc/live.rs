@@ -76,6 +76,9 @@ pub(crate) struct Timers<'a> {
     pub(crate) started: Instant,
     pub(crate) config: &'a Config,
     pub(crate) liveness: Liveness,
+    /// Since when no call has been open. Each turn of the loop notes it before it waits, and
+    /// a call the loop takes on in a turn is open at the next look, so no call goes unseen.
+    idle: liveness::IdleSince,
 }
 
 impl<'a> Timers<'a> {
@@ -87,12 +90,14 @@ impl<'a> Timers<'a> {
             started,
             config,
             liveness: Liveness::default(),
+            idle: liveness::IdleSince::default(),
         }
     }
 
     /// What the policy looks at, with `idle` telling whether no call is open (and the
     /// connection is not going away already).
-    fn seen(&self, idle: bool) -> liveness::Seen {
+    fn seen(&mut self, idle: bool) -> liveness::Seen {
+        self.idle.note(idle, 0);
         let t = watch::read(&self.tracker);
         liveness::Seen {
             started: self.started,
@@ -100,14 +105,15 @@ impl<'a> Timers<'a> {
             partial_since: t.partial_since,
             write_stalled_since: t.write_stalled_since,
             last_read: t.last_read,
-            idle,
+            idle_since: self.idle.since(),
             pings: true,
         }
     }
 
     /// The earliest timer.
-    pub(crate) fn next(&self, idle: bool) -> Option<Instant> {
-        self.liveness.next(&self.seen(idle), self.config)
+    pub(crate) fn next(&mut self, idle: bool) -> Option<Instant> {
+        let seen = self.seen(idle);
+        self.liveness.next(&seen, self.config)
     }
 
     /// What to do now that the earliest timer passed (`None`: nothing, or a keep-alive PING
@@ -134,7 +140,7 @@ impl<'a> Timers<'a> {
 #[derive(Default)]
 pub(crate) struct LapseTimer {
     /// When the timer is due; moved only when the next deadline comes earlier (a deadline
-    /// that moves later, as the idle timeout does with every read, leaves it: firing early
+    /// that moves later, as the keep-alive does with every read, leaves it: firing early
     /// only makes the loop look again), so most turns touch no timer — the native
     /// connection's rule (`connection::covers`).
     pub(crate) armed: Option<Instant>,

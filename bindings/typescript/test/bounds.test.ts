@@ -108,6 +108,28 @@ test("idle timeout: counts from the handshake, not from when the handshake timer
   }
 });
 
+test("idle timeout: a peer that only sends PINGs still goes idle (the time counts from the last call, not the last read)", async () => {
+  // Regression: the idle time counted from the last read, so a PING now and then kept a
+  // connection (and a maxConnections slot) for ever. As grpc-go's MaxConnectionIdle.
+  const server = echoServer({ idleTimeoutMs: 500 });
+  const addr = await server.listen("tcp://127.0.0.1:0");
+  const chatty = await Raw.open(addr);
+  try {
+    chatty.handshake();
+    const t0 = Date.now();
+    for (let i = 0; i < 100 && !chatty.closed; i++) {
+      chatty.send({ type: "PING", flags: 0, callId: 0, ack: false, data: new Uint8Array(8).fill(i) });
+      await sleep(150);
+    }
+    assert.ok(chatty.closed, "a connection that only pings is never closed");
+    assert.ok(Date.now() - t0 < 5000, `closed only after ${Date.now() - t0} ms`);
+    assert.match((await chatty.frame("GOAWAY", 0)).reason, /idle timeout/);
+  } finally {
+    chatty.destroy();
+    await server.close(100);
+  }
+});
+
 test("keep-alive: a peer that never answers PINGs is closed with TIMEOUT; one that answers stays", async () => {
   const server = echoServer({ keepalive: { intervalMs: 100, timeoutMs: 300 } });
   const addr = await server.listen("tcp://127.0.0.1:0");

@@ -33,6 +33,12 @@ const MAX_DELAY = 2 ** 31 - 1;
 /** The timers of one connection. */
 export class Liveness {
   private lastActive: number;
+  /**
+   * Since when no call has been open (the idle timeout counts from then): the last call's end,
+   * or the handshake. Not the last read: a PING, its answer or any other frame that is not a call
+   * keeps no connection from going idle (protocol.md §9; grpc-go's `MaxConnectionIdle`).
+   */
+  private idleSince: number;
   private partialSince = 0;
   /** When the open split messages must have progressed (Infinity: none open, as last seen). */
   private messageDue = Infinity;
@@ -62,6 +68,7 @@ export class Liveness {
     private readonly started = Date.now(),
   ) {
     this.lastActive = started;
+    this.idleSince = started;
     this.arm();
   }
 
@@ -73,6 +80,7 @@ export class Liveness {
     if (!this.established && this.driver.engine.established) {
       // The handshake's timer was the one set; idleness and keep-alive count from now.
       this.established = true;
+      this.idleSince = now;
       this.arm();
     }
     if (!this.driver.engine.partialInput) this.partialSince = 0;
@@ -107,7 +115,7 @@ export class Liveness {
 
   /** A call ended: the idle time counts from now. */
   callEnded(): void {
-    this.lastActive = Date.now();
+    this.lastActive = this.idleSince = Date.now();
     if (this.idle()) this.arm();
   }
 
@@ -130,7 +138,7 @@ export class Liveness {
     if (b.keepalive !== undefined) {
       t = Math.min(t, this.pingSent > 0 ? this.pingSent + (b.keepalive.timeoutMs ?? 20_000) : this.lastActive + b.keepalive.intervalMs);
     }
-    if (b.idleMs > 0 && engine.established && !engine.goingAway && this.idle()) t = Math.min(t, this.lastActive + b.idleMs);
+    if (b.idleMs > 0 && engine.established && !engine.goingAway && this.idle()) t = Math.min(t, this.idleSince + b.idleMs);
     return t;
   }
 
@@ -205,7 +213,7 @@ export class Liveness {
         this.pingSent = now;
       }
     }
-    if (b.idleMs > 0 && engine.established && !engine.goingAway && this.idle() && now >= this.lastActive + b.idleMs) {
+    if (b.idleMs > 0 && engine.established && !engine.goingAway && this.idle() && now >= this.idleSince + b.idleMs) {
       this.onIdle();
       return true;
     }

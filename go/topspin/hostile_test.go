@@ -402,6 +402,36 @@ func TestIdleConnectionsGoAway(t *testing.T) {
 	h.after(t)
 }
 
+// (e2) Regression: a peer that only sends PINGs still goes idle: the idle time counts from
+// the last call, not the last read (grpc-go's MaxConnectionIdle counts the same way), so a
+// PING now and then cannot hold a connection, and a max_connections slot, for ever.
+func TestAConnectionThatOnlyPingsGoesIdle(t *testing.T) {
+	h := startHostile(t, topspin.WithIdleTimeout(500*time.Millisecond))
+	chatty := h.attacker(t, nil)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // a PING every 150 ms, at most 100
+		for i := range 100 {
+			ping := wire.Append(nil, &wire.Frame{Type: wire.TypePing, Data: [8]byte{byte(i)}})
+			if _, err := chatty.Write(ping); err != nil {
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(150 * time.Millisecond):
+			}
+		}
+	}()
+	t0 := time.Now()
+	lastIs(t, closedByServer(t, chatty, 10*time.Second), wire.TypeGoAway, wire.NoError, "idle timeout")
+	if took := time.Since(t0); took > 5*time.Second {
+		t.Fatalf("closed only after %v (idle timeout 500 ms)", took)
+	}
+	h.served(t, "after the pinging connection went idle") // its own went idle too: reconnects
+	h.after(t)
+}
+
 // (f) Connections over max_connections are told why and closed; the open ones go on.
 func TestConnectionsOverTheLimitAreRefusedWithAReason(t *testing.T) {
 	h := startHostile(t, topspin.WithMaxConnections(3))

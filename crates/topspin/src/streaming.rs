@@ -39,6 +39,9 @@ pub(crate) type Opening<T> = Pin<Box<dyn Future<Output = Result<Opened<T>, Statu
 pub(crate) struct Opened<T> {
     pub(crate) headers: Metadata,
     pub(crate) decode: Decoder<T>,
+    /// The headers name an encoding: the messages start with the native flag byte, which
+    /// `decode` reads (protocol.md §15).
+    pub(crate) flagged: bool,
     /// The attempt that answered, when it is not the one the stream was made with.
     pub(crate) attempt: Option<(mpsc::UnboundedReceiver<Item>, Box<dyn CreditReturn>)>,
 }
@@ -179,6 +182,7 @@ impl<T> Streaming<T> {
         self.head = match r {
             Ok(opened) => {
                 self.decode = opened.decode;
+                self.flagged = opened.flagged;
                 if let Some((rx, credit)) = opened.attempt {
                     self.rx = rx;
                     self.credit = credit;
@@ -230,12 +234,13 @@ impl<T> Streaming<T> {
         self.head = Head::Failed(Status::cancelled("cancelled by the caller"));
     }
 
-    /// Server: whether the message [`Streaming::message`] (or the [`Stream`] implementation)
-    /// returned last arrived compressed. A call's encoding ([`Request::encoding`]) says how
-    /// its messages may be compressed; each message still says whether it is — a client may
-    /// send some as they are (gRPC's compressed flag 0; topspin's flag byte 0, protocol.md
-    /// §15), e.g. one under its compression's threshold or while its [`MessageCompression`]
-    /// is off. `false` before the first message, and on a client's response stream.
+    /// Whether the message [`Streaming::message`] (or the [`Stream`] implementation) returned
+    /// last arrived compressed: a server's request stream or a client's response stream, on
+    /// either face. A call's encoding ([`Request::encoding`]; the response headers on a client)
+    /// says how its messages may be compressed; each message still says whether it is — a
+    /// peer may send some as they are (gRPC's compressed flag 0; topspin's flag byte 0,
+    /// protocol.md §15), e.g. one under its compression's threshold or while its
+    /// [`MessageCompression`] is off. `false` before the first message.
     ///
     /// Read it after each message, as gRPC's interop case `client_compressed_streaming`
     /// checks its requests' `expect_compressed`:

@@ -464,7 +464,8 @@ async fn a_handler_chooses_its_response_compression_and_sees_the_requests() {
 }
 
 /// A handler and a client turn compression off and on between the messages of a stream
-/// (`MessageCompression`): every message arrives whole, on every transport and both faces.
+/// (`MessageCompression`): every message arrives whole, on every transport and both faces, and
+/// the client sees which answers arrived compressed (`Streaming::last_message_compressed`).
 #[tokio::test]
 async fn message_compression_switches_between_messages_both_ways() {
     use topspin::{MessageCompression, Response, Status, Streaming};
@@ -508,8 +509,19 @@ async fn message_compression_switches_between_messages_both_ways() {
             .await
             .unwrap()
             .into_inner();
-        for want in &sent {
+        assert!(
+            !replies.last_message_compressed(),
+            "no message returned yet"
+        );
+        for (i, want) in sent.iter().enumerate() {
             assert_eq!(replies.message().await.unwrap().as_ref(), Some(want));
+            // The client sees which answers arrived compressed: every other one, from the
+            // second (the server's switch turns off for the first).
+            assert_eq!(
+                replies.last_message_compressed(),
+                i % 2 == 1,
+                "[{tr}] answer {i}"
+            );
         }
         assert!(replies.message().await.unwrap().is_none());
         t.stop().await;

@@ -641,7 +641,10 @@ impl ClientRole {
         let Some(call) = self.calls.get_mut(&id.0) else {
             return;
         };
-        if let Err(Broken) = call.outcome.on_message(message, credit, &call.method) {
+        if let Err(Broken) = call
+            .outcome
+            .on_message(message, credit, false, &call.method)
+        {
             // Its caller was told: the server is too.
             let _ = conn.cancel(id, Code::Cancelled);
             self.finish(id.0, conn);

@@ -594,9 +594,10 @@ fn opening<C: Codec>(
             }
         };
         match decoder_for(codec, &headers, room) {
-            Ok(decode) => Ok(Opened {
+            Ok((decode, flagged)) => Ok(Opened {
                 headers,
                 decode,
+                flagged,
                 attempt,
             }),
             Err(status) => {
@@ -609,19 +610,23 @@ fn opening<C: Codec>(
     })
 }
 
-/// The decoder of a response stream whose headers are `headers`.
+/// The decoder of a response stream whose headers are `headers`, and whether its messages
+/// carry the native flag byte (the headers name an encoding).
 fn decoder_for<C: Codec>(
     codec: C,
     headers: &Metadata,
     room: compression::Room,
-) -> Result<Decoder<C::Decode>, Status> {
+) -> Result<(Decoder<C::Decode>, bool), Status> {
     Ok(match compression::encoding_of(headers)? {
-        None => decoder(codec),
-        Some(e) => decoder(compression::Compressed {
-            recv: Some(e),
-            room,
-            ..compression::Compressed::plain(codec)
-        }),
+        None => (decoder(codec), false),
+        Some(e) => (
+            decoder(compression::Compressed {
+                recv: Some(e),
+                room,
+                ..compression::Compressed::plain(codec)
+            }),
+            true,
+        ),
     })
 }
 

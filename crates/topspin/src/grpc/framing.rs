@@ -250,9 +250,9 @@ pub(crate) struct Received {
     #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // the face's
     pub(crate) wire_len: usize,
     pub(crate) credit: usize,
-    /// Its prefix's compressed flag was set (it arrived compressed, and was decompressed).
-    /// Read by the face (`Request::message_compressed`); the client mode does not show it yet.
-    #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // the face's
+    /// Its prefix's compressed flag was set (it arrived compressed, and was decompressed):
+    /// `Request::message_compressed` on the face, `Streaming::last_message_compressed` on
+    /// both.
     pub(crate) compressed: bool,
 }
 

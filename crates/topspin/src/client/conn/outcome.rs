@@ -55,7 +55,9 @@ impl Outcome {
         }
     }
 
-    /// One response message, holding `credit` bytes of the call's receive window. `Ok`: the
+    /// One response message, holding `credit` bytes of the call's receive window; `compressed`:
+    /// it arrived compressed and was decompressed already (gRPC; a native message keeps its
+    /// flag byte, which the response stream reads). `Ok`: the
     /// credit the stream's consumer now holds (it gives it back as it takes the message; a
     /// unary-response call's one message holds none: the call ends with it). A second message
     /// of a unary-response call fails the call INTERNAL ([`Broken`]).
@@ -64,6 +66,7 @@ impl Outcome {
         &mut self,
         message: Bytes,
         credit: u32,
+        compressed: bool,
         method: &str,
     ) -> Result<u32, Broken> {
         match &mut self.sink {
@@ -72,7 +75,7 @@ impl Outcome {
                 if let Some(h) = headers.take() {
                     let _ = h.send(Ok(Metadata::new()));
                 }
-                let _ = items.send(Item::Message(message, credit, false));
+                let _ = items.send(Item::Message(message, credit, compressed));
                 Ok(credit)
             }
             Some(Sink::Unary(_)) if self.message.is_none() => {

@@ -556,10 +556,12 @@ impl GrpcCall {
         let r = loop {
             match self.deframer.next(self.base.limit, self.encoding) {
                 Ok(Some(m)) => {
-                    match self
-                        .outcome
-                        .on_message(m.message, m.credit as u32, &self.method)
-                    {
+                    match self.outcome.on_message(
+                        m.message,
+                        m.credit as u32,
+                        m.compressed,
+                        &self.method,
+                    ) {
                         Ok(h) => held += h as usize,
                         Err(Broken) => break Err(None),
                     }

@@ -45,14 +45,20 @@ const METHOD: &str = "/t.S/M";
 #[test]
 fn a_second_message_of_a_unary_call_fails_it_once_in_one_wording() {
     let (mut o, rx) = unary();
-    assert_eq!(o.on_message(Bytes::from_static(b"a"), 7, METHOD), Ok(0));
     assert_eq!(
-        o.on_message(Bytes::from_static(b"b"), 7, METHOD),
+        o.on_message(Bytes::from_static(b"a"), 7, false, METHOD),
+        Ok(0)
+    );
+    assert_eq!(
+        o.on_message(Bytes::from_static(b"b"), 7, false, METHOD),
         Err(Broken)
     );
     assert!(o.is_over());
     // What follows on the wire changes nothing: the caller was told once.
-    assert_eq!(o.on_message(Bytes::from_static(b"c"), 7, METHOD), Ok(0));
+    assert_eq!(
+        o.on_message(Bytes::from_static(b"c"), 7, false, METHOD),
+        Ok(0)
+    );
     o.on_end(Status::ok(), Metadata::new(), METHOD);
     let e = result(rx).unwrap_err();
     assert_eq!(e.code(), Code::Internal);
@@ -67,7 +73,10 @@ fn a_second_message_of_a_unary_call_fails_it_once_in_one_wording() {
 fn a_unary_call_gets_its_message_headers_and_trailers() {
     let (mut o, rx) = unary();
     o.on_headers(md("h", "1"));
-    assert_eq!(o.on_message(Bytes::from_static(b"m"), 9, METHOD), Ok(0));
+    assert_eq!(
+        o.on_message(Bytes::from_static(b"m"), 9, false, METHOD),
+        Ok(0)
+    );
     o.on_end(Status::ok(), md("t", "2"), METHOD);
     let (m, headers, trailers) = result(rx).unwrap().into_parts();
     assert_eq!(m, Bytes::from_static(b"m"));
@@ -103,13 +112,22 @@ fn an_error_keeps_its_trailers_and_a_unary_calls_headers() {
 fn a_stream_gets_headers_then_messages_with_their_credit_then_its_end() {
     let (mut o, mut s) = stream();
     o.on_headers(md("h", "1"));
-    assert_eq!(o.on_message(Bytes::from_static(b"a"), 5, METHOD), Ok(5));
-    assert_eq!(o.on_message(Bytes::from_static(b"b"), 6, METHOD), Ok(6));
+    assert_eq!(
+        o.on_message(Bytes::from_static(b"a"), 5, false, METHOD),
+        Ok(5)
+    );
+    assert_eq!(
+        o.on_message(Bytes::from_static(b"b"), 6, true, METHOD),
+        Ok(6)
+    );
     o.on_end(Status::ok(), md("t", "2"), METHOD);
     let h = s.headers.try_recv().unwrap().unwrap();
     assert_eq!(h.get_str("h"), Some("1"));
     assert!(matches!(s.items.try_recv(), Ok(Item::Message(m, 5, false)) if m == "a"));
-    assert!(matches!(s.items.try_recv(), Ok(Item::Message(m, 6, false)) if m == "b"));
+    assert!(
+        matches!(s.items.try_recv(), Ok(Item::Message(m, 6, true)) if m == "b"),
+        "the decompressed flag goes with it"
+    );
     match s.items.try_recv() {
         Ok(Item::End(Ok(t))) => assert_eq!(t.get_str("t"), Some("2")),
         other => panic!("{other:?}"),
@@ -119,7 +137,10 @@ fn a_stream_gets_headers_then_messages_with_their_credit_then_its_end() {
 #[test]
 fn a_stream_without_headers_gets_empty_ones_with_its_first_message_or_end() {
     let (mut o, mut s) = stream();
-    assert_eq!(o.on_message(Bytes::from_static(b"a"), 5, METHOD), Ok(5));
+    assert_eq!(
+        o.on_message(Bytes::from_static(b"a"), 5, false, METHOD),
+        Ok(5)
+    );
     assert!(s.headers.try_recv().unwrap().unwrap().is_empty());
     let (mut o, mut s) = stream();
     o.on_end(Status::ok(), Metadata::new(), METHOD);

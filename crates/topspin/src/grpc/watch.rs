@@ -148,6 +148,7 @@ pub(crate) struct Watched<IO> {
 impl<IO> Watched<IO> {
     /// A server's connection: reads a client's bytes.
     #[cfg(any(test, feature = "grpc"))] // the gRPC face's
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // the face's
     pub(crate) fn new(io: IO) -> (Watched<IO>, Arc<Mutex<Tracker>>) {
         Watched::with(io, Tracker::new(Instant::now()))
     }

@@ -126,6 +126,7 @@ impl std::fmt::Display for Transport {
 /// [`ALL`], and tonic's client against the gRPC face ([`Transport::TonicClient`]): the
 /// entries of the cells written over [`Client`].
 pub fn clients() -> Vec<Transport> {
+    #[cfg_attr(not(feature = "grpc"), allow(unused_mut))]
     let mut all = ALL.to_vec();
     #[cfg(feature = "grpc")]
     all.push(Transport::TonicClient);

@@ -159,11 +159,11 @@ fn a_frame_cut_into_pieces_is_the_same_bytes() {
     let big = Bytes::from(vec![9u8; 70_000]);
     let p = || crate::codec::Payload::from_segments(vec![Bytes::from_static(b"ab"), big.clone()]);
     let whole: Vec<u8> = {
-        let mut f = Frame::new(p(), None).unwrap();
+        let mut f = Frame::encoded(p(), false).unwrap();
         f.copy_to_bytes(f.remaining()).to_vec()
     };
     for size in [1, 3, 5, 6, 7, 4096, 65_536, 1 << 20] {
-        let mut f = Frame::new(p(), None).unwrap();
+        let mut f = Frame::encoded(p(), false).unwrap();
         let mut out = Vec::new();
         while f.has_remaining() {
             let piece = f.take_piece(size);

@@ -60,7 +60,7 @@ func (s *Server) callStarted(c *conn, ev *wire.Event) {
 	if !s.negotiate(c, ev, ss) {
 		return
 	}
-	ss.s.init(make(chan struct{}, 1))
+	ss.s.init(nil) // made by Recv when it first waits: most unary handlers never do
 	ss.s.c, ss.s.id, ss.s.ss = c, ev.CallID, ss
 	if ev.TimeoutUs > 0 {
 		d := time.Duration(min(ev.TimeoutUs, 1<<62/1000)) * time.Microsecond

@@ -24,7 +24,9 @@ var unaryPool = sync.Pool{New: func() any {
 func (cc *ClientConn) InvokeRaw(ctx context.Context, method string, req []byte, opts ...CallOption) ([]byte, error) {
 	if cc.unaryChain != nil {
 		var out []byte
-		err := cc.unaryChain(ctx, method, req, &out, cc, invokeAny, opts...)
+		// A copy for the interceptors (they may keep it): the caller's variadic slice then
+		// stays on its stack, and a call without interceptors allocates none for it.
+		err := cc.unaryChain(ctx, method, req, &out, cc, invokeAny, append([]CallOption(nil), opts...)...)
 		return out, err
 	}
 	return cc.invokeRaw(ctx, method, req, opts...)
@@ -93,7 +95,8 @@ func (cc *ClientConn) invoke(cs *ClientStream, method string, req []byte) ([]byt
 // interceptors, which see req and resp).
 func (cc *ClientConn) Invoke(ctx context.Context, method string, req, resp proto.Message, opts ...CallOption) error {
 	if cc.unaryChain != nil {
-		return cc.unaryChain(ctx, method, req, resp, cc, invokeAny, opts...)
+		// A copy for the interceptors, as in InvokeRaw.
+		return cc.unaryChain(ctx, method, req, resp, cc, invokeAny, append([]CallOption(nil), opts...)...)
 	}
 	return cc.invokeProto(ctx, method, req, resp, opts...)
 }

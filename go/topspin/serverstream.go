@@ -254,8 +254,12 @@ func (ss *ServerStream) Recv() ([]byte, error) {
 			c.mu.Unlock()
 			return nil, StatusOf(ss.err)
 		}
+		if ss.s.rnote == nil {
+			ss.s.rnote = make(chan struct{}, 1) // notifications come under mu: none is lost
+		}
+		rnote := ss.s.rnote
 		c.mu.Unlock()
-		<-ss.s.rnote // a message, the half-close, or the end (cancelLocked notifies)
+		<-rnote // a message, the half-close, or the end (cancelLocked notifies)
 	}
 }
 

@@ -9,7 +9,7 @@ type stream struct {
 	head  int
 	qbuf  [2][]byte // first backing array of recvq (no allocation for short calls)
 	cbuf  [2]uint32
-	rnote chan struct{} // cap 1: a message or the end arrived
+	rnote chan struct{} // cap 1: a message or the end arrived (a server's: nil until Recv waits)
 	wnote chan struct{} // cap 1, made on first use: send credit came back
 
 	ended    bool // the call is over; code, msg and trailers are its status

@@ -98,6 +98,7 @@ type Conn struct {
 	nWithheld  int
 	fromIn     bool   // the frames being processed are in c.in
 	detached   bool   // a message was handed out from c.in's memory
+	block      []byte // what is left of the block small messages are cut from (carve)
 	out        []byte // backing buffer of small frames
 	segAt      int    // start of the current small segment in out
 	segs       [][]byte

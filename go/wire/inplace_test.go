@@ -81,3 +81,53 @@ func TestSplitReservesAtMostTwiceWhatArrived(t *testing.T) {
 		t.Fatalf("reserved %d bytes after 1 byte of a split message", got)
 	}
 }
+
+// Small messages are cut from shared blocks (carve): each is its own, capped at its length
+// (an append cannot write into the next), unchanged by the messages received after it, and
+// one of carveMax bytes or more than a block's rest still arrives whole.
+func TestSmallMessagesAreCutApartAndStayTheirOwn(t *testing.T) {
+	now := time.Unix(1, 0)
+	c, err := NewConn(Server, DefaultSettings(), DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := append(append([]byte{}, Preface[:]...), Append(nil, &Frame{Type: TypeSettings})...)
+	if err := c.Receive(in, now); err != nil {
+		t.Fatal(err)
+	}
+	var got [][]byte
+	var want [][]byte
+	for i := range 40 {
+		id := uint32(2*i + 1)
+		body := bytes.Repeat([]byte{byte(i)}, []int{0, 1, 20, 700, carveMax, carveMax + 1}[i%6])
+		want = append(want, body)
+		b := Append(nil, &Frame{Type: TypeCall, Flags: FlagNamed, CallID: id, MethodName: "/a.B/C", Metadata: Metadata{}})
+		b = Append(b, &Frame{Type: TypeMessage, Flags: FlagEndStream, CallID: id, Chunk: body})
+		if err := c.Receive(b, now); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			ev, ok := c.PollEvent()
+			if !ok {
+				break
+			}
+			if ev.Type == EvMessage {
+				if len(ev.Message) > 0 && cap(ev.Message) != len(ev.Message) {
+					t.Fatalf("message %d: capacity %d past its %d bytes", i, cap(ev.Message), len(ev.Message))
+				}
+				got = append(got, ev.Message)
+			}
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d messages, want %d", len(got), len(want))
+	}
+	for i := range got {
+		got[i] = append(got[i], 0xff) // a copy, never the next message's bytes
+	}
+	for i := range want {
+		if !bytes.Equal(got[i][:len(want[i])], want[i]) {
+			t.Fatalf("message %d changed after later messages arrived", i)
+		}
+	}
+}

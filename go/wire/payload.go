@@ -39,7 +39,7 @@ func (c *Conn) message(cl *call, f *Frame, now time.Time) *Error {
 			msg = f.Chunk[:len(f.Chunk):len(f.Chunk)]
 			c.detached = true
 		} else {
-			msg = make([]byte, len(f.Chunk))
+			msg = c.carve(len(f.Chunk))
 			copy(msg, f.Chunk)
 		}
 		c.emit(Event{Type: EvMessage, CallID: cl.id, Message: msg, Cost: uint32(cost)})
@@ -54,6 +54,27 @@ func (c *Conn) message(cl *call, f *Frame, now time.Time) *Error {
 	c.chunkCredit(cl, uint32(cost))
 	c.messageProgressed(now)
 	return nil
+}
+
+// Small messages are cut from a block of their own rather than allocated one by one: a
+// block is never written again once a message is cut from it, so a message handed out stays
+// valid for as long as it is kept (and keeps its block, at most carveBlock bytes, alive).
+const (
+	carveMax   = 1 << 10
+	carveBlock = 8 << 10
+)
+
+// carve returns n bytes for a message's copy.
+func (c *Conn) carve(n int) []byte {
+	if n > carveMax || n == 0 {
+		return make([]byte, n)
+	}
+	if len(c.block) < n {
+		c.block = make([]byte, carveBlock)
+	}
+	m := c.block[:n:n]
+	c.block = c.block[n:]
+	return m
 }
 
 func (c *Conn) tooLarge(cl *call, size uint32) {

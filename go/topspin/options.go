@@ -89,7 +89,8 @@ func WithFrameTimeout(d time.Duration) Option { return func(o *options) { o.fram
 func WithWriteTimeout(d time.Duration) Option { return func(o *options) { o.writeTimeout = max(d, 0) } }
 
 // WithIdleTimeout makes a server send GOAWAY (NO_ERROR, "idle timeout") and close a
-// connection that has had no open call for d (default 1 h; 0: never).
+// connection that has had no open call for d (default 1 h; 0: never), counted from the end of
+// its last call or its handshake: PINGs and other frames that are not calls do not count.
 func WithIdleTimeout(d time.Duration) Option { return func(o *options) { o.idleTimeout = d } }
 
 // WithMaxConnections bounds the connections a server has open at once (default 10,000).

@@ -175,6 +175,8 @@ impl Config {
         /// enough that a connection is kept between a service's calls (a client reconnects on
         /// the next call anyway), short enough that sockets left idle cannot hold a server's
         /// `max_connections` for ever. Applies to every face (native, gRPC, WebSocket, shm).
+        /// The time counts from the end of the last call (or the handshake): PINGs and other
+        /// frames that are not calls do not keep a connection from going idle (protocol.md §9).
         idle_timeout, with_idle_timeout: Option<Duration>
     }
     field! {

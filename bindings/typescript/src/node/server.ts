@@ -117,7 +117,8 @@ export interface ServerOptions {
    */
   frameTimeoutMs?: number;
   /**
-   * A connection without calls for this long (nothing read, no call ended) gets a GOAWAY
+   * A connection without calls for this long, counted from the end of its last call or its
+   * handshake (PINGs and other frames that are not calls do not count), gets a GOAWAY
    * ("idle timeout") and is closed (default 3 600 000 ms: one hour, 0: none).
    */
   idleTimeoutMs?: number;
